@@ -1,0 +1,12 @@
+//! xce-agent: the worker-side dynamic resource agent of the xce cluster scheduler.
+//!
+//! Layers, each importing only those below it:
+//! `value` -> `config` -> `plan` -> `probe` -> `store` -> `schedule` -> `link` -> `cli`.
+
+pub mod config;
+pub mod link;
+pub mod plan;
+pub mod probe;
+pub mod schedule;
+pub mod store;
+pub mod value;
