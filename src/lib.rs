@@ -3,10 +3,12 @@
 //! Layers, each importing only those below it:
 //! `value` -> `config` -> `plan` -> `probe` -> `store` -> `schedule` -> `link` -> `cli`.
 
+pub mod cli;
 pub mod config;
 pub mod link;
 pub mod plan;
 pub mod probe;
+pub mod report;
 pub mod schedule;
 pub mod store;
 pub mod value;

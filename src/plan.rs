@@ -1,1 +1,252 @@
-//! TODO
+//! What this host probes, and why it does not probe the rest. A pure function of the config,
+//! the host name and the shared instances the controller assigned to this host.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::hostlist::same_host;
+use crate::config::{fnv1a, Location, ProbeKind, ProbeSpec, Resource, Resources};
+use crate::value::Valtype;
+
+/// Longest default timeout: a probe slower than this should say so with `timeout:`.
+pub const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(30);
+
+/// (resource, instance label): a shared instance the controller asked this host to report.
+pub type Assignment = (String, String);
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub host: String,
+    pub tasks: Vec<ProbeTask>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// One probe this host runs.
+#[derive(Debug, Clone)]
+pub struct ProbeTask {
+    /// The resource the probe is declared on; also the probe's name (`probe NAME`).
+    pub name: String,
+    /// Empty for this host's own instance, else the shared instance's label.
+    pub instance: String,
+    pub kind: ProbeKind,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Offset within the interval, from hash(host, name): hosts of a cluster spread out.
+    pub splay: Duration,
+    pub stale_after: Duration,
+    /// Every resource this probe's output feeds, the declaring one first.
+    pub feeds: Vec<Feed>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Feed {
+    pub name: String,
+    pub valtype: Valtype,
+}
+
+impl ProbeTask {
+    pub fn feed(&self, name: &str) -> Option<&Feed> {
+        self.feeds.iter().find(|f| f.name == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub name: String,
+    pub reason: SkipReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// No interval: a static value the controller owns.
+    Static,
+    /// No instance of the resource covers this host.
+    NotHere,
+    /// A shared instance whose first listed host reports it.
+    ReportedBy { instance: String, host: String },
+    /// An `all`/`others` instance nobody assigned to this host.
+    Unassigned { instance: String },
+    /// Dynamic, but nothing here can measure it.
+    NoProbe,
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::Static => {
+                f.write_str("static (no interval): the controller owns its value")
+            }
+            SkipReason::NotHere => f.write_str("no instance covers this host"),
+            SkipReason::ReportedBy { instance, host } => {
+                write!(f, "shared instance [{instance}] is reported by {host}")
+            }
+            SkipReason::Unassigned { instance } => write!(
+                f,
+                "shared instance [{instance}] is reported only by the host the controller assigns"
+            ),
+            SkipReason::NoProbe => f.write_str("dynamic but has no probe"),
+        }
+    }
+}
+
+/// Which instance of `res` this host belongs to, and whether it reports it.
+enum Membership {
+    Own,
+    Shared {
+        label: String,
+        reports: Result<(), SkipReason>,
+    },
+    None,
+}
+
+fn membership(res: &Resource, host: &str, assigned: &BTreeSet<Assignment>) -> Membership {
+    let is_assigned = |label: &str| assigned.contains(&(res.name.clone(), label.to_owned()));
+    let shared = |label: &str, otherwise: SkipReason| Membership::Shared {
+        label: label.to_owned(),
+        reports: if is_assigned(label) {
+            Ok(())
+        } else {
+            Err(otherwise)
+        },
+    };
+    let named = res.instances.iter().find_map(|i| match &i.location {
+        Location::Hosts(hs) if hs.iter().any(|h| same_host(h, host)) => Some((i, hs)),
+        _ => None,
+    });
+    if let Some((inst, hosts)) = named {
+        let first = &hosts[0];
+        return if same_host(first, host) {
+            Membership::Shared {
+                label: inst.label.clone(),
+                reports: Ok(()),
+            }
+        } else {
+            shared(
+                &inst.label,
+                SkipReason::ReportedBy {
+                    instance: inst.label.clone(),
+                    host: first.clone(),
+                },
+            )
+        };
+    }
+    for inst in &res.instances {
+        match inst.location {
+            Location::Default => return Membership::Own,
+            Location::All | Location::Others => {
+                return shared(
+                    &inst.label,
+                    SkipReason::Unassigned {
+                        instance: inst.label.clone(),
+                    },
+                )
+            }
+            Location::Hosts(_) => {}
+        }
+    }
+    Membership::None
+}
+
+pub fn splay(host: &str, name: &str, interval: Duration) -> Duration {
+    let ms = interval.as_millis().max(1) as u64;
+    let key = crate::config::hostlist::host_key(host);
+    Duration::from_millis(fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % ms)
+}
+
+pub fn default_timeout(interval: Duration) -> Duration {
+    interval.min(DEFAULT_TIMEOUT_CAP)
+}
+
+/// Values of a failed or silent probe are trusted for two intervals plus one timeout.
+pub fn default_stale_after(interval: Duration, timeout: Duration) -> Duration {
+    interval * 2 + timeout
+}
+
+pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignment>) -> Plan {
+    let mut plan = Plan {
+        host: host.to_owned(),
+        tasks: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let provided: BTreeSet<&str> = resources
+        .resources
+        .iter()
+        .filter_map(|r| r.probe.as_ref())
+        .flat_map(|p| p.provides.iter().skip(1).map(String::as_str))
+        .collect();
+    for res in &resources.resources {
+        let skip = |reason| Skipped {
+            name: res.name.clone(),
+            reason,
+        };
+        let Some(interval) = res.interval else {
+            plan.skipped.push(skip(SkipReason::Static));
+            continue;
+        };
+        if provided.contains(res.name.as_str()) {
+            // Reported through the probe that provides it, with that probe's instance.
+            continue;
+        }
+        let instance = match membership(res, host, assigned) {
+            Membership::None => {
+                plan.skipped.push(skip(SkipReason::NotHere));
+                continue;
+            }
+            Membership::Shared {
+                reports: Err(reason),
+                ..
+            } => {
+                plan.skipped.push(skip(reason));
+                continue;
+            }
+            Membership::Own => String::new(),
+            Membership::Shared {
+                label,
+                reports: Ok(()),
+            } => label,
+        };
+        let Some(probe) = &res.probe else {
+            plan.skipped.push(skip(SkipReason::NoProbe));
+            continue;
+        };
+        plan.tasks
+            .push(task(resources, res, probe, interval, instance, host));
+    }
+    plan
+}
+
+fn task(
+    resources: &Resources,
+    res: &Resource,
+    probe: &ProbeSpec,
+    interval: Duration,
+    instance: String,
+    host: &str,
+) -> ProbeTask {
+    let timeout = probe.timeout.unwrap_or_else(|| default_timeout(interval));
+    let stale_after = match (&probe.kind, probe.stale_after) {
+        (_, Some(s)) => s,
+        (ProbeKind::Stream(s), None) => s.silence.unwrap_or(interval * 3),
+        _ => default_stale_after(interval, timeout),
+    };
+    let feeds = probe
+        .provides
+        .iter()
+        .filter_map(|n| resources.get(n))
+        .map(|r| Feed {
+            name: r.name.clone(),
+            valtype: r.valtype,
+        })
+        .collect();
+    ProbeTask {
+        name: res.name.clone(),
+        instance,
+        kind: probe.kind.clone(),
+        interval,
+        timeout,
+        splay: splay(host, &res.name, interval),
+        stale_after,
+        feeds,
+    }
+}

@@ -1,1 +1,355 @@
-//! TODO
+//! When probes run. One timer per probe, at a deterministic offset within its interval
+//! (hash of host and name) aligned to the wall clock, so a cluster's nodes spread out and keep
+//! their slots across restarts. A probe still running at its next tick is skipped and counted,
+//! never overlapped; a global budget caps how many run at once.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ProbeKind;
+use crate::plan::{Plan, ProbeTask};
+use crate::probe::{self, Outcome, ProbeContext, ProbeRun};
+use crate::store::Store;
+use crate::value::Reading;
+
+/// After a (re)start the first runs spread over at most this long, not a whole interval:
+/// an hourly probe must not leave its value pending for an hour.
+pub const STARTUP_SPREAD: Duration = Duration::from_secs(15);
+
+/// Per-probe counters, read by the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct ProbeStats {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    pub timeout: AtomicU64,
+    pub skipped_overlap: AtomicU64,
+    pub restarts: AtomicU64,
+    pub last_success_ms: AtomicU64,
+    pub last_duration_us: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    probes: Mutex<BTreeMap<String, Arc<ProbeStats>>>,
+}
+
+impl Stats {
+    pub fn probe(&self, name: &str) -> Arc<ProbeStats> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub fn all(&self) -> Vec<(String, Arc<ProbeStats>)> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn count(&self, name: &str, run: &ProbeRun) {
+        let s = self.probe(name);
+        match run.outcome {
+            Outcome::Ok => {
+                s.ok.fetch_add(1, Ordering::Relaxed);
+                s.last_success_ms
+                    .store(crate::value::unix_ms(SystemTime::now()), Ordering::Relaxed);
+            }
+            Outcome::Failed => {
+                s.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::TimedOut => {
+                s.timeout.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        s.last_duration_us
+            .store(run.duration.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The next wall-clock slot of a probe: the first t > now with (t - splay) % interval == 0.
+pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Duration {
+    let interval_ms = interval.as_millis().max(1) as u64;
+    let now_ms = crate::value::unix_ms(now);
+    let phase = (now_ms + interval_ms - splay.as_millis() as u64 % interval_ms) % interval_ms;
+    Duration::from_millis(interval_ms - phase)
+}
+
+/// Record a run's readings and say what went wrong, once per change of error.
+pub fn record_run(store: &Store, task: &ProbeTask, run: &ProbeRun) {
+    let at = run.started + run.duration;
+    for (name, reading) in &run.readings {
+        store.record(name, &task.instance, reading.clone(), at);
+    }
+}
+
+struct Running {
+    task: ProbeTask,
+    cancel: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+/// Owns one loop per probe of the current plan.
+pub struct Scheduler {
+    store: Arc<Store>,
+    ctx: ProbeContext,
+    budget: Arc<Semaphore>,
+    pub stats: Arc<Stats>,
+    running: BTreeMap<(String, String), Running>,
+    shutdown: CancellationToken,
+    sweeper: JoinHandle<()>,
+}
+
+impl Scheduler {
+    pub fn new(
+        store: Arc<Store>,
+        ctx: ProbeContext,
+        max_parallel: usize,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let sweeper = tokio::spawn(sweep_loop(store.clone(), shutdown.clone()));
+        Self {
+            store,
+            ctx,
+            budget: Arc::new(Semaphore::new(max_parallel.max(1))),
+            stats: Arc::new(Stats::default()),
+            running: BTreeMap::new(),
+            shutdown,
+            sweeper,
+        }
+    }
+
+    pub fn context(&self) -> &ProbeContext {
+        &self.ctx
+    }
+
+    /// Move to `plan`: probes whose task is unchanged keep their timers and running
+    /// children; removed or changed ones are stopped (their process groups killed); new ones
+    /// start at their slot. Returns (kept, stopped, started).
+    pub fn apply(&mut self, plan: &Plan) -> (usize, usize, usize) {
+        let mut next: BTreeMap<(String, String), ProbeTask> = plan
+            .tasks
+            .iter()
+            .map(|t| ((t.name.clone(), t.instance.clone()), t.clone()))
+            .collect();
+        let mut stopped = 0;
+        let keys: Vec<_> = self.running.keys().cloned().collect();
+        for key in keys {
+            let same = next
+                .get(&key)
+                .is_some_and(|t| same_task(t, &self.running[&key].task));
+            if same {
+                next.remove(&key);
+            } else if let Some(r) = self.running.remove(&key) {
+                r.cancel.cancel();
+                stopped += 1;
+            }
+        }
+        let kept = self.running.len();
+        let started = next.len();
+        for (key, task) in next {
+            let cancel = self.shutdown.child_token();
+            let handle = tokio::spawn(probe_loop(
+                Arc::new(task.clone()),
+                self.ctx.clone(),
+                self.store.clone(),
+                self.budget.clone(),
+                self.stats.clone(),
+                cancel.clone(),
+            ));
+            self.running.insert(
+                key,
+                Running {
+                    task,
+                    cancel,
+                    handle,
+                },
+            );
+        }
+        (kept, stopped, started)
+    }
+
+    /// Stop every probe and wait for their loops (and so their children) to end.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        for (_, r) in std::mem::take(&mut self.running) {
+            r.cancel.cancel();
+            let _ = r.handle.await;
+        }
+        let _ = (&mut self.sweeper).await;
+    }
+}
+
+/// Tasks compare by their debug form: `Regex` has no `PartialEq`, and the debug form covers
+/// every field that changes what the probe does.
+fn same_task(a: &ProbeTask, b: &ProbeTask) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => { store.sweep(SystemTime::now()); }
+        }
+    }
+}
+
+async fn probe_loop(
+    task: Arc<ProbeTask>,
+    ctx: ProbeContext,
+    store: Arc<Store>,
+    budget: Arc<Semaphore>,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+) {
+    if let ProbeKind::Stream(_) = task.kind {
+        probe::stream::supervise(task, ctx, store, stats, cancel).await;
+        return;
+    }
+    let spread = task.interval.min(STARTUP_SPREAD);
+    let first =
+        Duration::from_millis(task.splay.as_millis() as u64 % spread.as_millis().max(1) as u64);
+    let mut next = Instant::now() + first;
+    let mut inflight: Option<JoinHandle<()>> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = sleep_until(next) => {}
+        }
+        next = Instant::now() + next_slot(SystemTime::now(), task.interval, task.splay);
+        if inflight.as_ref().is_some_and(|h| !h.is_finished()) {
+            stats
+                .probe(&task.name)
+                .skipped_overlap
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(probe = %task.name, "still running at its next tick; this run is skipped");
+            continue;
+        }
+        let (task, ctx, store, budget, stats, cancel) = (
+            task.clone(),
+            ctx.clone(),
+            store.clone(),
+            budget.clone(),
+            stats.clone(),
+            cancel.clone(),
+        );
+        inflight = Some(tokio::spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = run_one(&task, &ctx, &store, &budget, &stats) => {}
+            }
+        }));
+    }
+    if let Some(h) = inflight {
+        // The run sees the cancellation, drops its child, and the group is killed.
+        let _ = h.await;
+    }
+}
+
+async fn run_one(
+    task: &ProbeTask,
+    ctx: &ProbeContext,
+    store: &Store,
+    budget: &Semaphore,
+    stats: &Stats,
+) {
+    let Ok(_permit) = budget.acquire().await else {
+        return;
+    };
+    let run = probe::run_once(task, ctx).await;
+    stats.count(&task.name, &run);
+    log_run(task, &run, store);
+    record_run(store, task, &run);
+}
+
+/// Log a failure when it is new (the resource was not already failing with the same error),
+/// so a broken probe does not write the same line every interval.
+fn log_run(task: &ProbeTask, run: &ProbeRun, store: &Store) {
+    for name in &run.unexpected {
+        let first_time = store
+            .get(&task.name, &task.instance)
+            .is_some_and(|r| r.last_report_ms.is_none());
+        if first_time {
+            tracing::warn!(probe = %task.name, name = %name, "output names a resource this probe does not provide; ignored");
+        }
+    }
+    let Some(err) = run.error() else { return };
+    let previous = store.get(&task.name, &task.instance).and_then(|r| r.error);
+    if previous.as_deref() != Some(err) {
+        let stderr = run.exec.as_ref().map(|e| e.stderr.as_str()).unwrap_or("");
+        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %stderr, "{err}");
+    }
+    if let Some(Reading::Ok(_)) = run.readings.first().map(|(_, r)| r) {
+        tracing::debug!(probe = %task.name, "ok");
+    }
+}
+
+/// Run every probe of `plan` once, at most `max_parallel` at a time, record the readings,
+/// and return each run in plan order (`--once`).
+pub async fn run_all_once(
+    plan: &Plan,
+    ctx: &ProbeContext,
+    store: &Store,
+    max_parallel: usize,
+) -> Vec<(ProbeTask, ProbeRun)> {
+    let budget = Arc::new(Semaphore::new(max_parallel.max(1)));
+    let mut handles = Vec::new();
+    for task in plan.tasks.iter().cloned() {
+        let (ctx, budget) = (ctx.clone(), budget.clone());
+        handles.push(tokio::spawn(async move {
+            let _permit = budget.acquire_owned().await;
+            let run = match &task.kind {
+                ProbeKind::Stream(_) => probe::stream::first_values(&task, &ctx).await,
+                _ => probe::run_once(&task, &ctx).await,
+            };
+            (task, run)
+        }));
+    }
+    let mut out = Vec::new();
+    for h in handles {
+        if let Ok((task, run)) = h.await {
+            record_run(store, &task, &run);
+            out.push((task, run));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_aligned_and_spread() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let i = Duration::from_secs(60);
+        // 1_000_000 % 60 == 40: the slot at offset 10 is 30 s away.
+        assert_eq!(
+            next_slot(t, i, Duration::from_secs(10)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            next_slot(t, i, Duration::from_secs(40)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            next_slot(t, i, Duration::from_secs(45)),
+            Duration::from_secs(5)
+        );
+    }
+}

@@ -1,2 +1,162 @@
-//! TODO
+//! Running one probe once: builtin, exec or file. (Stream probes are long-running and live in
+//! `stream.rs`.) A run yields one reading per resource the probe feeds, plus what an admin
+//! needs to debug it.
+
 pub mod builtin;
+pub mod exec;
+pub mod file;
+pub mod output;
+pub mod process;
+pub mod stream;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::config::ProbeKind;
+use crate::plan::ProbeTask;
+use crate::value::Reading;
+
+/// Where builtin probes get their values: the shared sampler's latest snapshot.
+pub trait BuiltinSource: Send + Sync {
+    /// `None`: this host has no such index.
+    fn reading(&self, index: &str) -> Option<Reading>;
+}
+
+/// What every probe run may need from the agent.
+#[derive(Clone)]
+pub struct ProbeContext {
+    pub host: String,
+    pub plugin_dir: PathBuf,
+    /// Default user for exec/stream probes when the agent runs as root.
+    pub run_as: String,
+    pub builtin: Arc<dyn BuiltinSource>,
+}
+
+/// How a run went, for counters and the `--once` table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Failed,
+    TimedOut,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timeout",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProbeRun {
+    pub started: SystemTime,
+    pub duration: Duration,
+    pub outcome: Outcome,
+    /// One per resource the probe feeds, in the task's feed order.
+    pub readings: Vec<(String, Reading)>,
+    /// Names the output reported that the probe does not provide (logged once, ignored).
+    pub unexpected: Vec<String>,
+    /// For exec probes: the child's details.
+    pub exec: Option<exec::ExecDetail>,
+}
+
+impl ProbeRun {
+    /// Every fed resource gets the same failure.
+    pub fn all_failed(
+        task: &ProbeTask,
+        started: SystemTime,
+        duration: Duration,
+        outcome: Outcome,
+        why: String,
+    ) -> Self {
+        Self {
+            started,
+            duration,
+            outcome,
+            readings: task
+                .feeds
+                .iter()
+                .map(|f| (f.name.clone(), Reading::Failed(why.clone())))
+                .collect(),
+            unexpected: Vec::new(),
+            exec: None,
+        }
+    }
+
+    /// The error shown for the run as a whole, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.readings.iter().find_map(|(_, r)| match r {
+            Reading::Failed(e) | Reading::Stale(e) | Reading::Pending(e) => Some(e.as_str()),
+            Reading::Ok(_) => None,
+        })
+    }
+}
+
+/// Turn parsed `name -> raw` pairs into one typed reading per fed resource.
+pub fn readings_from_pairs(
+    task: &ProbeTask,
+    pairs: Vec<output::Pair>,
+) -> (Vec<(String, Reading)>, Vec<String>) {
+    let readings = task
+        .feeds
+        .iter()
+        .map(|feed| {
+            let r = match pairs.iter().find(|(n, _)| *n == feed.name) {
+                Some((_, raw)) => match feed.valtype.parse(raw) {
+                    Ok(v) => Reading::Ok(v),
+                    Err(e) => Reading::Failed(e.to_string()),
+                },
+                // Not reported this run (ELIM style: a line may carry a subset). The last good
+                // value stands until it goes stale; a name never reported stays pending.
+                None => Reading::Pending(format!("{:?} is not in the probe's output", feed.name)),
+            };
+            (feed.name.clone(), r)
+        })
+        .collect();
+    let unexpected = pairs
+        .into_iter()
+        .filter(|(n, _)| task.feed(n).is_none())
+        .map(|(n, _)| n)
+        .collect();
+    (readings, unexpected)
+}
+
+/// Run one periodic probe once.
+pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
+    let started = SystemTime::now();
+    let t0 = std::time::Instant::now();
+    match &task.kind {
+        ProbeKind::Builtin { index } => {
+            let reading = ctx.builtin.reading(index).unwrap_or_else(|| {
+                Reading::Failed(format!(
+                    "builtin index {index:?} is not available on this host"
+                ))
+            });
+            let outcome = match reading {
+                Reading::Failed(_) => Outcome::Failed,
+                _ => Outcome::Ok,
+            };
+            ProbeRun {
+                started,
+                duration: t0.elapsed(),
+                outcome,
+                readings: vec![(task.name.clone(), reading)],
+                unexpected: Vec::new(),
+                exec: None,
+            }
+        }
+        ProbeKind::Exec(spec) => exec::run(task, spec, ctx, started).await,
+        ProbeKind::File(spec) => file::run(task, spec, started).await,
+        ProbeKind::Stream(_) => ProbeRun::all_failed(
+            task,
+            started,
+            t0.elapsed(),
+            Outcome::Failed,
+            "stream probes run continuously, not once".into(),
+        ),
+    }
+}

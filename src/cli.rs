@@ -1,0 +1,88 @@
+//! Command-line interface. The clap definition lives in the library so that the man page
+//! and shell completions can be generated from it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub const DEFAULT_CONFIG: &str = "/etc/xce/agent.yaml";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "xce-agent",
+    version,
+    about = "Probe this host's dynamic resources and stream them to the xce controller",
+    long_about = "Probe this host's dynamic resources (built-in load indices, admin scripts, files) \
+                  as declared in resources.yaml, and stream their values to the xce controller.\n\n\
+                  Without a subcommand it runs as the node daemon. `--once` runs every probe once \
+                  and prints the values: the tool for debugging probes."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: Common,
+
+    /// Run every probe of this host once, print the values, and exit:
+    /// 0 all ok, 1 some probe failed, 2 config error.
+    #[arg(long)]
+    pub once: bool,
+
+    /// Output format of --once.
+    #[arg(long, value_enum, default_value_t = Format::Table, requires = "once")]
+    pub format: Format,
+
+    /// With --once: run only these probes (resource names; repeat or comma-separate).
+    #[arg(long, value_delimiter = ',', requires = "once")]
+    pub only: Vec<String>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// agent.yaml to use.
+    #[arg(long, short = 'c', global = true, env = "XCE_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
+    pub config: PathBuf,
+
+    /// resources.yaml to use instead of the one agent.yaml names.
+    #[arg(long, global = true)]
+    pub resources: Option<PathBuf>,
+
+    /// Act as this host (default: agent.yaml's `host`, else the machine's host name).
+    #[arg(long, global = true)]
+    pub host: Option<String>,
+
+    /// Log level or filter (error, warn, info, debug, trace; RUST_LOG syntax accepted).
+    #[arg(long, global = true, env = "XCE_LOG")]
+    pub log_level: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate agent.yaml and resources.yaml and print this host's plan: what it probes,
+    /// and why it skips the rest. Exit 0 when valid, 2 otherwise.
+    Check,
+    /// Run one probe now, verbosely: argv, user, environment, exit, duration, output and the
+    /// parsed value. Exit 0 when the probe succeeded.
+    Probe {
+        /// The resource whose probe to run.
+        name: String,
+    },
+    /// Reference receiver: accept agents' streams on ADDR and print every resval received.
+    Listen {
+        /// Address to listen on, e.g. 127.0.0.1:6870.
+        addr: String,
+        /// Print JSON lines instead of text.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+        /// Acknowledge every batch.
+        #[arg(long)]
+        ack: bool,
+    },
+}

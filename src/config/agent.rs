@@ -1,0 +1,147 @@
+//! agent.yaml: how this agent runs. It is the agent's own file, so every field is strict.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::error::{ConfigErrors, Errors, Pos};
+use super::hostlist;
+
+pub const DEFAULT_PORT: u16 = 6870;
+pub const DEFAULT_PLUGIN_DIR: &str = "/usr/libexec/xce-agent/plugins";
+pub const DEFAULT_RUN_AS: &str = "nobody";
+pub const DEFAULT_MAX_PARALLEL: usize = 8;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    host: Option<Spanned<String>>,
+    #[serde(default)]
+    controllers: Vec<Spanned<String>>,
+    resources: Option<Spanned<String>>,
+    plugin_dir: Option<Spanned<String>>,
+    run_as: Option<Spanned<String>>,
+    max_parallel: Option<Spanned<i64>>,
+    metrics: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub path: PathBuf,
+    /// Host name override; `None` = the machine's host name.
+    pub host: Option<String>,
+    /// `host:port`, tried in order.
+    pub controllers: Vec<String>,
+    /// Absolute (resolved against agent.yaml's directory).
+    pub resources: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub run_as: String,
+    pub max_parallel: usize,
+    /// Prometheus endpoint, e.g. `127.0.0.1:9477`.
+    pub metrics: Option<String>,
+}
+
+pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
+    let raw: RawAgent = if text.trim().is_empty() {
+        RawAgent::default()
+    } else {
+        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?
+    };
+    let mut errs = Errors::new(path);
+    let base = path.parent().unwrap_or(Path::new("."));
+    if let Some(h) = &raw.host {
+        if let Err(e) = hostlist::validate_host_name(&h.value) {
+            errs.at(Pos::of(h), e);
+        }
+    }
+    let mut controllers = Vec::new();
+    for c in &raw.controllers {
+        match normalize_controller(&c.value) {
+            Ok(addr) => controllers.push(addr),
+            Err(e) => errs.at(Pos::of(c), e),
+        }
+    }
+    let max_parallel = match &raw.max_parallel {
+        None => DEFAULT_MAX_PARALLEL,
+        Some(m) if (1..=1024).contains(&m.value) => m.value as usize,
+        Some(m) => {
+            errs.at(
+                Pos::of(m),
+                format!("max_parallel must be between 1 and 1024, got {}", m.value),
+            );
+            DEFAULT_MAX_PARALLEL
+        }
+    };
+    if let Some(m) = &raw.metrics {
+        if m.value.parse::<std::net::SocketAddr>().is_err() {
+            errs.at(
+                Pos::of(m),
+                format!(
+                    "metrics must be an address like 127.0.0.1:9477, got {:?}",
+                    m.value
+                ),
+            );
+        }
+    }
+    if let Some(u) = &raw.run_as {
+        if u.value.trim().is_empty() {
+            errs.at(Pos::of(u), "run_as is empty");
+        }
+    }
+    errs.finish()?;
+    let resolve = |p: &str| {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            base.join(p)
+        }
+    };
+    Ok(AgentConfig {
+        path: path.to_owned(),
+        host: raw.host.map(|h| h.value),
+        controllers,
+        resources: resolve(
+            raw.resources
+                .as_ref()
+                .map_or("resources.yaml", |r| r.value.as_str()),
+        ),
+        plugin_dir: resolve(
+            raw.plugin_dir
+                .as_ref()
+                .map_or(DEFAULT_PLUGIN_DIR, |p| p.value.as_str()),
+        ),
+        run_as: raw
+            .run_as
+            .map_or_else(|| DEFAULT_RUN_AS.to_owned(), |u| u.value),
+        max_parallel,
+        metrics: raw.metrics.map(|m| m.value),
+    })
+}
+
+/// `host`, `host:port`, `[v6]:port` -> `host:port` with the default port filled in.
+pub fn normalize_controller(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let bad = || format!("controller {s:?} is not host[:port]");
+    if s.is_empty() {
+        return Err(bad());
+    }
+    if s.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(s.to_owned());
+    }
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(std::net::SocketAddr::new(ip, DEFAULT_PORT).to_string());
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) => {
+            let port: u16 = port.parse().map_err(|_| bad())?;
+            hostlist::validate_host_name(host).map_err(|_| bad())?;
+            Ok(format!("{host}:{port}"))
+        }
+        None => {
+            hostlist::validate_host_name(s).map_err(|_| bad())?;
+            Ok(format!("{s}:{DEFAULT_PORT}"))
+        }
+    }
+}

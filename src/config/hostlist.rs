@@ -1,0 +1,183 @@
+//! Host names and Slurm-style host ranges (`node[001-128]`, `gpu[1,3,5-7]`,
+//! `r[1-2]n[01-04]`), and the one rule for "is this the same host".
+
+/// More hosts than any cluster has: a typo like `node[1-999999999]` must be an error, not an
+/// allocation that takes the node down.
+pub const MAX_EXPANSION: usize = 1_000_000;
+
+/// Expand one location entry into host names. A name without brackets is itself.
+pub fn expand(pattern: &str) -> Result<Vec<String>, String> {
+    let mut out = vec![String::new()];
+    let mut rest = pattern;
+    while let Some(open) = rest.find('[') {
+        let close = rest[open..]
+            .find(']')
+            .map(|c| open + c)
+            .ok_or_else(|| format!("unclosed '[' in host range {pattern:?}"))?;
+        let prefix = &rest[..open];
+        if prefix.contains(']') {
+            return Err(format!("unexpected ']' in host range {pattern:?}"));
+        }
+        let choices = expand_bracket(&rest[open + 1..close], pattern)?;
+        let total = out.len().saturating_mul(choices.len());
+        if total > MAX_EXPANSION {
+            return Err(format!(
+                "host range {pattern:?} expands to more than {MAX_EXPANSION} hosts"
+            ));
+        }
+        out = out
+            .iter()
+            .flat_map(|head| choices.iter().map(move |c| format!("{head}{prefix}{c}")))
+            .collect();
+        rest = &rest[close + 1..];
+    }
+    if rest.contains(']') {
+        return Err(format!("unexpected ']' in host range {pattern:?}"));
+    }
+    for h in &mut out {
+        h.push_str(rest);
+    }
+    for h in &out {
+        validate_host_name(h).map_err(|e| format!("{e} (from {pattern:?})"))?;
+    }
+    Ok(out)
+}
+
+fn expand_bracket(body: &str, pattern: &str) -> Result<Vec<String>, String> {
+    if body.is_empty() {
+        return Err(format!("empty '[]' in host range {pattern:?}"));
+    }
+    let mut out = Vec::new();
+    for part in body.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((lo, hi)) => {
+                let (a, b) = (parse_num(lo, pattern)?, parse_num(hi, pattern)?);
+                if a > b {
+                    return Err(format!("range {part:?} runs backwards in {pattern:?}"));
+                }
+                if (b - a) as usize >= MAX_EXPANSION {
+                    return Err(format!(
+                        "host range {pattern:?} expands to more than {MAX_EXPANSION} hosts"
+                    ));
+                }
+                // `001-128` pads to the width written on the left, as Slurm does.
+                let width = if lo.starts_with('0') { lo.len() } else { 0 };
+                out.extend((a..=b).map(|n| format!("{n:0width$}")));
+            }
+            None => {
+                parse_num(part, pattern)?;
+                out.push(part.to_owned());
+            }
+        }
+        if out.len() > MAX_EXPANSION {
+            return Err(format!(
+                "host range {pattern:?} expands to more than {MAX_EXPANSION} hosts"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn parse_num(s: &str, pattern: &str) -> Result<u64, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || s.len() > 18 {
+        return Err(format!(
+            "expected numbers like 001-128 or 1,3,5-7 inside '[]' in {pattern:?}, got {s:?}"
+        ));
+    }
+    s.parse()
+        .map_err(|_| format!("bad number {s:?} in {pattern:?}"))
+}
+
+/// RFC 1123 labels: letters, digits, hyphens, dots between labels.
+pub fn validate_host_name(h: &str) -> Result<(), String> {
+    if h.is_empty() || h.len() > 253 {
+        return Err(format!("{h:?} is not a valid host name"));
+    }
+    for label in h.split('.') {
+        let ok = !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && !label.starts_with('-');
+        if !ok {
+            return Err(format!("{h:?} is not a valid host name"));
+        }
+    }
+    Ok(())
+}
+
+/// The same host: equal ignoring case, or one side is a short name equal to the other's first
+/// label (`node001` is `node001.cluster.example`). Two different domains never match.
+pub fn same_host(a: &str, b: &str) -> bool {
+    if a.eq_ignore_ascii_case(b) {
+        return true;
+    }
+    let (short_a, dom_a) = split_fqdn(a);
+    let (short_b, dom_b) = split_fqdn(b);
+    (dom_a.is_none() || dom_b.is_none()) && short_a.eq_ignore_ascii_case(short_b)
+}
+
+fn split_fqdn(h: &str) -> (&str, Option<&str>) {
+    match h.split_once('.') {
+        Some((s, d)) => (s, Some(d)),
+        None => (h, None),
+    }
+}
+
+/// Canonical key for comparing hosts: lower-case short name.
+pub fn host_key(h: &str) -> String {
+    split_fqdn(h).0.to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_ranges() {
+        assert_eq!(expand("host1").unwrap(), vec!["host1"]);
+        assert_eq!(
+            expand("node[001-003]").unwrap(),
+            vec!["node001", "node002", "node003"]
+        );
+        assert_eq!(
+            expand("gpu[1,3,5-6]").unwrap(),
+            vec!["gpu1", "gpu3", "gpu5", "gpu6"]
+        );
+        assert_eq!(
+            expand("r[1-2]n[01-02].hpc").unwrap(),
+            vec!["r1n01.hpc", "r1n02.hpc", "r2n01.hpc", "r2n02.hpc"]
+        );
+        assert_eq!(
+            expand("node[8-10]").unwrap(),
+            vec!["node8", "node9", "node10"]
+        );
+    }
+
+    #[test]
+    fn bad_ranges_are_errors() {
+        for bad in [
+            "node[1-",
+            "node[]",
+            "node[3-1]",
+            "node[a-b]",
+            "node]1[",
+            "node[1-999999999]",
+            "bad host",
+            "[0-999][0-999][0-9]",
+        ] {
+            assert!(expand(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn host_identity() {
+        assert!(same_host("Node001", "node001"));
+        assert!(same_host("node001", "node001.cluster.example"));
+        assert!(same_host("NODE001.cluster.example", "node001"));
+        assert!(!same_host("node001.a.example", "node001.b.example"));
+        assert!(!same_host("node001", "node0011"));
+    }
+}

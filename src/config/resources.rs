@@ -1,0 +1,796 @@
+//! The typed resources.yaml: what each resource is, where its instances are, how to probe it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use regex::Regex;
+use serde_saphyr::Spanned;
+
+use super::error::{ConfigErrors, Errors, Pos};
+use super::hostlist;
+use super::raw::{near_miss, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS};
+use crate::value::Valtype;
+
+#[derive(Debug, Clone)]
+pub struct Resources {
+    pub path: PathBuf,
+    pub resources: Vec<Resource>,
+    /// Fields the agent does not use, for a debug log line: (resource, field, position).
+    pub ignored_fields: Vec<(String, String, Pos)>,
+}
+
+impl Resources {
+    pub fn get(&self, name: &str) -> Option<&Resource> {
+        self.resources.iter().find(|r| r.name == name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordtype {
+    Increasing,
+    Decreasing,
+}
+
+#[derive(Debug, Clone)]
+pub struct Resource {
+    pub name: String,
+    pub pos: Pos,
+    pub desc: Option<String>,
+    pub valtype: Valtype,
+    pub ordtype: Option<Ordtype>,
+    /// `None`: a static resource; the agent does not report it.
+    pub interval: Option<Duration>,
+    pub instances: Vec<Instance>,
+    pub probe: Option<ProbeSpec>,
+}
+
+impl Resource {
+    pub fn is_dynamic(&self) -> bool {
+        self.interval.is_some()
+    }
+}
+
+/// One `resourcemap` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Instance {
+    pub location: Location,
+    /// The location as written, joined by commas: the instance's name on the wire.
+    pub label: String,
+    pub pos: Pos,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Location {
+    /// Every host has its own instance.
+    Default,
+    /// One instance shared by every host.
+    All,
+    /// One instance shared by the hosts no other entry names.
+    Others,
+    /// One instance shared by these hosts (ranges expanded), in the order written: the first
+    /// is the one that probes it.
+    Hosts(Vec<String>),
+}
+
+#[derive(Debug, Clone)]
+pub struct ProbeSpec {
+    pub pos: Pos,
+    pub kind: ProbeKind,
+    /// Resources this probe feeds: always includes the resource it is declared on.
+    pub provides: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub stale_after: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub enum ProbeKind {
+    Builtin { index: String },
+    Exec(ExecSpec),
+    File(FileSpec),
+    Stream(StreamSpec),
+}
+
+impl ProbeKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProbeKind::Builtin { .. } => "builtin",
+            ProbeKind::Exec(_) => "exec",
+            ProbeKind::File(_) => "file",
+            ProbeKind::Stream(_) => "stream",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The first line is the value.
+    Value,
+    /// `name = value` lines (HTCondor startd cron style).
+    Kv,
+    /// `n name value name value ...` lines (LSF ELIM).
+    Elim,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Value => "value",
+            Format::Kv => "kv",
+            Format::Elim => "elim",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecSpec {
+    pub command: Vec<String>,
+    pub format: Format,
+    pub env: BTreeMap<String, String>,
+    pub run_as: Option<String>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu: Option<Duration>,
+    pub address_space: Option<u64>,
+    pub open_files: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FileSpec {
+    pub path: PathBuf,
+    pub regex: Option<Regex>,
+    pub max_age: Option<Duration>,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSpec {
+    pub exec: ExecSpec,
+    /// Values go stale after this long without a line; default 3 intervals.
+    pub silence: Option<Duration>,
+    pub restart_on_silence: bool,
+}
+
+pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;
+const KINDS: &[&str] = &["builtin", "exec", "file", "stream"];
+const FORMATS: &[&str] = &["value", "kv", "elim"];
+
+/// LSF resource-name rules: at most 39 characters, a letter or `_` first, then letters,
+/// digits and `_` (no operators, which would break resource requirement strings).
+pub fn check_resource_name(name: &str) -> Result<(), String> {
+    let ok_chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    let first_ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    if name.is_empty() {
+        Err("resource name is empty".into())
+    } else if name.len() > 39 {
+        Err(format!(
+            "resource name {name:?} is longer than 39 characters"
+        ))
+    } else if !first_ok || !ok_chars {
+        Err(format!(
+            "resource name {name:?} must start with a letter or '_' and contain only letters, digits and '_'"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
+    let raw: RawResourcesFile =
+        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?;
+    let mut errs = Errors::new(path);
+    let mut out = Resources {
+        path: path.to_owned(),
+        resources: Vec::new(),
+        ignored_fields: Vec::new(),
+    };
+    let mut first_pos: BTreeMap<String, Pos> = BTreeMap::new();
+    let mut raw_probes = Vec::new();
+    for entry in &raw.resources {
+        // Duplicates are found on the raw names, so a broken first entry still counts.
+        if let Some(name) = &entry.value.name {
+            if let Some(prev) = first_pos.get(&name.value) {
+                errs.at(
+                    Pos::of(name),
+                    format!(
+                        "duplicate resource {:?}: already defined at line {}",
+                        name.value, prev.line
+                    ),
+                );
+                continue;
+            }
+            first_pos.insert(name.value.clone(), Pos::of(name));
+        }
+        if let Some(res) = resource(&mut errs, entry, &mut out.ignored_fields) {
+            raw_probes.push(entry.value.probe.as_ref());
+            out.resources.push(res);
+        }
+    }
+    check_provides(&mut errs, &out.resources, &raw_probes);
+    errs.finish()?;
+    Ok(out)
+}
+
+fn resource(
+    errs: &mut Errors,
+    entry: &Spanned<RawResource>,
+    ignored: &mut Vec<(String, String, Pos)>,
+) -> Option<Resource> {
+    let raw = &entry.value;
+    let pos = Pos::of(entry);
+    let before = errs.list.len();
+    for key in &raw.duplicate {
+        errs.at(
+            Pos::of(key),
+            format!("field `{}` is given twice", key.value),
+        );
+    }
+    let Some(name) = &raw.name else {
+        errs.at(pos, "resource has no `name`");
+        return None;
+    };
+    if let Err(e) = check_resource_name(&name.value) {
+        errs.at(Pos::of(name), e);
+    }
+    for key in &raw.unknown {
+        match near_miss(&key.value, RESOURCE_FIELDS) {
+            Some(known) => errs.at(
+                Pos::of(key),
+                format!(
+                    "unknown field `{}` in resource {:?}; did you mean `{known}`?",
+                    key.value, name.value
+                ),
+            ),
+            None => ignored.push((name.value.clone(), key.value.clone(), Pos::of(key))),
+        }
+    }
+    let valtype = match &raw.valtype {
+        None => Valtype::Numeric,
+        Some(v) => Valtype::from_name(&v.value).unwrap_or_else(|| {
+            errs.at(
+                Pos::of(v),
+                format!(
+                    "unknown valtype {:?}; expected one of numeric, string, boolean",
+                    v.value
+                ),
+            );
+            Valtype::Numeric
+        }),
+    };
+    let ordtype = raw.ordtype.as_ref().and_then(|o| {
+        let t = match o.value.as_str() {
+            "increasing" => Some(Ordtype::Increasing),
+            "decreasing" => Some(Ordtype::Decreasing),
+            _ => {
+                errs.at(
+                    Pos::of(o),
+                    format!(
+                        "unknown ordtype {:?}; expected increasing or decreasing",
+                        o.value
+                    ),
+                );
+                None
+            }
+        };
+        if t.is_some() && valtype != Valtype::Numeric {
+            errs.at(
+                Pos::of(o),
+                format!("ordtype applies only to numeric resources, not {valtype}"),
+            );
+        }
+        t
+    });
+    let interval = raw
+        .interval
+        .as_ref()
+        .and_then(|i| match i.value.to_duration() {
+            Ok(d) if d.is_zero() => None,
+            Ok(d) if d < Duration::from_secs(1) => {
+                errs.at(Pos::of(i), "interval must be at least 1s");
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                errs.at(Pos::of(i), format!("bad interval: {e}"));
+                None
+            }
+        });
+    let instances = instances(errs, raw, &name.value, pos);
+    let probe = raw.probe.as_ref().and_then(|p| {
+        if interval.is_none() && raw.interval.is_none() {
+            errs.at(
+                Pos::of(p),
+                format!(
+                    "resource {:?} has a probe but no interval: a static resource is never probed; add `interval:`",
+                    name.value
+                ),
+            );
+        }
+        probe(errs, p, &name.value, interval)
+    });
+    if errs.list.len() > before {
+        return None;
+    }
+    Some(Resource {
+        name: name.value.clone(),
+        pos: Pos::of(name),
+        desc: raw.desc.clone(),
+        valtype,
+        ordtype,
+        interval,
+        instances,
+        probe,
+    })
+}
+
+fn instances(errs: &mut Errors, raw: &RawResource, name: &str, pos: Pos) -> Vec<Instance> {
+    let Some(map) = &raw.resourcemap else {
+        // No resourcemap: LSF's default is a per-host resource.
+        return vec![Instance {
+            location: Location::Default,
+            label: "default".into(),
+            pos,
+        }];
+    };
+    let mut out: Vec<Instance> = Vec::new();
+    // host key -> (resourcemap entry, where it was named)
+    let mut owner: BTreeMap<String, (usize, Pos)> = BTreeMap::new();
+    for (entry_idx, entry) in map.value.iter().enumerate() {
+        let Some(loc) = &entry.value.location else {
+            errs.at(
+                Pos::of(entry),
+                format!("resourcemap entry of {name:?} has no `location`"),
+            );
+            continue;
+        };
+        if loc.value.is_empty() {
+            errs.at(
+                Pos::of(loc),
+                "empty location: expected default, all, others or host names",
+            );
+            continue;
+        }
+        let words: Vec<&str> = loc.value.iter().map(|s| s.value.as_str()).collect();
+        let label = words.join(",");
+        let special = words
+            .iter()
+            .find(|w| matches!(**w, "default" | "all" | "others"));
+        let location = match special {
+            Some(w) if words.len() > 1 => {
+                errs.at(
+                    Pos::of(loc),
+                    format!(
+                        "`{w}` must be the only word of its location, not mixed with host names"
+                    ),
+                );
+                continue;
+            }
+            Some(&"default") => Location::Default,
+            Some(&"all") => Location::All,
+            Some(_) => Location::Others,
+            None => {
+                let mut hosts = Vec::new();
+                for word in &loc.value {
+                    match hostlist::expand(&word.value) {
+                        Ok(hs) => {
+                            for h in hs {
+                                let key = hostlist::host_key(&h);
+                                match owner.get(&key) {
+                                    Some((entry_no, prev)) if *entry_no != entry_idx => errs.at(
+                                        Pos::of(word),
+                                        format!(
+                                            "host {h:?} is in two instances of {name:?} (also at line {})",
+                                            prev.line
+                                        ),
+                                    ),
+                                    Some(_) => {}
+                                    None => {
+                                        owner.insert(key, (entry_idx, Pos::of(word)));
+                                    }
+                                }
+                                hosts.push(h);
+                            }
+                        }
+                        Err(e) => errs.at(Pos::of(word), e),
+                    }
+                }
+                Location::Hosts(hosts)
+            }
+        };
+        if let Some(prev) = out.iter().find(|i| {
+            std::mem::discriminant(&i.location) == std::mem::discriminant(&location)
+                && !matches!(location, Location::Hosts(_))
+        }) {
+            errs.at(
+                Pos::of(loc),
+                format!(
+                    "`{label}` is given twice for {name:?} (also at line {})",
+                    prev.pos.line
+                ),
+            );
+            continue;
+        }
+        out.push(Instance {
+            location,
+            label,
+            pos: Pos::of(loc),
+        });
+    }
+    let has = |want: fn(&Location) -> bool| out.iter().find(|i| want(&i.location));
+    if let Some(all) = has(|l| matches!(l, Location::All)) {
+        if out.len() > 1 {
+            errs.at(
+                all.pos,
+                format!("`all` already covers every host: {name:?} cannot have other instances"),
+            );
+        }
+    }
+    if let (Some(_), Some(others)) = (
+        has(|l| matches!(l, Location::Default)),
+        has(|l| matches!(l, Location::Others)),
+    ) {
+        errs.at(
+            others.pos,
+            format!(
+                "{name:?} has both `default` and `others`: every unnamed host would be in both"
+            ),
+        );
+    }
+    out
+}
+
+fn duration_field(
+    errs: &mut Errors,
+    f: &Option<Spanned<super::scalar::Scalar>>,
+    what: &str,
+) -> Option<Duration> {
+    let f = f.as_ref()?;
+    match f.value.to_duration() {
+        Ok(d) if d.is_zero() => {
+            errs.at(Pos::of(f), format!("{what} must be greater than 0"));
+            None
+        }
+        Ok(d) => Some(d),
+        Err(e) => {
+            errs.at(Pos::of(f), format!("bad {what}: {e}"));
+            None
+        }
+    }
+}
+
+/// Fields each kind accepts, to name the ones that do not belong.
+fn kind_fields(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "builtin" => &["index"],
+        "exec" => &["command", "format", "env", "run_as", "limits", "provides"],
+        "file" => &["path", "regex", "max_age", "max_bytes"],
+        "stream" => &[
+            "command",
+            "format",
+            "env",
+            "run_as",
+            "limits",
+            "provides",
+            "silence",
+            "restart_on_silence",
+        ],
+        _ => &[],
+    }
+}
+
+fn probe(
+    errs: &mut Errors,
+    p: &Spanned<RawProbe>,
+    name: &str,
+    interval: Option<Duration>,
+) -> Option<ProbeSpec> {
+    let raw = &p.value;
+    let pos = Pos::of(p);
+    let Some(kind) = &raw.kind else {
+        errs.at(
+            pos,
+            "probe has no `kind`; expected one of builtin, exec, file, stream",
+        );
+        return None;
+    };
+    if !KINDS.contains(&kind.value.as_str()) {
+        errs.at(
+            Pos::of(kind),
+            format!(
+                "unknown probe kind {:?}; expected one of builtin, exec, file, stream",
+                kind.value
+            ),
+        );
+        return None;
+    }
+    let allowed = kind_fields(&kind.value);
+    let present: [(&str, Option<Pos>); 14] = [
+        ("index", raw.index.as_ref().map(Pos::of)),
+        ("command", raw.command.as_ref().map(Pos::of)),
+        ("format", raw.format.as_ref().map(Pos::of)),
+        ("env", raw.env.as_ref().map(Pos::of)),
+        ("run_as", raw.run_as.as_ref().map(Pos::of)),
+        ("limits", raw.limits.as_ref().map(Pos::of)),
+        ("provides", raw.provides.as_ref().map(Pos::of)),
+        ("path", raw.path.as_ref().map(Pos::of)),
+        ("regex", raw.regex.as_ref().map(Pos::of)),
+        ("max_age", raw.max_age.as_ref().map(Pos::of)),
+        ("max_bytes", raw.max_bytes.as_ref().map(Pos::of)),
+        ("silence", raw.silence.as_ref().map(Pos::of)),
+        (
+            "restart_on_silence",
+            raw.restart_on_silence.as_ref().map(Pos::of),
+        ),
+        ("timeout", None), // every kind
+    ];
+    let before = errs.list.len();
+    for (field, at) in present {
+        if let Some(at) = at {
+            if !allowed.contains(&field) {
+                errs.at(
+                    at,
+                    format!("`{field}` is not a field of {} probes", kind.value),
+                );
+            }
+        }
+    }
+    let timeout = duration_field(errs, &raw.timeout, "timeout");
+    let stale_after = duration_field(errs, &raw.stale_after, "stale_after");
+    if let (Some(t), Some(i)) = (timeout, interval) {
+        if kind.value != "stream" && t > i * 10 {
+            errs.at(
+                raw.timeout.as_ref().map(Pos::of).unwrap_or(pos),
+                format!(
+                    "timeout {} is more than 10 intervals",
+                    humantime::format_duration(t)
+                ),
+            );
+        }
+    }
+    let mut provides = vec![name.to_owned()];
+    if let Some(list) = &raw.provides {
+        for p in &list.value {
+            if !provides.contains(&p.value) {
+                provides.push(p.value.clone());
+            }
+        }
+    }
+    let kind = match kind.value.as_str() {
+        "builtin" => ProbeKind::Builtin {
+            index: raw
+                .index
+                .as_ref()
+                .map(|i| i.value.clone())
+                .unwrap_or_else(|| name.to_owned()),
+        },
+        "exec" => ProbeKind::Exec(exec_spec(errs, raw, pos)?),
+        "stream" => ProbeKind::Stream(StreamSpec {
+            exec: exec_spec(errs, raw, pos)?,
+            silence: duration_field(errs, &raw.silence, "silence"),
+            restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
+        }),
+        _ => ProbeKind::File(file_spec(errs, raw, pos)?),
+    };
+    if errs.list.len() > before {
+        return None;
+    }
+    Some(ProbeSpec {
+        pos,
+        kind,
+        provides,
+        timeout,
+        stale_after,
+    })
+}
+
+fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<ExecSpec> {
+    let Some(command) = &raw.command else {
+        errs.at(
+            pos,
+            "exec and stream probes need `command`: a list such as [script, arg1]",
+        );
+        return None;
+    };
+    if command.value.is_empty() || command.value[0].trim().is_empty() {
+        errs.at(
+            Pos::of(command),
+            "`command` is empty: expected [program, arg, ...]",
+        );
+        return None;
+    }
+    if command.value[0].contains(char::is_whitespace) && !command.value[0].starts_with('/') {
+        errs.at(
+            Pos::of(command),
+            format!(
+                "program {:?} contains spaces: `command` is an argument list run without a shell, e.g. [script, arg]",
+                command.value[0]
+            ),
+        );
+    }
+    let format = match &raw.format {
+        None => Format::Value,
+        Some(f) => match f.value.as_str() {
+            "value" => Format::Value,
+            "kv" => Format::Kv,
+            "elim" => Format::Elim,
+            other => {
+                errs.at(
+                    Pos::of(f),
+                    format!(
+                        "unknown format {other:?}; expected one of {}",
+                        FORMATS.join(", ")
+                    ),
+                );
+                Format::Value
+            }
+        },
+    };
+    let env = raw
+        .env
+        .as_ref()
+        .map(|e| e.value.clone())
+        .unwrap_or_default();
+    for key in env.keys() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            errs.at(
+                raw.env.as_ref().map(Pos::of).unwrap_or(pos),
+                format!("bad environment variable name {key:?}"),
+            );
+        }
+    }
+    Some(ExecSpec {
+        command: command.value.clone(),
+        format,
+        env,
+        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
+        limits: limits(errs, raw.limits.as_ref()),
+    })
+}
+
+fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
+    let Some(raw) = raw else {
+        return Limits::default();
+    };
+    let l = &raw.value;
+    let mut count = |f: &Option<Spanned<super::scalar::Scalar>>, bytes: bool| {
+        let f = f.as_ref()?;
+        let r = if bytes {
+            f.value.to_bytes()
+        } else {
+            f.value.to_count()
+        };
+        r.map_err(|e| errs.at(Pos::of(f), e)).ok()
+    };
+    let address_space = count(&l.address_space, true);
+    let open_files = count(&l.open_files, false);
+    let processes = count(&l.processes, false);
+    Limits {
+        cpu: duration_field(errs, &l.cpu, "cpu limit"),
+        address_space,
+        open_files,
+        processes,
+    }
+}
+
+fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
+    let Some(path) = &raw.path else {
+        errs.at(pos, "file probes need `path`");
+        return None;
+    };
+    if !path.value.starts_with('/') {
+        errs.at(
+            Pos::of(path),
+            format!("file probe path {:?} must be absolute", path.value),
+        );
+    }
+    let regex = raw.regex.as_ref().and_then(|r| match Regex::new(&r.value) {
+        Ok(re) => Some(re),
+        Err(e) => {
+            errs.at(
+                Pos::of(r),
+                format!("bad regex: {}", e.to_string().replace('\n', " ")),
+            );
+            None
+        }
+    });
+    let max_bytes = match &raw.max_bytes {
+        None => DEFAULT_FILE_MAX_BYTES,
+        Some(m) => match m.value.to_bytes() {
+            Ok(b) if b > 0 && b <= 16 << 20 => b,
+            Ok(_) => {
+                errs.at(Pos::of(m), "max_bytes must be between 1 and 16MiB");
+                DEFAULT_FILE_MAX_BYTES
+            }
+            Err(e) => {
+                errs.at(Pos::of(m), e);
+                DEFAULT_FILE_MAX_BYTES
+            }
+        },
+    };
+    Some(FileSpec {
+        path: PathBuf::from(&path.value),
+        regex,
+        max_age: duration_field(errs, &raw.max_age, "max_age"),
+        max_bytes,
+    })
+}
+
+/// Multi-value probes: each provided name must be a declared dynamic resource without a probe
+/// of its own, fed by one probe only, and the file's locations must agree.
+fn check_provides(errs: &mut Errors, resources: &[Resource], raw: &[Option<&Spanned<RawProbe>>]) {
+    let by_name: BTreeMap<&str, &Resource> =
+        resources.iter().map(|r| (r.name.as_str(), r)).collect();
+    let mut fed_by: BTreeMap<&str, &str> = BTreeMap::new();
+    for (res, raw) in resources.iter().zip(raw) {
+        let Some(p) = &res.probe else { continue };
+        let list_pos = raw
+            .and_then(|r| r.value.provides.as_ref())
+            .map(Pos::of)
+            .unwrap_or(p.pos);
+        let mut seen = BTreeSet::new();
+        for name in &p.provides {
+            if !seen.insert(name) {
+                continue;
+            }
+            if name != &res.name {
+                match by_name.get(name.as_str()) {
+                    None => {
+                        errs.at(
+                            list_pos,
+                            format!(
+                                "`provides` names {name:?}, which is not declared in this file"
+                            ),
+                        );
+                        continue;
+                    }
+                    Some(other) if !other.is_dynamic() => {
+                        errs.at(
+                            list_pos,
+                            format!("`provides` names {name:?}, which is static (no interval)"),
+                        );
+                        continue;
+                    }
+                    Some(other) if other.probe.is_some() => {
+                        errs.at(
+                            list_pos,
+                            format!("`provides` names {name:?}, which has its own probe"),
+                        );
+                        continue;
+                    }
+                    Some(other)
+                        if !other
+                            .instances
+                            .iter()
+                            .map(|i| &i.location)
+                            .eq(res.instances.iter().map(|i| &i.location)) =>
+                    {
+                        errs.at(
+                            list_pos,
+                            format!(
+                                "`provides` names {name:?}, whose resourcemap differs from {:?}'s",
+                                res.name
+                            ),
+                        );
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(prev) = fed_by.insert(name.as_str(), res.name.as_str()) {
+                if prev != res.name {
+                    errs.at(
+                        list_pos,
+                        format!("{name:?} is already provided by the probe of {prev:?}"),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
+//! stdout in the probe's format, type each value by its resource's valtype.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::process::{self, ChildSpec, Credentials, Ending, Exit};
+use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
+use crate::config::ExecSpec;
+use crate::plan::ProbeTask;
+
+/// What the child did, for `--once`, `probe NAME` and the logs.
+#[derive(Debug, Clone)]
+pub struct ExecDetail {
+    pub argv: Vec<String>,
+    pub user: String,
+    pub env: Vec<(String, String)>,
+    pub exit: Option<Exit>,
+    pub ending: Option<Ending>,
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+/// argv[0] under the plugin directory unless absolute.
+pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
+    let p = Path::new(program);
+    if p.is_absolute() {
+        p.to_owned()
+    } else {
+        plugin_dir.join(p)
+    }
+}
+
+/// The user a probe runs as: only a root agent can switch, and it never runs a probe as root
+/// unless the config says `run_as: root`.
+pub fn credentials_for(
+    spec_run_as: Option<&str>,
+    default: &str,
+) -> Result<Option<Credentials>, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let user = spec_run_as.unwrap_or(default);
+    if user == "root" {
+        return Ok(None);
+    }
+    Credentials::resolve(user).map(Some)
+}
+
+pub fn current_user_name() -> String {
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
+}
+
+/// The child's whole environment: fixed PATH, the XCE_* variables, then the probe's `env:`.
+pub fn probe_env(
+    task: &ProbeTask,
+    host: &str,
+    extra: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let names: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
+    let mut env = vec![
+        ("PATH".to_owned(), process::PROBE_PATH.to_owned()),
+        ("XCE_HOST".to_owned(), host.to_owned()),
+        ("XCE_RESOURCE".to_owned(), task.name.clone()),
+        ("XCE_RESOURCES".to_owned(), names.join(" ")),
+        (
+            "XCE_INTERVAL".to_owned(),
+            task.interval.as_secs().to_string(),
+        ),
+        (
+            "XCE_TIMEOUT".to_owned(),
+            task.timeout.as_secs().max(1).to_string(),
+        ),
+    ];
+    if !task.instance.is_empty() {
+        env.push(("XCE_INSTANCE".to_owned(), task.instance.clone()));
+    }
+    for (k, v) in extra {
+        env.retain(|(name, _)| name != k);
+        env.push((k.clone(), v.clone()));
+    }
+    env
+}
+
+/// Build the child spec for an exec or stream probe.
+pub fn child_spec(
+    task: &ProbeTask,
+    spec: &ExecSpec,
+    ctx: &ProbeContext,
+    env: Vec<(String, String)>,
+) -> Result<(ChildSpec, String), String> {
+    let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
+    let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
+    let user = creds
+        .as_ref()
+        .map_or_else(current_user_name, |c| c.user.clone());
+    let mut child = ChildSpec::new(program, task.timeout);
+    child.args = spec.command[1..].iter().map(OsString::from).collect();
+    child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    child.credentials = creds;
+    child.limits = spec.limits.clone();
+    Ok((child, user))
+}
+
+pub async fn run(
+    task: &ProbeTask,
+    spec: &ExecSpec,
+    ctx: &ProbeContext,
+    started: SystemTime,
+) -> ProbeRun {
+    let t0 = std::time::Instant::now();
+    let env = probe_env(task, &ctx.host, &spec.env);
+    let mut detail = ExecDetail {
+        argv: spec.command.clone(),
+        user: String::new(),
+        env: env.clone(),
+        exit: None,
+        ending: None,
+        stdout: Vec::new(),
+        stderr: String::new(),
+    };
+    let (child, user) = match child_spec(task, spec, ctx, env) {
+        Ok(c) => c,
+        Err(e) => {
+            let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e);
+            run.exec = Some(detail);
+            return run;
+        }
+    };
+    detail.argv[0] = child.program.display().to_string();
+    detail.user = user;
+    let result = process::run(&child).await;
+    let mut run = match result {
+        Err(e) => ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e.to_string()),
+        Ok(o) => {
+            detail.exit = Some(o.exit);
+            detail.ending = Some(o.ending.clone());
+            detail.stderr = o.stderr_text();
+            let failure = failure_message(task, &o);
+            let mut run = match failure {
+                Some((outcome, why)) => {
+                    ProbeRun::all_failed(task, started, o.duration, outcome, why)
+                }
+                None => match output::parse(spec.format, &o.stdout, &task.name) {
+                    Err(e) => ProbeRun::all_failed(
+                        task,
+                        started,
+                        o.duration,
+                        Outcome::Failed,
+                        format!("bad {} output: {e}", spec.format.as_str()),
+                    ),
+                    Ok(pairs) => {
+                        let (readings, unexpected) = readings_from_pairs(task, pairs);
+                        let any_failed = readings
+                            .iter()
+                            .any(|(_, r)| matches!(r, crate::value::Reading::Failed(_)));
+                        ProbeRun {
+                            started,
+                            duration: o.duration,
+                            outcome: if any_failed {
+                                Outcome::Failed
+                            } else {
+                                Outcome::Ok
+                            },
+                            readings,
+                            unexpected,
+                            exec: None,
+                        }
+                    }
+                },
+            };
+            detail.stdout = o.stdout;
+            run.duration = o.duration;
+            run
+        }
+    };
+    run.exec = Some(detail);
+    run
+}
+
+/// Why a finished child is a failed run, or `None` when its output should be parsed.
+fn failure_message(task: &ProbeTask, o: &process::ChildOutcome) -> Option<(Outcome, String)> {
+    let stderr = o.stderr_text();
+    let with_stderr = |msg: String| {
+        if stderr.is_empty() {
+            msg
+        } else {
+            format!("{msg}: {}", last_line(&stderr))
+        }
+    };
+    match &o.ending {
+        Ending::OutputOverflow { .. } => Some((
+            Outcome::Failed,
+            format!("output exceeds {} bytes", process::DEFAULT_STDOUT_CAP),
+        )),
+        Ending::TimedOut {
+            killed,
+            exited_before_deadline,
+        } => {
+            let how = if *killed {
+                "killed after SIGTERM grace"
+            } else {
+                "terminated"
+            };
+            let what = if *exited_before_deadline {
+                "exited, but a background process kept its output open"
+            } else {
+                "did not finish"
+            };
+            Some((
+                Outcome::TimedOut,
+                with_stderr(format!(
+                    "timed out after {}: {what}; process group {how}",
+                    humantime::format_duration(task.timeout)
+                )),
+            ))
+        }
+        Ending::Finished => match o.exit {
+            Exit::Code(0) => None,
+            Exit::Code(c) => Some((
+                Outcome::Failed,
+                with_stderr(format!("exited with status {c}")),
+            )),
+            Exit::Signal(s) => Some((
+                Outcome::Failed,
+                with_stderr(format!("killed by signal {}", signal_name(s))),
+            )),
+            Exit::Unreaped => Some((Outcome::Failed, "did not exit".to_owned())),
+        },
+    }
+}
+
+fn last_line(s: &str) -> &str {
+    s.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+}
+
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+}

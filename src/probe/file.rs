@@ -1,0 +1,170 @@
+//! The file probe: a bounded read of one file (sysfs, or a file a cron job writes), an
+//! optional regex capture, and `max_age` on its mtime so a dead writer shows up as stale.
+//! The read runs on a blocking thread under a timeout: a hung NFS mount must not freeze the
+//! agent, and while one read is stuck no second one is started on the same path.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use super::{Outcome, ProbeRun};
+use crate::config::FileSpec;
+use crate::plan::ProbeTask;
+use crate::value::Reading;
+
+/// Paths whose read is still blocked in the kernel after its timeout.
+fn stuck() -> &'static Mutex<HashSet<PathBuf>> {
+    static STUCK: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+    STUCK.get_or_init(Default::default)
+}
+
+/// Releases the path's "stuck" mark when the blocking read finally returns.
+struct InFlight(PathBuf);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        stuck()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.0);
+    }
+}
+
+#[derive(Debug)]
+enum ReadOutcome {
+    Text(String),
+    TooOld(Duration),
+}
+
+fn read_bounded(
+    path: &Path,
+    max_bytes: u64,
+    max_age: Option<Duration>,
+) -> Result<ReadOutcome, String> {
+    let f =
+        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    if meta.is_dir() {
+        return Err(format!("{} is a directory", path.display()));
+    }
+    if let Some(max_age) = max_age {
+        let mtime = meta
+            .modified()
+            .map_err(|e| format!("no mtime for {}: {e}", path.display()))?;
+        // A future mtime (clock skew) counts as fresh.
+        let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
+        if age > max_age {
+            return Ok(ReadOutcome::TooOld(age));
+        }
+    }
+    let mut buf = Vec::new();
+    f.take(max_bytes + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if buf.len() as u64 > max_bytes {
+        return Err(format!(
+            "{} is larger than max_bytes ({max_bytes})",
+            path.display()
+        ));
+    }
+    if buf.contains(&0) {
+        return Err(format!("{} contains NUL bytes", path.display()));
+    }
+    String::from_utf8(buf)
+        .map(ReadOutcome::Text)
+        .map_err(|_| format!("{} is not valid UTF-8", path.display()))
+}
+
+/// The value's text: the regex's first group (or whole match), else the first non-blank line.
+fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
+    match &spec.regex {
+        Some(re) => {
+            let caps = re.captures(text).ok_or_else(|| {
+                format!(
+                    "regex {:?} does not match {}",
+                    re.as_str(),
+                    spec.path.display()
+                )
+            })?;
+            let m = caps
+                .get(1)
+                .or_else(|| caps.get(0))
+                .map(|m| m.as_str())
+                .unwrap_or("");
+            Ok(m.trim().to_owned())
+        }
+        None => super::output::parse_value(text)
+            .map_err(|_| format!("{} is empty", spec.path.display())),
+    }
+}
+
+pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> ProbeRun {
+    let t0 = std::time::Instant::now();
+    let fail =
+        |why: String, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
+    {
+        let mut stuck = stuck().lock().unwrap_or_else(|p| p.into_inner());
+        if !stuck.insert(spec.path.clone()) {
+            return fail(
+                format!(
+                    "an earlier read of {} is still blocked (hung filesystem?)",
+                    spec.path.display()
+                ),
+                Outcome::TimedOut,
+            );
+        }
+    }
+    let guard = InFlight(spec.path.clone());
+    let (path, max_bytes, max_age) = (spec.path.clone(), spec.max_bytes, spec.max_age);
+    let read = tokio::task::spawn_blocking(move || {
+        let r = read_bounded(&path, max_bytes, max_age);
+        drop(guard);
+        r
+    });
+    let result = match tokio::time::timeout(task.timeout, read).await {
+        Err(_) => {
+            return fail(
+                format!(
+                    "read of {} timed out after {}",
+                    spec.path.display(),
+                    humantime::format_duration(task.timeout)
+                ),
+                Outcome::TimedOut,
+            )
+        }
+        Ok(Err(join)) => Err(format!("read task failed: {join}")),
+        Ok(Ok(r)) => r,
+    };
+    let reading = match result {
+        Err(e) => return fail(e, Outcome::Failed),
+        Ok(ReadOutcome::TooOld(age)) => Reading::Stale(format!(
+            "{} not modified for {} (max_age {})",
+            spec.path.display(),
+            humantime::format_duration(Duration::from_secs(age.as_secs())),
+            humantime::format_duration(spec.max_age.unwrap_or_default())
+        )),
+        Ok(ReadOutcome::Text(text)) => match extract(spec, &text) {
+            Err(e) => return fail(e, Outcome::Failed),
+            Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
+                Ok(v) => Reading::Ok(v),
+                Err(e) => return fail(e.to_string(), Outcome::Failed),
+            },
+        },
+    };
+    let outcome = match reading {
+        Reading::Ok(_) => Outcome::Ok,
+        _ => Outcome::Failed,
+    };
+    ProbeRun {
+        started,
+        duration: t0.elapsed(),
+        outcome,
+        readings: vec![(task.name.clone(), reading)],
+        unexpected: Vec::new(),
+        exec: None,
+    }
+}

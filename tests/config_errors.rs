@@ -1,0 +1,247 @@
+//! Config errors name file:line:column and what was expected.
+
+use std::path::Path;
+
+use xce_agent::config::{self, resources};
+
+fn errors(yaml: &str) -> Vec<String> {
+    match resources::parse(Path::new("resources.yaml"), yaml) {
+        Ok(_) => panic!("accepted:\n{yaml}"),
+        Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+fn one_error(yaml: &str) -> String {
+    let e = errors(yaml);
+    assert_eq!(e.len(), 1, "{e:#?}");
+    e.into_iter().next().unwrap()
+}
+
+#[test]
+fn misspelt_field_is_an_error_with_a_suggestion() {
+    let e = one_error("resources:\n  - name: a\n    intreval: 30\n");
+    assert_eq!(
+        e,
+        "resources.yaml:3:5: unknown field `intreval` in resource \"a\"; did you mean `interval`?"
+    );
+}
+
+#[test]
+fn controller_only_fields_are_tolerated() {
+    let r = resources::parse(
+        Path::new("r.yaml"),
+        "resources:\n  - name: a\n    hostBased: 5\n    distributions: []\n    interval: 30\n",
+    )
+    .unwrap();
+    let fields: Vec<&str> = r
+        .ignored_fields
+        .iter()
+        .map(|(_, f, _)| f.as_str())
+        .collect();
+    assert_eq!(fields, ["hostBased", "distributions"]);
+}
+
+#[test]
+fn unknown_probe_field_is_strict() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      comand: [x]\n");
+    assert!(
+        e.starts_with("resources.yaml:6:7: unknown field `comand`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_duration() {
+    let e = one_error("resources:\n  - name: a\n    interval: 3 fortnights\n");
+    assert!(
+        e.starts_with("resources.yaml:3:15: bad interval: expected a duration"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: exec, command: [x], timeout: soon}\n");
+    assert!(e.starts_with("resources.yaml:4:48: bad timeout"), "{e}");
+}
+
+#[test]
+fn bad_valtype_and_ordtype() {
+    let e = errors("resources:\n  - name: a\n    valtype: float\n  - name: b\n    valtype: string\n    ordtype: increasing\n");
+    assert_eq!(
+        e[0],
+        "resources.yaml:3:14: unknown valtype \"float\"; expected one of numeric, string, boolean"
+    );
+    assert_eq!(
+        e[1],
+        "resources.yaml:6:14: ordtype applies only to numeric resources, not string"
+    );
+}
+
+#[test]
+fn duplicate_name() {
+    let e = one_error("resources:\n  - name: a\n  - name: b\n  - name: a\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:11: duplicate resource \"a\": already defined at line 2"
+    );
+}
+
+#[test]
+fn host_in_two_instances() {
+    let e = one_error(
+        "resources:\n  - name: a\n    interval: 30\n    resourcemap:\n      - location: [\"node[001-004]\"]\n      - location: [node009, node003]\n",
+    );
+    assert_eq!(
+        e,
+        "resources.yaml:6:29: host \"node003\" is in two instances of \"a\" (also at line 5)"
+    );
+}
+
+#[test]
+fn host_range_in_flow_list_must_be_quoted() {
+    let e = one_error("resources:\n  - name: a\n    resourcemap:\n      - location: [node[1-2]]\n");
+    assert!(e.contains("must be quoted"), "{e}");
+    assert!(e.starts_with("resources.yaml:4:"), "{e}");
+}
+
+#[test]
+fn bad_names_and_probe_shapes() {
+    let e = errors(
+        "resources:
+  - name: 9lives
+  - name: a
+    interval: 30
+    probe: {kind: magic}
+  - name: b
+    interval: 30
+    probe: {kind: exec}
+  - name: c
+    interval: 30
+    probe: {kind: file, path: relative/path, command: [x]}
+  - name: d
+    probe: {kind: builtin}
+  - name: e
+    interval: 30
+    probe: {kind: file, path: /x, regex: '(unclosed'}
+",
+    );
+    let want = [
+        "resources.yaml:2:11: resource name \"9lives\" must start with a letter",
+        "resources.yaml:5:19: unknown probe kind \"magic\"",
+        "resources.yaml:8:12: exec and stream probes need `command`",
+        "resources.yaml:11:31: file probe path \"relative/path\" must be absolute",
+        "resources.yaml:11:55: `command` is not a field of file probes",
+        "resources.yaml:13:12: resource \"d\" has a probe but no interval",
+        "resources.yaml:16:42: bad regex",
+    ];
+    assert_eq!(e.len(), want.len(), "{e:#?}");
+    for (got, want) in e.iter().zip(want) {
+        assert!(got.starts_with(want), "got {got:?}, want {want:?}");
+    }
+}
+
+#[test]
+fn provides_must_name_declared_dynamic_resources() {
+    let e = errors(
+        "resources:
+  - name: a
+    interval: 30
+    probe: {kind: exec, command: [x], format: kv, provides: [b, c, d]}
+  - name: b
+    interval: 30
+  - name: c
+  - name: e
+    interval: 30
+    probe: {kind: exec, command: [y], format: kv, provides: [b]}
+",
+    );
+    assert!(
+        e.iter().any(|m| m.contains("\"c\", which is static")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter().any(|m| m.contains("\"d\", which is not declared")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter().any(|m| m.starts_with("resources.yaml:10:")
+            && m.contains("already provided by the probe of \"a\"")),
+        "{e:#?}"
+    );
+}
+
+#[test]
+fn yaml_syntax_error_has_position() {
+    let e = one_error("resources:\n  - name: a\n   bad: indent\n");
+    assert!(e.starts_with("resources.yaml:3:"), "{e}");
+}
+
+#[test]
+fn agent_yaml_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("agent.yaml");
+    std::fs::write(
+        &p,
+        "controllers: [\"ctl1:99999\"]\nmax_parallel: 0\nrun_az: x\n",
+    )
+    .unwrap();
+    let e = config::load_agent(&p).unwrap_err().to_string();
+    assert!(e.contains("agent.yaml:3:1: unknown field `run_az`"), "{e}");
+    std::fs::write(&p, "controllers: [\"ctl1:99999\"]\nmax_parallel: 0\n").unwrap();
+    let e = config::load_agent(&p).unwrap_err().0;
+    assert!(
+        e[0].to_string()
+            .ends_with("agent.yaml:1:15: controller \"ctl1:99999\" is not host[:port]"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].to_string()
+            .ends_with("agent.yaml:2:15: max_parallel must be between 1 and 1024, got 0"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn unreadable_and_non_utf8_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.yaml");
+    let e = config::load_resources(&missing).unwrap_err().to_string();
+    assert!(e.contains("nope.yaml: cannot read"), "{e}");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, b"resources:\n  - name: \xff\n").unwrap();
+    let e = config::load_resources(&bad).unwrap_err().to_string();
+    assert!(e.ends_with("bad.yaml:2:11: file is not valid UTF-8"), "{e}");
+}
+
+#[test]
+fn valid_example_parses() {
+    let r = resources::parse(
+        Path::new("r.yaml"),
+        "resources:
+  - name: scratch
+    desc: free scratch
+    valtype: numeric
+    ordtype: decreasing
+    interval: 1m
+    flags: [release]
+    resourcemap:
+      - location: [default]
+    probe:
+      kind: exec
+      command: [scratch_free, /scratch]
+      format: kv
+      timeout: 10s
+      env: {MIN: \"1\"}
+      limits: {cpu: 5s, address_space: 256MiB, open_files: 64, processes: 16}
+",
+    )
+    .unwrap();
+    let s = &r.resources[0];
+    assert_eq!(s.interval, Some(std::time::Duration::from_secs(60)));
+    let p = s.probe.as_ref().unwrap();
+    assert_eq!(p.timeout, Some(std::time::Duration::from_secs(10)));
+    match &p.kind {
+        config::ProbeKind::Exec(e) => {
+            assert_eq!(e.limits.address_space, Some(256 << 20));
+            assert_eq!(e.format, config::Format::Kv);
+        }
+        other => panic!("{other:?}"),
+    }
+}
