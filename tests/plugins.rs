@@ -126,19 +126,10 @@ fn every_plugin_is_an_executable_sh_script_that_parses() {
     for file in files {
         let meta = fs::metadata(&file).expect("plugin metadata");
         assert!(meta.is_file(), "{} is not a regular file", file.display());
+        // Git records one executable bit; the rest of the mode follows the checkout's umask
+        // (packaging installs them 0755 root:root).
         let mode = meta.permissions().mode();
-        assert_eq!(
-            mode & 0o111,
-            0o111,
-            "{} is not executable by all",
-            file.display()
-        );
-        assert_eq!(
-            mode & 0o022,
-            0,
-            "{} is group/other-writable: the agent would refuse it",
-            file.display()
-        );
+        assert_ne!(mode & 0o100, 0, "{} is not executable", file.display());
         let body = fs::read_to_string(&file).expect("plugin is text");
         assert!(
             body.starts_with("#!/bin/sh\n"),
