@@ -376,3 +376,124 @@ fn read_batch(b: schema::batch::Reader<'_>) -> Result<Batch, WireError> {
         resvals,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample_batch() -> Envelope {
+        Envelope::Batch(Batch {
+            seq: 7,
+            full: true,
+            sent_at_ms: 1_700_000_000_123,
+            resvals: vec![
+                Resval {
+                    name: "scratch".into(),
+                    instance: String::new(),
+                    value: Value::Numeric(1234.5),
+                    status: Status::Ok,
+                    last_report_ms: Some(1_700_000_000_000),
+                    error: None,
+                },
+                Resval {
+                    name: "license".into(),
+                    instance: "node[001-004]".into(),
+                    value: Value::String("a b".into()),
+                    status: Status::Failed,
+                    last_report_ms: None,
+                    error: Some("exit 1".into()),
+                },
+                Resval {
+                    name: "healthy".into(),
+                    instance: String::new(),
+                    value: Value::Boolean(false),
+                    status: Status::Stale,
+                    last_report_ms: Some(1),
+                    error: Some("old".into()),
+                },
+                Resval {
+                    name: "gpu".into(),
+                    instance: String::new(),
+                    value: Value::Unknown,
+                    status: Status::Pending,
+                    last_report_ms: None,
+                    error: None,
+                },
+            ],
+        })
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        let hello = Envelope::Hello(Hello::new(
+            "node001",
+            "b00t",
+            "d1g",
+            vec![Declared {
+                name: "license".into(),
+                instance: "all".into(),
+                valtype: Valtype::Boolean,
+                interval_ms: 30_000,
+                shared: true,
+            }],
+        ));
+        let hb = Envelope::Heartbeat(Heartbeat {
+            seq: 9,
+            sent_at_ms: 5,
+        });
+        for env in [hello, sample_batch(), hb] {
+            let bytes = encode_envelope(&env).unwrap();
+            assert_eq!(decode_envelope_bytes(&bytes).unwrap(), env);
+        }
+        for m in [
+            ControllerMessage::Welcome(vec![("a".into(), "all".into())]),
+            ControllerMessage::Welcome(vec![]),
+            ControllerMessage::Ack(42),
+        ] {
+            let bytes = encode_controller(&m).unwrap();
+            assert_eq!(decode_controller_bytes(&bytes).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused_when_encoding() {
+        let big = Value::String("x".repeat(MAX_FRAME_BYTES));
+        let mut env = sample_batch();
+        if let Envelope::Batch(b) = &mut env {
+            b.resvals[1].value = big;
+        }
+        assert!(matches!(
+            encode_envelope(&env),
+            Err(WireError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_frame_for_the_other_direction_never_panics() {
+        // A controller message read as an Envelope (a misconfigured peer): it may even
+        // decode, since both roots are a union of pointers, but it must never panic.
+        let bytes = encode_controller(&ControllerMessage::Ack(1)).unwrap();
+        let _ = decode_envelope_bytes(&bytes);
+    }
+
+    proptest! {
+        // Untrusted bytes never panic the decoder.
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_envelope_bytes(&bytes);
+            let _ = decode_controller_bytes(&bytes);
+        }
+
+        // A valid frame with bytes flipped never panics the decoder either.
+        #[test]
+        fn corrupted_frames_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..16)) {
+            let mut bytes = encode_envelope(&sample_batch()).unwrap();
+            let len = bytes.len();
+            for (at, x) in flips {
+                bytes[at % len] ^= x;
+            }
+            let _ = decode_envelope_bytes(&bytes);
+        }
+    }
+}
