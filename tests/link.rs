@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use link_common::*;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use xce_agent::link::client::LinkState;
 use xce_agent::link::receiver::{EventKind, ListenOpts};
@@ -319,4 +319,47 @@ async fn stopping_the_agent_closes_the_connection_cleanly() {
         .await
         .unwrap();
     assert!(!rest.is_empty(), "hello and snapshot were sent before");
+}
+
+#[tokio::test]
+async fn a_new_hello_alone_resends_hello_and_a_full_snapshot() {
+    let store = store_with(&three());
+    let mut ctl = Controller::bind(ListenOpts::default()).await;
+    let agent = Agent::start(fast_config(vec![ctl.addr.to_string()]), Arc::clone(&store));
+    ctl.next_hello_and_snapshot().await;
+    let mut h = hello_for(&store);
+    h.config_digest = "digest-2".into();
+    agent.hello.send_replace(Arc::new(h));
+    let (hello, snap) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(hello.config_digest, "digest-2");
+    assert_eq!(snap.resvals, store.snapshot().1);
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_from_the_controller_makes_the_agent_reconnect() {
+    let store = store_with(&three());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let agent = Agent::start(fast_config(vec![addr.to_string()]), Arc::clone(&store));
+    let (mut s, _) = guard("connect", listener.accept()).await.unwrap();
+    s.write_all(&[0xff; 64]).await.unwrap();
+    // The agent drops that connection and comes back with a fresh hello + snapshot.
+    let mut ctl = Controller::serve(listener, ListenOpts::default());
+    let (_, snap) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(snap.seq, 1);
+    assert!(agent.stats.disconnects.load(Ordering::Relaxed) >= 1);
+    drop(s);
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn no_controllers_is_idle_not_a_busy_loop() {
+    let store = store_with(&three());
+    let agent = Agent::start(fast_config(vec![]), store);
+    agent.wait_state("idle", |s| *s == LinkState::Backoff).await;
+    assert_eq!(agent.stats.connect_failures.load(Ordering::Relaxed), 0);
+    agent.stop().await;
 }

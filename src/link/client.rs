@@ -185,6 +185,14 @@ pub async fn run(
     stats: Arc<LinkStats>,
     shutdown: CancellationToken,
 ) {
+    if cfg.controllers.is_empty() {
+        // Config validation should have refused this; do not spin on an empty list.
+        warn!("no controllers configured; the link stays idle");
+        stats.set_state(LinkState::Backoff);
+        shutdown.cancelled().await;
+        stats.set_state(LinkState::Stopped);
+        return;
+    }
     let mut backoff = Backoff::new(cfg.backoff_min, cfg.backoff_max);
     let assigned = Arc::new(assigned);
     'rounds: while !shutdown.is_cancelled() {
@@ -316,6 +324,8 @@ impl<'a> Session<'a> {
             controller: addr.to_owned(),
         });
         let mut hello_open = true;
+        // `changed()` marks the hello seen, so remember that it fired.
+        let mut hello_dirty = false;
         loop {
             let idle_until = tokio::time::Instant::from_std(self.last_write + self.cfg.heartbeat);
             tokio::select! {
@@ -327,6 +337,7 @@ impl<'a> Session<'a> {
                     // The owner dropped the hello sender: keep the last hello.
                     hello_open = r.is_ok();
                     if !hello_open { continue; }
+                    hello_dirty = true;
                 }
                 _ = tokio::time::sleep_until(idle_until) => {
                     self.heartbeat().await?;
@@ -339,8 +350,10 @@ impl<'a> Session<'a> {
                 r = &mut self.reader => return Err(r.unwrap_or(SessionError::Closed)),
                 _ = tokio::time::sleep(self.cfg.coalesce) => {}
             }
-            let reload = hello_open && hello.has_changed().unwrap_or(false)
+            let reload = hello_dirty
+                || hello.has_changed().unwrap_or(false)
                 || self.store_rx.borrow().generation != self.sent_generation;
+            hello_dirty = false;
             if reload {
                 self.resync(hello).await?;
             } else {
