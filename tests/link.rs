@@ -157,12 +157,12 @@ async fn first_controller_refuses_second_gets_the_data() {
     let (_, snap) = ctl.next_hello_and_snapshot().await;
     assert_eq!(snap.resvals, store.snapshot().1);
     assert!(agent.stats.connect_failures.load(Ordering::Relaxed) >= 1);
-    assert_eq!(
-        agent.stats.state(),
-        LinkState::Connected {
-            controller: ctl.addr.to_string()
-        }
-    );
+    let second = LinkState::Connected {
+        controller: ctl.addr.to_string(),
+    };
+    agent
+        .wait_state("connected to the second", |s| *s == second)
+        .await;
     agent.stop().await;
     ctl.stop().await;
 }
