@@ -139,6 +139,12 @@ async fn controller_restarted_mid_stream_gets_a_full_snapshot_again() {
     assert_eq!(snap.seq, 1, "seq restarts per connection");
     assert_eq!(snap.resvals, store.snapshot().1, "every latest value");
     assert!(agent.stats.disconnects.load(Ordering::Relaxed) >= 1);
+    // Counted once the write returned, which may be after the receiver saw the bytes.
+    agent
+        .wait_state("connected again", |s| {
+            matches!(s, LinkState::Connected { .. })
+        })
+        .await;
     assert_eq!(agent.stats.full_batches.load(Ordering::Relaxed), 2);
     agent.stop().await;
     ctl.stop().await;
