@@ -1,1 +1,19 @@
 //! The stream of resvals to the controller (Cap'n Proto over TCP) and the reference receiver.
+//!
+//! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
+//! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
+//! - [`receiver`]: the reference receiver behind `xce-agent listen`.
+//!
+//! The schema is `schema/agent.capnp`; `agent_capnp` is generated from it by
+//! `scripts/regen-schema.sh` and committed, so building needs no capnp tool.
+
+#[rustfmt::skip]
+#[allow(clippy::all, clippy::pedantic, unused, missing_docs)]
+pub mod agent_capnp;
+
+pub mod client;
+pub mod receiver;
+pub mod wire;
+
+/// The controller's port when a `controllers:` entry gives none.
+pub const DEFAULT_PORT: u16 = 6870;

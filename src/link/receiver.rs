@@ -1,0 +1,472 @@
+//! The reference receiver (`xce-agent listen ADDR`): accepts many agents, decodes and
+//! validates what they send, and reports one event per message. It shows a controller
+//! implementer what to check, lets an admin see whether a node reports, and is what the
+//! tests talk to.
+//!
+//! Protocol violations (no hello first, wrong protocol version, seq not increasing, a delta
+//! before the first full batch, a malformed, truncated or oversized frame) drop that one
+//! connection with a logged error. A resval that does not fit its hello (undeclared, wrong
+//! type, empty name, non-finite number) is reported as rejected and the connection goes on,
+//! as a controller should do: one bad value must not blind it to the host's other values.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::json;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::compat::TokioAsyncReadCompatExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::wire::{
+    self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, PROTOCOL_VERSION,
+};
+use crate::value::{Resval, Valtype, Value};
+
+/// Output format of `listen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListenOpts {
+    /// Send `ack(seq)` after each batch.
+    pub ack: bool,
+    /// When non-empty, send `welcome` with these (name, instance) pairs after each hello.
+    pub assign: Vec<(String, String)>,
+}
+
+/// What happened on one agent connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub peer: SocketAddr,
+    /// The host from the connection's hello (None before it).
+    pub host: Option<String>,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    Connected,
+    Hello(Hello),
+    /// A batch; `rejected` lists the resvals that did not fit the hello, with the reason
+    /// (they are not in `batch.resvals`).
+    Batch {
+        batch: Batch,
+        rejected: Vec<(Resval, String)>,
+    },
+    Heartbeat(Heartbeat),
+    /// The connection ended: `None` at a clean end of stream, otherwise why it was dropped.
+    Closed(Option<String>),
+}
+
+/// Accept agents until `shutdown`, reporting events to `events`. Each connection runs in
+/// its own task; a bad one never affects the others. Returns when `shutdown` is cancelled
+/// (open connections are closed) or `events` is closed.
+pub async fn serve(
+    listener: TcpListener,
+    opts: ListenOpts,
+    events: mpsc::Sender<Event>,
+    shutdown: CancellationToken,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = events.closed() => break,
+            // Reap finished connection tasks so the set does not grow without bound.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    conns.spawn(connection(stream, peer, opts.clone(), events.clone()));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    error!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+    conns.shutdown().await;
+}
+
+/// `serve`, printing one line per event (per resval for batches) to `out`, for the CLI.
+pub async fn serve_lines<W: AsyncWrite + Unpin>(
+    listener: TcpListener,
+    opts: ListenOpts,
+    format: Format,
+    mut out: W,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let (tx, mut rx) = mpsc::channel(1024);
+    let server = tokio::spawn(serve(listener, opts, tx, shutdown.clone()));
+    let mut result = Ok(());
+    while let Some(ev) = rx.recv().await {
+        let mut text = String::new();
+        for line in ev.lines(format) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        if let Err(e) = async {
+            out.write_all(text.as_bytes()).await?;
+            out.flush().await
+        }
+        .await
+        {
+            // stdout gone (e.g. `listen | head`): stop serving.
+            result = Err(e);
+            shutdown.cancel();
+            break;
+        }
+    }
+    drop(rx);
+    let _ = server.await;
+    result
+}
+
+/// Largest time a write of an ack/welcome may take before the agent is considered stuck.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    opts: ListenOpts,
+    events: mpsc::Sender<Event>,
+) {
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd).compat();
+    let mut conn = Conn {
+        peer,
+        hello: None,
+        declared: BTreeMap::new(),
+        last_seq: 0,
+        need_full: true,
+    };
+    info!(%peer, "agent connected");
+    let _ = events.send(conn.event(EventKind::Connected)).await;
+    let end = loop {
+        let msg = match wire::read_frame(&mut rd).await {
+            Ok(Some(m)) => m,
+            Ok(None) => break None,
+            Err(e) => break Some(e.to_string()),
+        };
+        let env = match wire::decode_envelope(&msg) {
+            Ok(env) => env,
+            Err(e) => break Some(e.to_string()),
+        };
+        let (kind, reply) = match conn.accept(env, &opts) {
+            Ok(x) => x,
+            Err(e) => break Some(e),
+        };
+        if events.send(conn.event(kind)).await.is_err() {
+            return;
+        }
+        if let Some(reply) = reply {
+            if let Err(e) = send(&mut wr, &reply).await {
+                break Some(e);
+            }
+        }
+    };
+    match &end {
+        None => info!(%peer, host = conn.host(), "agent disconnected"),
+        Some(e) => error!(%peer, host = conn.host(), error = %e, "dropping agent connection"),
+    }
+    let _ = events.send(conn.event(EventKind::Closed(end))).await;
+}
+
+async fn send(wr: &mut OwnedWriteHalf, msg: &ControllerMessage) -> Result<(), String> {
+    let frame = wire::encode_controller(msg).map_err(|e| e.to_string())?;
+    match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&frame)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("write failed: {e}")),
+        Err(_) => Err("write timed out (agent not reading)".into()),
+    }
+}
+
+/// Per-connection protocol state.
+struct Conn {
+    peer: SocketAddr,
+    hello: Option<Hello>,
+    declared: BTreeMap<(String, String), Valtype>,
+    last_seq: u64,
+    /// After a hello the next batch must be a full snapshot.
+    need_full: bool,
+}
+
+impl Conn {
+    fn host(&self) -> &str {
+        self.hello.as_ref().map_or("-", |h| h.host.as_str())
+    }
+
+    fn event(&self, kind: EventKind) -> Event {
+        Event {
+            peer: self.peer,
+            host: self.hello.as_ref().map(|h| h.host.clone()),
+            kind,
+        }
+    }
+
+    /// Validate one message; the event to report and the reply to send, or why the
+    /// connection must be dropped.
+    fn accept(
+        &mut self,
+        env: Envelope,
+        opts: &ListenOpts,
+    ) -> Result<(EventKind, Option<ControllerMessage>), String> {
+        match env {
+            Envelope::Hello(h) => {
+                if h.protocol_version != PROTOCOL_VERSION {
+                    return Err(format!(
+                        "protocol version {} not supported (this receiver speaks {PROTOCOL_VERSION})",
+                        h.protocol_version
+                    ));
+                }
+                if h.host.is_empty() {
+                    return Err("hello without a host name".into());
+                }
+                if let Some(old) = &self.hello {
+                    if old.host != h.host {
+                        return Err(format!(
+                            "host changed from {} to {} on one connection",
+                            old.host, h.host
+                        ));
+                    }
+                }
+                let mut declared = BTreeMap::new();
+                for Declared {
+                    name,
+                    instance,
+                    valtype,
+                    ..
+                } in &h.resources
+                {
+                    if name.is_empty() {
+                        return Err("hello declares a resource without a name".into());
+                    }
+                    if declared
+                        .insert((name.clone(), instance.clone()), *valtype)
+                        .is_some()
+                    {
+                        return Err(format!("hello declares {name}@{instance:?} twice"));
+                    }
+                }
+                self.declared = declared;
+                self.need_full = true;
+                self.hello = Some(h.clone());
+                let reply = (!opts.assign.is_empty())
+                    .then(|| ControllerMessage::Welcome(opts.assign.clone()));
+                Ok((EventKind::Hello(h), reply))
+            }
+            Envelope::Batch(mut batch) => {
+                if self.hello.is_none() {
+                    return Err("batch before hello".into());
+                }
+                if batch.seq <= self.last_seq {
+                    return Err(format!(
+                        "batch seq {} does not increase (last {})",
+                        batch.seq, self.last_seq
+                    ));
+                }
+                if self.need_full && !batch.full {
+                    return Err(format!(
+                        "delta (seq {}) before the full snapshot that must follow hello",
+                        batch.seq
+                    ));
+                }
+                self.last_seq = batch.seq;
+                if batch.full {
+                    self.need_full = false;
+                }
+                let mut rejected = Vec::new();
+                let mut seen = BTreeSet::new();
+                let mut kept = Vec::with_capacity(batch.resvals.len());
+                for r in batch.resvals.drain(..) {
+                    match self.check(&r, &mut seen) {
+                        Ok(()) => kept.push(r),
+                        Err(why) => {
+                            warn!(host = self.host(), name = %r.name, instance = %r.instance,
+                                  reason = %why, "rejected resval");
+                            rejected.push((r, why));
+                        }
+                    }
+                }
+                batch.resvals = kept;
+                let reply = opts.ack.then_some(ControllerMessage::Ack(batch.seq));
+                Ok((EventKind::Batch { batch, rejected }, reply))
+            }
+            Envelope::Heartbeat(hb) => {
+                if self.hello.is_none() {
+                    return Err("heartbeat before hello".into());
+                }
+                if hb.seq != self.last_seq {
+                    return Err(format!(
+                        "heartbeat names seq {} but the last batch was {}",
+                        hb.seq, self.last_seq
+                    ));
+                }
+                Ok((EventKind::Heartbeat(hb), None))
+            }
+        }
+    }
+
+    fn check(&self, r: &Resval, seen: &mut BTreeSet<(String, String)>) -> Result<(), String> {
+        if r.name.is_empty() {
+            return Err("empty name".into());
+        }
+        let key = (r.name.clone(), r.instance.clone());
+        let Some(valtype) = self.declared.get(&key) else {
+            return Err("not declared in hello".into());
+        };
+        if !seen.insert(key) {
+            return Err("appears twice in one batch".into());
+        }
+        let fits = match (&r.value, valtype) {
+            (Value::Unknown, _) => true,
+            (Value::Numeric(x), Valtype::Numeric) => x.is_finite(),
+            (Value::String(_), Valtype::String) => true,
+            (Value::Boolean(_), Valtype::Boolean) => true,
+            _ => false,
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(format!("value {} does not fit valtype {valtype}", r.value))
+        }
+    }
+}
+
+impl Event {
+    /// The printed form: one line per resval for a batch (rejected ones marked), one line
+    /// for everything else.
+    pub fn lines(&self, format: Format) -> Vec<String> {
+        let host = self.host.as_deref().unwrap_or("-");
+        match format {
+            Format::Text => self.text_lines(host),
+            Format::Json => self
+                .json_values(host)
+                .into_iter()
+                .map(|v| v.to_string())
+                .collect(),
+        }
+    }
+
+    fn text_lines(&self, host: &str) -> Vec<String> {
+        let peer = self.peer;
+        match &self.kind {
+            EventKind::Connected => vec![format!("{host} connect peer={peer}")],
+            EventKind::Hello(h) => vec![format!(
+                "{host} hello protocol={} agent={} boot_id={} digest={} resources={} peer={peer}",
+                h.protocol_version,
+                h.agent_version,
+                h.boot_id,
+                h.config_digest,
+                h.resources.len()
+            )],
+            EventKind::Heartbeat(hb) => vec![format!("{host} heartbeat seq={}", hb.seq)],
+            EventKind::Closed(None) => vec![format!("{host} closed peer={peer}")],
+            EventKind::Closed(Some(e)) => {
+                vec![format!("{host} dropped peer={peer} error={e:?}")]
+            }
+            EventKind::Batch { batch, rejected } => {
+                let kind = if batch.full { "full" } else { "delta" };
+                let mut out: Vec<String> = batch
+                    .resvals
+                    .iter()
+                    .map(|r| {
+                        let mut line = format!(
+                            "{host} {} {} {} last_report={} seq={} {kind}",
+                            display_name(r),
+                            r.status,
+                            r.value,
+                            r.last_report_ms.map_or("never".into(), rfc3339),
+                            batch.seq
+                        );
+                        if let Some(e) = &r.error {
+                            line.push_str(&format!(" error={e:?}"));
+                        }
+                        line
+                    })
+                    .collect();
+                out.extend(rejected.iter().map(|(r, why)| {
+                    format!(
+                        "{host} {} REJECTED {why:?} seq={} {kind}",
+                        display_name(r),
+                        batch.seq
+                    )
+                }));
+                if out.is_empty() {
+                    out.push(format!("{host} batch seq={} {kind} (empty)", batch.seq));
+                }
+                out
+            }
+        }
+    }
+
+    fn json_values(&self, host: &str) -> Vec<serde_json::Value> {
+        let peer = self.peer.to_string();
+        match &self.kind {
+            EventKind::Connected => vec![json!({"event": "connect", "host": host, "peer": peer})],
+            EventKind::Hello(h) => vec![json!({
+                "event": "hello", "host": host, "peer": peer,
+                "protocol_version": h.protocol_version, "agent_version": h.agent_version,
+                "boot_id": h.boot_id, "config_digest": h.config_digest,
+                "resources": h.resources.iter().map(|d| json!({
+                    "name": d.name, "instance": d.instance, "valtype": d.valtype,
+                    "interval_ms": d.interval_ms, "shared": d.shared,
+                })).collect::<Vec<_>>(),
+            })],
+            EventKind::Heartbeat(hb) => vec![json!({
+                "event": "heartbeat", "host": host, "seq": hb.seq, "sent_at_ms": hb.sent_at_ms,
+            })],
+            EventKind::Closed(e) => vec![json!({
+                "event": if e.is_some() { "dropped" } else { "closed" },
+                "host": host, "peer": peer, "error": e,
+            })],
+            EventKind::Batch { batch, rejected } => {
+                let one = |r: &Resval, rejected: Option<&str>| {
+                    let mut v = json!({
+                        "event": "resval", "host": host, "name": r.name, "instance": r.instance,
+                        "value": r.value, "status": r.status, "last_report_ms": r.last_report_ms,
+                        "error": r.error, "seq": batch.seq, "full": batch.full,
+                        "sent_at_ms": batch.sent_at_ms,
+                    });
+                    if let (Some(why), Some(obj)) = (rejected, v.as_object_mut()) {
+                        obj.insert("rejected".into(), why.into());
+                    }
+                    v
+                };
+                let mut out: Vec<_> = batch.resvals.iter().map(|r| one(r, None)).collect();
+                out.extend(rejected.iter().map(|(r, why)| one(r, Some(why))));
+                if out.is_empty() {
+                    out.push(json!({
+                        "event": "batch", "host": host, "seq": batch.seq, "full": batch.full,
+                        "sent_at_ms": batch.sent_at_ms, "resvals": 0,
+                    }));
+                }
+                out
+            }
+        }
+    }
+}
+
+fn display_name(r: &Resval) -> String {
+    if r.instance.is_empty() {
+        r.name.clone()
+    } else {
+        format!("{}@{}", r.name, r.instance)
+    }
+}
+
+fn rfc3339(ms: u64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
