@@ -6,14 +6,19 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use xce_agent::cli::{Cli, Command, Common, Format};
 use xce_agent::config::{self, Config, ProbeKind};
+use xce_agent::daemon::{declared, probe_context, Agent};
+use xce_agent::link::client::LinkConfig;
+use xce_agent::link::receiver;
 use xce_agent::plan::{make_plan, Plan};
-use xce_agent::probe::{BuiltinSource, ProbeContext};
+use xce_agent::probe::BuiltinSource;
 use xce_agent::report::{plan_text, OnceReport};
-use xce_agent::schedule::{run_all_once, Scheduler};
-use xce_agent::store::{Declared, Store};
+use xce_agent::schedule::run_all_once;
+use xce_agent::store::Store;
 use xce_agent::value::Reading;
 
 /// Exit codes shared by the commands.
@@ -44,7 +49,7 @@ fn main() -> ExitCode {
             Some(Command::Probe { name }) => {
                 cmd_once(&cli.common, Format::Table, std::slice::from_ref(name)).await
             }
-            Some(Command::Listen { .. }) => anyhow::bail!("listen is not available in this build"),
+            Some(Command::Listen { addr, format, ack }) => cmd_listen(addr, *format, *ack).await,
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
         }
@@ -69,6 +74,7 @@ fn init_logging(level: Option<&str>, interactive: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -107,35 +113,12 @@ fn load(common: &Common) -> Option<Config> {
     }
 }
 
-fn declared(plan: &Plan) -> Vec<Declared> {
-    plan.tasks
-        .iter()
-        .flat_map(|t| {
-            t.feeds.iter().map(move |f| Declared {
-                name: f.name.clone(),
-                instance: t.instance.clone(),
-                valtype: f.valtype,
-                stale_after: t.stale_after,
-            })
-        })
-        .collect()
-}
-
 /// Placeholder until the shared sampler is wired: no builtin index is available.
 struct NoBuiltins;
 
 impl BuiltinSource for NoBuiltins {
     fn reading(&self, _index: &str) -> Option<Reading> {
         None
-    }
-}
-
-fn context(config: &Config, host: &str, builtin: Arc<dyn BuiltinSource>) -> ProbeContext {
-    ProbeContext {
-        host: host.to_owned(),
-        plugin_dir: config.agent.plugin_dir.clone(),
-        run_as: config.agent.run_as.clone(),
-        builtin,
     }
 }
 
@@ -225,7 +208,7 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     }
     let store = Store::new();
     store.declare(declared(&plan));
-    let ctx = context(&config, &host, Arc::new(NoBuiltins));
+    let ctx = probe_context(&config, &host, Arc::new(NoBuiltins));
     let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel).await;
     let report = OnceReport::new(&host, &runs, &store);
     match format {
@@ -244,36 +227,55 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
         return Ok(EXIT_CONFIG);
     };
     let host = host_name(common, &config)?;
-    let plan = make_plan(&config.resources, &host, &BTreeSet::new());
-    tracing::info!(host = %host, probes = plan.tasks.len(), skipped = plan.skipped.len(), "starting");
-    let store = Arc::new(Store::new());
-    store.declare(declared(&plan));
-    let shutdown = CancellationToken::new();
-    let ctx = context(&config, &host, Arc::new(NoBuiltins));
-    let mut scheduler = Scheduler::new(
-        store.clone(),
-        ctx,
-        config.agent.max_parallel,
-        shutdown.clone(),
-    );
-    scheduler.apply(&plan);
-    wait_for_termination().await;
-    tracing::info!("stopping");
-    scheduler.stop().await;
-    Ok(EXIT_OK)
-}
-
-async fn wait_for_termination() {
-    use tokio::signal::unix::{signal, SignalKind};
+    let mut agent = Agent::start(config, host, Arc::new(NoBuiltins), LinkConfig::default());
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
+        anyhow::bail!("cannot install signal handlers");
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = agent.assignment_changed() => {
+                let config = agent.config.clone();
+                agent.replan(config);
+            }
+        }
     }
+    tracing::info!("stopping");
+    agent.stop(Duration::from_secs(3)).await;
+    Ok(EXIT_OK)
+}
+
+async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    eprintln!("xce-agent: listening on {}", listener.local_addr()?);
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        if let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        stop.cancel();
+    });
+    let format = match format {
+        Format::Json => receiver::Format::Json,
+        Format::Table => receiver::Format::Text,
+    };
+    let opts = receiver::ListenOpts {
+        ack,
+        assign: Vec::new(),
+    };
+    receiver::serve_lines(listener, opts, format, tokio::io::stdout(), shutdown).await?;
+    Ok(EXIT_OK)
 }

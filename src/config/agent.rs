@@ -49,7 +49,13 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?
     };
     let mut errs = Errors::new(path);
-    let base = path.parent().unwrap_or(Path::new("."));
+    // Children run in `/`, so every path must be absolute, whatever the agent's cwd.
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let base = if parent.is_absolute() {
+        parent.to_owned()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(parent)
+    };
     if let Some(h) = &raw.host {
         if let Err(e) = hostlist::validate_host_name(&h.value) {
             errs.at(Pos::of(h), e);
