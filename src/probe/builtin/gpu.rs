@@ -26,8 +26,10 @@ const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
 
 type Device = *mut c_void;
 
+// Laid out as NVML's C structs; NVML writes every field, we read some.
 #[repr(C)]
 #[derive(Default)]
+#[allow(dead_code)]
 struct Utilization {
     gpu: c_uint,
     memory: c_uint,
@@ -35,21 +37,28 @@ struct Utilization {
 
 #[repr(C)]
 #[derive(Default)]
+#[allow(dead_code)]
 struct Memory {
     total: u64,
     free: u64,
     used: u64,
 }
 
+type Shutdown = unsafe extern "C" fn() -> c_int;
+type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+type UtilizationFn = unsafe extern "C" fn(Device, *mut Utilization) -> c_int;
+type MemoryFn = unsafe extern "C" fn(Device, *mut Memory) -> c_int;
+type ProcessesFn = unsafe extern "C" fn(Device, *mut c_uint, *mut c_void) -> c_int;
+
 /// The NVML entry points we call, resolved once.
 struct Api {
     handle: *mut c_void,
-    shutdown: unsafe extern "C" fn() -> c_int,
-    error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    utilization: unsafe extern "C" fn(Device, *mut Utilization) -> c_int,
-    memory: unsafe extern "C" fn(Device, *mut Memory) -> c_int,
+    shutdown: Shutdown,
+    error_string: ErrorString,
+    utilization: UtilizationFn,
+    memory: MemoryFn,
     /// Called with a zero-length buffer: SUCCESS = no process, INSUFFICIENT_SIZE = some.
-    processes: unsafe extern "C" fn(Device, *mut c_uint, *mut c_void) -> c_int,
+    processes: ProcessesFn,
 }
 
 pub(crate) struct Gpu {
@@ -118,8 +127,6 @@ unsafe fn device_state(api: &Api, dev: Device) -> Result<(bool, u32, u64), Strin
         NVML_ERROR_INSUFFICIENT_SIZE => false,
         rc => return Err(format!("compute processes: {}", message(api, rc))),
     };
-    let _ = util.memory;
-    let _ = mem.total.saturating_add(mem.used);
     Ok((idle, util.gpu, mem.free))
 }
 
@@ -177,12 +184,13 @@ unsafe fn resolve(handle: *mut c_void) -> Result<(Api, Vec<Device>), String> {
     type Init = unsafe extern "C" fn() -> c_int;
     type Count = unsafe extern "C" fn(*mut c_uint) -> c_int;
     type ByIndex = unsafe extern "C" fn(c_uint, *mut Device) -> c_int;
-    let init: Init = std::mem::transmute(symbol(handle, &[c"nvmlInit_v2", c"nvmlInit"])?);
-    let count: Count = std::mem::transmute(symbol(
+    let init =
+        std::mem::transmute::<*mut c_void, Init>(symbol(handle, &[c"nvmlInit_v2", c"nvmlInit"])?);
+    let count = std::mem::transmute::<*mut c_void, Count>(symbol(
         handle,
         &[c"nvmlDeviceGetCount_v2", c"nvmlDeviceGetCount"],
     )?);
-    let by_index: ByIndex = std::mem::transmute(symbol(
+    let by_index = std::mem::transmute::<*mut c_void, ByIndex>(symbol(
         handle,
         &[
             c"nvmlDeviceGetHandleByIndex_v2",
@@ -191,11 +199,20 @@ unsafe fn resolve(handle: *mut c_void) -> Result<(Api, Vec<Device>), String> {
     )?);
     let api = Api {
         handle,
-        shutdown: std::mem::transmute(symbol(handle, &[c"nvmlShutdown"])?),
-        error_string: std::mem::transmute(symbol(handle, &[c"nvmlErrorString"])?),
-        utilization: std::mem::transmute(symbol(handle, &[c"nvmlDeviceGetUtilizationRates"])?),
-        memory: std::mem::transmute(symbol(handle, &[c"nvmlDeviceGetMemoryInfo"])?),
-        processes: std::mem::transmute(symbol(
+        shutdown: std::mem::transmute::<*mut c_void, Shutdown>(symbol(handle, &[c"nvmlShutdown"])?),
+        error_string: std::mem::transmute::<*mut c_void, ErrorString>(symbol(
+            handle,
+            &[c"nvmlErrorString"],
+        )?),
+        utilization: std::mem::transmute::<*mut c_void, UtilizationFn>(symbol(
+            handle,
+            &[c"nvmlDeviceGetUtilizationRates"],
+        )?),
+        memory: std::mem::transmute::<*mut c_void, MemoryFn>(symbol(
+            handle,
+            &[c"nvmlDeviceGetMemoryInfo"],
+        )?),
+        processes: std::mem::transmute::<*mut c_void, ProcessesFn>(symbol(
             handle,
             &[
                 c"nvmlDeviceGetComputeRunningProcesses_v3",
