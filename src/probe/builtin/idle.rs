@@ -13,10 +13,14 @@ use super::{read_file, Ix, ReadError, Roots, Slots};
 
 pub(crate) fn sample(roots: &Roots, buf: &mut Vec<u8>, wall_now: SystemTime, slots: &mut Slots) {
     let mut newest: Option<SystemTime> = None;
-    let mut see = |path: &Path| {
-        // A terminal that closed between listing and stat is simply gone.
-        if let Ok(at) = std::fs::metadata(path).and_then(|m| m.accessed()) {
-            newest = Some(newest.map_or(at, |n| n.max(at)));
+    let mut see = |entry: &std::fs::DirEntry| {
+        // Stat relative to the open directory (no path walk: this runs for each of the
+        // 64 consoles every tick). A terminal that closed since the listing is simply gone;
+        // directories (`/dev/input/by-id`) are not devices.
+        if let Ok(meta) = entry.metadata() {
+            if let (false, Ok(at)) = (meta.is_dir(), meta.accessed()) {
+                newest = Some(newest.map_or(at, |n| n.max(at)));
+            }
         }
     };
     for_each_entry(&roots.dev.join("pts"), |name| name != "ptmx", &mut see);
@@ -38,14 +42,18 @@ fn is_console(name: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
-fn for_each_entry(dir: &Path, keep: impl Fn(&str) -> bool, see: &mut impl FnMut(&Path)) {
+fn for_each_entry(
+    dir: &Path,
+    keep: impl Fn(&str) -> bool,
+    see: &mut impl FnMut(&std::fs::DirEntry),
+) {
     // A missing directory (no /dev/input in a container) just has no devices.
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         if entry.file_name().to_str().is_some_and(&keep) {
-            see(&entry.path());
+            see(&entry);
         }
     }
 }

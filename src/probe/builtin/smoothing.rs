@@ -9,6 +9,10 @@
 //! pretending 5 s passed.
 //!
 //! The first sample seeds the average (`v = x`), as LSF does on its first reading.
+//!
+//! An interval that gave no sample (a failed read, a counter reset) is not an update: the
+//! next sample's `dt` runs from the last update, so that sample stands for the whole gap
+//! (after one skipped 15 s interval, f = e^(-30/60) = e^-1/2).
 
 use std::time::{Duration, Instant};
 
