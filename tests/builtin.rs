@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use xce_agent::probe::builtin::{catalogue, sample_once, Roots, Sampler};
+use xce_agent::probe::builtin::{catalogue, sample_once, spawn, Roots, Sampler};
 use xce_agent::value::{Reading, Value};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -432,4 +432,29 @@ async fn sample_once_has_rates() {
             snap.reading(idx)
         );
     }
+}
+
+#[tokio::test]
+async fn spawned_sampler_publishes_snapshots_until_shutdown() {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut rx = spawn(step(0), shutdown.clone());
+    // Before the first tick: pending, not zero.
+    assert!(matches!(
+        rx.borrow().reading("mem"),
+        Some(Reading::Pending(_))
+    ));
+    // The first tick is immediate and does the slow work too.
+    rx.changed().await.expect("sampler alive");
+    let snap = rx.borrow_and_update().clone();
+    assert_eq!(
+        snap.reading("mem"),
+        Some(Reading::Ok(Value::Numeric(24023952.0 / 1024.0)))
+    );
+    assert_eq!(snap.reading("r15s"), Some(Reading::Ok(Value::Numeric(2.0))));
+    assert!(matches!(snap.reading("ut"), Some(Reading::Pending(_))));
+    assert_eq!(snap.reading("ngpus"), None);
+    assert!(snap.absent_reason("ngpus").is_some());
+    shutdown.cancel();
+    // The task ends and drops its sender.
+    while rx.changed().await.is_ok() {}
 }
