@@ -458,3 +458,29 @@ async fn spawned_sampler_publishes_snapshots_until_shutdown() {
     // The task ends and drops its sender.
     while rx.changed().await.is_ok() {}
 }
+
+/// The NVML path against a stand-in library (tests/fixtures/proc-nvml/fake_nvml.c), built
+/// with the system C compiler. A host without one cannot run this test: it says so and fails.
+#[test]
+fn gpus_through_a_stand_in_nvml() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libnvidia-ml.so.1");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(fixture("proc-nvml/fake_nvml.c"))
+        .status()
+        .expect("a C compiler (cc) to build the stand-in NVML");
+    assert!(status.success());
+    let mut r = step(0);
+    r.nvml = lib;
+    let mut s = Sampler::new(r);
+    // Present before the first tick: pending, not absent.
+    assert_pending(&s, "ngpus");
+    s.slow_tick(Instant::now());
+    assert_num(&s, "ngpus", 3.0);
+    assert_num(&s, "ngpus_free", 2.0);
+    // GPU 2 (MIG) does not report utilisation: the mean is over GPUs 0 and 1.
+    assert_num(&s, "gpu_ut", 25.0);
+    assert_num(&s, "gpu_mem_free", 4500.0);
+}

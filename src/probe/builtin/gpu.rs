@@ -5,7 +5,8 @@
 //! - `ngpus`: devices NVML reports.
 //! - `ngpus_free`: devices with no running compute process.
 //! - `gpu_ut`: mean over the devices of `nvmlDeviceGetUtilizationRates().gpu` (%, the share
-//!   of the driver's last sample period in which a kernel ran).
+//!   of the driver's last sample period in which a kernel ran). Devices that do not report
+//!   it (MIG mode: NOT_SUPPORTED) are left out of the mean.
 //! - `gpu_mem_free`: free memory of all devices together, MB.
 //!
 //! No library, an NVML that does not initialise (no driver loaded) or zero devices: the
@@ -22,6 +23,7 @@ const ALL: [Ix; 4] = [Ix::Ngpus, Ix::NgpusFree, Ix::GpuUt, Ix::GpuMemFree];
 const PER_DEVICE: [Ix; 3] = [Ix::NgpusFree, Ix::GpuUt, Ix::GpuMemFree];
 
 const NVML_SUCCESS: c_int = 0;
+const NVML_ERROR_NOT_SUPPORTED: c_int = 3;
 const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
 
 type Device = *mut c_void;
@@ -85,22 +87,29 @@ impl Gpu {
             return;
         };
         slots.ok(Ix::Ngpus, devices.len() as f64);
-        let (mut free, mut ut, mut mem) = (0usize, 0.0f64, 0u64);
+        let (mut free, mut ut_sum, mut ut_count, mut mem) = (0usize, 0.0f64, 0usize, 0u64);
         for (i, &dev) in devices.iter().enumerate() {
             // SAFETY: `dev` came from nvmlDeviceGetHandleByIndex; out-pointers are valid locals.
             let result = unsafe { device_state(api, dev) };
             match result {
-                Ok((idle, u, m)) => {
+                Ok((idle, ut, m)) => {
                     free += usize::from(idle);
-                    ut += f64::from(u);
+                    if let Some(u) = ut {
+                        ut_sum += f64::from(u);
+                        ut_count += 1;
+                    }
                     mem = mem.saturating_add(m);
                 }
                 Err(e) => return slots.fail(&PER_DEVICE, &format!("NVML, GPU {i}: {e}")),
             }
         }
         slots.ok(Ix::NgpusFree, free as f64);
-        slots.ok(Ix::GpuUt, ut / devices.len() as f64);
         slots.ok(Ix::GpuMemFree, mem as f64 / MIB);
+        if ut_count == 0 {
+            slots.fail(&[Ix::GpuUt], "NVML: no GPU reports utilisation (MIG mode?)");
+        } else {
+            slots.ok(Ix::GpuUt, ut_sum / ut_count as f64);
+        }
     }
 }
 
@@ -116,9 +125,14 @@ impl Drop for Gpu {
     }
 }
 
-unsafe fn device_state(api: &Api, dev: Device) -> Result<(bool, u32, u64), String> {
+/// (no compute process, utilisation % if the device reports one (not under MIG), free bytes)
+unsafe fn device_state(api: &Api, dev: Device) -> Result<(bool, Option<u32>, u64), String> {
     let mut util = Utilization::default();
-    check(api, (api.utilization)(dev, &mut util), "utilisation")?;
+    let ut = match (api.utilization)(dev, &mut util) {
+        NVML_SUCCESS => Some(util.gpu),
+        NVML_ERROR_NOT_SUPPORTED => None,
+        rc => return Err(format!("utilisation: {}", message(api, rc))),
+    };
     let mut mem = Memory::default();
     check(api, (api.memory)(dev, &mut mem), "memory")?;
     let mut count: c_uint = 0;
@@ -127,7 +141,7 @@ unsafe fn device_state(api: &Api, dev: Device) -> Result<(bool, u32, u64), Strin
         NVML_ERROR_INSUFFICIENT_SIZE => false,
         rc => return Err(format!("compute processes: {}", message(api, rc))),
     };
-    Ok((idle, util.gpu, mem.free))
+    Ok((idle, ut, mem.free))
 }
 
 unsafe fn check(api: &Api, rc: c_int, what: &str) -> Result<(), String> {
