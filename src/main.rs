@@ -11,10 +11,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use xce_agent::cli::{Cli, Command, Common, Format};
 use xce_agent::config::{self, Config, ProbeKind};
-use xce_agent::daemon::{declared, probe_context, Agent};
+use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
 use xce_agent::link::receiver;
 use xce_agent::plan::{make_plan, Plan};
+use xce_agent::probe::builtin;
 use xce_agent::probe::BuiltinSource;
 use xce_agent::report::{plan_text, OnceReport};
 use xce_agent::schedule::run_all_once;
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match &cli.command {
-            Some(Command::Check) => cmd_check(&cli.common),
+            Some(Command::Check) => cmd_check(&cli.common).await,
             Some(Command::Probe { name }) => {
                 cmd_once(&cli.common, Format::Table, std::slice::from_ref(name)).await
             }
@@ -113,7 +114,7 @@ fn load(common: &Common) -> Option<Config> {
     }
 }
 
-/// Placeholder until the shared sampler is wired: no builtin index is available.
+/// For runs without builtin probes: no sampler is started.
 struct NoBuiltins;
 
 impl BuiltinSource for NoBuiltins {
@@ -162,13 +163,26 @@ fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     (problems, notes)
 }
 
-fn cmd_check(common: &Common) -> anyhow::Result<u8> {
+async fn cmd_check(common: &Common) -> anyhow::Result<u8> {
     let Some(config) = load(common) else {
         return Ok(EXIT_CONFIG);
     };
     let host = host_name(common, &config)?;
     let plan = make_plan(&config.resources, &host, &BTreeSet::new());
-    let (problems, notes) = plan_checks(&config, &plan);
+    let (problems, mut notes) = plan_checks(&config, &plan);
+    if uses_builtins(&plan) {
+        let snapshot = builtin::sample_once(builtin::Roots::host(), Duration::ZERO).await;
+        for t in &plan.tasks {
+            if let ProbeKind::Builtin { index } = &t.kind {
+                if let Some(why) = snapshot.absent_reason(index) {
+                    notes.push((
+                        t.name.clone(),
+                        format!("builtin index {index} is not available on this host: {why}"),
+                    ));
+                }
+            }
+        }
+    }
     print!("{}", plan_text(&config, &plan, &problems, &notes));
     if problems.is_empty() {
         println!("\nconfiguration OK");
@@ -208,7 +222,13 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     }
     let store = Store::new();
     store.declare(declared(&plan));
-    let ctx = probe_context(&config, &host, Arc::new(NoBuiltins));
+    let builtin: Arc<dyn BuiltinSource> = if uses_builtins(&plan) {
+        // Two samples a second apart, so rates and averages have a first value.
+        Arc::new(builtin::sample_once(builtin::Roots::host(), Duration::from_secs(1)).await)
+    } else {
+        Arc::new(NoBuiltins)
+    };
+    let ctx = probe_context(&config, &host, builtin);
     let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel).await;
     let report = OnceReport::new(&host, &runs, &store);
     match format {
@@ -227,7 +247,14 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
         return Ok(EXIT_CONFIG);
     };
     let host = host_name(common, &config)?;
-    let mut agent = Agent::start(config, host, Arc::new(NoBuiltins), LinkConfig::default());
+    let sampler_stop = CancellationToken::new();
+    let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());
+    let mut agent = Agent::start(
+        config,
+        host,
+        Arc::new(builtin::Live(sampler)),
+        LinkConfig::default(),
+    );
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -246,6 +273,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     }
     tracing::info!("stopping");
     agent.stop(Duration::from_secs(3)).await;
+    sampler_stop.cancel();
     Ok(EXIT_OK)
 }
 

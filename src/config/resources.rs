@@ -24,6 +24,32 @@ impl Resources {
     pub fn get(&self, name: &str) -> Option<&Resource> {
         self.resources.iter().find(|r| r.name == name)
     }
+
+    /// Builtin probes must name an index the agent knows. The catalogue is passed in so that
+    /// config stays below the probes in the layering.
+    pub fn check_builtin_indices(&self, known: &[&str]) -> Result<(), ConfigErrors> {
+        let mut errs = Errors::new(&self.path);
+        for r in &self.resources {
+            if let Some(ProbeSpec {
+                kind: ProbeKind::Builtin { index },
+                pos,
+                ..
+            }) = &r.probe
+            {
+                if !known.contains(&index.as_str()) {
+                    errs.at(
+                        *pos,
+                        format!(
+                            "unknown builtin index {index:?} for {:?}; known: {}",
+                            r.name,
+                            known.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        errs.finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

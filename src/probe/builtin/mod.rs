@@ -524,3 +524,23 @@ pub async fn sample_once(roots: Roots, window: Duration) -> Snapshot {
         Err(_) => Snapshot::uniform(Reading::Failed("builtin sampler crashed".into())),
     }
 }
+
+impl crate::probe::BuiltinSource for Snapshot {
+    fn reading(&self, index: &str) -> Option<Reading> {
+        Snapshot::reading(self, index)
+    }
+}
+
+/// The daemon's source: whatever the shared sampler published last.
+pub struct Live(pub watch::Receiver<Arc<Snapshot>>);
+
+impl crate::probe::BuiltinSource for Live {
+    fn reading(&self, index: &str) -> Option<Reading> {
+        self.0.borrow().reading(index)
+    }
+}
+
+/// Every index name this module can serve (for config validation).
+pub fn index_names() -> Vec<&'static str> {
+    catalogue().iter().map(|i| i.name).collect()
+}
