@@ -62,3 +62,31 @@ pub fn alive(pid: i32) -> bool {
 pub fn read_pid(path: &Path) -> i32 {
     std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
 }
+
+/// Plan `resources_yaml` for node001 and return the task named `name`, with a probe context
+/// whose plugin_dir is `plugin_dir`.
+pub fn task_from_yaml(
+    resources_yaml: &str,
+    name: &str,
+    plugin_dir: &Path,
+) -> (xce_agent::plan::ProbeTask, xce_agent::probe::ProbeContext) {
+    let r = xce_agent::config::resources::parse(Path::new("resources.yaml"), resources_yaml).unwrap();
+    let plan = xce_agent::plan::make_plan(&r, "node001", &Default::default());
+    let task = plan.tasks.into_iter().find(|t| t.name == name).expect("task planned");
+    let ctx = xce_agent::probe::ProbeContext {
+        host: "node001".into(),
+        plugin_dir: plugin_dir.to_owned(),
+        // Tests may run as root (CI): run probes as root there so temp files stay readable.
+        run_as: "root".into(),
+        builtin: std::sync::Arc::new(NoBuiltins),
+    };
+    (task, ctx)
+}
+
+pub struct NoBuiltins;
+
+impl xce_agent::probe::BuiltinSource for NoBuiltins {
+    fn reading(&self, _index: &str) -> Option<xce_agent::value::Reading> {
+        None
+    }
+}

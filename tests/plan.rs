@@ -1,0 +1,161 @@
+//! The plan: which probes this host runs, and why it skips the rest, for every location form.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use xce_agent::config::resources;
+use xce_agent::plan::{make_plan, splay, Assignment, Plan, SkipReason};
+
+const RESOURCES: &str = r#"
+resources:
+  - name: own
+    interval: 30
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [x]}
+  - name: implicit_default
+    interval: 30
+    probe: {kind: exec, command: [x]}
+  - name: pool_all
+    interval: 30
+    resourcemap: [{location: [all]}]
+    probe: {kind: exec, command: [x]}
+  - name: split
+    interval: 30
+    resourcemap:
+      - location: ["node[001-004]"]
+      - location: [others]
+    probe: {kind: exec, command: [x]}
+  - name: pair
+    interval: 30
+    resourcemap:
+      - location: [node002, node001]
+    probe: {kind: exec, command: [x]}
+  - name: static_one
+    resourcemap: [{location: [default], value: 4}]
+  - name: no_probe
+    interval: 30
+  - name: multi
+    interval: 30
+    probe: {kind: exec, command: [x], format: kv, provides: [multi_b]}
+  - name: multi_b
+    valtype: string
+    interval: 30
+  - name: elsewhere
+    interval: 30
+    resourcemap: [{location: [gpu01]}]
+    probe: {kind: exec, command: [x]}
+"#;
+
+fn plan(host: &str, assigned: &[(&str, &str)]) -> Plan {
+    let r = resources::parse(Path::new("resources.yaml"), RESOURCES).unwrap();
+    let assigned: BTreeSet<Assignment> = assigned.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    make_plan(&r, host, &assigned)
+}
+
+fn task<'a>(p: &'a Plan, name: &str) -> Option<&'a xce_agent::plan::ProbeTask> {
+    p.tasks.iter().find(|t| t.name == name)
+}
+
+fn skip(p: &Plan, name: &str) -> Option<SkipReason> {
+    p.skipped.iter().find(|s| s.name == name).map(|s| s.reason.clone())
+}
+
+#[test]
+fn default_gives_every_host_its_own_instance() {
+    for host in ["node001", "login1", "gpu01"] {
+        let p = plan(host, &[]);
+        assert_eq!(task(&p, "own").unwrap().instance, "");
+        assert_eq!(task(&p, "implicit_default").unwrap().instance, "");
+    }
+}
+
+#[test]
+fn all_is_reported_only_where_assigned() {
+    let p = plan("node001", &[]);
+    assert_eq!(skip(&p, "pool_all"), Some(SkipReason::Unassigned { instance: "all".into() }));
+    let p = plan("node001", &[("pool_all", "all")]);
+    assert_eq!(task(&p, "pool_all").unwrap().instance, "all");
+}
+
+#[test]
+fn host_list_is_reported_by_its_first_host() {
+    let p = plan("node001", &[]);
+    assert_eq!(task(&p, "split").unwrap().instance, "node[001-004]");
+    let p = plan("node003", &[]);
+    assert_eq!(
+        skip(&p, "split"),
+        Some(SkipReason::ReportedBy { instance: "node[001-004]".into(), host: "node001".into() })
+    );
+    // Written order decides, not sort order: node002 is first in `pair`.
+    assert_eq!(task(&plan("node002", &[]), "pair").unwrap().instance, "node002,node001");
+    assert!(skip(&plan("node001", &[]), "pair").is_some());
+}
+
+#[test]
+fn controller_assignment_moves_a_shared_instance() {
+    let p = plan("node003", &[("split", "node[001-004]")]);
+    assert_eq!(task(&p, "split").unwrap().instance, "node[001-004]");
+}
+
+#[test]
+fn others_covers_hosts_no_entry_names() {
+    let p = plan("login1", &[]);
+    assert_eq!(skip(&p, "split"), Some(SkipReason::Unassigned { instance: "others".into() }));
+    let p = plan("login1", &[("split", "others")]);
+    assert_eq!(task(&p, "split").unwrap().instance, "others");
+    // A named host is never in `others`, even when assigned it.
+    let p = plan("node002", &[("split", "others")]);
+    assert!(task(&p, "split").is_none());
+}
+
+#[test]
+fn host_names_match_ignoring_case_and_domain() {
+    for host in ["NODE001", "node001.cluster.example", "Node001.Cluster.Example"] {
+        let p = plan(host, &[]);
+        assert_eq!(task(&p, "split").unwrap().instance, "node[001-004]", "{host}");
+    }
+    assert_eq!(skip(&plan("node0011", &[]), "elsewhere"), Some(SkipReason::NotHere));
+}
+
+#[test]
+fn static_unprobed_and_absent_resources_say_why() {
+    let p = plan("node001", &[]);
+    assert_eq!(skip(&p, "static_one"), Some(SkipReason::Static));
+    assert_eq!(skip(&p, "no_probe"), Some(SkipReason::NoProbe));
+    assert_eq!(skip(&p, "elsewhere"), Some(SkipReason::NotHere));
+    let text = SkipReason::ReportedBy { instance: "a,b".into(), host: "a".into() }.to_string();
+    assert_eq!(text, "shared instance [a,b] is reported by a");
+}
+
+#[test]
+fn provided_resources_are_fed_by_their_provider() {
+    let p = plan("node001", &[]);
+    let t = task(&p, "multi").unwrap();
+    let names: Vec<&str> = t.feeds.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["multi", "multi_b"]);
+    assert_eq!(t.feeds[1].valtype, xce_agent::value::Valtype::String);
+    assert!(task(&p, "multi_b").is_none());
+    assert!(skip(&p, "multi_b").is_none());
+}
+
+#[test]
+fn defaults_for_timeout_and_staleness() {
+    let p = plan("node001", &[]);
+    let t = task(&p, "own").unwrap();
+    assert_eq!(t.interval, Duration::from_secs(30));
+    assert_eq!(t.timeout, Duration::from_secs(30));
+    assert_eq!(t.stale_after, Duration::from_secs(90));
+}
+
+#[test]
+fn splay_is_deterministic_within_the_interval_and_spreads_hosts() {
+    let i = Duration::from_secs(60);
+    assert_eq!(splay("node001", "scratch", i), splay("NODE001.cluster", "scratch", i));
+    let offsets: BTreeSet<Duration> = (1..=100).map(|n| splay(&format!("node{n:03}"), "scratch", i)).collect();
+    assert!(offsets.iter().all(|d| *d < i));
+    // 100 hosts over 60 000 possible offsets: nearly all distinct, none piled on one second.
+    assert!(offsets.len() > 90, "{} distinct offsets", offsets.len());
+    let seconds: BTreeSet<u64> = offsets.iter().map(|d| d.as_secs()).collect();
+    assert!(seconds.len() > 40, "{} distinct seconds", seconds.len());
+}
