@@ -27,7 +27,10 @@ resources:
 fn setup() -> Setup {
     let s = Setup::new(RESOURCES);
     s.script("good.sh", "#!/bin/sh\necho 12\n");
-    s.script("words.sh", "#!/bin/sh\necho 'words = hello'\necho 'count = 2'\n");
+    s.script(
+        "words.sh",
+        "#!/bin/sh\necho 'words = hello'\necho 'count = 2'\n",
+    );
     s
 }
 
@@ -42,11 +45,24 @@ fn once_prints_every_value_and_exits_0() {
     let s = setup();
     let out = agent(&s).arg("--once").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "HOST node001");
-    assert!(lines[1].starts_with("RESOURCE  VALUE  STATUS  LAST_REPORT"), "{stdout}");
-    let row = |name: &str| lines.iter().find(|l| l.starts_with(&format!("{name} "))).map(|l| l.split_whitespace().collect::<Vec<_>>());
+    assert!(
+        lines[1].starts_with("RESOURCE  VALUE  STATUS  LAST_REPORT"),
+        "{stdout}"
+    );
+    let row = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+    };
     assert_eq!(row("good").unwrap()[1..3], ["12", "ok"]);
     assert_eq!(row("words").unwrap()[1..3], ["hello", "ok"]);
     assert_eq!(row("count").unwrap()[1..3], ["2", "ok"]);
@@ -57,16 +73,29 @@ fn once_prints_every_value_and_exits_0() {
 fn once_json_and_failure_exit_code() {
     let s = setup();
     s.script("good.sh", "#!/bin/sh\necho 'no disk' >&2\nexit 2\n");
-    let out = agent(&s).args(["--once", "--format", "json"]).output().unwrap();
+    let out = agent(&s)
+        .args(["--once", "--format", "json"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["host"], "node001");
-    let good = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "good").unwrap();
+    let good = v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "good")
+        .unwrap();
     assert_eq!(good["status"], "failed");
     assert_eq!(good["value"], serde_json::Value::Null);
     assert_eq!(good["error"], "exited with status 2: no disk");
     assert_eq!(good["stderr"], "no disk");
-    let words = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "words").unwrap();
+    let words = v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "words")
+        .unwrap();
     assert_eq!(words["value"], "hello");
 }
 
@@ -74,11 +103,20 @@ fn once_json_and_failure_exit_code() {
 fn once_only_runs_the_named_probes() {
     let s = setup();
     s.script("good.sh", "#!/bin/sh\nexit 1\n");
-    let out = agent(&s).args(["--once", "--only", "count"]).output().unwrap();
+    let out = agent(&s)
+        .args(["--once", "--only", "count"])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("\ncount ") && stdout.contains("\nwords ") && !stdout.contains("\ngood "), "{stdout}");
-    let out = agent(&s).args(["--once", "--only", "theirs"]).output().unwrap();
+    assert!(
+        stdout.contains("\ncount ") && stdout.contains("\nwords ") && !stdout.contains("\ngood "),
+        "{stdout}"
+    );
+    let out = agent(&s)
+        .args(["--once", "--only", "theirs"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim(),
@@ -92,7 +130,10 @@ fn config_error_exits_2_with_position() {
     let out = agent(&s).arg("--once").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let want = format!("{}:3:15: bad interval", s.path().join("resources.yaml").display());
+    let want = format!(
+        "{}:3:15: bad interval",
+        s.path().join("resources.yaml").display()
+    );
     assert!(stderr.starts_with(&want), "{stderr}");
     let out = agent(&s).arg("check").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -107,10 +148,22 @@ fn check_prints_plan_and_skip_reasons() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("host            node001"), "{stdout}");
     assert!(stdout.contains("PROBES (2)"), "{stdout}");
-    assert!(stdout.contains("good,") || stdout.lines().any(|l| l.starts_with("good ")), "{stdout}");
-    assert!(stdout.contains("words,count") || stdout.contains("words,count "), "{stdout}");
-    assert!(stdout.contains("static_one  static (no interval): the controller owns its value"), "{stdout}");
-    assert!(stdout.contains("theirs      shared instance [node002,node001] is reported by node002"), "{stdout}");
+    assert!(
+        stdout.contains("good,") || stdout.lines().any(|l| l.starts_with("good ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("words,count") || stdout.contains("words,count "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("static_one  static (no interval): the controller owns its value"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("theirs      shared instance [node002,node001] is reported by node002"),
+        "{stdout}"
+    );
     assert!(stdout.trim_end().ends_with("configuration OK"));
 }
 
@@ -122,14 +175,22 @@ fn check_flags_a_missing_script() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{stdout}");
     assert!(stdout.contains("PROBLEMS (1)\nwords: "), "{stdout}");
-    assert!(stdout.contains("words.sh: No such file or directory"), "{stdout}");
+    assert!(
+        stdout.contains("words.sh: No such file or directory"),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn missing_config_file() {
-    let out = Command::cargo_bin("xce-agent").unwrap().args(["--once", "--config", "/nonexistent/agent.yaml"]).output().unwrap();
+    let out = Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["--once", "--config", "/nonexistent/agent.yaml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).starts_with("/nonexistent/agent.yaml: cannot read: No such file or directory"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("/nonexistent/agent.yaml: cannot read: No such file or directory"));
 }
 
 #[test]
@@ -142,6 +203,14 @@ fn shipped_example_config_is_valid() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("ib_up "), "node001 is in ib_up's host range: {stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ib_up "),
+        "node001 is in ib_up's host range: {stdout}"
+    );
 }

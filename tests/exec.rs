@@ -30,7 +30,10 @@ async fn value_output_is_typed() {
     let dir = tempfile::tempdir().unwrap();
     let r = run(dir.path(), "#!/bin/sh\necho '  42.5 '\necho ignored\n", "").await;
     assert_eq!(r.outcome, Outcome::Ok);
-    assert_eq!(r.readings, vec![("p".into(), Reading::Ok(Value::Numeric(42.5)))]);
+    assert_eq!(
+        r.readings,
+        vec![("p".into(), Reading::Ok(Value::Numeric(42.5)))]
+    );
 }
 
 #[tokio::test]
@@ -49,7 +52,12 @@ async fn environment_is_cleared_and_documented() {
 #[tokio::test]
 async fn non_zero_exit_fails_with_stderr() {
     let dir = tempfile::tempdir().unwrap();
-    let r = run(dir.path(), "#!/bin/sh\necho 5\necho 'disk not mounted' >&2\nexit 3\n", "").await;
+    let r = run(
+        dir.path(),
+        "#!/bin/sh\necho 5\necho 'disk not mounted' >&2\nexit 3\n",
+        "",
+    )
+    .await;
     assert_eq!(r.outcome, Outcome::Failed);
     assert_eq!(failed_with(&r), "exited with status 3: disk not mounted");
 }
@@ -58,11 +66,20 @@ async fn non_zero_exit_fails_with_stderr() {
 async fn garbage_output_is_a_failure_not_zero() {
     let dir = tempfile::tempdir().unwrap();
     let r = run(dir.path(), "#!/bin/sh\necho 'N/A'\n", "").await;
-    assert_eq!(failed_with(&r), "cannot parse \"N/A\" as numeric: not a number");
+    assert_eq!(
+        failed_with(&r),
+        "cannot parse \"N/A\" as numeric: not a number"
+    );
     let r = run(dir.path(), "#!/bin/sh\nprintf '4\\0002'\n", "").await;
-    assert_eq!(failed_with(&r), "bad value output: output contains a NUL byte");
+    assert_eq!(
+        failed_with(&r),
+        "bad value output: output contains a NUL byte"
+    );
     let r = run(dir.path(), "#!/bin/sh\nprintf '\\377\\376'\n", "").await;
-    assert_eq!(failed_with(&r), "bad value output: output is not valid UTF-8 (at byte 0)");
+    assert_eq!(
+        failed_with(&r),
+        "bad value output: output is not valid UTF-8 (at byte 0)"
+    );
     let r = run(dir.path(), "#!/bin/sh\ntrue\n", "").await;
     assert_eq!(failed_with(&r), "bad value output: empty output");
 }
@@ -80,7 +97,10 @@ async fn missing_program() {
     let (task, ctx) = task_from_yaml(&yaml("[nope.sh]", ""), "p", dir.path());
     let r = run_once(&task, &ctx).await;
     let e = failed_with(&r);
-    assert!(e.starts_with("cannot start ") && e.contains("nope.sh"), "{e}");
+    assert!(
+        e.starts_with("cannot start ") && e.contains("nope.sh"),
+        "{e}"
+    );
 }
 
 /// The probe prints its value and exits, but a backgrounded grandchild keeps stdout open:
@@ -89,11 +109,17 @@ async fn missing_program() {
 async fn grandchild_holding_stdout_ends_at_timeout_and_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("grandchild.pid");
-    let body = format!("#!/bin/sh\nsh -c 'echo $$ > {}; exec sleep 1000' &\necho 7\n", pidfile.display());
+    let body = format!(
+        "#!/bin/sh\nsh -c 'echo $$ > {}; exec sleep 1000' &\necho 7\n",
+        pidfile.display()
+    );
     let r = run(dir.path(), &body, ", timeout: 1s").await;
     assert_eq!(r.outcome, Outcome::TimedOut);
     let e = failed_with(&r);
-    assert!(e.starts_with("timed out after 1s: exited, but a background process kept its output open"), "{e}");
+    assert!(
+        e.starts_with("timed out after 1s: exited, but a background process kept its output open"),
+        "{e}"
+    );
     assert!(!alive(read_pid(&pidfile)), "grandchild still running");
 }
 
@@ -101,7 +127,10 @@ async fn grandchild_holding_stdout_ends_at_timeout_and_is_killed() {
 async fn hung_probe_is_terminated_then_killed() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("p.pid");
-    let body = format!("#!/bin/sh\ntrap '' TERM\necho $$ > {}\nwhile :; do sleep 1; done\n", pidfile.display());
+    let body = format!(
+        "#!/bin/sh\ntrap '' TERM\necho $$ > {}\nwhile :; do sleep 1; done\n",
+        pidfile.display()
+    );
     let r = run(dir.path(), &body, ", timeout: 1s").await;
     assert_eq!(r.outcome, Outcome::TimedOut);
     assert!(failed_with(&r).contains("did not finish; process group killed after SIGTERM grace"));
@@ -121,13 +150,20 @@ async fn huge_output_is_cut_off() {
 #[tokio::test]
 async fn kv_feeds_provided_resources_and_types_each() {
     let dir = tempfile::tempdir().unwrap();
-    script(dir.path(), "multi.sh", "#!/bin/sh\necho 'p = 3'\necho 'q = \"a b\"'\necho 'stray = 1'\n");
+    script(
+        dir.path(),
+        "multi.sh",
+        "#!/bin/sh\necho 'p = 3'\necho 'q = \"a b\"'\necho 'stray = 1'\n",
+    );
     let y = "resources:\n  - name: p\n    interval: 30\n    probe: {kind: exec, command: [multi.sh], format: kv, provides: [q]}\n  - name: q\n    valtype: string\n    interval: 30\n";
     let (task, ctx) = task_from_yaml(y, "p", dir.path());
     let r = run_once(&task, &ctx).await;
     assert_eq!(
         r.readings,
-        vec![("p".into(), Reading::Ok(Value::Numeric(3.0))), ("q".into(), Reading::Ok(Value::String("a b".into())))]
+        vec![
+            ("p".into(), Reading::Ok(Value::Numeric(3.0))),
+            ("q".into(), Reading::Ok(Value::String("a b".into())))
+        ]
     );
     assert_eq!(r.unexpected, vec!["stray".to_string()]);
 }
@@ -139,6 +175,9 @@ async fn elim_line_with_wrong_count_fails() {
     let y = "resources:\n  - name: p\n    interval: 30\n    probe: {kind: exec, command: [elim.sh], format: elim}\n";
     let (task, ctx) = task_from_yaml(y, "p", dir.path());
     let r = run_once(&task, &ctx).await;
-    assert_eq!(failed_with(&r), "bad elim output: line 1: count says 2 pairs but 2 words follow");
+    assert_eq!(
+        failed_with(&r),
+        "bad elim output: line 1: count says 2 pairs but 2 words follow"
+    );
     assert_eq!(r.outcome, Outcome::Failed);
 }

@@ -29,12 +29,22 @@ async fn reads_first_line_or_regex_capture() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("v");
     std::fs::write(&p, "\n 17 \nrest\n").unwrap();
-    assert_eq!(probe(&p, "", "numeric").await.readings[0].1, Reading::Ok(Value::Numeric(17.0)));
+    assert_eq!(
+        probe(&p, "", "numeric").await.readings[0].1,
+        Reading::Ok(Value::Numeric(17.0))
+    );
     std::fs::write(&p, "fw_ver: 20.31.1014 (MT_0000000222)\n").unwrap();
     let r = probe(&p, ", regex: 'fw_ver: (\\S+)'", "string").await;
-    assert_eq!(r.readings[0].1, Reading::Ok(Value::String("20.31.1014".into())));
+    assert_eq!(
+        r.readings[0].1,
+        Reading::Ok(Value::String("20.31.1014".into()))
+    );
     let r = probe(&p, ", regex: 'nomatch (\\d+)'", "string").await;
-    assert!(failure(&r).starts_with("regex \"nomatch (\\\\d+)\" does not match"), "{}", failure(&r));
+    assert!(
+        failure(&r).starts_with("regex \"nomatch (\\\\d+)\" does not match"),
+        "{}",
+        failure(&r)
+    );
 }
 
 #[tokio::test]
@@ -43,7 +53,13 @@ async fn missing_file() {
     let p = dir.path().join("absent");
     let r = probe(&p, "", "numeric").await;
     assert_eq!(r.outcome, Outcome::Failed);
-    assert_eq!(failure(&r), format!("cannot open {}: No such file or directory (os error 2)", p.display()));
+    assert_eq!(
+        failure(&r),
+        format!(
+            "cannot open {}: No such file or directory (os error 2)",
+            p.display()
+        )
+    );
 }
 
 #[tokio::test]
@@ -53,9 +69,15 @@ async fn unreadable_file() {
     let p = dir.path().join("loop");
     std::os::unix::fs::symlink(&p, &p).unwrap();
     let r = probe(&p, "", "numeric").await;
-    assert!(failure(&r).starts_with(&format!("cannot open {}: Too many levels of symbolic links", p.display())));
+    assert!(failure(&r).starts_with(&format!(
+        "cannot open {}: Too many levels of symbolic links",
+        p.display()
+    )));
     let d = probe(dir.path(), "", "numeric").await;
-    assert_eq!(failure(&d), format!("{} is a directory", dir.path().display()));
+    assert_eq!(
+        failure(&d),
+        format!("{} is a directory", dir.path().display())
+    );
 }
 
 #[tokio::test]
@@ -64,10 +86,18 @@ async fn too_old_is_stale_not_a_value() {
     let p = dir.path().join("written_by_cron");
     std::fs::write(&p, "5\n").unwrap();
     let hour_ago = SystemTime::now() - Duration::from_secs(3600);
-    std::fs::File::options().write(true).open(&p).unwrap().set_modified(hour_ago).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
     let r = probe(&p, ", max_age: 10m", "numeric").await;
     match &r.readings[0].1 {
-        Reading::Stale(e) => assert!(e.contains("not modified for 1h") && e.ends_with("(max_age 10m)"), "{e}"),
+        Reading::Stale(e) => assert!(
+            e.contains("not modified for 1h") && e.ends_with("(max_age 10m)"),
+            "{e}"
+        ),
         other => panic!("expected stale, got {other:?}"),
     }
     let fresh = probe(&p, ", max_age: 2h", "numeric").await;
@@ -80,9 +110,15 @@ async fn oversized_and_binary_files_fail() {
     let p = dir.path().join("big");
     std::fs::write(&p, vec![b'1'; 5000]).unwrap();
     let r = probe(&p, ", max_bytes: 4KiB", "numeric").await;
-    assert_eq!(failure(&r), format!("{} is larger than max_bytes (4096)", p.display()));
+    assert_eq!(
+        failure(&r),
+        format!("{} is larger than max_bytes (4096)", p.display())
+    );
     std::fs::write(&p, b"1\x002").unwrap();
-    assert_eq!(failure(&probe(&p, "", "numeric").await), format!("{} contains NUL bytes", p.display()));
+    assert_eq!(
+        failure(&probe(&p, "", "numeric").await),
+        format!("{} contains NUL bytes", p.display())
+    );
 }
 
 /// A FIFO with no writer blocks open() forever, like a hung NFS mount: the probe must give up
@@ -96,7 +132,11 @@ async fn blocking_path_times_out_without_piling_up() {
     assert_eq!(r.outcome, Outcome::TimedOut);
     assert!(failure(&r).starts_with(&format!("read of {} timed out", p.display())));
     let again = probe(&p, "", "numeric").await;
-    assert!(failure(&again).contains("is still blocked"), "{}", failure(&again));
+    assert!(
+        failure(&again).contains("is still blocked"),
+        "{}",
+        failure(&again)
+    );
     // Unblock the stuck reader so the test leaves no thread behind.
     drop(std::fs::OpenOptions::new().write(true).open(&p).unwrap());
 }

@@ -49,7 +49,10 @@ resources:
 
 fn plan(host: &str, assigned: &[(&str, &str)]) -> Plan {
     let r = resources::parse(Path::new("resources.yaml"), RESOURCES).unwrap();
-    let assigned: BTreeSet<Assignment> = assigned.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    let assigned: BTreeSet<Assignment> = assigned
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
     make_plan(&r, host, &assigned)
 }
 
@@ -58,7 +61,10 @@ fn task<'a>(p: &'a Plan, name: &str) -> Option<&'a xce_agent::plan::ProbeTask> {
 }
 
 fn skip(p: &Plan, name: &str) -> Option<SkipReason> {
-    p.skipped.iter().find(|s| s.name == name).map(|s| s.reason.clone())
+    p.skipped
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.reason.clone())
 }
 
 #[test]
@@ -73,7 +79,12 @@ fn default_gives_every_host_its_own_instance() {
 #[test]
 fn all_is_reported_only_where_assigned() {
     let p = plan("node001", &[]);
-    assert_eq!(skip(&p, "pool_all"), Some(SkipReason::Unassigned { instance: "all".into() }));
+    assert_eq!(
+        skip(&p, "pool_all"),
+        Some(SkipReason::Unassigned {
+            instance: "all".into()
+        })
+    );
     let p = plan("node001", &[("pool_all", "all")]);
     assert_eq!(task(&p, "pool_all").unwrap().instance, "all");
 }
@@ -85,10 +96,16 @@ fn host_list_is_reported_by_its_first_host() {
     let p = plan("node003", &[]);
     assert_eq!(
         skip(&p, "split"),
-        Some(SkipReason::ReportedBy { instance: "node[001-004]".into(), host: "node001".into() })
+        Some(SkipReason::ReportedBy {
+            instance: "node[001-004]".into(),
+            host: "node001".into()
+        })
     );
     // Written order decides, not sort order: node002 is first in `pair`.
-    assert_eq!(task(&plan("node002", &[]), "pair").unwrap().instance, "node002,node001");
+    assert_eq!(
+        task(&plan("node002", &[]), "pair").unwrap().instance,
+        "node002,node001"
+    );
     assert!(skip(&plan("node001", &[]), "pair").is_some());
 }
 
@@ -101,7 +118,12 @@ fn controller_assignment_moves_a_shared_instance() {
 #[test]
 fn others_covers_hosts_no_entry_names() {
     let p = plan("login1", &[]);
-    assert_eq!(skip(&p, "split"), Some(SkipReason::Unassigned { instance: "others".into() }));
+    assert_eq!(
+        skip(&p, "split"),
+        Some(SkipReason::Unassigned {
+            instance: "others".into()
+        })
+    );
     let p = plan("login1", &[("split", "others")]);
     assert_eq!(task(&p, "split").unwrap().instance, "others");
     // A named host is never in `others`, even when assigned it.
@@ -111,11 +133,22 @@ fn others_covers_hosts_no_entry_names() {
 
 #[test]
 fn host_names_match_ignoring_case_and_domain() {
-    for host in ["NODE001", "node001.cluster.example", "Node001.Cluster.Example"] {
+    for host in [
+        "NODE001",
+        "node001.cluster.example",
+        "Node001.Cluster.Example",
+    ] {
         let p = plan(host, &[]);
-        assert_eq!(task(&p, "split").unwrap().instance, "node[001-004]", "{host}");
+        assert_eq!(
+            task(&p, "split").unwrap().instance,
+            "node[001-004]",
+            "{host}"
+        );
     }
-    assert_eq!(skip(&plan("node0011", &[]), "elsewhere"), Some(SkipReason::NotHere));
+    assert_eq!(
+        skip(&plan("node0011", &[]), "elsewhere"),
+        Some(SkipReason::NotHere)
+    );
 }
 
 #[test]
@@ -124,7 +157,11 @@ fn static_unprobed_and_absent_resources_say_why() {
     assert_eq!(skip(&p, "static_one"), Some(SkipReason::Static));
     assert_eq!(skip(&p, "no_probe"), Some(SkipReason::NoProbe));
     assert_eq!(skip(&p, "elsewhere"), Some(SkipReason::NotHere));
-    let text = SkipReason::ReportedBy { instance: "a,b".into(), host: "a".into() }.to_string();
+    let text = SkipReason::ReportedBy {
+        instance: "a,b".into(),
+        host: "a".into(),
+    }
+    .to_string();
     assert_eq!(text, "shared instance [a,b] is reported by a");
 }
 
@@ -151,8 +188,13 @@ fn defaults_for_timeout_and_staleness() {
 #[test]
 fn splay_is_deterministic_within_the_interval_and_spreads_hosts() {
     let i = Duration::from_secs(60);
-    assert_eq!(splay("node001", "scratch", i), splay("NODE001.cluster", "scratch", i));
-    let offsets: BTreeSet<Duration> = (1..=100).map(|n| splay(&format!("node{n:03}"), "scratch", i)).collect();
+    assert_eq!(
+        splay("node001", "scratch", i),
+        splay("NODE001.cluster", "scratch", i)
+    );
+    let offsets: BTreeSet<Duration> = (1..=100)
+        .map(|n| splay(&format!("node{n:03}"), "scratch", i))
+        .collect();
     assert!(offsets.iter().all(|d| *d < i));
     // 100 hosts over 60 000 possible offsets: nearly all distinct, none piled on one second.
     assert!(offsets.len() > 90, "{} distinct offsets", offsets.len());

@@ -339,7 +339,7 @@ fn resource(
                 ),
             );
         }
-        probe(errs, p, &name.value, interval)
+        probe(errs, p, &name.value)
     });
     if errs.list.len() > before {
         return None;
@@ -569,17 +569,6 @@ fn probe(
     }
     let timeout = duration_field(errs, &raw.timeout, "timeout");
     let stale_after = duration_field(errs, &raw.stale_after, "stale_after");
-    if let (Some(t), Some(i)) = (timeout, interval) {
-        if kind.value != "stream" && t > i * 10 {
-            errs.at(
-                raw.timeout.as_ref().map(Pos::of).unwrap_or(pos),
-                format!(
-                    "timeout {} is more than 10 intervals",
-                    humantime::format_duration(t)
-                ),
-            );
-        }
-    }
     let mut provides = vec![name.to_owned()];
     if let Some(list) = &raw.provides {
         for p in &list.value {

@@ -53,14 +53,21 @@ pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
         Ok(stat) => {
-            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
     }
 }
 
 pub fn read_pid(path: &Path) -> i32 {
-    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Plan `resources_yaml` for node001 and return the task named `name`, with a probe context
@@ -70,9 +77,14 @@ pub fn task_from_yaml(
     name: &str,
     plugin_dir: &Path,
 ) -> (xce_agent::plan::ProbeTask, xce_agent::probe::ProbeContext) {
-    let r = xce_agent::config::resources::parse(Path::new("resources.yaml"), resources_yaml).unwrap();
+    let r =
+        xce_agent::config::resources::parse(Path::new("resources.yaml"), resources_yaml).unwrap();
     let plan = xce_agent::plan::make_plan(&r, "node001", &Default::default());
-    let task = plan.tasks.into_iter().find(|t| t.name == name).expect("task planned");
+    let task = plan
+        .tasks
+        .into_iter()
+        .find(|t| t.name == name)
+        .expect("task planned");
     let ctx = xce_agent::probe::ProbeContext {
         host: "node001".into(),
         plugin_dir: plugin_dir.to_owned(),

@@ -1,0 +1,111 @@
+//! The scheduler: no overlapping runs, a global budget, readings into the store. Tokio's
+//! clock is paused, so ticks come as fast as the runtime is idle: no sleeps, no timing
+//! assumptions; the probes are real processes blocked on a FIFO until the test releases them.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{script, Setup};
+use tokio_util::sync::CancellationToken;
+use xce_agent::config::resources;
+use xce_agent::plan::make_plan;
+use xce_agent::schedule::Scheduler;
+use xce_agent::store::Store;
+use xce_agent::value::{Status, Value};
+
+fn lines(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// Advance the paused clock one second at a time until `done`, at most `max` seconds.
+async fn advance_until(max: u64, mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..max {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    done()
+}
+
+fn blocking_setup(probes: &[&str]) -> (Setup, std::path::PathBuf, std::path::PathBuf) {
+    let mut yaml = String::from("resources:\n");
+    for p in probes {
+        yaml.push_str(&format!(
+            "  - name: {p}\n    interval: 1s\n    probe: {{kind: exec, command: [block.sh], timeout: 1h}}\n"
+        ));
+    }
+    let s = Setup::new(&yaml);
+    let fifo = s.path().join("gate");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let runs = s.path().join("runs");
+    script(
+        s.path(),
+        "block.sh",
+        &format!(
+            "#!/bin/sh\necho \"$XCE_RESOURCE\" >> {}\nread x < {}\necho 1\n",
+            runs.display(),
+            fifo.display()
+        ),
+    );
+    (s, fifo, runs)
+}
+
+fn start(s: &Setup, max_parallel: usize) -> (Scheduler, Arc<Store>) {
+    let text = std::fs::read_to_string(s.path().join("resources.yaml")).unwrap();
+    let r = resources::parse(&s.path().join("resources.yaml"), &text).unwrap();
+    let plan = make_plan(&r, "node001", &Default::default());
+    let store = Arc::new(Store::new());
+    store.declare(xce_agent::daemon::declared(&plan));
+    let (_, ctx) = common::task_from_yaml(&text, &plan.tasks[0].name, s.path());
+    let mut sched = Scheduler::new(store.clone(), ctx, max_parallel, CancellationToken::new());
+    sched.apply(&plan);
+    (sched, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_still_running_is_skipped_not_overlapped() {
+    let (s, fifo, runs) = blocking_setup(&["slow"]);
+    let (sched, store) = start(&s, 8);
+    let stats = sched.stats.probe("slow");
+    assert!(advance_until(120, || stats.skipped_overlap.load(Ordering::Relaxed) >= 3).await);
+    assert_eq!(
+        lines(&runs),
+        1,
+        "a second copy was started while the first ran"
+    );
+    // Release the run: its value lands and the next tick runs again.
+    let mut versions = store.subscribe();
+    std::fs::write(&fifo, "go\n").unwrap();
+    tokio::time::timeout(Duration::from_secs(3600), async {
+        while store.get("slow", "").unwrap().status != Status::Ok {
+            versions.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(store.get("slow", "").unwrap().value, Value::Numeric(1.0));
+    assert!(advance_until(120, || lines(&runs) >= 2).await);
+    sched.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_parallel_bounds_running_probes() {
+    let (s, fifo, runs) = blocking_setup(&["a", "b", "c"]);
+    let (sched, _store) = start(&s, 2);
+    assert!(advance_until(120, || lines(&runs) >= 2).await);
+    // Plenty of ticks later, the third probe still waits for a slot.
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(lines(&runs), 2);
+    // One finishes: the waiting one gets its slot.
+    std::fs::write(&fifo, "go\n").unwrap();
+    assert!(advance_until(120, || lines(&runs) >= 3).await);
+    sched.stop().await;
+}
