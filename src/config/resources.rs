@@ -511,12 +511,7 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
     }
 }
 
-fn probe(
-    errs: &mut Errors,
-    p: &Spanned<RawProbe>,
-    name: &str,
-    interval: Option<Duration>,
-) -> Option<ProbeSpec> {
+fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSpec> {
     let raw = &p.value;
     let pos = Pos::of(p);
     let Some(kind) = &raw.kind else {
