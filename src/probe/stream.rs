@@ -314,7 +314,6 @@ async fn run_child(
         let wake = drain_until.unwrap_or(silent_until);
         tokio::select! {
             _ = cancel.cancelled() => {
-                drop((out_pipe, err_pipe));
                 stop(s, child_spec.grace).await;
                 return End::Cancelled;
             }
@@ -358,7 +357,6 @@ async fn run_child(
                     break;
                 }
                 if spec.restart_on_silence {
-                    drop((out_pipe, err_pipe));
                     stop(s, child_spec.grace).await;
                     record_all(store, task, Reading::Stale(silence_text(task)));
                     return End::Hung;
@@ -479,8 +477,9 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     let deadline = t0 + task.timeout;
     let mut exited: Option<Exit> = None;
     let mut result: Option<Result<(), String>> = None;
+    let mut wake = deadline;
     while result.is_none() {
-        if exited.is_some() && out_pipe.is_none() {
+        if exited.is_some() && out_pipe.is_none() && err_pipe.is_none() {
             break;
         }
         tokio::select! {
@@ -533,8 +532,13 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
                 // Lines already written are still read; a grandchild holding the pipe is not
                 // waited for.
                 signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
+                wake = wake.min(Instant::now() + AFTER_KILL_DRAIN);
             }
-            _ = sleep_until(deadline) => {
+            _ = sleep_until(wake) => {
+                if exited.is_some() && pairs.is_empty() {
+                    // Exited; what it wrote has been read (or is held by an escaped child).
+                    break;
+                }
                 if !pairs.is_empty() {
                     // kv: the probe printed some of its values and then paused.
                     result = Some(Ok(()));
@@ -547,11 +551,13 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             }
         }
     }
-    drop((out_pipe, err_pipe));
+    // The pipes stay open while the child is stopped: closing them first would turn a clean
+    // TERM exit into SIGPIPE.
     let exit = match exited {
         Some(e) => Some(e),
         None => stop(s, child_spec.grace).await,
     };
+    drop((out_pipe, err_pipe));
     detail.exit = exit;
     detail.stderr = err_tail.text();
     let duration = t0.elapsed();
