@@ -47,9 +47,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match &cli.command {
             Some(Command::Check) => cmd_check(&cli.common).await,
-            Some(Command::Probe { name }) => {
-                cmd_once(&cli.common, Format::Table, std::slice::from_ref(name)).await
-            }
+            Some(Command::Probe { name }) => cmd_probe(&cli.common, name).await,
             Some(Command::Listen { addr, format, ack }) => cmd_listen(addr, *format, *ack).await,
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
@@ -114,6 +112,14 @@ fn load(common: &Common) -> Option<Config> {
     }
 }
 
+/// Orphaned grandchildren of probes are reparented to the agent and reaped by it, instead of
+/// piling up under init unseen. Must run inside the runtime (it starts the reaper task).
+fn become_subreaper() {
+    if let Err(e) = xce_agent::probe::process::become_subreaper() {
+        tracing::debug!("cannot become a child subreaper: {e}");
+    }
+}
+
 /// For runs without builtin probes: no sampler is started.
 struct NoBuiltins;
 
@@ -128,19 +134,23 @@ impl BuiltinSource for NoBuiltins {
 type Findings = Vec<(String, String)>;
 
 fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
+    use xce_agent::probe::{exec, security};
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     let root = nix::unistd::geteuid().is_root();
+    let mut unenforced = 0;
     for t in &plan.tasks {
-        let exec = match &t.kind {
+        let spec = match &t.kind {
             ProbeKind::Exec(e) => e,
             ProbeKind::Stream(s) => &s.exec,
             _ => continue,
         };
-        let program =
-            xce_agent::probe::exec::resolve_program(&config.agent.plugin_dir, &exec.command[0]);
+        let program = exec::resolve_program(&config.agent.plugin_dir, &spec.command[0]);
         match std::fs::metadata(&program) {
-            Err(e) => problems.push((t.name.clone(), format!("{}: {e}", program.display()))),
+            Err(e) => {
+                problems.push((t.name.clone(), format!("{}: {e}", program.display())));
+                continue;
+            }
             Ok(m) => {
                 use std::os::unix::fs::PermissionsExt;
                 if !m.is_file() || m.permissions().mode() & 0o111 == 0 {
@@ -151,8 +161,23 @@ fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 }
             }
         }
+        let uid = match exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as) {
+            Ok(c) => c.map(|c| c.uid),
+            Err(e) => {
+                problems.push((t.name.clone(), format!("run_as: {e}")));
+                continue;
+            }
+        };
+        if let Err(e) = security::check_program(&program, uid) {
+            if root {
+                problems.push((t.name.clone(), e.to_string()));
+            } else {
+                unenforced += 1;
+                notes.push((t.name.clone(), format!("would be refused as root: {e}")));
+            }
+        }
         if !root {
-            if let Some(u) = &exec.run_as {
+            if let Some(u) = &spec.run_as {
                 notes.push((
                     t.name.clone(),
                     format!("agent is not root: runs as itself, not as {u:?}"),
@@ -160,7 +185,57 @@ fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             }
         }
     }
+    if !root
+        && plan
+            .tasks
+            .iter()
+            .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)))
+    {
+        notes.push((
+            "-".to_owned(),
+            format!(
+                "agent is not root: script permission checks are not enforced (a developer running their own scripts){}",
+                if unenforced > 0 { "; see the notes above for what a root agent would refuse" } else { "" }
+            ),
+        ));
+    }
     (problems, notes)
+}
+
+/// `probe NAME`: run the probe of resource NAME (or the probe that provides it) now, verbosely.
+async fn cmd_probe(common: &Common, name: &str) -> anyhow::Result<u8> {
+    let Some(config) = load(common) else {
+        return Ok(EXIT_CONFIG);
+    };
+    let host = host_name(common, &config)?;
+    let plan = make_plan(&config.resources, &host, &BTreeSet::new());
+    let task = plan
+        .tasks
+        .iter()
+        .find(|t| t.name == name)
+        .or_else(|| plan.tasks.iter().find(|t| t.feed(name).is_some()));
+    let Some(task) = task else {
+        let why = plan.skipped.iter().find(|s| s.name == name).map_or_else(
+            || "no such resource in resources.yaml".to_owned(),
+            |s| s.reason.to_string(),
+        );
+        eprintln!("xce-agent: {name} is not probed on {host}: {why}");
+        return Ok(EXIT_CONFIG);
+    };
+    become_subreaper();
+    let builtin: Arc<dyn BuiltinSource> = if matches!(task.kind, ProbeKind::Builtin { .. }) {
+        Arc::new(builtin::sample_once(builtin::Roots::host(), Duration::from_secs(1)).await)
+    } else {
+        Arc::new(NoBuiltins)
+    };
+    let ctx = probe_context(&config, &host, builtin);
+    let report = xce_agent::probe::debug::run(task, &ctx).await;
+    print!("{}", report.text);
+    Ok(if report.ok {
+        EXIT_OK
+    } else {
+        EXIT_PROBE_FAILED
+    })
 }
 
 async fn cmd_check(common: &Common) -> anyhow::Result<u8> {
@@ -200,6 +275,7 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     let Some(config) = load(common) else {
         return Ok(EXIT_CONFIG);
     };
+    become_subreaper();
     let host = host_name(common, &config)?;
     let mut plan = make_plan(&config.resources, &host, &BTreeSet::new());
     if !only.is_empty() {
@@ -246,6 +322,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     let Some(config) = load(common) else {
         return Ok(EXIT_CONFIG);
     };
+    become_subreaper();
     let host = host_name(common, &config)?;
     let sampler_stop = CancellationToken::new();
     let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());

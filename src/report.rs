@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::config::{Config, ProbeKind};
 use crate::plan::{Plan, ProbeTask};
+use crate::probe::exec::last_line;
 use crate::probe::ProbeRun;
 use crate::store::Store;
 use crate::value::{Status, Value};
@@ -117,14 +118,6 @@ impl OnceReport {
         out.push_str(&columns(&cells));
         out
     }
-}
-
-fn last_line(s: &str) -> &str {
-    s.lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("")
 }
 
 pub fn format_time(ms: u64) -> String {

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ProbeKind;
 use crate::plan::{Plan, ProbeTask};
+use crate::probe::exec::OutputLog;
 use crate::probe::{self, Outcome, ProbeContext, ProbeRun};
 use crate::store::Store;
 use crate::value::Reading;
@@ -226,6 +227,8 @@ async fn probe_loop(
         Duration::from_millis(task.splay.as_millis() as u64 % spread.as_millis().max(1) as u64);
     let mut next = Instant::now() + first;
     let mut inflight: Option<JoinHandle<()>> = None;
+    // What this probe already logged, so a misbehaving probe does not repeat itself.
+    let output_log = Arc::new(Mutex::new(OutputLog::default()));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -240,18 +243,19 @@ async fn probe_loop(
             tracing::warn!(probe = %task.name, "still running at its next tick; this run is skipped");
             continue;
         }
-        let (task, ctx, store, budget, stats, cancel) = (
+        let (task, ctx, store, budget, stats, cancel, output_log) = (
             task.clone(),
             ctx.clone(),
             store.clone(),
             budget.clone(),
             stats.clone(),
             cancel.clone(),
+            output_log.clone(),
         );
         inflight = Some(tokio::spawn(async move {
             tokio::select! {
                 _ = cancel.cancelled() => {}
-                _ = run_one(&task, &ctx, &store, &budget, &stats) => {}
+                _ = run_one(&task, &ctx, &store, &budget, &stats, &output_log) => {}
             }
         }));
     }
@@ -267,12 +271,17 @@ async fn run_one(
     store: &Store,
     budget: &Semaphore,
     stats: &Stats,
+    output_log: &Mutex<OutputLog>,
 ) {
     let Ok(_permit) = budget.acquire().await else {
         return;
     };
     let run = probe::run_once(task, ctx).await;
     stats.count(&task.name, &run);
+    output_log
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .log_run(&task.name, &run);
     log_run(task, &run, store);
     record_run(store, task, &run);
 }
@@ -280,14 +289,6 @@ async fn run_one(
 /// Log a failure when it is new (the resource was not already failing with the same error),
 /// so a broken probe does not write the same line every interval.
 fn log_run(task: &ProbeTask, run: &ProbeRun, store: &Store) {
-    for name in &run.unexpected {
-        let first_time = store
-            .get(&task.name, &task.instance)
-            .is_some_and(|r| r.last_report_ms.is_none());
-        if first_time {
-            tracing::warn!(probe = %task.name, name = %name, "output names a resource this probe does not provide; ignored");
-        }
-    }
     let Some(err) = run.error() else { return };
     let previous = store.get(&task.name, &task.instance).and_then(|r| r.error);
     if previous.as_deref() != Some(err) {

@@ -45,18 +45,30 @@ async fn full_tmp_reads_zero_and_writing_probes_fail_with_the_reason() {
         return;
     };
 
-    let mut sampler = Sampler::new(Roots { tmp: tmp.clone(), ..Roots::host() });
+    let mut sampler = Sampler::new(Roots {
+        tmp: tmp.clone(),
+        ..Roots::host()
+    });
     let now = Instant::now();
     sampler.fast_tick(now);
     sampler.slow_tick(now);
-    assert_eq!(sampler.reading("tmp"), Some(Reading::Ok(Value::Numeric(0.0))));
-    assert!(matches!(sampler.reading("mem"), Some(Reading::Ok(_))), "other indices go on");
+    assert_eq!(
+        sampler.reading("tmp"),
+        Some(Reading::Ok(Value::Numeric(0.0)))
+    );
+    assert!(
+        matches!(sampler.reading("mem"), Some(Reading::Ok(_))),
+        "other indices go on"
+    );
 
     let plugins = tempfile::tempdir().unwrap();
     script(
         plugins.path(),
         "writer.sh",
-        &format!("#!/bin/sh\nset -e\nhead -c 100000 /dev/zero > {}/state\necho 1\n", tmp.display()),
+        &format!(
+            "#!/bin/sh\nset -e\nhead -c 100000 /dev/zero > {}/state\necho 1\n",
+            tmp.display()
+        ),
     );
     let y = "resources:\n  - name: w\n    interval: 30\n    probe: {kind: exec, command: [writer.sh]}\n";
     let (task, ctx) = task_from_yaml(y, "w", plugins.path());

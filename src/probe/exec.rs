@@ -1,9 +1,10 @@
 //! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use super::process::{self, ChildSpec, Credentials, Ending, Exit};
 use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
@@ -96,6 +97,10 @@ pub fn child_spec(
 ) -> Result<(ChildSpec, String), String> {
     let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
+    if super::security::enforced() {
+        super::security::check_program(&program, creds.as_ref().map(|c| c.uid))
+            .map_err(|e| e.to_string())?;
+    }
     let user = creds
         .as_ref()
         .map_or_else(current_user_name, |c| c.user.clone());
@@ -235,7 +240,8 @@ fn failure_message(task: &ProbeTask, o: &process::ChildOutcome) -> Option<(Outco
     }
 }
 
-fn last_line(s: &str) -> &str {
+/// The last non-blank line: the one a failing script's stderr usually explains itself in.
+pub fn last_line(s: &str) -> &str {
     s.lines()
         .rev()
         .map(str::trim)
@@ -246,4 +252,56 @@ fn last_line(s: &str) -> &str {
 pub fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig)
         .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+}
+
+/// How often the same probe's stderr may be logged when its text does not change.
+pub const STDERR_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Per-probe memory of what was already logged, so a probe that misbehaves every interval
+/// does not write the same line every interval: an unexpected output name is logged once per
+/// probe; stderr at most once per [`STDERR_LOG_EVERY`] unless its text changes.
+#[derive(Debug, Default)]
+pub struct OutputLog {
+    unexpected: BTreeSet<String>,
+    stderr_last: Option<(Instant, String)>,
+}
+
+impl OutputLog {
+    /// Names not yet logged for this probe; returns the ones it logged now.
+    pub fn unexpected(&mut self, probe: &str, names: &[String]) -> Vec<String> {
+        let mut logged = Vec::new();
+        for name in names {
+            if self.unexpected.insert(name.clone()) {
+                tracing::warn!(probe = %probe, name = %name, "output names a resource this probe does not provide (not in provides:); ignored");
+                logged.push(name.clone());
+            }
+        }
+        logged
+    }
+
+    /// Whether `stderr` should be logged now (new text, or the last log is old enough).
+    pub fn stderr_due(&mut self, stderr: &str, now: Instant) -> bool {
+        let stderr = stderr.trim();
+        if stderr.is_empty() {
+            return false;
+        }
+        let due = match &self.stderr_last {
+            None => true,
+            Some((at, text)) => text != stderr || now.duration_since(*at) >= STDERR_LOG_EVERY,
+        };
+        if due {
+            self.stderr_last = Some((now, stderr.to_owned()));
+        }
+        due
+    }
+
+    /// Log a run's unexpected names and stderr under the limits above.
+    pub fn log_run(&mut self, probe: &str, run: &super::ProbeRun) {
+        self.unexpected(probe, &run.unexpected);
+        if let Some(detail) = &run.exec {
+            if self.stderr_due(&detail.stderr, Instant::now()) {
+                tracing::info!(probe = %probe, stderr = %detail.stderr, "probe wrote to stderr");
+            }
+        }
+    }
 }

@@ -3,10 +3,13 @@
 //! needs to debug it.
 
 pub mod builtin;
+pub mod debug;
 pub mod exec;
 pub mod file;
 pub mod output;
 pub mod process;
+pub mod reaper;
+pub mod security;
 pub mod stream;
 
 use std::path::PathBuf;

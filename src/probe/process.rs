@@ -153,14 +153,33 @@ struct Capped {
 }
 
 /// Stderr: only the tail matters for the error message.
-struct Tail {
-    buf: Vec<u8>,
-    keep: usize,
-    total: u64,
+pub(crate) struct Tail {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) keep: usize,
+    pub(crate) total: u64,
 }
 
 impl Tail {
-    fn push(&mut self, chunk: &[u8]) {
+    pub(crate) fn new(keep: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            keep,
+            total: 0,
+        }
+    }
+
+    /// The kept tail as text, `…` first when older output was dropped.
+    pub(crate) fn text(&self) -> String {
+        let text = String::from_utf8_lossy(&self.buf);
+        let text = text.trim();
+        if self.total > self.buf.len() as u64 {
+            format!("…{text}")
+        } else {
+            text.to_owned()
+        }
+    }
+
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
         self.total += chunk.len() as u64;
         self.buf.extend_from_slice(chunk);
         if self.buf.len() > self.keep {
@@ -177,7 +196,7 @@ async fn read_opt<R: AsyncRead + Unpin>(r: &mut Option<R>, buf: &mut [u8]) -> io
     }
 }
 
-fn signal_group(pgid: Pid, sig: Signal) {
+pub(crate) fn signal_group(pgid: Pid, sig: Signal) {
     // Never 0 or 1: killpg(0) would signal the agent's own group.
     if pgid.as_raw() > 1 {
         // ESRCH: the group is already gone, which is what we wanted.
@@ -188,7 +207,7 @@ fn signal_group(pgid: Pid, sig: Signal) {
 /// Kills the child's whole group when a run ends, however it ends: normally, on error, or
 /// because the agent dropped the run (reload, shutdown). A daemonised grandchild that closed
 /// its output is still in the group and goes too.
-struct GroupGuard(Pid);
+pub struct GroupGuard(pub Pid);
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
@@ -244,7 +263,7 @@ fn build_command(spec: &ChildSpec) -> tokio::process::Command {
     cmd
 }
 
-fn exit_of(status: ExitStatus) -> Exit {
+pub(crate) fn exit_of(status: ExitStatus) -> Exit {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(c), _) => Exit::Code(c),
@@ -253,17 +272,56 @@ fn exit_of(status: ExitStatus) -> Exit {
     }
 }
 
+/// A child started in its own process group. Dropping it kills the leader (tokio reaps it
+/// later) and then the whole group; the registration tells the orphan reaper to keep its
+/// hands off a pid that tokio will wait for.
+pub struct Spawned {
+    pub child: tokio::process::Child,
+    pub pid: u32,
+    pub pgid: Pid,
+    pub group: GroupGuard,
+    pub registered: super::reaper::Registered,
+}
+
+/// Start the child (own group, credentials, limits, cleared env, stdin /dev/null, stdout and
+/// stderr piped). Shared by the exec and stream kinds.
+pub fn spawn(spec: &ChildSpec) -> Result<Spawned, SpawnError> {
+    let mut cmd = build_command(spec);
+    let (child, registered) =
+        super::reaper::spawn_registered(&mut cmd).map_err(|source| SpawnError {
+            program: spec.program.display().to_string(),
+            source,
+        })?;
+    let pid = child.id().unwrap_or(0);
+    let pgid = Pid::from_raw(pid as i32);
+    Ok(Spawned {
+        child,
+        pid,
+        pgid,
+        group: GroupGuard(pgid),
+        registered,
+    })
+}
+
+/// Make the agent the reaper of its probes' orphans: a probe's backgrounded grandchild whose
+/// parent exited is reparented to the agent (not to init), so it stays visible and is reaped
+/// here instead of piling up as a zombie under some other process. Call once, inside the
+/// tokio runtime, at daemon / `--once` / `probe` start. It also starts the orphan reaper task.
+pub fn become_subreaper() -> io::Result<()> {
+    super::reaper::become_subreaper()
+}
+
 /// Run the child to completion or to its deadline. Never waits on a pipe past
 /// deadline + grace + a short drain.
 pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
     let start = Instant::now();
-    let mut child = build_command(spec).spawn().map_err(|source| SpawnError {
-        program: spec.program.display().to_string(),
-        source,
-    })?;
-    let pid = child.id().unwrap_or(0);
-    let pgid = Pid::from_raw(pid as i32);
-    let group = GroupGuard(pgid);
+    let Spawned {
+        mut child,
+        pid,
+        pgid,
+        group,
+        registered,
+    } = spawn(spec)?;
     let mut out_pipe = child.stdout.take();
     let mut err_pipe = child.stderr.take();
     let mut out = Capped {
@@ -271,11 +329,7 @@ pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
         cap: spec.stdout_cap,
         overflow: false,
     };
-    let mut err = Tail {
-        buf: Vec::new(),
-        keep: spec.stderr_tail,
-        total: 0,
-    };
+    let mut err = Tail::new(spec.stderr_tail);
     let mut out_chunk = vec![0u8; 8192];
     let mut err_chunk = vec![0u8; 4096];
     let mut status: Option<ExitStatus> = None;
@@ -350,6 +404,7 @@ pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
                 // Stuck in the kernel; reap it whenever it comes back, off this run.
                 tokio::spawn(async move {
                     let _ = child.wait().await;
+                    drop(registered);
                 });
                 Exit::Unreaped
             }

@@ -1,42 +1,609 @@
-//! Stream probes: a long-running process read line by line (an unmodified LSF elim works).
+//! Stream probes: a long-running process read line by line; an unmodified LSF elim works.
+//!
+//! The child runs like an exec probe (own process group, run_as, limits, cleared env, stdin
+//! /dev/null) and also gets `LSF_RESOURCES` and `ELIM_ABORT_VALUE`. Each complete stdout line
+//! is parsed and its values applied at once; a partial line waits for its newline and a line
+//! longer than [`MAX_LINE`] is skipped, never blocking. When the child exits it is restarted
+//! after a backoff (1 s doubling to [`BACKOFF_CAP`], reset after a good long run); exit
+//! [`ELIM_ABORT_VALUE`] means "nothing to report here": no restart. Silent for longer than
+//! the task's stale time: its values are marked stale and, with `restart_on_silence`, the
+//! group is killed and restarted.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{Outcome, ProbeContext, ProbeRun};
+use super::exec::{self, ExecDetail, OutputLog};
+use super::process::{self, signal_group, Exit, Spawned, Tail};
+use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
+use crate::config::{Format, StreamSpec};
 use crate::plan::ProbeTask;
 use crate::schedule::Stats;
 use crate::store::Store;
 use crate::value::Reading;
 
+/// LSF's `ELIM_ABORT_VALUE`: the elim has nothing to report on this host.
+pub const ELIM_ABORT_VALUE: i32 = 97;
+/// Longest stdout line accepted; a longer one is an error and skipped.
+pub const MAX_LINE: usize = 64 * 1024;
+pub const BACKOFF_START: Duration = Duration::from_secs(1);
+pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// A child that ran this long (and said something) earns a fresh backoff.
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// After the group is killed, how long pipes may still be drained.
+const AFTER_KILL_DRAIN: Duration = Duration::from_millis(200);
+
+/// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
+/// then the probe's `env:` (which may override them).
+pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> Vec<(String, String)> {
+    let provides: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
+    let mut extra = BTreeMap::new();
+    extra.insert("LSF_RESOURCES".to_owned(), provides.join(" "));
+    extra.insert("ELIM_ABORT_VALUE".to_owned(), ELIM_ABORT_VALUE.to_string());
+    extra.extend(spec.exec.env.clone());
+    exec::probe_env(task, host, &extra)
+}
+
+/// Splits a byte stream into lines of at most `max` bytes. A longer line is reported once as
+/// an error and its bytes dropped up to the next newline.
+pub struct LineSplitter {
+    buf: Vec<u8>,
+    max: usize,
+    skipping: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    Complete(Vec<u8>),
+    TooLong,
+}
+
+impl LineSplitter {
+    pub fn new(max: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            max,
+            skipping: false,
+        }
+    }
+
+    pub fn push(&mut self, chunk: &[u8], out: &mut Vec<Line>) {
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    if self.skipping {
+                        self.skipping = false;
+                    } else if self.buf.len() + i > self.max {
+                        out.push(Line::TooLong);
+                    } else {
+                        self.buf.extend_from_slice(&rest[..i]);
+                        out.push(Line::Complete(std::mem::take(&mut self.buf)));
+                    }
+                    self.buf.clear();
+                    rest = &rest[i + 1..];
+                }
+                None => {
+                    if !self.skipping {
+                        if self.buf.len() + rest.len() > self.max {
+                            out.push(Line::TooLong);
+                            self.buf.clear();
+                            self.skipping = true;
+                        } else {
+                            self.buf.extend_from_slice(rest);
+                        }
+                    }
+                    rest = &[];
+                }
+            }
+        }
+    }
+
+    /// Bytes of an unfinished line (never applied).
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// What one complete line means.
+#[derive(Debug)]
+pub enum LineValues {
+    /// Nothing to apply (blank, comment, `0`).
+    Nothing,
+    Pairs(Vec<output::Pair>),
+    Error(String),
+}
+
+pub fn parse_line(format: Format, line: &[u8], own: &str) -> LineValues {
+    let Ok(text) = std::str::from_utf8(line) else {
+        return LineValues::Error("line is not valid UTF-8".into());
+    };
+    let text = text.trim_end_matches('\r');
+    if text.trim().is_empty() {
+        return LineValues::Nothing;
+    }
+    let parsed = match format {
+        Format::Elim => output::parse_elim_line(text),
+        Format::Kv if text.trim_start().starts_with('#') => Ok(Vec::new()),
+        Format::Kv => output::parse_kv(text).map_err(|e| e.to_string()),
+        Format::Value => output::parse_value(text)
+            .map(|v| vec![(own.to_owned(), v)])
+            .map_err(|e| e.to_string()),
+    };
+    match parsed {
+        Ok(p) if p.is_empty() => LineValues::Nothing,
+        Ok(p) => LineValues::Pairs(p),
+        Err(e) => LineValues::Error(e),
+    }
+}
+
+/// How one run of the stream child ended.
+#[derive(Debug)]
+enum End {
+    Cancelled,
+    Aborted(String),
+    /// Exited or could not start; restart after the backoff.
+    Restart(String),
+    /// Silent too long with `restart_on_silence`.
+    Hung,
+}
+
+fn spec_of(task: &ProbeTask) -> Option<&StreamSpec> {
+    match &task.kind {
+        crate::config::ProbeKind::Stream(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn record_all(store: &Store, task: &ProbeTask, reading: Reading) {
+    let now = SystemTime::now();
+    for f in &task.feeds {
+        store.record(&f.name, &task.instance, reading.clone(), now);
+    }
+}
+
 /// Keep the stream process running and its values in the store until cancelled.
 pub async fn supervise(
     task: Arc<ProbeTask>,
-    _ctx: ProbeContext,
+    ctx: ProbeContext,
     store: Arc<Store>,
-    _stats: Arc<Stats>,
+    stats: Arc<Stats>,
     cancel: CancellationToken,
 ) {
-    for feed in &task.feeds {
-        store.record(
-            &feed.name,
-            &task.instance,
-            Reading::Failed("stream probes are not supported yet".into()),
-            SystemTime::now(),
-        );
+    let Some(spec) = spec_of(&task).cloned() else {
+        return;
+    };
+    let mut log = OutputLog::default();
+    let mut backoff = BACKOFF_START;
+    loop {
+        let began = Instant::now();
+        let mut said_something = false;
+        let end = run_child(
+            &task,
+            &spec,
+            &ctx,
+            &store,
+            &mut log,
+            &cancel,
+            &mut said_something,
+        )
+        .await;
+        let why = match end {
+            End::Cancelled => return,
+            End::Aborted(why) => {
+                tracing::warn!(probe = %task.name, "{why}; not restarted");
+                record_all(&store, &task, Reading::Failed(why));
+                cancel.cancelled().await;
+                return;
+            }
+            End::Hung => {
+                tracing::warn!(probe = %task.name, "silent for {}; restarting it", humantime::format_duration(task.stale_after));
+                None
+            }
+            End::Restart(why) => Some(why),
+        };
+        if said_something && began.elapsed() >= BACKOFF_RESET_AFTER {
+            backoff = BACKOFF_START;
+        }
+        if let Some(why) = why {
+            let msg = format!(
+                "{why}; restarting in {}",
+                humantime::format_duration(backoff)
+            );
+            tracing::warn!(probe = %task.name, "{msg}");
+            record_all(&store, &task, Reading::Failed(msg));
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_CAP);
+        stats
+            .probe(&task.name)
+            .restarts
+            .fetch_add(1, Ordering::Relaxed);
     }
-    cancel.cancelled().await;
 }
 
-/// `--once`: start the stream, take its first complete set of values, stop it.
-pub async fn first_values(task: &ProbeTask, _ctx: &ProbeContext) -> ProbeRun {
-    ProbeRun::all_failed(
-        task,
-        SystemTime::now(),
-        Default::default(),
-        Outcome::Failed,
-        "stream probes are not supported yet".into(),
+async fn read_opt<R: AsyncRead + Unpin>(
+    r: &mut Option<R>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match r {
+        Some(r) => r.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Stop a stream child: SIGTERM to the group, the grace period, SIGKILL, then reap the leader
+/// (off this task if the kernel holds it).
+async fn stop(mut s: Spawned, grace: Duration) -> Option<Exit> {
+    signal_group(s.pgid, nix::sys::signal::Signal::SIGTERM);
+    let status = match tokio::time::timeout(grace, s.child.wait()).await {
+        Ok(Ok(st)) => Some(st),
+        _ => None,
+    };
+    signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
+    let status = match status {
+        Some(st) => Some(st),
+        None => tokio::time::timeout(AFTER_KILL_DRAIN, s.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok),
+    };
+    match status {
+        Some(st) => Some(process::exit_of(st)),
+        None => {
+            tokio::spawn(async move {
+                let _ = s.child.wait().await;
+                drop(s.registered);
+            });
+            None
+        }
+    }
+}
+
+fn exit_text(exit: Exit) -> String {
+    match exit {
+        Exit::Code(c) => format!("exited with status {c}"),
+        Exit::Signal(s) => format!("killed by signal {}", exec::signal_name(s)),
+        Exit::Unreaped => "did not exit".into(),
+    }
+}
+
+/// Run the child once, applying its lines, until it exits, hangs or the probe is cancelled.
+async fn run_child(
+    task: &ProbeTask,
+    spec: &StreamSpec,
+    ctx: &ProbeContext,
+    store: &Store,
+    log: &mut OutputLog,
+    cancel: &CancellationToken,
+    said_something: &mut bool,
+) -> End {
+    let env = stream_env(task, spec, &ctx.host);
+    let (child_spec, _user) = match exec::child_spec(task, &spec.exec, ctx, env) {
+        Ok(c) => c,
+        Err(e) => return End::Restart(e),
+    };
+    let mut s = match process::spawn(&child_spec) {
+        Ok(s) => s,
+        Err(e) => return End::Restart(e.to_string()),
+    };
+    let mut out_pipe = s.child.stdout.take();
+    let mut err_pipe = s.child.stderr.take();
+    let mut lines = LineSplitter::new(MAX_LINE);
+    let mut err_lines = LineSplitter::new(4096);
+    let mut err_tail = Tail::new(process::DEFAULT_STDERR_TAIL);
+    let mut out_chunk = vec![0u8; 8192];
+    let mut err_chunk = vec![0u8; 4096];
+    let mut batch = Vec::new();
+    let mut silent_until = Instant::now() + task.stale_after;
+    let mut marked_stale = false;
+    let mut exited: Option<Exit> = None;
+    let mut drain_until: Option<Instant> = None;
+    loop {
+        if exited.is_some() && out_pipe.is_none() && err_pipe.is_none() {
+            break;
+        }
+        let wake = drain_until.unwrap_or(silent_until);
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                stop(s, child_spec.grace).await;
+                return End::Cancelled;
+            }
+            r = read_opt(&mut out_pipe, &mut out_chunk) => match r {
+                Ok(0) | Err(_) => out_pipe = None,
+                Ok(n) => {
+                    lines.push(&out_chunk[..n], &mut batch);
+                    for line in batch.drain(..) {
+                        *said_something = true;
+                        silent_until = Instant::now() + task.stale_after;
+                        marked_stale = false;
+                        apply_line(task, spec, store, log, line);
+                    }
+                }
+            },
+            r = read_opt(&mut err_pipe, &mut err_chunk) => match r {
+                Ok(0) | Err(_) => err_pipe = None,
+                Ok(n) => {
+                    err_tail.push(&err_chunk[..n]);
+                    let mut got = Vec::new();
+                    err_lines.push(&err_chunk[..n], &mut got);
+                    for l in got {
+                        if let Line::Complete(l) = l {
+                            let text = String::from_utf8_lossy(&l);
+                            if log.stderr_due(&text, std::time::Instant::now()) {
+                                tracing::info!(probe = %task.name, stderr = %text.trim(), "stream probe wrote to stderr");
+                            }
+                        }
+                    }
+                }
+            },
+            st = s.child.wait(), if exited.is_none() => {
+                exited = Some(st.map_or(Exit::Code(-1), process::exit_of));
+                // The rest of the group goes with the leader; what they wrote is still read
+                // for a moment, but never waited on.
+                signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
+                drain_until = Some(Instant::now() + AFTER_KILL_DRAIN);
+            }
+            _ = sleep_until(wake) => {
+                if drain_until.is_some() {
+                    break;
+                }
+                if spec.restart_on_silence {
+                    stop(s, child_spec.grace).await;
+                    record_all(store, task, Reading::Stale(silence_text(task)));
+                    return End::Hung;
+                }
+                if !marked_stale {
+                    marked_stale = true;
+                    tracing::warn!(probe = %task.name, "{}", silence_text(task));
+                    record_all(store, task, Reading::Stale(silence_text(task)));
+                }
+                silent_until = Instant::now() + task.stale_after;
+            }
+        }
+    }
+    if lines.pending() > 0 {
+        tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
+    }
+    let exit = exited.unwrap_or(Exit::Unreaped);
+    let stderr = err_tail.text();
+    let mut why = exit_text(exit);
+    if let Some(last) = stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+        why = format!("{why}: {}", last.trim());
+    }
+    if exit == Exit::Code(ELIM_ABORT_VALUE) {
+        End::Aborted(format!(
+            "elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): {why}"
+        ))
+    } else {
+        End::Restart(why)
+    }
+}
+
+fn silence_text(task: &ProbeTask) -> String {
+    format!(
+        "stream silent for {} (silence)",
+        humantime::format_duration(task.stale_after)
     )
+}
+
+fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut OutputLog, line: Line) {
+    let now = SystemTime::now();
+    let bytes = match line {
+        Line::TooLong => {
+            tracing::warn!(probe = %task.name, "stream line longer than {MAX_LINE} bytes; skipped");
+            return;
+        }
+        Line::Complete(b) => b,
+    };
+    match parse_line(spec.exec.format, &bytes, &task.name) {
+        LineValues::Nothing => {}
+        LineValues::Error(e) => {
+            let msg = format!("bad {} line: {e}", spec.exec.format.as_str());
+            tracing::warn!(probe = %task.name, "{msg}");
+            // Only the resources this line was meant for are unknown: fail them all, the
+            // previous values stand until stale.
+            record_all(store, task, Reading::Failed(msg));
+        }
+        LineValues::Pairs(pairs) => {
+            let (readings, unexpected) = readings_from_pairs(task, pairs);
+            log.unexpected(&task.name, &unexpected);
+            for (name, r) in readings {
+                // A line may carry a subset: absent names keep their value.
+                if !matches!(r, Reading::Pending(_)) {
+                    store.record(&name, &task.instance, r, now);
+                }
+            }
+        }
+    }
+}
+
+/// `--once` / `probe NAME`: start the stream, take the first line that gives values (for kv:
+/// until every fed resource has one or a line that is not `name = value` ends the set), or
+/// fail at the task timeout; then stop the group.
+pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
+    let started = SystemTime::now();
+    let t0 = Instant::now();
+    let Some(spec) = spec_of(task) else {
+        return ProbeRun::all_failed(
+            task,
+            started,
+            t0.elapsed(),
+            Outcome::Failed,
+            "not a stream probe".into(),
+        );
+    };
+    let env = stream_env(task, spec, &ctx.host);
+    let mut detail = ExecDetail {
+        argv: spec.exec.command.clone(),
+        user: String::new(),
+        env: env.clone(),
+        exit: None,
+        ending: None,
+        stdout: Vec::new(),
+        stderr: String::new(),
+    };
+    let failed = |detail: ExecDetail, outcome, why: String| {
+        let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
+        run.exec = Some(detail);
+        run
+    };
+    let (child_spec, user) = match exec::child_spec(task, &spec.exec, ctx, env) {
+        Ok(c) => c,
+        Err(e) => return failed(detail, Outcome::Failed, e),
+    };
+    detail.argv[0] = child_spec.program.display().to_string();
+    detail.user = user;
+    let mut s = match process::spawn(&child_spec) {
+        Ok(s) => s,
+        Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
+    };
+    let mut out_pipe = s.child.stdout.take();
+    let mut err_pipe = s.child.stderr.take();
+    let mut lines = LineSplitter::new(MAX_LINE);
+    let mut err_tail = Tail::new(process::DEFAULT_STDERR_TAIL);
+    let mut out_chunk = vec![0u8; 8192];
+    let mut err_chunk = vec![0u8; 4096];
+    let mut batch = Vec::new();
+    let mut pairs: Vec<output::Pair> = Vec::new();
+    let deadline = t0 + task.timeout;
+    let mut exited: Option<Exit> = None;
+    let mut result: Option<Result<(), String>> = None;
+    let mut wake = deadline;
+    while result.is_none() {
+        if exited.is_some() && out_pipe.is_none() && err_pipe.is_none() {
+            break;
+        }
+        tokio::select! {
+            r = read_opt(&mut out_pipe, &mut out_chunk) => match r {
+                Ok(0) | Err(_) => out_pipe = None,
+                Ok(n) => {
+                    if detail.stdout.len() < process::DEFAULT_STDOUT_CAP {
+                        detail.stdout.extend_from_slice(&out_chunk[..n]);
+                    }
+                    lines.push(&out_chunk[..n], &mut batch);
+                    for line in batch.drain(..) {
+                        if result.is_some() {
+                            break;
+                        }
+                        let bytes = match line {
+                            Line::TooLong => {
+                                result = Some(Err(format!("line longer than {MAX_LINE} bytes")));
+                                break;
+                            }
+                            Line::Complete(b) => b,
+                        };
+                        match parse_line(spec.exec.format, &bytes, &task.name) {
+                            LineValues::Nothing => {}
+                            LineValues::Error(e) => {
+                                result = Some(Err(format!("bad {} line: {e}", spec.exec.format.as_str())));
+                            }
+                            LineValues::Pairs(p) => {
+                                for (k, v) in p {
+                                    match pairs.iter_mut().find(|(n, _)| *n == k) {
+                                        Some(slot) => slot.1 = v,
+                                        None => pairs.push((k, v)),
+                                    }
+                                }
+                                let complete = spec.exec.format != Format::Kv
+                                    || task.feeds.iter().all(|f| pairs.iter().any(|(n, _)| *n == f.name));
+                                if complete {
+                                    result = Some(Ok(()));
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+            r = read_opt(&mut err_pipe, &mut err_chunk) => match r {
+                Ok(0) | Err(_) => err_pipe = None,
+                Ok(n) => err_tail.push(&err_chunk[..n]),
+            },
+            st = s.child.wait(), if exited.is_none() => {
+                exited = Some(st.map_or(Exit::Code(-1), process::exit_of));
+                // Lines already written are still read; a grandchild holding the pipe is not
+                // waited for.
+                signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
+                wake = wake.min(Instant::now() + AFTER_KILL_DRAIN);
+            }
+            _ = sleep_until(wake) => {
+                if exited.is_some() && pairs.is_empty() {
+                    // Exited; what it wrote has been read (or is held by an escaped child).
+                    break;
+                }
+                if !pairs.is_empty() {
+                    // kv: the probe printed some of its values and then paused.
+                    result = Some(Ok(()));
+                } else {
+                    result = Some(Err(format!(
+                        "timed out after {}: no complete line with values",
+                        humantime::format_duration(task.timeout)
+                    )));
+                }
+            }
+        }
+    }
+    // The pipes stay open while the child is stopped: closing them first would turn a clean
+    // TERM exit into SIGPIPE.
+    let exit = match exited {
+        Some(e) => Some(e),
+        None => stop(s, child_spec.grace).await,
+    };
+    drop((out_pipe, err_pipe));
+    detail.exit = exit;
+    detail.stderr = err_tail.text();
+    let duration = t0.elapsed();
+    let result = match result {
+        Some(r) => r,
+        None => {
+            let ex = exit.map_or_else(|| "did not exit".to_owned(), exit_text);
+            Err(if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) {
+                format!("elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): nothing to report on this host")
+            } else {
+                format!("{ex} before reporting any values")
+            })
+        }
+    };
+    let mut run = match result {
+        Err(why) => {
+            let why = match detail.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+                Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
+                _ => why,
+            };
+            let outcome = if why.starts_with("timed out") {
+                Outcome::TimedOut
+            } else {
+                Outcome::Failed
+            };
+            ProbeRun::all_failed(task, started, duration, outcome, why)
+        }
+        Ok(()) => {
+            let (readings, unexpected) = readings_from_pairs(task, pairs);
+            let any_failed = readings
+                .iter()
+                .any(|(_, r)| matches!(r, Reading::Failed(_)));
+            ProbeRun {
+                started,
+                duration,
+                outcome: if any_failed {
+                    Outcome::Failed
+                } else {
+                    Outcome::Ok
+                },
+                readings,
+                unexpected,
+                exec: None,
+            }
+        }
+    };
+    run.exec = Some(detail);
+    run
 }

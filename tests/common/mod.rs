@@ -95,10 +95,108 @@ pub fn task_from_yaml(
     (task, ctx)
 }
 
+/// A builtin source with no indices, for tests that run probes through the library.
 pub struct NoBuiltins;
 
 impl xce_agent::probe::BuiltinSource for NoBuiltins {
     fn reading(&self, _index: &str) -> Option<xce_agent::value::Reading> {
         None
     }
+}
+
+/// Load the setup's config and return the planned task of `name` with a probe context.
+pub fn load_task(
+    setup: &Setup,
+    name: &str,
+) -> (xce_agent::plan::ProbeTask, xce_agent::probe::ProbeContext) {
+    let config = xce_agent::config::load(&setup.agent_yaml(), None)
+        .unwrap_or_else(|e| panic!("config invalid: {e}"));
+    let plan = xce_agent::plan::make_plan(&config.resources, "node001", &Default::default());
+    let task = plan
+        .tasks
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("{name} not planned: {:?}", plan.skipped))
+        .clone();
+    let ctx = xce_agent::probe::ProbeContext {
+        host: "node001".into(),
+        plugin_dir: config.agent.plugin_dir.clone(),
+        run_as: config.agent.run_as.clone(),
+        builtin: std::sync::Arc::new(NoBuiltins),
+    };
+    (task, ctx)
+}
+
+/// One dynamic numeric resource on every host whose probe is `probe` (a YAML flow mapping).
+pub fn resource(name: &str, probe: &str) -> String {
+    format!(
+        "  - name: {name}\n    valtype: numeric\n    interval: 60s\n    resourcemap: [{{location: [default]}}]\n    probe: {probe}\n"
+    )
+}
+
+/// Declare every feed of `task` in `store`.
+pub fn declare(store: &xce_agent::store::Store, task: &xce_agent::plan::ProbeTask) {
+    store.declare(task.feeds.iter().map(|f| xce_agent::store::Declared {
+        name: f.name.clone(),
+        instance: task.instance.clone(),
+        valtype: f.valtype,
+        stale_after: task.stale_after,
+    }));
+}
+
+/// Wait (on the store's watch, no polling) until `pred` holds for resource `name`.
+pub async fn wait_for(
+    store: &xce_agent::store::Store,
+    name: &str,
+    pred: impl Fn(&xce_agent::value::Resval) -> bool,
+) -> xce_agent::value::Resval {
+    let mut rx = store.subscribe();
+    let wait = async {
+        loop {
+            if let Some(r) = store.get(name, "") {
+                if pred(&r) {
+                    return r;
+                }
+            }
+            rx.changed().await.expect("store dropped");
+        }
+    };
+    // A hang guard, not a timing threshold: a broken agent must fail the test, not hang CI.
+    tokio::time::timeout(std::time::Duration::from_secs(60), wait)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{name} never reached the expected state: {:?}",
+                store.get(name, "")
+            )
+        })
+}
+
+/// Block until process `pid` has exited (pidfd readiness; no polling), with a hang guard.
+pub fn wait_gone(pid: i32) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    if fd < 0 {
+        return; // already gone (ESRCH)
+    }
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; fd is closed right after.
+    let n = unsafe { libc::poll(&mut pfd, 1, 60_000) };
+    unsafe { libc::close(fd) };
+    assert!(n == 1, "process {pid} still running after 60 s");
+}
+
+/// Whether `pid` is a zombie child of this test process (nobody reaped it).
+pub fn our_zombie(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let mut f = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+    let state = f.next();
+    let ppid: i32 = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    state == Some("Z") && ppid == std::process::id() as i32
 }

@@ -1,0 +1,227 @@
+//! `xce-agent probe NAME`: run one probe now and show everything an admin needs to see why
+//! it does or does not work: argv, user, environment, cwd, the script check, how it ended,
+//! duration, its output, and the values parsed or the exact parse error.
+
+use std::fmt::Write as _;
+
+use super::exec::{self, ExecDetail};
+use super::process::{Ending, Exit, DEFAULT_STDOUT_CAP};
+use super::{security, ProbeContext, ProbeRun};
+use crate::config::{ExecSpec, ProbeKind};
+use crate::plan::ProbeTask;
+use crate::value::Reading;
+
+/// Shown bytes of stdout/stderr at most (the agent's caps are larger; this is a terminal).
+const SHOW_MAX: usize = DEFAULT_STDOUT_CAP;
+
+/// The report and whether the probe succeeded.
+pub struct Report {
+    pub text: String,
+    pub ok: bool,
+}
+
+/// Text, escaped where it is not UTF-8 or holds control characters, indented.
+fn shown(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(SHOW_MAX)];
+    let mut out = String::new();
+    let text = match std::str::from_utf8(cut) {
+        Ok(t) => t
+            .chars()
+            .map(|c| {
+                if c.is_control() && c != '\n' && c != '\t' {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>(),
+        Err(_) => cut.escape_ascii().to_string().replace("\\n", "\n"),
+    };
+    for line in text.lines() {
+        let _ = writeln!(out, "    | {line}");
+    }
+    if bytes.len() > SHOW_MAX {
+        let _ = writeln!(
+            out,
+            "    … ({} more bytes not shown)",
+            bytes.len() - SHOW_MAX
+        );
+    }
+    out
+}
+
+fn user_line(spec: &ExecSpec, ctx: &ProbeContext) -> (String, Option<nix::unistd::Uid>) {
+    match exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as) {
+        Err(e) => (format!("cannot resolve: {e}"), None),
+        Ok(Some(c)) => {
+            let groups: Vec<String> = c.groups.iter().map(|g| g.to_string()).collect();
+            (
+                format!(
+                    "{} (uid {}, gid {}, groups {})",
+                    c.user,
+                    c.uid,
+                    c.gid,
+                    groups.join(",")
+                ),
+                Some(c.uid),
+            )
+        }
+        Ok(None) => {
+            let uid = nix::unistd::geteuid();
+            let groups: Vec<String> = nix::unistd::getgroups()
+                .map(|gs| gs.iter().map(|g| g.to_string()).collect())
+                .unwrap_or_default();
+            let why = if uid.is_root() {
+                "run_as: root"
+            } else {
+                "the agent is not root: probes run as the agent's user"
+            };
+            (
+                format!(
+                    "{} (uid {uid}, gid {}, groups {}) — {why}",
+                    exec::current_user_name(),
+                    nix::unistd::getegid(),
+                    groups.join(",")
+                ),
+                None,
+            )
+        }
+    }
+}
+
+fn exit_line(detail: &ExecDetail) -> String {
+    let exit = match detail.exit {
+        None => "not started".to_owned(),
+        Some(Exit::Code(c)) => format!("exit status {c}"),
+        Some(Exit::Signal(s)) => format!("killed by signal {}", exec::signal_name(s)),
+        Some(Exit::Unreaped) => "did not exit (still in the kernel after SIGKILL)".to_owned(),
+    };
+    match &detail.ending {
+        Some(Ending::TimedOut { killed, .. }) => format!(
+            "{exit}; timed out (process group got SIGTERM{})",
+            if *killed { " then SIGKILL" } else { "" }
+        ),
+        Some(Ending::OutputOverflow { .. }) => format!("{exit}; output over the cap, ended"),
+        _ => exit,
+    }
+}
+
+/// Run `task` once (a stream: until its first values) and describe it.
+pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "probe {} (kind {}) on {}",
+        task.name,
+        task.kind.name(),
+        ctx.host
+    );
+    if !task.instance.is_empty() {
+        let _ = writeln!(t, "  instance:  {}", task.instance);
+    }
+    let feeds: Vec<String> = task
+        .feeds
+        .iter()
+        .map(|f| format!("{} ({})", f.name, f.valtype.as_str()))
+        .collect();
+    let _ = writeln!(t, "  feeds:     {}", feeds.join(", "));
+    let _ = writeln!(
+        t,
+        "  interval:  {}   timeout: {}   stale after: {}",
+        humantime::format_duration(task.interval),
+        humantime::format_duration(task.timeout),
+        humantime::format_duration(task.stale_after)
+    );
+    let exec_spec = match &task.kind {
+        ProbeKind::Exec(e) => Some(e),
+        ProbeKind::Stream(s) => Some(&s.exec),
+        ProbeKind::File(f) => {
+            let _ = writeln!(t, "  path:      {}", f.path.display());
+            if let Some(re) = &f.regex {
+                let _ = writeln!(t, "  regex:     {}", re.as_str());
+            }
+            None
+        }
+        ProbeKind::Builtin { index } => {
+            let _ = writeln!(t, "  index:     {index} (from the agent's shared sampler)");
+            None
+        }
+    };
+    if let Some(spec) = exec_spec {
+        let program = exec::resolve_program(&ctx.plugin_dir, &spec.command[0]);
+        let (user, uid) = user_line(spec, ctx);
+        let _ = writeln!(t, "  user:      {user}");
+        let _ = writeln!(t, "  cwd:       /");
+        let _ = writeln!(t, "  format:    {}", spec.format.as_str());
+        let verdict = match security::check_program(&program, uid) {
+            Ok(()) => "ok".to_owned(),
+            Err(e) if security::enforced() => format!("REFUSED: {e}"),
+            Err(e) => format!("not enforced (the agent is not root); as root: {e}"),
+        };
+        let _ = writeln!(t, "  script check: {verdict}");
+    }
+    let run: ProbeRun = match &task.kind {
+        ProbeKind::Stream(_) => super::stream::first_values(task, ctx).await,
+        _ => super::run_once(task, ctx).await,
+    };
+    if let Some(d) = &run.exec {
+        let _ = writeln!(t, "  argv:      {}", shell_words(&d.argv));
+        let _ = writeln!(t, "  env:");
+        for (k, v) in &d.env {
+            let _ = writeln!(t, "    {k}={v}");
+        }
+        let _ = writeln!(t, "  ended:     {}", exit_line(d));
+    }
+    let _ = writeln!(t, "  duration:  {:.3}s", run.duration.as_secs_f64());
+    if let Some(d) = &run.exec {
+        let _ = writeln!(t, "  stdout ({} bytes):", d.stdout.len());
+        t.push_str(&shown(&d.stdout));
+        let _ = writeln!(t, "  stderr (tail):");
+        t.push_str(&shown(d.stderr.as_bytes()));
+    }
+    let _ = writeln!(t, "  values:");
+    for (name, r) in &run.readings {
+        let line = match r {
+            Reading::Ok(v) => format!("{v}"),
+            Reading::Failed(e) => format!("FAILED: {e}"),
+            Reading::Stale(e) => format!("STALE: {e}"),
+            Reading::Pending(e) => format!("not reported: {e}"),
+        };
+        let _ = writeln!(t, "    {name} = {line}");
+    }
+    for name in &run.unexpected {
+        let _ = writeln!(t, "    (ignored: {name} is not in this probe's provides)");
+    }
+    let ok = run.error().is_none() && run.outcome == super::Outcome::Ok;
+    let _ = writeln!(
+        t,
+        "result: {}",
+        if ok {
+            "ok".to_owned()
+        } else {
+            format!(
+                "{}: {}",
+                run.outcome.as_str(),
+                run.error().unwrap_or("failed")
+            )
+        }
+    );
+    Report { text: t, ok }
+}
+
+/// argv as a shell would need it quoted, for copy-paste.
+fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"/._-=:,@+".contains(&b))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
