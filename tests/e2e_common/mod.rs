@@ -159,6 +159,19 @@ impl AgentProc {
         }
     }
 
+    /// SIGTERM (to this PID only) and wait for the exit, bounded by the hang guard.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let mut status = None;
+        wait_for("the agent to exit after SIGTERM", || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        })
+        .await;
+        status.expect("exited")
+    }
+
     /// Resident set size in KiB, from /proc/PID/status.
     pub fn rss_kib(&self) -> u64 {
         let status =
