@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{alive, read_pid, script, task_from_yaml};
+use common::{read_pid, script, task_from_yaml, wait_gone};
 use xce_agent::probe::{run_once, Outcome};
 use xce_agent::value::{Reading, Value};
 
@@ -117,7 +117,7 @@ async fn grandchild_holding_stdout_ends_at_timeout_and_is_killed() {
         e.starts_with("timed out after 1s: exited, but a background process kept its output open"),
         "{e}"
     );
-    assert!(!alive(read_pid(&pidfile)), "grandchild still running");
+    wait_gone(read_pid(&pidfile));
 }
 
 #[tokio::test]
@@ -131,7 +131,7 @@ async fn hung_probe_is_terminated_then_killed() {
     let r = run(dir.path(), &body, ", timeout: 1s").await;
     assert_eq!(r.outcome, Outcome::TimedOut);
     assert!(failed_with(&r).contains("did not finish; process group killed after SIGTERM grace"));
-    assert!(!alive(read_pid(&pidfile)));
+    wait_gone(read_pid(&pidfile));
 }
 
 #[tokio::test]
