@@ -53,12 +53,19 @@ pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
         Ok(stat) => {
-            let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
     }
 }
 
 pub fn read_pid(path: &Path) -> i32 {
-    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
