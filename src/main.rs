@@ -52,6 +52,7 @@ fn main() -> ExitCode {
                 cmd_once(&cli.common, Format::Table, std::slice::from_ref(name)).await
             }
             Some(Command::Listen { addr, format, ack }) => cmd_listen(addr, *format, *ack).await,
+            Some(Command::GenerateAssets { dir }) => cmd_generate_assets(dir),
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
         }
@@ -429,6 +430,15 @@ mod systemd {
             Err(_) => notify(&[NotifyState::Reloading]),
         }
     }
+}
+
+fn cmd_generate_assets(dir: &std::path::Path) -> anyhow::Result<u8> {
+    let written = xce_agent::cli::generate_assets(dir)
+        .with_context(|| format!("cannot write assets into {}", dir.display()))?;
+    for path in written {
+        println!("{}", path.display());
+    }
+    Ok(EXIT_OK)
 }
 
 async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8> {
