@@ -1,9 +1,9 @@
 //! Command-line interface. The clap definition lives in the library so that the man page
 //! and shell completions can be generated from it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 pub const DEFAULT_CONFIG: &str = "/etc/xce/agent.yaml";
 
@@ -74,6 +74,12 @@ pub enum Command {
         /// The resource whose probe to run.
         name: String,
     },
+    /// Write the man pages and the bash, zsh and fish completions into DIR (packaging).
+    #[command(hide = true, name = "generate-assets")]
+    GenerateAssets {
+        /// Output directory (created if missing): DIR/man/*.1, DIR/completions/*.
+        dir: PathBuf,
+    },
     /// Reference receiver: accept agents' streams on ADDR and print every resval received.
     Listen {
         /// Address to listen on, e.g. 127.0.0.1:6870.
@@ -85,4 +91,31 @@ pub enum Command {
         #[arg(long)]
         ack: bool,
     },
+}
+
+/// Generate the man pages (one per visible subcommand, `xce-agent.1` first) into
+/// `dir/man` and the shell completions into `dir/completions`, from this very definition,
+/// so they never drift from the binary. Returns the files written.
+pub fn generate_assets(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    use clap_complete::Shell;
+    let man = dir.join("man");
+    let completions = dir.join("completions");
+    std::fs::create_dir_all(&man)?;
+    std::fs::create_dir_all(&completions)?;
+    let cmd = Cli::command();
+    clap_mangen::generate_to(cmd.clone(), &man)?;
+    let mut written = Vec::new();
+    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+        written.push(clap_complete::generate_to(
+            shell,
+            &mut cmd.clone(),
+            "xce-agent",
+            &completions,
+        )?);
+    }
+    for entry in std::fs::read_dir(&man)? {
+        written.push(entry?.path());
+    }
+    written.sort();
+    Ok(written)
 }

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProbeKind};
-use crate::link::client::{self, Assigned, LinkConfig, LinkStats};
+use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
 use crate::probe::{BuiltinSource, ProbeContext};
-use crate::schedule::Scheduler;
+use crate::schedule::{Scheduler, Stats};
 use crate::store::{Declared, Store};
 
 /// The store's slots for a plan: one per fed resource and instance.
@@ -72,12 +73,48 @@ pub struct Agent {
     pub store: Arc<Store>,
     pub scheduler: Scheduler,
     pub link_stats: Arc<LinkStats>,
+    /// The scheduler's counters; replaced when a reload rebuilds the scheduler.
+    stats_tx: watch::Sender<Arc<Stats>>,
     hello_tx: watch::Sender<Arc<wire::Hello>>,
     assigned_rx: watch::Receiver<Assigned>,
     boot_id: String,
     plan: Plan,
+    /// Parent of the scheduler's and the link's tokens.
     shutdown: CancellationToken,
-    link: Option<tokio::task::JoinHandle<()>>,
+    link_cfg: LinkConfig,
+    link: Option<Link>,
+}
+
+struct Link {
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl Link {
+    /// Stop the link (it flushes a last batch if connected), waiting at most `grace`.
+    async fn stop(self, grace: Duration) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(grace, self.handle).await;
+    }
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reloaded {
+    pub kept: usize,
+    pub stopped: usize,
+    pub started: usize,
+    /// plugin_dir, run_as or max_parallel changed: every probe was restarted.
+    pub probes_restarted: bool,
+    /// The controller list changed: the link was re-made.
+    pub link_restarted: bool,
+}
+
+/// Why a reload was refused (the running config stays).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReloadError {
+    #[error("host name changed from {old:?} to {new:?}; restart the agent to change it")]
+    HostChanged { old: String, new: String },
 }
 
 impl Agent {
@@ -92,45 +129,67 @@ impl Agent {
         let store = Arc::new(Store::new());
         let boot_id = wire::boot_id();
         let plan = make_plan(&config.resources, &host, &BTreeSet::new());
-        let (hello_tx, hello_rx) = watch::channel(Arc::new(hello(&config, &plan, &boot_id)));
-        let (assigned_tx, assigned_rx) = watch::channel(Assigned::new());
+        let (hello_tx, _) = watch::channel(Arc::new(hello(&config, &plan, &boot_id)));
         store.declare(declared(&plan));
         let ctx = probe_context(&config, &host, builtin);
+        // A child token: stopping the scheduler must not stop the link before its last flush.
         let mut scheduler = Scheduler::new(
             store.clone(),
             ctx,
             config.agent.max_parallel,
-            shutdown.clone(),
+            shutdown.child_token(),
         );
         scheduler.apply(&plan);
+        let (stats_tx, _) = watch::channel(scheduler.stats.clone());
         let link_stats = Arc::new(LinkStats::default());
-        let link = (!config.agent.controllers.is_empty()).then(|| {
-            let cfg = LinkConfig {
-                controllers: config.agent.controllers.clone(),
-                ..link_cfg
-            };
-            tokio::spawn(client::run(
-                cfg,
-                store.clone(),
-                hello_rx,
-                assigned_tx,
-                link_stats.clone(),
-                shutdown.child_token(),
-            ))
-        });
+        let (_, assigned_rx) = watch::channel(Assigned::new());
         tracing::info!(host = %host, probes = plan.tasks.len(), skipped = plan.skipped.len(), controllers = ?config.agent.controllers, "started");
-        Self {
+        let mut agent = Self {
             config,
             host,
             store,
             scheduler,
             link_stats,
+            stats_tx,
             hello_tx,
             assigned_rx,
             boot_id,
             plan,
             shutdown,
-            link,
+            link_cfg,
+            link: None,
+        };
+        agent.start_link();
+        agent
+    }
+
+    /// (Re)start the link to the configured controllers, if any. The assignment starts
+    /// empty: the controller re-sends it in its welcome.
+    fn start_link(&mut self) {
+        let (assigned_tx, assigned_rx) = watch::channel(Assigned::new());
+        self.assigned_rx = assigned_rx;
+        if self.config.agent.controllers.is_empty() {
+            return;
+        }
+        let cfg = LinkConfig {
+            controllers: self.config.agent.controllers.clone(),
+            ..self.link_cfg.clone()
+        };
+        let stop = self.shutdown.child_token();
+        let handle = tokio::spawn(client::run(
+            cfg,
+            self.store.clone(),
+            self.hello_tx.subscribe(),
+            assigned_tx,
+            self.link_stats.clone(),
+            stop.clone(),
+        ));
+        self.link = Some(Link { stop, handle });
+    }
+
+    async fn stop_link(&mut self, grace: Duration) {
+        if let Some(link) = self.link.take() {
+            link.stop(grace).await;
         }
     }
 
@@ -138,10 +197,15 @@ impl Agent {
         &self.plan
     }
 
+    /// The scheduler's counters, following scheduler rebuilds (for `/metrics`).
+    pub fn stats(&self) -> watch::Receiver<Arc<Stats>> {
+        self.stats_tx.subscribe()
+    }
+
     /// Move to a new config and/or assignment: the hello first, then the store's slots (the
     /// link sends hello + full snapshot on the generation change, both of the new set), then
     /// the probes (unchanged ones keep running).
-    pub fn replan(&mut self, config: Config) {
+    pub fn replan(&mut self, config: Config) -> (usize, usize, usize) {
         let assigned = self.assigned_rx.borrow().clone();
         let plan = make_plan(&config.resources, &self.host, &assigned);
         self.hello_tx
@@ -151,6 +215,57 @@ impl Agent {
         tracing::info!(kept, stopped, started, digest = %config.digest, "plan applied");
         self.config = config;
         self.plan = plan;
+        (kept, stopped, started)
+    }
+
+    /// SIGHUP: move to a freshly loaded config (already validated) resolved for `host`.
+    /// Probe changes are a diff (see `replan`); a change of plugin_dir, run_as or
+    /// max_parallel restarts every probe (they are part of how each one runs); a change of
+    /// the controller list re-makes the link. A different host is refused.
+    pub async fn reload(&mut self, config: Config, host: &str) -> Result<Reloaded, ReloadError> {
+        if host != self.host {
+            return Err(ReloadError::HostChanged {
+                old: self.host.clone(),
+                new: host.to_owned(),
+            });
+        }
+        let old = &self.config.agent;
+        let new = &config.agent;
+        let probes_restarted = old.plugin_dir != new.plugin_dir
+            || old.run_as != new.run_as
+            || old.max_parallel != new.max_parallel;
+        let link_restarted = old.controllers != new.controllers;
+        if old.metrics != new.metrics {
+            tracing::warn!(old = ?old.metrics, new = ?new.metrics, "the metrics address changes at the next restart");
+        }
+        if probes_restarted {
+            tracing::info!("plugin_dir, run_as or max_parallel changed: restarting every probe");
+            let mut ctx = self.scheduler.context().clone();
+            ctx.plugin_dir = new.plugin_dir.clone();
+            ctx.run_as = new.run_as.clone();
+            let fresh = Scheduler::new(
+                self.store.clone(),
+                ctx,
+                new.max_parallel,
+                self.shutdown.child_token(),
+            );
+            std::mem::replace(&mut self.scheduler, fresh).stop().await;
+            self.stats_tx.send_replace(self.scheduler.stats.clone());
+        }
+        if link_restarted {
+            tracing::info!(controllers = ?new.controllers, "controller list changed: reconnecting");
+            self.stop_link(Duration::from_secs(3)).await;
+            self.config.agent.controllers = new.controllers.clone();
+            self.start_link();
+        }
+        let (kept, stopped, started) = self.replan(config);
+        Ok(Reloaded {
+            kept,
+            stopped,
+            started,
+            probes_restarted,
+            link_restarted,
+        })
     }
 
     /// Resolves when the controller changes this host's shared-instance assignment.
@@ -161,12 +276,36 @@ impl Agent {
         }
     }
 
-    /// Stop probing (killing running probe groups), then the link, waiting at most `grace`.
-    pub async fn stop(self, grace: Duration) {
+    /// For the watchdog: the link task has not died under us (it only ends on shutdown).
+    pub fn healthy(&self) -> bool {
+        self.link.as_ref().is_none_or(|l| !l.handle.is_finished())
+    }
+
+    /// One line for systemd's STATUS=.
+    pub fn status_line(&self) -> String {
+        let link = match self.link_stats.state() {
+            LinkState::Connected { controller } => format!("connected to {controller}"),
+            LinkState::Connecting => "connecting".to_owned(),
+            LinkState::Backoff if self.link.is_none() => "no controllers".to_owned(),
+            LinkState::Backoff => "controller unreachable, retrying".to_owned(),
+            LinkState::Stopped => "stopped".to_owned(),
+        };
+        format!(
+            "{} probes, {} skipped; config {}; {link}",
+            self.plan.tasks.len(),
+            self.plan.skipped.len(),
+            self.config.digest
+        )
+    }
+
+    /// Stop probing (killing running probe groups and waiting for them), then the link
+    /// (which flushes a last batch if connected), waiting at most `grace` for it.
+    pub async fn stop(mut self, grace: Duration) {
+        let link = self.link.take();
         self.scheduler.stop().await;
-        self.shutdown.cancel();
-        if let Some(link) = self.link {
-            let _ = tokio::time::timeout(grace, link).await;
+        if let Some(link) = link {
+            link.stop(grace).await;
         }
+        self.shutdown.cancel();
     }
 }

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod link;
+pub mod metrics;
 pub mod plan;
 pub mod probe;
 pub mod report;

@@ -14,6 +14,7 @@ use xce_agent::config::{self, Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
 use xce_agent::link::receiver;
+use xce_agent::metrics;
 use xce_agent::plan::{make_plan, Plan};
 use xce_agent::probe::builtin;
 use xce_agent::probe::BuiltinSource;
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
             Some(Command::Check) => cmd_check(&cli.common).await,
             Some(Command::Probe { name }) => cmd_probe(&cli.common, name).await,
             Some(Command::Listen { addr, format, ack }) => cmd_listen(addr, *format, *ack).await,
+            Some(Command::GenerateAssets { dir }) => cmd_generate_assets(dir),
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
         }
@@ -63,6 +65,8 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(level: Option<&str>, interactive: bool) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::EnvFilter;
     // Interactive commands print their results on stdout; only warnings belong on stderr.
     let default = if interactive { "warn" } else { "info" };
@@ -70,13 +74,42 @@ fn init_logging(level: Option<&str>, interactive: bool) {
         .map(EnvFilter::new)
         .or_else(|| EnvFilter::try_from_default_env().ok())
         .unwrap_or_else(|| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
+    // Under systemd with stderr going to the journal, log to the journal directly: it keeps
+    // the level as the entry's priority and the fields as fields. Anything else (a terminal,
+    // a file, the journal socket unavailable) gets plain lines on stderr.
+    let journald = (!interactive && stderr_is_journal())
+        .then(|| tracing_journald::layer().ok())
+        .flatten();
+    let fmt = journald.is_none().then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(journald)
+        .with(fmt)
         .try_init();
 }
+
+/// systemd sets JOURNAL_STREAM=DEV:INODE for the stream it connects to stderr; the variable
+/// is inherited, so it only counts when it names our stderr (sd_journal_stream_fd(3)).
+fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd as _;
+    let Some(value) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = value.to_str().and_then(|v| v.split_once(':')) else {
+        return false;
+    };
+    let Ok(st) = nix::sys::stat::fstat(std::io::stderr().as_fd()) else {
+        return false;
+    };
+    dev.parse::<u64>().ok() == Some(st.st_dev) && ino.parse::<u64>().ok() == Some(st.st_ino)
+}
+
+use systemd::NotifyState;
 
 fn host_name(common: &Common, config: &Config) -> anyhow::Result<String> {
     if let Some(h) = common.host.clone().or_else(|| config.agent.host.clone()) {
@@ -324,6 +357,23 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     };
     become_subreaper();
     let host = host_name(common, &config)?;
+    // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
+    // not kill the process with the default action).
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        anyhow::bail!("cannot install signal handlers");
+    };
+    let metrics_listener = match &config.agent.metrics {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("metrics: cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
     let sampler_stop = CancellationToken::new();
     let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());
     let mut agent = Agent::start(
@@ -332,25 +382,139 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
         Arc::new(builtin::Live(sampler)),
         LinkConfig::default(),
     );
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        anyhow::bail!("cannot install signal handlers");
-    };
+    let metrics_stop = CancellationToken::new();
+    if let Some(listener) = metrics_listener {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "metrics endpoint listening");
+        }
+        let sources = metrics::Sources {
+            store: agent.store.clone(),
+            link: agent.link_stats.clone(),
+            probes: agent.stats(),
+        };
+        tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
+    }
+    systemd::notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&agent.status_line()),
+    ]);
+    // systemd wants a ping at least every WATCHDOG_USEC; half of it leaves room for a slow
+    // tick. The ping comes from this loop, so a wedged loop stops the pings.
+    let mut watchdog = sd_notify::watchdog_enabled().map(|period| {
+        let mut t = tokio::time::interval((period / 2).max(Duration::from_millis(10)));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut link_state = agent.link_stats.subscribe();
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = hup.recv() => {
+                systemd::reloading();
+                reload(common, &mut agent).await;
+                systemd::notify(&[NotifyState::Ready, NotifyState::Status(&agent.status_line())]);
+            }
             _ = agent.assignment_changed() => {
                 let config = agent.config.clone();
                 agent.replan(config);
+                systemd::notify(&[NotifyState::Status(&agent.status_line())]);
+            }
+            Ok(()) = link_state.changed() => {
+                systemd::notify(&[NotifyState::Status(&agent.status_line())]);
+            }
+            _ = async {
+                match watchdog.as_mut() {
+                    Some(t) => { t.tick().await; }
+                    None => std::future::pending().await,
+                }
+            } => {
+                if agent.healthy() {
+                    systemd::notify(&[NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("the controller link task died; withholding the watchdog ping");
+                }
             }
         }
     }
     tracing::info!("stopping");
+    systemd::notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    metrics_stop.cancel();
     agent.stop(Duration::from_secs(3)).await;
     sampler_stop.cancel();
+    tracing::info!("stopped");
+    Ok(EXIT_OK)
+}
+
+/// SIGHUP: load both files again and move the agent to them. Any error keeps the running
+/// config; every error is logged on its own line with its file:line:column.
+async fn reload(common: &Common, agent: &mut Agent) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    let config = match config::load(&common.config, common.resources.as_deref()) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors.0 {
+                tracing::error!("{e}");
+            }
+            tracing::error!(
+                errors = errors.0.len(),
+                "reload failed; still running the previous configuration"
+            );
+            return;
+        }
+    };
+    let host = match host_name(common, &config) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("reload failed: {e:#}; still running the previous configuration");
+            return;
+        }
+    };
+    if config.digest == agent.config.digest {
+        tracing::info!("configuration unchanged");
+        return;
+    }
+    match agent.reload(config, &host).await {
+        Ok(r) => tracing::info!(
+            kept = r.kept,
+            stopped = r.stopped,
+            started = r.started,
+            probes_restarted = r.probes_restarted,
+            link_restarted = r.link_restarted,
+            "reloaded"
+        ),
+        Err(e) => {
+            tracing::error!("reload refused: {e}; still running the previous configuration")
+        }
+    }
+}
+
+/// systemd notifications. Without NOTIFY_SOCKET (not under systemd) they are no-ops; a
+/// failed send is logged, never fatal.
+mod systemd {
+    pub use sd_notify::NotifyState;
+
+    pub fn notify(states: &[NotifyState]) {
+        if let Err(e) = sd_notify::notify(states) {
+            tracing::warn!(error = %e, "cannot notify systemd");
+        }
+    }
+
+    /// RELOADING=1 with the MONOTONIC_USEC that systemd >= 253 requires next to it.
+    pub fn reloading() {
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => notify(&[NotifyState::Reloading, now]),
+            Err(_) => notify(&[NotifyState::Reloading]),
+        }
+    }
+}
+
+fn cmd_generate_assets(dir: &std::path::Path) -> anyhow::Result<u8> {
+    let written = xce_agent::cli::generate_assets(dir)
+        .with_context(|| format!("cannot write assets into {}", dir.display()))?;
+    for path in written {
+        println!("{}", path.display());
+    }
     Ok(EXIT_OK)
 }
 

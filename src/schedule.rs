@@ -34,6 +34,33 @@ pub struct ProbeStats {
     pub restarts: AtomicU64,
     pub last_success_ms: AtomicU64,
     pub last_duration_us: AtomicU64,
+    pub duration: DurationHistogram,
+}
+
+/// Run durations in fixed buckets (seconds, Prometheus `le` bounds): lock-free counters, so
+/// recording a run never waits on a scrape.
+#[derive(Debug, Default)]
+pub struct DurationHistogram {
+    /// Non-cumulative: `buckets[i]` counts runs in (BOUNDS[i-1], BOUNDS[i]]; the last is +Inf.
+    pub buckets: [AtomicU64; DurationHistogram::BOUNDS.len() + 1],
+    pub sum_us: AtomicU64,
+    pub count: AtomicU64,
+}
+
+impl DurationHistogram {
+    pub const BOUNDS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = Self::BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(Self::BOUNDS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +104,7 @@ impl Stats {
         }
         s.last_duration_us
             .store(run.duration.as_micros() as u64, Ordering::Relaxed);
+        s.duration.observe(run.duration);
     }
 }
 

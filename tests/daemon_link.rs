@@ -277,8 +277,6 @@ async fn sigterm_stops_the_daemon_and_closes_the_stream_cleanly() {
 /// A service manager may stop the agent at any moment, including while it starts. Once the
 /// agent is streaming, SIGTERM must be a clean stop, never death by the default action.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: cmd_daemon installs its SIGTERM/SIGINT handlers only after Agent::start, \
-            so a SIGTERM while the link already streams can kill the process (signal 15)"]
 async fn sigterm_right_after_the_first_snapshot_is_a_clean_stop() {
     for _ in 0..10 {
         let mut ctl = Controller::bind(ListenOpts::default()).await;

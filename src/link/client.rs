@@ -214,6 +214,11 @@ pub async fn run(
             let started = Instant::now();
             let mut session = Session::new(stream, &cfg, &store, &stats, &assigned, &shutdown);
             let end = session.run(addr, &mut hello).await;
+            if matches!(end, Err(SessionError::Shutdown)) && session.seq > 0 {
+                // Connected and stopping: the controller gets what changed since the last
+                // batch, so a clean stop loses no value.
+                session.flush(&mut hello).await;
+            }
             session.reader.abort();
             match end {
                 Err(SessionError::Shutdown) => break 'rounds,
@@ -283,7 +288,16 @@ struct Session<'a> {
     sent_version: u64,
     sent_generation: u64,
     last_write: Instant,
+    /// Set during the final flush: writes no longer give way to the shutdown.
+    closing: bool,
+    /// A write was abandoned for the shutdown, maybe halfway through a frame: nothing more
+    /// may go on this connection.
+    torn: bool,
 }
+
+/// The final flush on shutdown is bounded by this (or the write timeout, if shorter), so a
+/// controller that stopped reading cannot hold up the agent's exit.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl<'a> Session<'a> {
     fn new(
@@ -310,6 +324,34 @@ impl<'a> Session<'a> {
             sent_version: 0,
             sent_generation: 0,
             last_write: Instant::now(),
+            closing: false,
+            torn: false,
+        }
+    }
+
+    /// On shutdown: send what the controller has not seen yet (hello + snapshot after a
+    /// reload it missed, else the delta), then close the connection, within a bound.
+    async fn flush(&mut self, hello: &mut watch::Receiver<Arc<Hello>>) {
+        self.closing = true;
+        if self.torn {
+            let _ = tokio::time::timeout(FLUSH_TIMEOUT, self.writer.shutdown()).await;
+            return;
+        }
+        let bound = self.cfg.write_timeout.min(FLUSH_TIMEOUT);
+        let work = async {
+            let reload = hello.has_changed().unwrap_or(false)
+                || self.store_rx.borrow().generation != self.sent_generation;
+            if reload {
+                self.resync(hello).await?;
+            } else {
+                self.delta().await?;
+            }
+            self.writer.shutdown().await.map_err(SessionError::Write)
+        };
+        match tokio::time::timeout(bound, work).await {
+            Ok(Ok(())) => debug!("last batch flushed; connection closed"),
+            Ok(Err(e)) => warn!(error = %e, "could not flush the last batch"),
+            Err(_) => warn!(?bound, "controller did not take the last batch in time"),
         }
     }
 
@@ -432,8 +474,13 @@ impl<'a> Session<'a> {
         self.stats
             .max_in_flight
             .fetch_max(in_flight, Ordering::Relaxed);
+        let closing = self.closing;
+        let shutdown = self.shutdown;
         let result = tokio::select! {
-            _ = self.shutdown.cancelled() => Err(SessionError::Shutdown),
+            _ = shutdown.cancelled(), if !closing => {
+                self.torn = true;
+                Err(SessionError::Shutdown)
+            }
             r = tokio::time::timeout(self.cfg.write_timeout, self.writer.write_all(&frame)) => match r {
                 Err(_) => {
                     LinkStats::add(&self.stats.write_timeouts, 1);
