@@ -1,6 +1,7 @@
 //! The scheduler: no overlapping runs, a global budget, readings into the store. Tokio's
-//! clock is paused, so ticks come as fast as the runtime is idle: no sleeps, no timing
-//! assumptions; the probes are real processes blocked on a FIFO until the test releases them.
+//! clock is paused, so the scheduler's ticks cost no real time; the probes are real processes
+//! blocked on a FIFO until the test releases them, so no assertion depends on how fast
+//! anything runs.
 
 mod common;
 
@@ -22,13 +23,17 @@ fn lines(path: &std::path::Path) -> usize {
         .unwrap_or(0)
 }
 
-/// Advance the paused clock one second at a time until `done`, at most `max` seconds.
-async fn advance_until(max: u64, mut done: impl FnMut() -> bool) -> bool {
-    for _ in 0..max {
+/// Advance the paused clock a second at a time, giving the real probe processes a few real
+/// milliseconds between steps (the paused clock does not wait for process I/O), until `done`.
+/// The real-time limit is a hang guard, not a timing assertion.
+async fn advance_until(mut done: impl FnMut() -> bool) -> bool {
+    let guard = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < guard {
         if done() {
             return true;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+        std::thread::sleep(Duration::from_millis(5));
     }
     done()
 }
@@ -73,7 +78,8 @@ async fn a_probe_still_running_is_skipped_not_overlapped() {
     let (s, fifo, runs) = blocking_setup(&["slow"]);
     let (sched, store) = start(&s, 8);
     let stats = sched.stats.probe("slow");
-    assert!(advance_until(120, || stats.skipped_overlap.load(Ordering::Relaxed) >= 3).await);
+    assert!(advance_until(|| lines(&runs) == 1).await);
+    assert!(advance_until(|| stats.skipped_overlap.load(Ordering::Relaxed) >= 3).await);
     assert_eq!(
         lines(&runs),
         1,
@@ -90,7 +96,7 @@ async fn a_probe_still_running_is_skipped_not_overlapped() {
     .await
     .unwrap();
     assert_eq!(store.get("slow", "").unwrap().value, Value::Numeric(1.0));
-    assert!(advance_until(120, || lines(&runs) >= 2).await);
+    assert!(advance_until(|| lines(&runs) >= 2).await);
     sched.stop().await;
 }
 
@@ -98,14 +104,17 @@ async fn a_probe_still_running_is_skipped_not_overlapped() {
 async fn max_parallel_bounds_running_probes() {
     let (s, fifo, runs) = blocking_setup(&["a", "b", "c"]);
     let (sched, _store) = start(&s, 2);
-    assert!(advance_until(120, || lines(&runs) >= 2).await);
+    assert!(advance_until(|| lines(&runs) >= 2).await);
     // Plenty of ticks later, the third probe still waits for a slot.
-    for _ in 0..30 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let mut ticks = 0;
+    advance_until(|| {
+        ticks += 1;
+        ticks > 30
+    })
+    .await;
     assert_eq!(lines(&runs), 2);
     // One finishes: the waiting one gets its slot.
     std::fs::write(&fifo, "go\n").unwrap();
-    assert!(advance_until(120, || lines(&runs) >= 3).await);
+    assert!(advance_until(|| lines(&runs) >= 3).await);
     sched.stop().await;
 }
