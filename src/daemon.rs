@@ -15,8 +15,21 @@ use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
 use crate::probe::{BuiltinSource, ProbeContext};
-use crate::schedule::{Scheduler, Stats};
+use crate::schedule::Scheduler;
+use crate::stats::Stats;
 use crate::store::{Declared, Store};
+
+/// Load both files and check what only the layers above config know (the builtin catalogue).
+pub fn load_config(
+    agent_path: &std::path::Path,
+    resources_override: Option<&std::path::Path>,
+) -> Result<Config, crate::config::ConfigErrors> {
+    let config = crate::config::load(agent_path, resources_override)?;
+    config
+        .resources
+        .check_builtin_indices(&crate::probe::builtin::index_names())?;
+    Ok(config)
+}
 
 /// The store's slots for a plan: one per fed resource and instance.
 pub fn declared(plan: &Plan) -> Vec<Declared> {

@@ -1,7 +1,8 @@
 //! xce-agent: the worker-side dynamic resource agent of the xce cluster scheduler.
 //!
 //! Layers, each importing only those below it:
-//! `value` -> `config` -> `plan` -> `probe` -> `store` -> `schedule` -> `link` -> `cli`.
+//! `value` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
+//! `daemon`, `metrics`, `report` -> `cli` and the binary.
 
 pub mod cli;
 pub mod config;
@@ -12,5 +13,6 @@ pub mod plan;
 pub mod probe;
 pub mod report;
 pub mod schedule;
+pub mod stats;
 pub mod store;
 pub mod value;

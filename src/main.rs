@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use xce_agent::cli::{Cli, Command, Common, Format};
-use xce_agent::config::{self, Config, ProbeKind};
+use xce_agent::config::{Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
 use xce_agent::link::receiver;
@@ -121,7 +121,7 @@ fn host_name(common: &Common, config: &Config) -> anyhow::Result<String> {
 
 /// Load both files; on error print every problem with its position and return None.
 fn load(common: &Common) -> Option<Config> {
-    match config::load(&common.config, common.resources.as_deref()) {
+    match xce_agent::daemon::load_config(&common.config, common.resources.as_deref()) {
         Ok(c) => {
             for (res, field, pos) in &c.resources.ignored_fields {
                 tracing::debug!(
@@ -450,7 +450,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
 /// config; every error is logged on its own line with its file:line:column.
 async fn reload(common: &Common, agent: &mut Agent) {
     tracing::info!("SIGHUP: reloading the configuration");
-    let config = match config::load(&common.config, common.resources.as_deref()) {
+    let config = match xce_agent::daemon::load_config(&common.config, common.resources.as_deref()) {
         Ok(c) => c,
         Err(errors) => {
             for e in &errors.0 {

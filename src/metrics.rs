@@ -18,7 +18,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::link::client::{LinkState, LinkStats};
-use crate::schedule::{DurationHistogram, Stats};
+use crate::stats::{DurationHistogram, Stats};
 use crate::store::Store;
 use crate::value::{Status, Value};
 

@@ -4,7 +4,7 @@
 //! never overlapped; a global budget caps how many run at once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +17,7 @@ use crate::config::ProbeKind;
 use crate::plan::{Plan, ProbeTask};
 use crate::probe::exec::OutputLog;
 use crate::probe::{self, Outcome, ProbeContext, ProbeRun};
+use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::Reading;
 
@@ -24,88 +25,25 @@ use crate::value::Reading;
 /// an hourly probe must not leave its value pending for an hour.
 pub const STARTUP_SPREAD: Duration = Duration::from_secs(15);
 
-/// Per-probe counters, read by the metrics endpoint.
-#[derive(Debug, Default)]
-pub struct ProbeStats {
-    pub ok: AtomicU64,
-    pub failed: AtomicU64,
-    pub timeout: AtomicU64,
-    pub skipped_overlap: AtomicU64,
-    pub restarts: AtomicU64,
-    pub last_success_ms: AtomicU64,
-    pub last_duration_us: AtomicU64,
-    pub duration: DurationHistogram,
-}
-
-/// Run durations in fixed buckets (seconds, Prometheus `le` bounds): lock-free counters, so
-/// recording a run never waits on a scrape.
-#[derive(Debug, Default)]
-pub struct DurationHistogram {
-    /// Non-cumulative: `buckets[i]` counts runs in (BOUNDS[i-1], BOUNDS[i]]; the last is +Inf.
-    pub buckets: [AtomicU64; DurationHistogram::BOUNDS.len() + 1],
-    pub sum_us: AtomicU64,
-    pub count: AtomicU64,
-}
-
-impl DurationHistogram {
-    pub const BOUNDS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = Self::BOUNDS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(Self::BOUNDS.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct Stats {
-    probes: Mutex<BTreeMap<String, Arc<ProbeStats>>>,
-}
-
-impl Stats {
-    pub fn probe(&self, name: &str) -> Arc<ProbeStats> {
-        self.probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(name.to_owned())
-            .or_default()
-            .clone()
-    }
-
-    pub fn all(&self) -> Vec<(String, Arc<ProbeStats>)> {
-        self.probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
-
-    fn count(&self, name: &str, run: &ProbeRun) {
-        let s = self.probe(name);
-        match run.outcome {
-            Outcome::Ok => {
-                s.ok.fetch_add(1, Ordering::Relaxed);
-                s.last_success_ms
-                    .store(crate::value::unix_ms(SystemTime::now()), Ordering::Relaxed);
-            }
-            Outcome::Failed => {
-                s.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            Outcome::TimedOut => {
-                s.timeout.fetch_add(1, Ordering::Relaxed);
-            }
+/// Count one run in its probe's counters.
+fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
+    let s = stats.probe(name);
+    match run.outcome {
+        Outcome::Ok => {
+            s.ok.fetch_add(1, Ordering::Relaxed);
+            s.last_success_ms
+                .store(crate::value::unix_ms(SystemTime::now()), Ordering::Relaxed);
         }
-        s.last_duration_us
-            .store(run.duration.as_micros() as u64, Ordering::Relaxed);
-        s.duration.observe(run.duration);
+        Outcome::Failed => {
+            s.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        Outcome::TimedOut => {
+            s.timeout.fetch_add(1, Ordering::Relaxed);
+        }
     }
+    s.last_duration_us
+        .store(run.duration.as_micros() as u64, Ordering::Relaxed);
+    s.duration.observe(run.duration);
 }
 
 /// The next wall-clock slot of a probe: the first t > now with (t - splay) % interval == 0.
@@ -305,7 +243,7 @@ async fn run_one(
         return;
     };
     let run = probe::run_once(task, ctx).await;
-    stats.count(&task.name, &run);
+    count_run(stats, &task.name, &run);
     output_log
         .lock()
         .unwrap_or_else(|p| p.into_inner())

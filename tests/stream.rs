@@ -11,7 +11,7 @@ use common::{declare, load_task, resource, wait_for, Setup};
 use tokio_util::sync::CancellationToken;
 use xce_agent::probe::stream::{self, Line, LineSplitter};
 use xce_agent::probe::{run_once, Outcome};
-use xce_agent::schedule::Stats;
+use xce_agent::stats::Stats;
 use xce_agent::store::Store;
 use xce_agent::value::{Status, Value};
 

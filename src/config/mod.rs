@@ -78,7 +78,6 @@ pub fn load(agent_path: &Path, resources_override: Option<&Path>) -> Result<Conf
         agent.resources = PathBuf::from(r);
     }
     let (resources, res_text) = load_resources(&agent.resources)?;
-    resources.check_builtin_indices(&crate::probe::builtin::index_names())?;
     let digest = format!(
         "{:016x}",
         fnv1a(&[agent_text.as_bytes(), b"\0", res_text.as_bytes()])

@@ -23,7 +23,7 @@ use super::process::{self, signal_group, Exit, Spawned, Tail};
 use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
 use crate::config::{Format, StreamSpec};
 use crate::plan::ProbeTask;
-use crate::schedule::Stats;
+use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::Reading;
 

@@ -1,0 +1,72 @@
+//! Counters per probe (runs by outcome, durations, restarts), written by the scheduler and
+//! the stream supervisor, read by the metrics endpoint. Lock-free: counting a run never waits
+//! on a scrape.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Per-probe counters, read by the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct ProbeStats {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    pub timeout: AtomicU64,
+    pub skipped_overlap: AtomicU64,
+    pub restarts: AtomicU64,
+    pub last_success_ms: AtomicU64,
+    pub last_duration_us: AtomicU64,
+    pub duration: DurationHistogram,
+}
+
+/// Run durations in fixed buckets (seconds, Prometheus `le` bounds): lock-free counters, so
+/// recording a run never waits on a scrape.
+#[derive(Debug, Default)]
+pub struct DurationHistogram {
+    /// Non-cumulative: `buckets[i]` counts runs in (BOUNDS[i-1], BOUNDS[i]]; the last is +Inf.
+    pub buckets: [AtomicU64; DurationHistogram::BOUNDS.len() + 1],
+    pub sum_us: AtomicU64,
+    pub count: AtomicU64,
+}
+
+impl DurationHistogram {
+    pub const BOUNDS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = Self::BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(Self::BOUNDS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    probes: Mutex<BTreeMap<String, Arc<ProbeStats>>>,
+}
+
+impl Stats {
+    pub fn probe(&self, name: &str) -> Arc<ProbeStats> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    pub fn all(&self) -> Vec<(String, Arc<ProbeStats>)> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
