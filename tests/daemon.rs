@@ -371,3 +371,42 @@ async fn systemd_ready_reloading_watchdog_stopping() {
         .expect("wait");
     assert!(status.success(), "{status:?}\n{}", daemon.stderr());
 }
+
+/// Reloading agent.yaml itself: a new controller list moves the stream to the new controller
+/// (hello + full snapshot there), and a new plugin_dir restarts the probes from it.
+#[tokio::test]
+async fn sighup_applies_new_controllers_and_plugin_dir() {
+    let mut old_ctl = Controller::bind(ListenOpts::default()).await;
+    let mut new_ctl = Controller::bind(ListenOpts::default()).await;
+    let setup = Setup::new(&format!("resources:\n{}", resource("which", "1s", "5s")));
+    let other = setup.path().join("other-plugins");
+    std::fs::create_dir(&other).unwrap();
+    setup.script("which", "#!/bin/sh\necho 1\n");
+    common::script(&other, "which", "#!/bin/sh\necho 2\n");
+    let agent_yaml = |controller: &str, plugin_dir: &Path| {
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\n{AS_ME}controllers: [\"{controller}\"]\n",
+            plugin_dir.display()
+        )
+    };
+    std::fs::write(
+        setup.agent_yaml(),
+        agent_yaml(&old_ctl.addr.to_string(), setup.path()),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&setup, &[]);
+    old_ctl.next_hello_and_snapshot().await;
+    until_value(&mut old_ctl, "which", |v| v == 1.0).await;
+
+    std::fs::write(
+        setup.agent_yaml(),
+        agent_yaml(&new_ctl.addr.to_string(), &other),
+    )
+    .unwrap();
+    daemon.signal(Signal::SIGHUP);
+    let (hello, _) = new_ctl.next_hello_and_snapshot().await;
+    assert!(hello.resources.iter().any(|d| d.name == "which"));
+    until_value(&mut new_ctl, "which", |v| v == 2.0).await;
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "{stderr}");
+}
