@@ -8,6 +8,7 @@
 //! Run: `cargo bench --bench exec_cpu` (env RUNS, default 2000 per side).
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -99,6 +100,19 @@ fn main() {
             .expect("spawn");
         assert!(out.status.success() && out.stdout == b"1\n");
     };
+    // The same, with a no-op pre_exec hook and its own process group, as process.rs sets
+    // them: a pre_exec hook makes std fork() instead of posix_spawn (vfork-like).
+    let forked_once = || {
+        let mut cmd = Command::new(&script);
+        cmd.env_clear()
+            .env("PATH", probe::process::PROBE_PATH)
+            .stdin(Stdio::null())
+            .process_group(0);
+        // SAFETY: the hook does nothing.
+        unsafe { cmd.pre_exec(|| Ok(())) };
+        let out = cmd.output().expect("spawn");
+        assert!(out.status.success() && out.stdout == b"1\n");
+    };
     let agent_once = || {
         rt.block_on(async {
             let r = probe::run_once(&task, &ctx).await;
@@ -108,14 +122,16 @@ fn main() {
     // Warm up both paths (page cache, runtime threads, allocator).
     for _ in 0..50 {
         bare_once();
+        forked_once();
         agent_once();
     }
-    let (mut bare, mut agent) = (Side::default(), Side::default());
+    let (mut bare, mut forked, mut agent) = (Side::default(), Side::default(), Side::default());
     // Interleave blocks so background load on the shared machine hits both sides alike.
     let block = 100.min(runs);
     let mut done = 0;
     while done < runs {
         bare.measure(block, || (0..block).for_each(|_| bare_once()));
+        forked.measure(block, || (0..block).for_each(|_| forked_once()));
         agent.measure(block, || (0..block).for_each(|_| agent_once()));
         done += block;
     }
@@ -127,7 +143,8 @@ fn main() {
         "| side | parent CPU/run (µs) | children CPU/run (µs) | wall/run (µs) |\n|---|---|---|---|"
     );
     for (name, s) in [
-        ("bare std Command::output()", &bare),
+        ("bare std Command::output() (posix_spawn)", &bare),
+        ("same + process_group(0) + no-op pre_exec (fork)", &forked),
         ("xce_agent::probe::run_once", &agent),
     ] {
         println!(
@@ -137,8 +154,11 @@ fn main() {
             s.per_run(s.wall)
         );
     }
+    let ratio = |a: &Side, b: &Side| a.self_cpu.as_secs_f64() / b.self_cpu.as_secs_f64().max(1e-9);
     println!(
-        "ratio parent CPU agent/bare = {:.2}x (target <= 1.5x)",
-        agent.self_cpu.as_secs_f64() / bare.self_cpu.as_secs_f64().max(1e-9)
+        "ratio parent CPU agent/bare = {:.2}x (target <= 1.5x); agent/fork = {:.2}x; fork/bare = {:.2}x",
+        ratio(&agent, &bare),
+        ratio(&agent, &forked),
+        ratio(&forked, &bare)
     );
 }
