@@ -185,7 +185,9 @@ async fn probe_loop(
     cancel: CancellationToken,
 ) {
     if let ProbeKind::Stream(_) = task.kind {
-        probe::stream::supervise(task, ctx, store, stats, cancel).await;
+        // Boxed: inline, the supervisor's (large) state machine would make every probe's
+        // loop future as big, and an idle agent holds one per probe (10,000 resources).
+        Box::pin(probe::stream::supervise(task, ctx, store, stats, cancel)).await;
         return;
     }
     let spread = task.interval.min(STARTUP_SPREAD);
@@ -219,9 +221,13 @@ async fn probe_loop(
             output_log.clone(),
         );
         inflight = Some(tokio::spawn(async move {
+            // Boxed so the run's large state machine is freed when the run ends: the task's
+            // own allocation lives on until its handle is dropped at the next slot (an hour
+            // for some probes), and an idle agent holds one per probe.
+            let run = Box::pin(run_one(&task, &ctx, &store, &budget, &stats, &output_log));
             tokio::select! {
                 _ = cancel.cancelled() => {}
-                _ = run_one(&task, &ctx, &store, &budget, &stats, &output_log) => {}
+                _ = run => {}
             }
         }));
     }
