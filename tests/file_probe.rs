@@ -140,3 +140,16 @@ async fn blocking_path_times_out_without_piling_up() {
     // Unblock the stuck reader so the test leaves no thread behind.
     drop(std::fs::OpenOptions::new().write(true).open(&p).unwrap());
 }
+
+/// Two resources reading the same file at the same moment both get the value: only a read
+/// that outlived its timeout marks a path as blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_of_one_path_both_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("shared");
+    std::fs::write(&p, "9\n").unwrap();
+    let runs = futures::future::join_all((0..16).map(|_| probe(&p, "", "numeric"))).await;
+    for r in runs {
+        assert_eq!(r.readings[0].1, Reading::Ok(Value::Numeric(9.0)));
+    }
+}

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use super::{Outcome, ProbeRun};
@@ -14,22 +14,23 @@ use crate::config::FileSpec;
 use crate::plan::ProbeTask;
 use crate::value::Reading;
 
-/// Paths whose read is still blocked in the kernel after its timeout.
+/// Paths whose read outlived its timeout and is still blocked in the kernel. Only those:
+/// two resources reading one path at the same moment is normal and both get their value.
 fn stuck() -> &'static Mutex<HashSet<PathBuf>> {
     static STUCK: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
     STUCK.get_or_init(Default::default)
 }
 
-/// Releases the path's "stuck" mark when the blocking read finally returns.
-struct InFlight(PathBuf);
+fn lock_stuck() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
+    stuck().lock().unwrap_or_else(|p| p.into_inner())
+}
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        stuck()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.0);
-    }
+/// One read's state, decided under the `stuck` lock so that "finished" and "timed out"
+/// cannot both miss each other: whichever comes second sees the other.
+#[derive(Default)]
+struct ReadState {
+    finished: bool,
+    timed_out: bool,
 }
 
 #[derive(Debug)]
@@ -106,27 +107,38 @@ pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> Prob
     let t0 = std::time::Instant::now();
     let fail =
         |why: String, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
-    {
-        let mut stuck = stuck().lock().unwrap_or_else(|p| p.into_inner());
-        if !stuck.insert(spec.path.clone()) {
-            return fail(
-                format!(
-                    "an earlier read of {} is still blocked (hung filesystem?)",
-                    spec.path.display()
-                ),
-                Outcome::TimedOut,
-            );
-        }
+    if lock_stuck().contains(&spec.path) {
+        return fail(
+            format!(
+                "an earlier read of {} is still blocked (hung filesystem?)",
+                spec.path.display()
+            ),
+            Outcome::TimedOut,
+        );
     }
-    let guard = InFlight(spec.path.clone());
+    let state = Arc::new(Mutex::new(ReadState::default()));
     let (path, max_bytes, max_age) = (spec.path.clone(), spec.max_bytes, spec.max_age);
+    let read_state = state.clone();
     let read = tokio::task::spawn_blocking(move || {
         let r = read_bounded(&path, max_bytes, max_age);
-        drop(guard);
+        let mut stuck = lock_stuck();
+        let mut st = read_state.lock().unwrap_or_else(|p| p.into_inner());
+        st.finished = true;
+        if st.timed_out {
+            stuck.remove(&path);
+        }
         r
     });
     let result = match tokio::time::timeout(task.timeout, read).await {
         Err(_) => {
+            {
+                let mut stuck = lock_stuck();
+                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+                if !st.finished {
+                    st.timed_out = true;
+                    stuck.insert(spec.path.clone());
+                }
+            }
             return fail(
                 format!(
                     "read of {} timed out after {}",
@@ -134,7 +146,7 @@ pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> Prob
                     humantime::format_duration(task.timeout)
                 ),
                 Outcome::TimedOut,
-            )
+            );
         }
         Ok(Err(join)) => Err(format!("read task failed: {join}")),
         Ok(Ok(r)) => r,
