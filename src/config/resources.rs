@@ -240,6 +240,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
         }
     }
     check_provides(&mut errs, &out.resources, &raw_probes);
+    REGEXES.with(|cache| cache.borrow_mut().clear());
     errs.finish()?;
     Ok(out)
 }
@@ -689,6 +690,24 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
     }
 }
 
+thread_local! {
+    /// Patterns compiled during one `parse`: a compiled regex costs tens of KiB, and a file
+    /// with thousands of resources often repeats one pattern. `Regex` clones share the
+    /// compiled program.
+    static REGEXES: std::cell::RefCell<BTreeMap<String, Regex>> = Default::default();
+}
+
+fn compile_shared(pattern: &str) -> Result<Regex, regex::Error> {
+    REGEXES.with(|cache| {
+        if let Some(re) = cache.borrow().get(pattern) {
+            return Ok(re.clone());
+        }
+        let re = Regex::new(pattern)?;
+        cache.borrow_mut().insert(pattern.to_owned(), re.clone());
+        Ok(re)
+    })
+}
+
 fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
     let Some(path) = &raw.path else {
         errs.at(pos, "file probes need `path`");
@@ -700,16 +719,19 @@ fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
             format!("file probe path {:?} must be absolute", path.value),
         );
     }
-    let regex = raw.regex.as_ref().and_then(|r| match Regex::new(&r.value) {
-        Ok(re) => Some(re),
-        Err(e) => {
-            errs.at(
-                Pos::of(r),
-                format!("bad regex: {}", e.to_string().replace('\n', " ")),
-            );
-            None
-        }
-    });
+    let regex = raw
+        .regex
+        .as_ref()
+        .and_then(|r| match compile_shared(&r.value) {
+            Ok(re) => Some(re),
+            Err(e) => {
+                errs.at(
+                    Pos::of(r),
+                    format!("bad regex: {}", e.to_string().replace('\n', " ")),
+                );
+                None
+            }
+        });
     let max_bytes = match &raw.max_bytes {
         None => DEFAULT_FILE_MAX_BYTES,
         Some(m) => match m.value.to_bytes() {

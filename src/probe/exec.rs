@@ -46,15 +46,43 @@ pub fn credentials_for(
     if user == "root" {
         return Ok(None);
     }
-    Credentials::resolve(user).map(Some)
+    resolve_cached(user).map(Some)
 }
 
+/// The agent's own user name, looked up once (its uid does not change).
 pub fn current_user_name() -> String {
-    let uid = nix::unistd::geteuid();
-    nix::unistd::User::from_uid(uid)
-        .ok()
-        .flatten()
-        .map_or_else(|| uid.to_string(), |u| u.name)
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let uid = nix::unistd::geteuid();
+        nix::unistd::User::from_uid(uid)
+            .ok()
+            .flatten()
+            .map_or_else(|| uid.to_string(), |u| u.name)
+    })
+    .clone()
+}
+
+/// How long a looked-up user (uid, gid, groups) is reused: a run every second must not read
+/// /etc/passwd and /etc/group every second, and a change of groups still applies within
+/// a minute.
+const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
+
+fn resolve_cached(user: &str) -> Result<Credentials, String> {
+    type Cache = std::collections::HashMap<String, (Instant, Credentials)>;
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<Cache>> = std::sync::OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let now = Instant::now();
+    if let Some((at, c)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(user) {
+        if now.duration_since(*at) < CREDENTIALS_TTL {
+            return Ok(c.clone());
+        }
+    }
+    let c = Credentials::resolve(user)?;
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(user.to_owned(), (now, c.clone()));
+    Ok(c)
 }
 
 /// The child's whole environment: fixed PATH, the XCE_* variables, then the probe's `env:`.

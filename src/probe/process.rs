@@ -215,6 +215,19 @@ impl Drop for GroupGuard {
     }
 }
 
+/// A crashing probe must not fill the disk with cores. On the posix_spawn path there is no
+/// hook in the child, so the agent's own core limit (which children inherit) goes to 0, once.
+/// The agent loses its own core dumps with it, which on a node daemon that may hold
+/// credentials in memory is no loss.
+fn no_core_dumps_for_children() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = setrlimit(Rlimit::RLIMIT_CORE, 0, 0) {
+            tracing::warn!("cannot set RLIMIT_CORE to 0: {e}");
+        }
+    });
+}
+
 fn build_command(spec: &ChildSpec) -> tokio::process::Command {
     let mut cmd = std::process::Command::new(&spec.program);
     cmd.args(&spec.args)
@@ -226,6 +239,14 @@ fn build_command(spec: &ChildSpec) -> tokio::process::Command {
         .stderr(Stdio::piped())
         // Own process group: one signal reaches every descendant that did not setsid.
         .process_group(0);
+    if spec.credentials.is_none() && spec.limits == Limits::default() {
+        // Nothing to do between fork and exec: leave std on its posix_spawn path (vfork-like,
+        // much cheaper than fork for a large agent). The core limit is inherited instead.
+        no_core_dumps_for_children();
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(true);
+        return cmd;
+    }
     let creds = spec.credentials.clone();
     let limits = spec.limits.clone();
     // SAFETY: the closure runs in the forked child before exec and only makes
