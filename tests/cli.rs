@@ -214,3 +214,18 @@ fn shipped_example_config_is_valid() {
         "node001 is in ib_up's host range: {stdout}"
     );
 }
+
+#[test]
+fn unknown_builtin_index_is_a_config_error() {
+    let s = Setup::new(
+        "resources:\n  - name: load\n    interval: 15s\n    probe: {kind: builtin, index: r2m}\n",
+    );
+    let out = agent(&s).arg("check").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "{}:4:12: unknown builtin index \"r2m\" for \"load\"; known: r15s, r1m",
+        s.path().join("resources.yaml").display()
+    );
+    assert!(stderr.starts_with(&want), "{stderr}");
+}
