@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use regex::Regex;
@@ -168,7 +169,9 @@ pub struct Limits {
 #[derive(Debug, Clone)]
 pub struct FileSpec {
     pub path: PathBuf,
-    pub regex: Option<Regex>,
+    /// Shared, not cloned: a `Regex` clone gets its own match cache (kilobytes each), and a
+    /// file with thousands of resources often repeats one pattern.
+    pub regex: Option<Arc<Regex>>,
     pub max_age: Option<Duration>,
     pub max_bytes: u64,
 }
@@ -691,18 +694,17 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
 }
 
 thread_local! {
-    /// Patterns compiled during one `parse`: a compiled regex costs tens of KiB, and a file
-    /// with thousands of resources often repeats one pattern. `Regex` clones share the
-    /// compiled program.
-    static REGEXES: std::cell::RefCell<BTreeMap<String, Regex>> = Default::default();
+    /// Patterns compiled during one `parse`: a compiled regex with its match cache costs
+    /// tens of KiB, and a file with thousands of resources often repeats one pattern.
+    static REGEXES: std::cell::RefCell<BTreeMap<String, Arc<Regex>>> = Default::default();
 }
 
-fn compile_shared(pattern: &str) -> Result<Regex, regex::Error> {
+fn compile_shared(pattern: &str) -> Result<Arc<Regex>, regex::Error> {
     REGEXES.with(|cache| {
         if let Some(re) = cache.borrow().get(pattern) {
             return Ok(re.clone());
         }
-        let re = Regex::new(pattern)?;
+        let re = Arc::new(Regex::new(pattern)?);
         cache.borrow_mut().insert(pattern.to_owned(), re.clone());
         Ok(re)
     })
