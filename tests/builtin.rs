@@ -324,27 +324,25 @@ fn utmp_fallback_when_no_logind() {
     assert_num(&s, "ls", 0.0);
 }
 
+/// Creates `root/rel` (and its parents) with its atime `ago` seconds before `wall`.
+fn touch_ago(root: &Path, rel: &str, wall: SystemTime, ago: u64) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, "").unwrap();
+    let file = std::fs::File::options().write(true).open(&p).unwrap();
+    file.set_times(std::fs::FileTimes::new().set_accessed(wall - Duration::from_secs(ago)))
+        .unwrap();
+}
+
+/// The logind fixture of t0 has one session with a terminal: alice on `tty1`.
 #[test]
-fn idle_minutes_from_terminal_and_input_atimes() {
+fn idle_minutes_from_login_terminals_and_input_atimes() {
     let dev = tempfile::tempdir().unwrap();
-    let wall = SystemTime::now();
-    let at = Instant::now();
-    let set_atime = |rel: &str, ago: u64| {
-        let p = dev.path().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, "").unwrap();
-        let t = wall - Duration::from_secs(ago);
-        let file = std::fs::File::options().write(true).open(&p).unwrap();
-        file.set_times(std::fs::FileTimes::new().set_accessed(t))
-            .unwrap();
-    };
-    set_atime("pts/0", 3600);
-    set_atime("tty1", 7200);
-    set_atime("input/event0", 25 * 60 + 59); // the newest: 25 whole minutes
-                                             // Not terminals a user types on: ignored although just touched.
-    set_atime("pts/ptmx", 1);
-    set_atime("ttyS0", 1);
-    set_atime("console", 1);
+    let (wall, at) = (SystemTime::now(), Instant::now());
+    touch_ago(dev.path(), "tty1", wall, 7200);
+    touch_ago(dev.path(), "input/event0", wall, 25 * 60 + 59); // the newest: 25 whole minutes
+    touch_ago(dev.path(), "input/mice", wall, 3000);
+    std::fs::create_dir_all(dev.path().join("input/by-id")).unwrap();
     let mut r = step(0);
     r.dev = dev.path().to_owned();
     let mut s = Sampler::new_pinned(r, at, wall);
@@ -353,6 +351,92 @@ fn idle_minutes_from_terminal_and_input_atimes() {
     // 10 minutes later, nobody typed.
     s.slow_tick(at + Duration::from_secs(600));
     assert_num(&s, "it", 35.0);
+    // Alice types on tty1 (its atime 130 s before that tick): 2 whole minutes.
+    touch_ago(dev.path(), "tty1", wall + Duration::from_secs(1200), 130);
+    s.slow_tick(at + Duration::from_secs(1200));
+    assert_num(&s, "it", 2.0);
+}
+
+#[test]
+fn idle_ignores_terminals_outside_login_sessions() {
+    let dev = tempfile::tempdir().unwrap();
+    let (wall, at) = (SystemTime::now(), Instant::now());
+    touch_ago(dev.path(), "tty1", wall, 7200); // alice's session: 120 minutes
+                                               // Just used, but nobody is logged in on them (logind sessions 2 and 3 have no TTY; the
+                                               // greeter's and the closing session's do not count): not interactive use of the host.
+    for rel in ["tty2", "pts/0", "pts/ptmx", "ttyS0", "console"] {
+        touch_ago(dev.path(), rel, wall, 1);
+    }
+    let mut r = step(0);
+    r.dev = dev.path().to_owned();
+    let mut s = Sampler::new_pinned(r, at, wall);
+    s.slow_tick(at);
+    assert_num(&s, "it", 120.0);
+}
+
+/// One glibc `struct utmp` (384 bytes, x86-64/aarch64 layout) with type, line and user set.
+fn utmp_record(ut_type: i16, line: &str, user: &str) -> Vec<u8> {
+    let mut rec = vec![0u8; 384];
+    rec[..2].copy_from_slice(&ut_type.to_ne_bytes());
+    rec[8..8 + line.len()].copy_from_slice(line.as_bytes());
+    rec[44..44 + user.len()].copy_from_slice(user.as_bytes());
+    rec
+}
+
+#[test]
+fn idle_from_utmp_lines_ignores_hostile_ones() {
+    // <tmp>/host/dev is the dev root; <tmp>/etc/passwd is where "../../etc/passwd" leads.
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("host/dev");
+    let (wall, at) = (SystemTime::now(), Instant::now());
+    touch_ago(&dev, "pts/0", wall, 10 * 60 + 30); // alice: 10 whole minutes
+    touch_ago(&dev, "pts/3", wall, 1); // carol logged out (DEAD_PROCESS)
+    touch_ago(tmp.path(), "etc/passwd", wall, 1);
+    let utmp = tmp.path().join("utmp");
+    let records = [
+        utmp_record(7, "pts/0", "alice"),
+        utmp_record(7, "../../etc/passwd", "mallory"),
+        utmp_record(7, "pts/9", "bob"), // stale: pts/9 no longer exists
+        utmp_record(8, "pts/3", "carol"),
+    ];
+    std::fs::write(&utmp, records.concat()).unwrap();
+    let mut r = step(0);
+    r.run = fixture("proc-x86/no-run");
+    r.utmp = utmp;
+    r.dev = dev;
+    let mut s = Sampler::new_pinned(r, at, wall);
+    s.slow_tick(at);
+    assert_num(&s, "it", 10.0);
+    // mallory is logged in, whatever her line says.
+    assert_num(&s, "ls", 3.0);
+}
+
+#[test]
+fn idle_since_boot_without_login_terminals_or_input_devices() {
+    let dev = tempfile::tempdir().unwrap();
+    let (wall, at) = (SystemTime::now(), Instant::now());
+    // A console just used, but no session is on it.
+    touch_ago(dev.path(), "tty2", wall, 1);
+    let mut r = step(0);
+    r.dev = dev.path().to_owned();
+    let mut s = Sampler::new_pinned(r, at, wall);
+    s.slow_tick(at);
+    // The captured uptime, 755.70 s.
+    assert_num(&s, "it", 12.0);
+}
+
+#[test]
+fn idle_fails_when_the_sessions_cannot_be_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = step(0);
+    r.run = fixture("proc-x86/no-run");
+    // A directory where utmp should be: it exists but cannot be read as a file.
+    r.utmp = tmp.path().to_owned();
+    let mut s = Sampler::new(r);
+    s.slow_tick(Instant::now());
+    let why = failed_reason(&s, "it");
+    assert!(why.contains("login terminals unknown"), "{why}");
+    assert!(failed_reason(&s, "ls").contains("cannot read"));
 }
 
 #[test]

@@ -386,8 +386,9 @@ impl Sampler {
         self.disk_io.sample(roots, buf, now, slots);
         space::sample_memory(roots, buf, slots);
         space::sample_tmp(roots, slots);
-        users::sample(roots, buf, slots);
-        idle::sample(roots, buf, self.clock.wall(now), slots);
+        // One read of logind/utmp: `ls` and the login terminals `it` stats.
+        let login_ttys = users::sample(roots, buf, slots);
+        idle::sample(roots, &login_ttys, buf, self.clock.wall(now), slots);
         self.psi.sample(roots, buf, slots);
         self.gpu.sample(slots);
     }
