@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::process::{self, ChildSpec, Credentials, Ending, Exit};
-use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
+use super::{output, Outcome, ProbeContext, ProbeRun};
 use crate::config::ExecSpec;
 use crate::plan::ProbeTask;
 
@@ -187,24 +187,7 @@ pub async fn run(
                         Outcome::Failed,
                         format!("bad {} output: {e}", spec.format.as_str()),
                     ),
-                    Ok(pairs) => {
-                        let (readings, unexpected) = readings_from_pairs(task, pairs);
-                        let any_failed = readings
-                            .iter()
-                            .any(|(_, r)| matches!(r, crate::value::Reading::Failed(_)));
-                        ProbeRun {
-                            started,
-                            duration: o.duration,
-                            outcome: if any_failed {
-                                Outcome::Failed
-                            } else {
-                                Outcome::Ok
-                            },
-                            readings,
-                            unexpected,
-                            exec: None,
-                        }
-                    }
+                    Ok(pairs) => ProbeRun::from_pairs(task, started, o.duration, pairs),
                 },
             };
             detail.stdout = o.stdout;

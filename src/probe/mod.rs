@@ -90,6 +90,31 @@ impl ProbeRun {
         }
     }
 
+    /// A run whose output parsed: one typed reading per fed resource; failed if any failed.
+    pub fn from_pairs(
+        task: &ProbeTask,
+        started: SystemTime,
+        duration: Duration,
+        pairs: Vec<output::Pair>,
+    ) -> Self {
+        let (readings, unexpected) = readings_from_pairs(task, pairs);
+        let any_failed = readings
+            .iter()
+            .any(|(_, r)| matches!(r, Reading::Failed(_)));
+        Self {
+            started,
+            duration,
+            outcome: if any_failed {
+                Outcome::Failed
+            } else {
+                Outcome::Ok
+            },
+            readings,
+            unexpected,
+            exec: None,
+        }
+    }
+
     /// The error shown for the run as a whole, if any.
     pub fn error(&self) -> Option<&str> {
         self.readings.iter().find_map(|(_, r)| match r {

@@ -585,24 +585,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             };
             ProbeRun::all_failed(task, started, duration, outcome, why)
         }
-        Ok(()) => {
-            let (readings, unexpected) = readings_from_pairs(task, pairs);
-            let any_failed = readings
-                .iter()
-                .any(|(_, r)| matches!(r, Reading::Failed(_)));
-            ProbeRun {
-                started,
-                duration,
-                outcome: if any_failed {
-                    Outcome::Failed
-                } else {
-                    Outcome::Ok
-                },
-                readings,
-                unexpected,
-                exec: None,
-            }
-        }
+        Ok(()) => ProbeRun::from_pairs(task, started, duration, pairs),
     };
     run.exec = Some(detail);
     run
