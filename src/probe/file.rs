@@ -167,16 +167,5 @@ pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> Prob
             },
         },
     };
-    let outcome = match reading {
-        Reading::Ok(_) => Outcome::Ok,
-        _ => Outcome::Failed,
-    };
-    ProbeRun {
-        started,
-        duration: t0.elapsed(),
-        outcome,
-        readings: vec![(task.name.clone(), reading)],
-        unexpected: Vec::new(),
-        exec: None,
-    }
+    ProbeRun::single(task, started, t0.elapsed(), reading)
 }

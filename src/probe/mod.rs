@@ -115,6 +115,28 @@ impl ProbeRun {
         }
     }
 
+    /// A run that gives one reading for the resource it is declared on (builtin, file).
+    /// A failed or stale reading is a failed run; a pending one (a rate's first sample) is not.
+    pub fn single(
+        task: &ProbeTask,
+        started: SystemTime,
+        duration: Duration,
+        reading: Reading,
+    ) -> Self {
+        let outcome = match reading {
+            Reading::Failed(_) | Reading::Stale(_) => Outcome::Failed,
+            Reading::Ok(_) | Reading::Pending(_) => Outcome::Ok,
+        };
+        Self {
+            started,
+            duration,
+            outcome,
+            readings: vec![(task.name.clone(), reading)],
+            unexpected: Vec::new(),
+            exec: None,
+        }
+    }
+
     /// The error shown for the run as a whole, if any.
     pub fn error(&self) -> Option<&str> {
         self.readings.iter().find_map(|(_, r)| match r {
@@ -164,18 +186,7 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
                     "builtin index {index:?} is not available on this host"
                 ))
             });
-            let outcome = match reading {
-                Reading::Failed(_) => Outcome::Failed,
-                _ => Outcome::Ok,
-            };
-            ProbeRun {
-                started,
-                duration: t0.elapsed(),
-                outcome,
-                readings: vec![(task.name.clone(), reading)],
-                unexpected: Vec::new(),
-                exec: None,
-            }
+            ProbeRun::single(task, started, t0.elapsed(), reading)
         }
         ProbeKind::Exec(spec) => exec::run(task, spec, ctx, started).await,
         ProbeKind::File(spec) => file::run(task, spec, started).await,
