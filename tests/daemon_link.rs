@@ -11,8 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use e2e_common::*;
-use link_common::{bound_not_listening, guard, Controller};
-use tokio::io::AsyncReadExt;
+use link_common::{bound_not_listening, guard, read_two_frames, Controller};
 use tokio::net::TcpSocket;
 use xce_agent::link::receiver::{EventKind, ListenOpts};
 use xce_agent::link::wire::{self, Batch, Envelope, Hello};
@@ -482,24 +481,7 @@ async fn capture_of_the_agent_binary_decodes_with_capnp_tool() {
         .expect("accept");
 
     // Raw bytes until they hold two complete frames (hello + full snapshot).
-    let mut capture = Vec::new();
-    let mut buf = [0u8; 4096];
-    let complete = loop {
-        let n = guard("agent bytes", s.read(&mut buf)).await.expect("read");
-        assert!(n > 0, "agent closed early");
-        capture.extend_from_slice(&buf[..n]);
-        let mut rest = &capture[..];
-        let mut frames = 0;
-        while !rest.is_empty()
-            && capnp::serialize::read_message_from_flat_slice(&mut rest, wire::reader_options())
-                .is_ok()
-        {
-            frames += 1;
-        }
-        if frames >= 2 {
-            break capture.len() - rest.len();
-        }
-    };
+    let (capture, complete) = read_two_frames(&mut s).await;
     agent.assert_alive();
     drop(agent);
     let path = site.file("stream.bin");

@@ -354,24 +354,7 @@ async fn capture_decodes_with_the_official_capnp_tool() {
     let (mut s, _) = guard("connect", listener.accept()).await.unwrap();
 
     // Read raw bytes until they hold two complete frames (hello + full snapshot).
-    let mut capture = Vec::new();
-    let mut buf = [0u8; 4096];
-    let complete = loop {
-        let n = guard("agent bytes", s.read(&mut buf)).await.unwrap();
-        assert!(n > 0, "agent closed early");
-        capture.extend_from_slice(&buf[..n]);
-        let mut rest = &capture[..];
-        let mut frames = 0;
-        while !rest.is_empty()
-            && capnp::serialize::read_message_from_flat_slice(&mut rest, wire::reader_options())
-                .is_ok()
-        {
-            frames += 1;
-        }
-        if frames >= 2 {
-            break capture.len() - rest.len();
-        }
-    };
+    let (capture, complete) = read_two_frames(&mut s).await;
     agent.stop().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("stream.bin");

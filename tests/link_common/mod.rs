@@ -206,3 +206,31 @@ pub fn bound_not_listening() -> (TcpSocket, SocketAddr) {
     let addr = s.local_addr().expect("local addr");
     (s, addr)
 }
+
+/// Read raw bytes from an agent until they hold two complete frames (hello + full
+/// snapshot); returns everything read and how many bytes those two frames take.
+pub async fn read_two_frames(s: &mut tokio::net::TcpStream) -> (Vec<u8>, usize) {
+    use tokio::io::AsyncReadExt;
+    let mut capture = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = guard("agent bytes", s.read(&mut buf)).await.expect("read");
+        assert!(n > 0, "agent closed early");
+        capture.extend_from_slice(&buf[..n]);
+        let mut rest = &capture[..];
+        let mut frames = 0;
+        while !rest.is_empty()
+            && capnp::serialize::read_message_from_flat_slice(
+                &mut rest,
+                xce_agent::link::wire::reader_options(),
+            )
+            .is_ok()
+        {
+            frames += 1;
+        }
+        if frames >= 2 {
+            let complete = capture.len() - rest.len();
+            return (capture, complete);
+        }
+    }
+}
