@@ -140,6 +140,21 @@ pub fn child_spec(
     Ok((child, user))
 }
 
+impl ExecDetail {
+    /// Before the child starts: what it will be run with, nothing it did yet.
+    pub fn new(argv: &[String], env: &[(String, String)]) -> Self {
+        Self {
+            argv: argv.to_vec(),
+            user: String::new(),
+            env: env.to_vec(),
+            exit: None,
+            ending: None,
+            stdout: Vec::new(),
+            stderr: String::new(),
+        }
+    }
+}
+
 pub async fn run(
     task: &ProbeTask,
     spec: &ExecSpec,
@@ -148,15 +163,7 @@ pub async fn run(
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
     let env = probe_env(task, &ctx.host, &spec.env);
-    let mut detail = ExecDetail {
-        argv: spec.command.clone(),
-        user: String::new(),
-        env: env.clone(),
-        exit: None,
-        ending: None,
-        stdout: Vec::new(),
-        stderr: String::new(),
-    };
+    let mut detail = ExecDetail::new(&spec.command, &env);
     let (child, user) = match child_spec(task, spec, ctx, env) {
         Ok(c) => c,
         Err(e) => {

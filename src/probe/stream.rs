@@ -442,15 +442,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         );
     };
     let env = stream_env(task, spec, &ctx.host);
-    let mut detail = ExecDetail {
-        argv: spec.exec.command.clone(),
-        user: String::new(),
-        env: env.clone(),
-        exit: None,
-        ending: None,
-        stdout: Vec::new(),
-        stderr: String::new(),
-    };
+    let mut detail = ExecDetail::new(&spec.exec.command, &env);
     let failed = |detail: ExecDetail, outcome, why: String| {
         let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
         run.exec = Some(detail);
