@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use e2e_common::*;
-use link_common::{bound_not_listening, guard, read_two_frames, Controller};
+use link_common::{bound_not_listening, capnp_tool_available, guard, read_two_frames, Controller};
 use tokio::net::TcpSocket;
 use xce_agent::link::receiver::{EventKind, ListenOpts};
 use xce_agent::link::wire::{self, Batch, Envelope, Hello};
@@ -462,12 +462,7 @@ async fn listen_survives_garbage_truncated_and_oversized_frames() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capture_of_the_agent_binary_decodes_with_capnp_tool() {
-    let tool_ok = std::process::Command::new("capnp")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !tool_ok {
-        eprintln!("NOTE: `capnp` not installed; skipping the C++ decode check (CI installs it)");
+    if !capnp_tool_available() {
         return;
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
