@@ -44,10 +44,7 @@ async fn background_child_is_killed_with_the_group() {
 /// Rewrite the resource so the probe gets `D=<the temp dir>` (where it writes its pids).
 /// `pids/` is writable by all: the probe runs as `nobody` when the tests run as root.
 fn with_env(s: Setup, name: &str, probe: &str) -> Setup {
-    use std::os::unix::fs::PermissionsExt;
-    let pids = s.path().join("pids");
-    std::fs::create_dir(&pids).unwrap();
-    std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let pids = common::pids_dir(&s);
     let probe = probe.replace("DIR", &pids.display().to_string());
     std::fs::write(
         s.path().join("resources.yaml"),

@@ -19,9 +19,7 @@ use xce_agent::value::{Status, Value};
 /// writable by the probe user; `DIR` in `probe` becomes that directory.
 fn setup(probe: &str, body: &str) -> Setup {
     let s = Setup::new("resources: []\n");
-    let pids = s.path().join("pids");
-    std::fs::create_dir(&pids).unwrap();
-    std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let pids = common::pids_dir(&s);
     let probe = probe.replace("DIR", &pids.display().to_string());
     std::fs::write(
         s.path().join("resources.yaml"),

@@ -200,3 +200,12 @@ pub fn our_zombie(pid: i32) -> bool {
     let ppid: i32 = f.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     state == Some("Z") && ppid == std::process::id() as i32
 }
+
+/// `pids/` in the setup's dir, writable by all: probes write their pids there, and they run
+/// as `nobody` when the tests run as root.
+pub fn pids_dir(s: &Setup) -> PathBuf {
+    let pids = s.path().join("pids");
+    std::fs::create_dir(&pids).unwrap();
+    std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o777)).unwrap();
+    pids
+}
