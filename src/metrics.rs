@@ -1,19 +1,32 @@
 //! The optional Prometheus endpoint (`metrics: 127.0.0.1:9477` in agent.yaml): every
-//! numeric resval, the probes' own counters and the link's. A tiny HTTP/1.1 server that
-//! answers `GET /metrics` and nothing else: a scrape endpoint needs no HTTP library, and
-//! the bounds (request size, read timeout, concurrent connections) are explicit here.
+//! numeric resval, the probes' own counters and the link's.
 //!
-//! The exposition is written by hand (text format 0.0.4): the values are a snapshot of the
-//! store and the counters at scrape time, which fits a render function better than a
-//! registry of long-lived metric objects.
+//! hyper serves HTTP/1.1 and prometheus-client writes the exposition: the Prometheus text
+//! format 0.0.4 by default, OpenMetrics text when the scraper's `Accept` asks for it. The
+//! values are read from the store and the counters at scrape time by one [`Collector`], so
+//! nothing is kept twice and a scrape always sees the current state.
+//!
+//! Bounds: a request head over [`MAX_REQUEST_BYTES`] is refused (431), a client that has not
+//! sent its head within [`READ_TIMEOUT`] is dropped, a whole connection lives at most
+//! [`CONNECTION_DEADLINE`] (a client that does not read cannot pin a task), and at most
+//! [`MAX_CONNECTIONS`] are open at once. An idle connection is a parked task and a small
+//! buffer, so the cap can be far above what scrapers use: hundreds of idle connections do
+//! not delay a real scrape.
 
-use std::fmt::Write as _;
+use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -23,13 +36,18 @@ use crate::store::Store;
 use crate::value::{Status, Value};
 
 /// A request head longer than this is refused (431): a scraper's is a few hundred bytes.
+/// (hyper's smallest read buffer is 8 KiB, which is also its head limit.)
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
 /// A client that has not sent its request head by then is dropped.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Writing the answer is bounded too: a client that does not read must not pin a task.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// At most this many connections are served at once; others wait in the listen backlog.
-pub const MAX_CONNECTIONS: usize = 16;
+/// Everything a connection may take, head and answer together.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(15);
+/// Connections open at once; past it, new ones wait in the listen backlog until one ends
+/// (each ends within [`CONNECTION_DEADLINE`]).
+pub const MAX_CONNECTIONS: usize = 512;
+
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the endpoint reads at each scrape.
 #[derive(Clone)]
@@ -40,278 +58,323 @@ pub struct Sources {
     pub probes: watch::Receiver<Arc<Stats>>,
 }
 
+impl fmt::Debug for Sources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sources").finish_non_exhaustive()
+    }
+}
+
+/// The exposition formats a scraper may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text 0.0.4, what every scraper reads.
+    PrometheusText,
+    /// OpenMetrics text 1.0.0, for scrapers that say they accept it.
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format an `Accept` header asks for: OpenMetrics only when it is named.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::PrometheusText,
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Format::PrometheusText => PROMETHEUS_TEXT,
+            Format::OpenMetrics => OPENMETRICS_TEXT,
+        }
+    }
+}
+
+/// The registry the endpoint encodes: one collector that reads the sources at scrape time.
+pub fn registry(src: Sources) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Exposition(src)));
+    registry
+}
+
 /// Render the whole exposition.
-pub fn render(src: &Sources) -> String {
+pub fn render(registry: &Registry, format: Format) -> String {
     let mut out = String::with_capacity(4096);
-    render_resources(&mut out, &src.store);
-    let stats = src.probes.borrow().clone();
-    render_probes(&mut out, &stats);
-    render_link(&mut out, &src.link);
+    let written = match format {
+        Format::PrometheusText => {
+            prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
+        }
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, registry),
+    };
+    // Writing into a String cannot fail; a collector error would be a bug here.
+    if let Err(e) = written {
+        tracing::error!(error = %e, "metrics: encoding the exposition failed");
+    }
     out
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+#[derive(Debug)]
+struct Exposition(Sources);
+
+impl Collector for Exposition {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        encode_resources(&mut enc, &self.0.store)?;
+        let stats = self.0.probes.borrow().clone();
+        encode_probes(&mut enc, &stats)?;
+        encode_link(&mut enc, &self.0.link)
+    }
 }
 
-/// Label values escaped as the text format requires.
-fn esc(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
+type Labels<'a, const N: usize> = [(&'static str, &'a str); N];
+
+/// One metric family: its descriptor, then one sample per label set.
+fn family<'a, const N: usize>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (Labels<'a, N>, Sample)>,
+) -> fmt::Result {
+    let mut metric = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, sample) in samples {
+        let mut m = metric.encode_family(&labels)?;
+        match sample {
+            Sample::Gauge(v) => m.encode_gauge(&v)?,
+            Sample::Flag(b) => m.encode_gauge(&u32::from(b))?,
+            Sample::Counter(v) => m.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
         }
     }
-    s
+    Ok(())
 }
 
-/// A float as the text format writes it (`+Inf`, `NaN` never happen: values are finite).
-fn num(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v}")
-    } else if v.is_nan() {
-        "NaN".into()
-    } else if v > 0.0 {
-        "+Inf".into()
-    } else {
-        "-Inf".into()
-    }
+/// A sample's value, typed as its family.
+enum Sample {
+    Gauge(f64),
+    /// A 0/1 state gauge, written as an integer.
+    Flag(bool),
+    Counter(u64),
 }
 
-fn render_resources(out: &mut String, store: &Store) {
+fn encode_resources(enc: &mut DescriptorEncoder, store: &Store) -> fmt::Result {
     let (_, resvals) = store.snapshot();
-    header(
-        out,
+    family(
+        enc,
         "xce_resource_value",
-        "gauge",
         "Latest value of a numeric resource (booleans as 0/1); absent while unknown.",
-    );
-    for r in &resvals {
-        let v = match r.value {
-            Value::Numeric(v) => v,
-            Value::Boolean(b) => f64::from(u8::from(b)),
-            Value::String(_) | Value::Unknown => continue,
-        };
-        let _ = writeln!(
-            out,
-            "xce_resource_value{{name=\"{}\",instance=\"{}\"}} {}",
-            esc(&r.name),
-            esc(&r.instance),
-            num(v)
-        );
-    }
-    header(
-        out,
+        MetricType::Gauge,
+        resvals.iter().filter_map(|r| {
+            let v = match r.value {
+                Value::Numeric(v) => v,
+                Value::Boolean(b) => f64::from(u8::from(b)),
+                Value::String(_) | Value::Unknown => return None,
+            };
+            Some((
+                [("name", r.name.as_str()), ("instance", r.instance.as_str())],
+                Sample::Gauge(v),
+            ))
+        }),
+    )?;
+    family(
+        enc,
         "xce_resource_status",
-        "gauge",
         "1 for the resource's current status (ok, failed, stale, pending), 0 for the others.",
-    );
-    for r in &resvals {
-        for s in [Status::Ok, Status::Failed, Status::Stale, Status::Pending] {
-            let _ = writeln!(
-                out,
-                "xce_resource_status{{name=\"{}\",instance=\"{}\",status=\"{}\"}} {}",
-                esc(&r.name),
-                esc(&r.instance),
-                s.as_str(),
-                u8::from(r.status == s)
-            );
-        }
-    }
-    header(
-        out,
+        MetricType::Gauge,
+        resvals.iter().flat_map(|r| {
+            [Status::Ok, Status::Failed, Status::Stale, Status::Pending].map(|s| {
+                (
+                    [
+                        ("name", r.name.as_str()),
+                        ("instance", r.instance.as_str()),
+                        ("status", s.as_str()),
+                    ],
+                    Sample::Flag(r.status == s),
+                )
+            })
+        }),
+    )?;
+    family(
+        enc,
         "xce_resource_last_report_seconds",
-        "gauge",
         "Unix time of the resource's last good reading.",
-    );
-    for r in &resvals {
-        if let Some(ms) = r.last_report_ms {
-            let _ = writeln!(
-                out,
-                "xce_resource_last_report_seconds{{name=\"{}\",instance=\"{}\"}} {}",
-                esc(&r.name),
-                esc(&r.instance),
-                num(ms as f64 / 1000.0)
-            );
-        }
-    }
+        MetricType::Gauge,
+        resvals.iter().filter_map(|r| {
+            r.last_report_ms.map(|ms| {
+                (
+                    [("name", r.name.as_str()), ("instance", r.instance.as_str())],
+                    Sample::Gauge(ms as f64 / 1000.0),
+                )
+            })
+        }),
+    )
 }
 
-fn render_probes(out: &mut String, stats: &Stats) {
+fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
     let probes = stats.all();
-    header(
-        out,
-        "xce_probe_runs_total",
-        "counter",
+    family(
+        enc,
+        "xce_probe_runs",
         "Probe runs by outcome; skipped_overlap = a tick skipped because the last run was still going.",
-    );
-    for (name, p) in &probes {
-        for (outcome, c) in [
-            ("ok", &p.ok),
-            ("failed", &p.failed),
-            ("timeout", &p.timeout),
-            ("skipped_overlap", &p.skipped_overlap),
-        ] {
-            let _ = writeln!(
-                out,
-                "xce_probe_runs_total{{probe=\"{}\",outcome=\"{outcome}\"}} {}",
-                esc(name),
-                c.load(Ordering::Relaxed)
-            );
-        }
-    }
-    header(
-        out,
+        MetricType::Counter,
+        probes.iter().flat_map(|(name, p)| {
+            [
+                ("ok", &p.ok),
+                ("failed", &p.failed),
+                ("timeout", &p.timeout),
+                ("skipped_overlap", &p.skipped_overlap),
+            ]
+            .map(|(outcome, c)| {
+                (
+                    [("probe", name.as_str()), ("outcome", outcome)],
+                    Sample::Counter(c.load(Ordering::Relaxed)),
+                )
+            })
+        }),
+    )?;
+    let mut durations = enc.encode_descriptor(
         "xce_probe_duration_seconds",
-        "histogram",
         "How long probe runs took.",
-    );
+        None,
+        MetricType::Histogram,
+    )?;
     for (name, p) in &probes {
-        render_histogram(out, "xce_probe_duration_seconds", name, &p.duration);
+        let labels = [("probe", name.as_str())];
+        let (sum, count, buckets) = histogram(&p.duration);
+        durations
+            .encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
     }
-    header(
-        out,
+    family(
+        enc,
         "xce_probe_last_success_seconds",
-        "gauge",
         "Unix time of the probe's last successful run.",
-    );
-    for (name, p) in &probes {
-        let ms = p.last_success_ms.load(Ordering::Relaxed);
-        if ms > 0 {
-            let _ = writeln!(
-                out,
-                "xce_probe_last_success_seconds{{probe=\"{}\"}} {}",
-                esc(name),
-                num(ms as f64 / 1000.0)
-            );
-        }
-    }
-    header(
-        out,
-        "xce_probe_restarts_total",
-        "counter",
+        MetricType::Gauge,
+        probes.iter().filter_map(|(name, p)| {
+            let ms = p.last_success_ms.load(Ordering::Relaxed);
+            (ms > 0).then(|| {
+                (
+                    [("probe", name.as_str())],
+                    Sample::Gauge(ms as f64 / 1000.0),
+                )
+            })
+        }),
+    )?;
+    family(
+        enc,
+        "xce_probe_restarts",
         "Restarts of stream probes.",
-    );
-    for (name, p) in &probes {
-        let _ = writeln!(
-            out,
-            "xce_probe_restarts_total{{probe=\"{}\"}} {}",
-            esc(name),
-            p.restarts.load(Ordering::Relaxed)
-        );
-    }
+        MetricType::Counter,
+        probes.iter().map(|(name, p)| {
+            (
+                [("probe", name.as_str())],
+                Sample::Counter(p.restarts.load(Ordering::Relaxed)),
+            )
+        }),
+    )
 }
 
-fn render_histogram(out: &mut String, metric: &str, probe: &str, h: &DurationHistogram) {
-    let probe = esc(probe);
-    // Read the buckets first and derive the count from them, so the +Inf bucket always
-    // equals _count even while runs are being recorded.
-    let buckets: Vec<u64> = h
+/// A histogram's sum, count and per-bucket (not cumulative) counts, the last at +Inf.
+/// The count is derived from the buckets read, so the +Inf bucket always equals `_count`
+/// even while runs are being recorded.
+fn histogram(h: &DurationHistogram) -> (f64, u64, Vec<(f64, u64)>) {
+    let buckets: Vec<(f64, u64)> = h
         .buckets
         .iter()
-        .map(|b| b.load(Ordering::Relaxed))
+        .enumerate()
+        .map(|(i, b)| {
+            let le = DurationHistogram::BOUNDS
+                .get(i)
+                .copied()
+                .unwrap_or(f64::INFINITY);
+            (le, b.load(Ordering::Relaxed))
+        })
         .collect();
-    let mut cumulative = 0;
-    for (i, n) in buckets.iter().enumerate() {
-        cumulative += n;
-        let le = DurationHistogram::BOUNDS
-            .get(i)
-            .map_or_else(|| "+Inf".to_owned(), |b| num(*b));
-        let _ = writeln!(
-            out,
-            "{metric}_bucket{{probe=\"{probe}\",le=\"{le}\"}} {cumulative}"
-        );
-    }
+    let count = buckets.iter().map(|(_, n)| n).sum();
     let sum = h.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-    let _ = writeln!(out, "{metric}_sum{{probe=\"{probe}\"}} {}", num(sum));
-    let _ = writeln!(out, "{metric}_count{{probe=\"{probe}\"}} {cumulative}");
+    (sum, count, buckets)
 }
 
-fn render_link(out: &mut String, link: &LinkStats) {
+fn encode_link(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
     let state = match link.state() {
         LinkState::Connecting => "connecting",
         LinkState::Connected { .. } => "connected",
         LinkState::Backoff => "backoff",
         LinkState::Stopped => "stopped",
     };
-    header(
-        out,
+    family(
+        enc,
         "xce_link_state",
-        "gauge",
         "1 for the controller link's current state, 0 for the others.",
-    );
-    for s in ["connecting", "connected", "backoff", "stopped"] {
-        let _ = writeln!(
-            out,
-            "xce_link_state{{state=\"{s}\"}} {}",
-            u8::from(s == state)
-        );
-    }
+        MetricType::Gauge,
+        ["connecting", "connected", "backoff", "stopped"]
+            .map(|s| ([("state", s)], Sample::Flag(s == state))),
+    )?;
     let counters = [
         (
-            "xce_link_connects_total",
+            "xce_link_connects",
             "Connections made to a controller.",
             &link.connects,
         ),
         (
-            "xce_link_connect_failures_total",
+            "xce_link_connect_failures",
             "Connection attempts that failed.",
             &link.connect_failures,
         ),
         (
-            "xce_link_disconnects_total",
+            "xce_link_disconnects",
             "Established connections lost (each is followed by a reconnect).",
             &link.disconnects,
         ),
         (
-            "xce_link_batches_total",
+            "xce_link_batches",
             "Batches of resvals sent.",
             &link.batches,
         ),
         (
-            "xce_link_full_batches_total",
+            "xce_link_full_batches",
             "Full snapshots sent (on connect and reload).",
             &link.full_batches,
         ),
+        ("xce_link_heartbeats", "Heartbeats sent.", &link.heartbeats),
+        ("xce_link_resvals_sent", "Resvals sent.", &link.resvals_sent),
         (
-            "xce_link_heartbeats_total",
-            "Heartbeats sent.",
-            &link.heartbeats,
-        ),
-        (
-            "xce_link_resvals_sent_total",
-            "Resvals sent.",
-            &link.resvals_sent,
-        ),
-        (
-            "xce_link_bytes_sent_total",
+            "xce_link_bytes_sent",
             "Bytes written to the controller.",
             &link.bytes_sent,
         ),
         (
-            "xce_link_write_timeouts_total",
+            "xce_link_write_timeouts",
             "Writes abandoned because the controller did not read.",
             &link.write_timeouts,
         ),
         (
-            "xce_link_acks_total",
+            "xce_link_acks",
             "Acks received from the controller.",
             &link.acks,
         ),
     ];
     for (name, help, c) in counters {
-        header(out, name, "counter", help);
-        let _ = writeln!(out, "{name} {}", c.load(Ordering::Relaxed));
+        family::<0>(
+            enc,
+            name,
+            help,
+            MetricType::Counter,
+            [([], Sample::Counter(c.load(Ordering::Relaxed)))],
+        )?;
     }
+    Ok(())
 }
 
-/// Serve `GET /metrics` on `listener` until `shutdown`.
+/// Serve `/metrics` on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, src: Sources, shutdown: CancellationToken) {
+    let registry = Arc::new(registry(src));
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(READ_TIMEOUT)
+        .max_buf_size(MAX_REQUEST_BYTES)
+        // One request per connection, as scrapers do: an idle keep-alive connection
+        // would hold a slot with no deadline of its own.
+        .keep_alive(false);
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -320,106 +383,75 @@ pub async fn serve(listener: TcpListener, src: Sources, shutdown: CancellationTo
             _ = shutdown.cancelled() => return,
             r = listener.accept() => r,
         };
-        match accepted {
-            Ok((stream, _)) => {
-                let src = src.clone();
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    if let Err(e) = answer(stream, &src).await {
-                        tracing::debug!(error = %e, "metrics request failed");
-                    }
-                });
-            }
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
             Err(e) => {
                 // Out of descriptors and the like: wait instead of spinning.
                 tracing::warn!(error = %e, "metrics: accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        }
+        };
+        let registry = registry.clone();
+        let conn = http.serve_connection(
+            TokioIo::new(stream),
+            hyper::service::service_fn(move |req| {
+                let registry = registry.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&req, &registry)) }
+            }),
+        );
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                r = tokio::time::timeout(CONNECTION_DEADLINE, conn) => match r {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "metrics request failed"),
+                    Err(_) => tracing::debug!("metrics connection dropped at its deadline"),
+                    Ok(Ok(())) => {}
+                },
+            }
+        });
     }
 }
 
-/// What a request head asks for.
-#[derive(Debug, PartialEq, Eq)]
-enum Route {
-    Metrics { head_only: bool },
-    NotFound,
-    BadMethod,
-    Bad,
-}
-
-fn route(head: &[u8]) -> Route {
-    let Ok(text) = std::str::from_utf8(head) else {
-        return Route::Bad;
-    };
-    let line = text.lines().next().unwrap_or("");
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Route::Bad;
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Route::Bad;
-    }
-    let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET", "/metrics") => Route::Metrics { head_only: false },
-        ("HEAD", "/metrics") => Route::Metrics { head_only: true },
-        ("GET" | "HEAD", _) => Route::NotFound,
-        _ => Route::BadMethod,
-    }
-}
-
-async fn answer(mut stream: TcpStream, src: &Sources) -> std::io::Result<()> {
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Err(_) => return Ok(()),
-        Ok(r) => r?,
-    };
-    let (status, body, head_only) = match head {
-        None => ("431 Request Header Fields Too Large", String::new(), false),
-        Some(h) => match route(&h) {
-            Route::Metrics { head_only } => ("200 OK", render(src), head_only),
-            Route::NotFound => ("404 Not Found", "not found; try /metrics\n".into(), false),
-            Route::BadMethod => ("405 Method Not Allowed", String::new(), false),
-            Route::Bad => ("400 Bad Request", String::new(), false),
-        },
-    };
-    let mut resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if !head_only {
-        resp.push_str(&body);
-    }
-    match tokio::time::timeout(WRITE_TIMEOUT, async {
-        stream.write_all(resp.as_bytes()).await?;
-        stream.shutdown().await
-    })
-    .await
-    {
-        Ok(r) => r,
-        Err(_) => Ok(()),
-    }
-}
-
-/// Read up to the blank line ending the request head; `None` when it exceeds the limit.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+/// The answer to one request: the exposition for `GET`/`HEAD /metrics` (hyper leaves the
+/// body out for `HEAD`), 404 elsewhere, 405 for other methods.
+fn answer(req: &Request<Incoming>, registry: &Registry) -> Response<String> {
+    let (status, content_type, body) = if req.uri().path() != "/metrics" {
+        if matches!(*req.method(), Method::GET | Method::HEAD) {
+            (
+                StatusCode::NOT_FOUND,
+                PROMETHEUS_TEXT,
+                "not found; try /metrics\n".into(),
+            )
+        } else {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                PROMETHEUS_TEXT,
+                String::new(),
+            )
         }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") {
-            return Ok(Some(buf));
-        }
-        if buf.len() > MAX_REQUEST_BYTES {
-            return Ok(None);
-        }
-    }
+    } else if matches!(*req.method(), Method::GET | Method::HEAD) {
+        let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+        let format = Format::negotiate(accept);
+        (
+            StatusCode::OK,
+            format.content_type(),
+            render(registry, format),
+        )
+    } else {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            PROMETHEUS_TEXT,
+            String::new(),
+        )
+    };
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
 }
 
 #[cfg(test)]
@@ -427,28 +459,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes() {
+    fn openmetrics_only_when_asked_for() {
+        assert_eq!(Format::negotiate(None), Format::PrometheusText);
         assert_eq!(
-            route(b"GET /metrics HTTP/1.1\r\n\r\n"),
-            Route::Metrics { head_only: false }
+            Format::negotiate(Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1")),
+            Format::PrometheusText
         );
         assert_eq!(
-            route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Route::Metrics { head_only: false }
+            Format::negotiate(Some(
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+            )),
+            Format::OpenMetrics
         );
-        assert_eq!(
-            route(b"HEAD /metrics HTTP/1.1\r\n\r\n"),
-            Route::Metrics { head_only: true }
-        );
-        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
-        assert_eq!(route(b"POST /metrics HTTP/1.1\r\n\r\n"), Route::BadMethod);
-        assert_eq!(route(b"garbage\r\n\r\n"), Route::Bad);
-        assert_eq!(route(b"GET /metrics SPDY\r\n\r\n"), Route::Bad);
-        assert_eq!(route(&[0xff, 0xfe, b'\r', b'\n']), Route::Bad);
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(esc("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

@@ -60,8 +60,71 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     setup.script("num", "#!/bin/sh\necho 7\n");
     setup.script("broken", "#!/bin/sh\necho oops >&2\nexit 3\n");
     setup.script("label", "#!/bin/sh\necho \"a \\\"quoted\\\" label\"\n");
+    let (mut daemon, addr) = start(&setup).await;
+
+    let scrape = || request(&addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let want = [
+        "xce_resource_value{name=\"num\",instance=\"\"} 7.0\n",
+        "xce_resource_status{name=\"broken\",instance=\"\",status=\"failed\"} 1\n",
+        "xce_probe_runs_total{probe=\"broken\",outcome=\"failed\"} ",
+        "xce_probe_duration_seconds_bucket{probe=\"num\",le=\"+Inf\"} ",
+        "xce_probe_last_success_seconds{probe=\"num\"} ",
+        "xce_link_connect_failures_total ",
+        "xce_link_state{state=\"",
+        "xce_resource_status{name=\"label\",instance=\"\",status=\"ok\"} 1\n",
+    ];
+    // Values appear once the probes have run (within their first interval).
+    let text = guard("the probes' values in a scrape", async {
+        loop {
+            let resp = scrape().await;
+            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+            assert!(
+                resp.to_ascii_lowercase()
+                    .contains("content-type: text/plain; version=0.0.4"),
+                "{resp}"
+            );
+            let text = body(&resp).to_owned();
+            if want.iter().all(|w| text.contains(w)) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // A string value has a status but no numeric sample.
+    assert!(
+        !text.contains("xce_resource_value{name=\"label\""),
+        "{text}"
+    );
+    assert!(text.contains("xce_probe_runs_total{probe=\"num\",outcome=\"ok\"} "));
+    assert!(text.contains("xce_link_bytes_sent_total 0\n"), "{text}");
+    check_with_python_parser(&text, Parser::Prometheus);
+
+    // Not a scrape.
+    let r = request(&addr, b"GET / HTTP/1.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
+    let r = request(&addr, b"POST /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
+    let r = request(&addr, b"\x00\x01garbage\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 400 "), "{r}");
+    let mut huge = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 64 * 1024));
+    huge.extend_from_slice(b"\r\n\r\n");
+    let r = request(&addr, &huge).await;
+    assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
+    // HEAD: headers only.
+    let r = request(&addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200 ") && body(&r).is_empty(), "{r}");
+    // The endpoint still serves after all that.
+    assert!(scrape().await.starts_with("HTTP/1.1 200 OK"));
+
+    stop(&mut daemon).await;
+}
+
+/// Start the daemon of `setup`; returns it and the metrics address it logged.
+async fn start(setup: &Setup) -> (tokio::process::Child, String) {
     let stderr_path = setup.path().join("daemon.stderr");
-    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+    let daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"))
         .arg("--config")
         .arg(setup.agent_yaml())
         .arg("--log-level")
@@ -89,61 +152,11 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     })
     .await;
 
-    let scrape = || request(&addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-    let want = [
-        "xce_resource_value{name=\"num\",instance=\"\"} 7\n",
-        "xce_resource_status{name=\"broken\",instance=\"\",status=\"failed\"} 1\n",
-        "xce_probe_runs_total{probe=\"broken\",outcome=\"failed\"} ",
-        "xce_probe_duration_seconds_bucket{probe=\"num\",le=\"+Inf\"} ",
-        "xce_probe_last_success_seconds{probe=\"num\"} ",
-        "xce_link_connect_failures_total ",
-        "xce_link_state{state=\"",
-        "xce_resource_status{name=\"label\",instance=\"\",status=\"ok\"} 1\n",
-    ];
-    // Values appear once the probes have run (within their first interval).
-    let text = guard("the probes' values in a scrape", async {
-        loop {
-            let resp = scrape().await;
-            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
-            assert!(
-                resp.contains("Content-Type: text/plain; version=0.0.4"),
-                "{resp}"
-            );
-            let text = body(&resp).to_owned();
-            if want.iter().all(|w| text.contains(w)) {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    // A string value has a status but no numeric sample.
-    assert!(
-        !text.contains("xce_resource_value{name=\"label\""),
-        "{text}"
-    );
-    assert!(text.contains("xce_probe_runs_total{probe=\"num\",outcome=\"ok\"} "));
-    assert!(text.contains("xce_link_bytes_sent_total 0\n"), "{text}");
-    check_with_python_parser(&text);
+    (daemon, addr)
+}
 
-    // Not a scrape.
-    let r = request(&addr, b"GET / HTTP/1.1\r\n\r\n").await;
-    assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
-    let r = request(&addr, b"POST /metrics HTTP/1.1\r\n\r\n").await;
-    assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
-    let r = request(&addr, b"\x00\x01garbage\r\n\r\n").await;
-    assert!(r.starts_with("HTTP/1.1 400 "), "{r}");
-    let mut huge = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
-    huge.extend(std::iter::repeat_n(b'a', 64 * 1024));
-    huge.extend_from_slice(b"\r\n\r\n");
-    let r = request(&addr, &huge).await;
-    assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
-    // HEAD: headers only.
-    let r = request(&addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
-    assert!(r.starts_with("HTTP/1.1 200 ") && body(&r).is_empty(), "{r}");
-    // The endpoint still serves after all that.
-    assert!(scrape().await.starts_with("HTTP/1.1 200 OK"));
-
+/// SIGTERM, and the daemon exits cleanly.
+async fn stop(daemon: &mut tokio::process::Child) {
     let pid = daemon.id().expect("running") as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
@@ -156,13 +169,95 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     assert!(status.success());
 }
 
+/// Hundreds of connections that never send a request (a local user's, or a broken scraper's)
+/// do not delay a real scrape: it is answered while every one of them is still open, i.e.
+/// before the server has timed any of them out.
+#[tokio::test]
+async fn idle_connections_do_not_delay_a_scrape() {
+    let setup = Setup::with_agent(RESOURCES, "run_as: root\nmetrics: 127.0.0.1:0\n");
+    for name in ["num", "broken", "label"] {
+        setup.script(name, "#!/bin/sh\necho 1\n");
+    }
+    let (mut daemon, addr) = start(&setup).await;
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(&addr).await.expect("idle connect");
+        // Half a request head: the server must wait for the rest.
+        s.write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .expect("half head");
+        idle.push(s);
+    }
+    let resp = request(&addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    for (i, s) in idle.iter().enumerate() {
+        let mut buf = [0u8; 1];
+        match s.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => {
+                panic!("idle connection {i} was closed before the scrape was answered: {other:?}")
+            }
+        }
+    }
+    drop(idle);
+    stop(&mut daemon).await;
+}
+
+/// A scraper that asks for OpenMetrics gets it, `# EOF` and all, and the reference
+/// OpenMetrics parser accepts it; one that does not ask gets the Prometheus text format.
+#[tokio::test]
+async fn openmetrics_is_served_when_the_scraper_asks_for_it() {
+    let setup = Setup::with_agent(RESOURCES, "run_as: root\nmetrics: 127.0.0.1:0\n");
+    setup.script("num", "#!/bin/sh\necho 7\n");
+    setup.script("broken", "#!/bin/sh\nexit 3\n");
+    setup.script("label", "#!/bin/sh\necho x\n");
+    let (mut daemon, addr) = start(&setup).await;
+    let ask = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
+    let text = guard("a value in an OpenMetrics scrape", async {
+        loop {
+            let resp = request(&addr, ask).await;
+            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+            assert!(
+                resp.to_ascii_lowercase()
+                    .contains("content-type: application/openmetrics-text; version=1.0.0"),
+                "{resp}"
+            );
+            let text = body(&resp).to_owned();
+            if text.contains("xce_resource_value{name=\"num\",instance=\"\"} 7.0\n") {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    // OpenMetrics names the counter family without `_total`; the sample keeps it.
+    assert!(text.contains("# TYPE xce_probe_runs counter\n"), "{text}");
+    assert!(text.contains("xce_probe_runs_total{probe=\"num\",outcome=\"ok\"} "));
+    check_with_python_parser(&text, Parser::OpenMetrics);
+    let plain = request(&addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(!body(&plain).contains("# EOF"), "{plain}");
+    assert!(body(&plain).contains("# TYPE xce_probe_runs_total counter\n"));
+    stop(&mut daemon).await;
+}
+
+/// Which of the reference client's parsers reads the text.
+#[derive(Clone, Copy)]
+enum Parser {
+    Prometheus,
+    OpenMetrics,
+}
+
 /// Parse the exposition with the reference Python client's parser, which rejects
 /// malformed lines, bad escapes and inconsistent histograms. Skipped (with a note) where
 /// python3 or the `prometheus_client` module is missing; CI installs it.
-fn check_with_python_parser(text: &str) {
+fn check_with_python_parser(text: &str, parser: Parser) {
     const SCRIPT: &str = r#"
 import sys
-from prometheus_client.parser import text_string_to_metric_families
+if sys.argv[1] == "openmetrics":
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+else:
+    from prometheus_client.parser import text_string_to_metric_families
 fams = {f.name: f for f in text_string_to_metric_families(sys.stdin.read())}
 for f in fams.values():
     if f.type == "histogram":
@@ -184,6 +279,10 @@ print(len(fams))
     }
     let mut child = std::process::Command::new("python3")
         .args(["-c", SCRIPT])
+        .arg(match parser {
+            Parser::Prometheus => "prometheus",
+            Parser::OpenMetrics => "openmetrics",
+        })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
