@@ -14,7 +14,7 @@ SETTLE=${SETTLE:-20}      # wait for the first full round (startup spread is 15 
 WORK=$ROOT/target/bench-work
 BIN=$ROOT/target/release/xce-agent
 HZ=$(getconf CLK_TCK)
-ONLY=${ONLY:-1 2 3 4 5 6}  # sections to run, e.g. ONLY="3 5"
+ONLY=${ONLY:-1 2 3 4 5 6 metrics}  # sections to run, e.g. ONLY="3 5"
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 
 rm -rf "$WORK" && mkdir -p "$WORK" && chmod 755 "$WORK"
@@ -127,6 +127,69 @@ for n in 1000 10000; do
     agent_yaml "$d" "$d/resources.yaml"
     idle_rss "$n resources fed by 10 kv exec probes" "$d/agent.yaml"
 done
+echo
+fi
+
+# ---- metrics: /metrics beside 500 idle connections ----------------------------------------
+if want metrics; then
+echo "## /metrics: scrape cost, and 500 idle connections beside it"
+echo
+d=$WORK/metrics && mkdir -p "$d" && chmod 755 "$d"
+gen_file_probes 100 "$d/resources.yaml"
+agent_yaml "$d" "$d/resources.yaml" "metrics: 127.0.0.1:0
+"
+"$BIN" --config "$d/agent.yaml" --log-level info 2>"$d/daemon.log" &
+pid=$!
+sleep "$SETTLE"
+addr=$(grep -o 'metrics endpoint listening addr=[^ ]*' "$d/daemon.log" | head -1 | cut -d= -f2)
+# One Python process: N scrapes alone, then 500 half-sent request heads held open and N
+# scrapes beside them; prints the agent's CPU ticks and RSS at each step (read from /proc).
+python3 - "$pid" "$addr" <<'PY'
+import socket, sys, time
+pid, addr = int(sys.argv[1]), sys.argv[2]
+host, port = addr.rsplit(":", 1)
+hz = 100
+def cpu():
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+def rss():
+    for l in open(f"/proc/{pid}/status"):
+        if l.startswith("VmRSS:"):
+            return int(l.split()[1]) / 1024
+def scrape():
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+    n = 0
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        n += len(b)
+    s.close()
+    return n
+def run(n):
+    c0, t0 = cpu(), time.monotonic()
+    size = 0
+    for _ in range(n):
+        size = scrape()
+    return (cpu() - c0) / hz / n * 1e6, (time.monotonic() - t0) / n * 1e3, size
+N = 500
+print("| step | agent CPU per scrape (us) | wall per scrape (ms) | VmRSS MiB | body bytes |")
+print("|---|---|---|---|---|")
+r0 = rss()
+cpu_us, wall_ms, size = run(N)
+print(f"| {N} scrapes, nothing else open | {cpu_us:.0f} | {wall_ms:.2f} | {rss():.1f} (idle {r0:.1f}) | {size} |")
+idle = []
+for _ in range(500):
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    idle.append(s)
+time.sleep(0.5)
+r1 = rss()
+cpu_us, wall_ms, size = run(N)
+print(f"| {N} scrapes beside 500 idle connections | {cpu_us:.0f} | {wall_ms:.2f} | {r1:.1f} with them open | {size} |")
+PY
+kill -TERM "$pid"; wait "$pid" || true
 echo
 fi
 
