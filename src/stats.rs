@@ -17,6 +17,8 @@ pub struct ProbeStats {
     pub restarts: AtomicU64,
     pub last_success_ms: AtomicU64,
     pub last_duration_us: AtomicU64,
+    /// Unix ms of the next scheduled run (0: not scheduled, e.g. a stream).
+    pub next_due_ms: AtomicU64,
     pub duration: DurationHistogram,
 }
 
