@@ -29,7 +29,7 @@ resources:
 
 /// A site whose agent serves its status socket in the site's directory. `mode.sh` prints
 /// the content of `mode` and fails when it is `fail`.
-fn site(controllers: &[String], extra: &str) -> Site {
+fn status_site(controllers: &[String], extra: &str) -> Site {
     let site = Site::new(controllers, RESOURCES);
     site.counter_script("scratch");
     let d = site.path().display();
@@ -108,7 +108,7 @@ fn resource<'a>(r: &'a StatusReport, name: &str) -> &'a xce_agent::status::Resou
 async fn status_shows_the_daemons_values_and_link_as_table_and_json() {
     let listen = ListenProc::spawn_with(&["--format", "json", "--ack"]);
     let controller = listen.addr.to_string();
-    let site = site(std::slice::from_ref(&controller), "");
+    let site = status_site(std::slice::from_ref(&controller), "");
     let mut agent = site.spawn_agent();
     let (report, code) = wait_status(&site, "values sent and acknowledged", |r| {
         r.link.state == "connected"
@@ -162,7 +162,7 @@ async fn status_shows_the_daemons_values_and_link_as_table_and_json() {
 #[tokio::test]
 async fn a_failing_probe_and_a_vanished_controller_show_in_status() {
     let listen = ListenProc::spawn_with(&["--format", "json"]);
-    let site = site(&[listen.addr.to_string()], "");
+    let site = status_site(&[listen.addr.to_string()], "");
     let _agent = site.spawn_agent();
     wait_status(&site, "the link up and mode ok", |r| {
         r.link.state == "connected" && resource(r, "mode").status.as_str() == "ok"
@@ -215,7 +215,7 @@ async fn a_failing_probe_and_a_vanished_controller_show_in_status() {
 
 #[tokio::test]
 async fn watch_redraws_every_second() {
-    let site = site(&[], "");
+    let site = status_site(&[], "");
     let _agent = site.spawn_agent();
     wait_status(&site, "the daemon to answer", |_| true).await;
     let mut child = status_cmd(&site, &["--watch"])
@@ -237,7 +237,7 @@ async fn watch_redraws_every_second() {
 
 #[tokio::test]
 async fn no_daemon_exits_3_with_what_to_do() {
-    let site = site(&[], "");
+    let site = status_site(&[], "");
     let (code, _, err) = status(&site, &[]);
     assert_eq!(code, 3, "{err}");
     assert!(err.contains(&socket(&site).display().to_string()), "{err}");
@@ -246,7 +246,7 @@ async fn no_daemon_exits_3_with_what_to_do() {
 
 #[tokio::test]
 async fn a_stale_socket_is_replaced_and_a_live_one_is_not_stolen() {
-    let site = site(&[], "");
+    let site = status_site(&[], "");
     // What a daemon killed with SIGKILL leaves: a socket file nobody listens on.
     drop(UnixListener::bind(socket(&site)).expect("bind"));
     assert!(socket(&site).exists());
@@ -299,7 +299,7 @@ async fn an_unprivileged_user_is_refused() {
         eprintln!("skipped: needs root to run the command as nobody");
         return;
     }
-    let site = site(&[], "");
+    let site = status_site(&[], "");
     let mut agent = site.spawn_agent();
     agent.wait_log("status socket listening", 1).await;
     let (code, _, err) = status_as_nobody(&site, NOBODY);
@@ -329,7 +329,7 @@ async fn members_of_status_group_may_read() {
         .ok()
         .flatten()
         .expect("a group with gid 65534");
-    let site = site(&[], &format!("status_group: {}\n", group.name));
+    let site = status_site(&[], &format!("status_group: {}\n", group.name));
     let mut agent = site.spawn_agent();
     agent.wait_log("status socket listening", 1).await;
     let meta = std::fs::metadata(socket(&site)).expect("socket");
@@ -354,7 +354,7 @@ fn exchange(site: &Site, request: &[u8]) -> serde_json::Value {
 
 #[tokio::test]
 async fn bad_requests_get_an_error_and_idle_clients_do_not_stall_the_daemon() {
-    let site = site(&[], "");
+    let site = status_site(&[], "");
     let mut agent = site.spawn_agent();
     agent.wait_log("status socket listening", 1).await;
 
@@ -399,8 +399,8 @@ fn table_listener(only: &str) -> ListenProc {
 async fn listen_shows_several_agents_as_one_table() {
     let mut listen = table_listener("mode,scratch");
     let controller = listen.addr.to_string();
-    let one = site(std::slice::from_ref(&controller), "");
-    let two = site(std::slice::from_ref(&controller), "");
+    let one = status_site(std::slice::from_ref(&controller), "");
+    let two = status_site(std::slice::from_ref(&controller), "");
     let yaml = std::fs::read_to_string(two.agent_yaml()).expect("read");
     std::fs::write(
         two.agent_yaml(),
@@ -437,4 +437,69 @@ async fn listen_shows_several_agents_as_one_table() {
     };
     assert_eq!(rows[0], ["HOST", "LINK", "AGE", "mode", "scratch"]);
     listen.assert_alive();
+}
+
+#[test]
+fn status_socket_and_group_in_agent_yaml() {
+    use xce_agent::config;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("agent.yaml");
+    std::fs::write(&p, "run_as: nobody\n").expect("write");
+    let (agent, _) = config::load_agent(&p).expect("valid");
+    assert_eq!(
+        agent.status_socket_path(),
+        std::path::Path::new("/run/xce-agent/status.sock")
+    );
+    std::fs::write(&p, "status_socket: run/s.sock\nstatus_group: adm\n").expect("write");
+    let (agent, _) = config::load_agent(&p).expect("valid");
+    assert_eq!(agent.status_socket_path(), dir.path().join("run/s.sock"));
+    assert_eq!(agent.status_group.as_deref(), Some("adm"));
+    std::fs::write(&p, "status_socket: \"\"\nstatus_group: \" \"\n").expect("write");
+    let e = config::load_agent(&p).expect_err("empty").0;
+    assert!(
+        e[0].to_string()
+            .ends_with("agent.yaml:1:16: status_socket is empty"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].to_string()
+            .ends_with("agent.yaml:2:15: status_group is empty"),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_explicit_status_socket_that_cannot_be_bound_stops_the_start() {
+    let site = status_site(&[], "");
+    let text = std::fs::read_to_string(site.agent_yaml()).expect("read");
+    let text = text.replace(
+        "status_socket: status.sock",
+        "status_socket: no/such/dir/s.sock",
+    );
+    std::fs::write(site.agent_yaml(), text).expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--config")
+        .arg(site.agent_yaml())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("directory does not exist"), "{err}");
+    // A regular file where the socket goes is never removed.
+    let other = status_site(&[], "");
+    std::fs::write(socket(&other), "precious").expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--config")
+        .arg(other.agent_yaml())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is not a socket"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(socket(&other)).expect("kept"),
+        "precious"
+    );
 }
