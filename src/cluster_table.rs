@@ -288,6 +288,13 @@ mod tests {
             lines[2].split_whitespace().collect::<Vec<_>>(),
             ["node002", "up", "3s", "5", "7.5!"]
         );
+        let view = |in_place| TableView {
+            only: Vec::new(),
+            refresh: Duration::from_secs(1),
+            in_place,
+        };
+        assert!(c.frame(&view(true), t0).starts_with("\x1b[H\x1b[2JHOST"));
+        assert!(c.frame(&view(false), t0).starts_with("--- "));
         c.apply(&event(1, "node002", EventKind::Closed(None)), t0);
         let only = c.render(&["scratch".to_owned()], t0);
         assert!(

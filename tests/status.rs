@@ -503,3 +503,26 @@ async fn an_explicit_status_socket_that_cannot_be_bound_stops_the_start() {
         "precious"
     );
 }
+
+#[tokio::test]
+async fn a_reload_shows_as_a_new_config_generation() {
+    let site = status_site(&[], "");
+    let mut agent = site.spawn_agent();
+    let (before, _) = wait_status(&site, "the first answer", |_| true).await;
+    assert_eq!(before.config.generation, 1);
+    let more = format!(
+        "{RESOURCES}  - name: extra\n    valtype: numeric\n    interval: 1s\n    \
+         resourcemap: [{{location: [default]}}]\n    probe: {{kind: exec, command: [scratch.sh]}}\n"
+    );
+    site.write_atomic("resources.yaml", &more);
+    let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    let (after, _) = wait_status(&site, "generation 2", |r| r.config.generation == 2).await;
+    assert_ne!(after.config.digest, before.config.digest);
+    assert!(after.config.loaded_ms >= before.config.loaded_ms);
+    assert!(
+        after.resources.iter().any(|r| r.name == "extra"),
+        "{after:?}"
+    );
+    agent.assert_alive();
+}

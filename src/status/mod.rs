@@ -323,3 +323,44 @@ fn link_info(src: &Sources, controllers: &[String]) -> LinkInfo {
         batches: load(&l.batches),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_value_and_an_error_answer_survive_the_round_trip() {
+        let r = ResourceInfo {
+            name: "mem".into(),
+            instance: String::new(),
+            value: Value::Unknown,
+            status: Status::Pending,
+            last_report_ms: None,
+            error: None,
+            probe: "mem".into(),
+            kind: "builtin".into(),
+            interval_ms: 15_000,
+            next_run_ms: None,
+        };
+        let text = serde_json::to_string(&r).expect("serialize");
+        assert!(text.contains("\"value\":null"), "{text}");
+        assert_eq!(
+            serde_json::from_str::<ResourceInfo>(&text).expect("parse"),
+            r
+        );
+        let e: Response = serde_json::from_str(r#"{"version":1,"error":"permission denied"}"#)
+            .expect("parse error answer");
+        assert!(
+            matches!(e, Response::Error(ErrorReply { error, .. }) if error == "permission denied")
+        );
+    }
+
+    #[test]
+    fn a_request_may_be_empty_and_refuses_unknown_fields() {
+        assert_eq!(
+            serde_json::from_str::<Request>("{}").expect("empty"),
+            Request::default()
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"nmes": ["x"]}"#).is_err());
+    }
+}
