@@ -63,6 +63,15 @@ impl Stats {
             .clone()
     }
 
+    /// The counters of `name`, if it ever counted anything (a lookup, no insert).
+    pub fn get(&self, name: &str) -> Option<Arc<ProbeStats>> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
     pub fn all(&self) -> Vec<(String, Arc<ProbeStats>)> {
         self.probes
             .lock()

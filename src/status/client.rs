@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::UnixStream;
 
 use super::server::PERMISSION_DENIED;
-use super::{Request, Response, StatusReport, PROTOCOL_VERSION};
+use super::{ErrorReply, Request, Response, StatusReport, PROTOCOL_VERSION};
 
 /// The daemon answers from memory; a daemon that takes longer is wedged.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,8 +84,17 @@ async fn exchange(path: &Path, names: &[String]) -> Result<StatusReport, ClientE
         .read_to_end(&mut body)
         .await
         .map_err(io)?;
-    let answer: Response = serde_json::from_slice(&body)
-        .map_err(|e| ClientError::BadAnswer(format!("{e} ({} bytes)", body.len())))?;
+    // The state first, the error shape only when that fails: an untagged `Response` would
+    // buffer a whole answer (megabytes for 10,000 resources) before trying either.
+    let answer = match serde_json::from_slice::<StatusReport>(&body) {
+        Ok(report) => Response::Status(Box::new(report)),
+        Err(e) => match serde_json::from_slice::<ErrorReply>(&body) {
+            Ok(error) => Response::Error(error),
+            Err(_) => {
+                return Err(ClientError::BadAnswer(format!("{e} ({} bytes)", body.len())));
+            }
+        },
+    };
     match answer {
         Response::Status(report) if report.version == PROTOCOL_VERSION => Ok(*report),
         Response::Status(report) => Err(ClientError::BadAnswer(format!(
