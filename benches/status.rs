@@ -57,9 +57,13 @@ fn main() {
         ));
     }
     std::fs::write(dir.path().join("resources.yaml"), yaml).expect("write resources");
-    std::fs::write(dir.path().join("agent.yaml"), "host: node001\nrun_as: root\n").expect("write");
-    let config = xce_agent::daemon::load_config(&dir.path().join("agent.yaml"), None)
-        .expect("valid config");
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "host: node001\nrun_as: root\n",
+    )
+    .expect("write");
+    let config =
+        xce_agent::daemon::load_config(&dir.path().join("agent.yaml"), None).expect("valid config");
     let plan = xce_agent::plan::make_plan(&config.resources, "node001", &BTreeSet::new());
     let store = Arc::new(Store::new());
     store.declare(xce_agent::daemon::declared(&plan));

@@ -91,7 +91,10 @@ async fn exchange(path: &Path, names: &[String]) -> Result<StatusReport, ClientE
         Err(e) => match serde_json::from_slice::<ErrorReply>(&body) {
             Ok(error) => Response::Error(error),
             Err(_) => {
-                return Err(ClientError::BadAnswer(format!("{e} ({} bytes)", body.len())));
+                return Err(ClientError::BadAnswer(format!(
+                    "{e} ({} bytes)",
+                    body.len()
+                )));
             }
         },
     };

@@ -205,18 +205,31 @@ async fn answer(mut stream: UnixStream, src: &Sources, group: Option<Gid>) -> st
     };
     let mut body = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
     body.push(b'\n');
-    match tokio::time::timeout(WRITE_TIMEOUT, async {
+    let written = tokio::time::timeout(WRITE_TIMEOUT, async {
         stream.write_all(&body).await?;
         stream.shutdown().await
     })
-    .await
-    {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "client did not read the answer",
-        )),
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "client did not read the answer",
+            ))
+        }
     }
+    // Closing with unread bytes queued (a refused or oversized request) would make the
+    // kernel reset the connection, and the client lose the answer: take what is left, within
+    // the same bounds, until the client closes.
+    let mut rest = (&mut stream).take(MAX_REQUEST_BYTES as u64 * 4);
+    let _ = tokio::time::timeout(
+        READ_TIMEOUT,
+        tokio::io::copy(&mut rest, &mut tokio::io::sink()),
+    )
+    .await;
+    Ok(())
 }
 
 /// The text of the refusal; the client recognises it and says what to do.
