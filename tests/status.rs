@@ -526,3 +526,85 @@ async fn a_reload_shows_as_a_new_config_generation() {
     );
     agent.assert_alive();
 }
+
+#[tokio::test]
+async fn a_client_that_does_not_read_a_large_answer_is_dropped_and_stalls_nothing() {
+    // 8,000 resources fed by 8 kv probes: an answer of megabytes, more than a unix socket
+    // buffers, so a client that does not read leaves the daemon's write blocked.
+    const PROBES: usize = 8;
+    const EACH: usize = 1000;
+    let mut yaml = String::from("resources:\n");
+    for p in 0..PROBES {
+        let provides: Vec<String> = (1..EACH).map(|i| format!("big{p}_{i}")).collect();
+        yaml.push_str(&format!(
+            "  - name: big{p}_0\n    interval: 2s\n    resourcemap: [{{location: [default]}}]\n    \
+             probe: {{kind: exec, command: [big.sh, \"{p}\"], format: kv, provides: [{}]}}\n",
+            provides.join(", ")
+        ));
+        for name in &provides {
+            yaml.push_str(&format!("  - name: {name}\n    interval: 2s\n"));
+        }
+    }
+    let site = Site::new(&[], &yaml);
+    let d = site.path().display();
+    site.script(
+        "big.sh",
+        &format!("#!/bin/sh\necho run >> {d}/big.runs\ni=0\nwhile [ $i -lt {EACH} ]; do echo \"big$1_$i = $i\"; i=$((i+1)); done\n"),
+    );
+    let mut agent = std::fs::OpenOptions::new()
+        .append(true)
+        .open(site.agent_yaml())
+        .expect("open agent.yaml");
+    writeln!(agent, "status_socket: status.sock").expect("append");
+    let mut agent = site.spawn_agent();
+    wait_status(&site, "every value ok", |r| {
+        r.resources.len() == PROBES * EACH && r.resources.iter().all(|x| x.status.as_str() == "ok")
+    })
+    .await;
+
+    let mut stuck = UnixStream::connect(socket(&site)).expect("connect");
+    stuck.write_all(b"{}\n").expect("request");
+    // The daemon answers others meanwhile and goes on probing.
+    let (code, out, err) = status(&site, &["big0_0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("big0_0"), "{out}");
+    site.wait_runs("big", site.runs("big") + 2).await;
+    // The stuck client is dropped (its peer hangs up while the answer is still unread)...
+    {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd as _;
+        // No events asked for: poll wakes on POLLHUP alone, which a unix socket reports
+        // once its peer is gone (data still unread or not).
+        let mut fds = [PollFd::new(stuck.as_fd(), PollFlags::empty())];
+        let guard = PollTimeout::try_from(e2e_common::HANG_GUARD).expect("timeout");
+        poll(&mut fds, guard).expect("poll");
+        let hung_up = fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+        assert!(
+            hung_up,
+            "the daemon never dropped the client that does not read"
+        );
+    }
+    // ...and what it finally reads is a cut-off answer.
+    stuck
+        .set_read_timeout(Some(e2e_common::HANG_GUARD))
+        .expect("read timeout");
+    let mut body = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        match stuck.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading the stuck client's answer: {e}"),
+        }
+    }
+    assert!(!body.is_empty(), "the answer had started");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&body).is_err(),
+        "a whole answer of {} bytes: the daemon was not stuck on this client",
+        body.len()
+    );
+    agent.assert_alive();
+}
