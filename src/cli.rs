@@ -74,6 +74,20 @@ pub enum Command {
         /// The resource whose probe to run.
         name: String,
     },
+    /// Show what the running daemon holds and sends: the link to the controller, then every
+    /// resource's value, status, age, next run and error, read from its status socket
+    /// (agent.yaml's `status_socket`). Exit 0 all ok, 1 a resource failed or is stale or the
+    /// link is down, 2 cannot ask (permission denied, bad config), 3 the daemon is not running.
+    Status {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+        /// Redraw every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Only these resources.
+        names: Vec<String>,
+    },
     /// Write the man pages and the bash, zsh and fish completions into DIR (packaging).
     #[command(hide = true, name = "generate-assets")]
     GenerateAssets {
@@ -84,13 +98,28 @@ pub enum Command {
     Listen {
         /// Address to listen on, e.g. 127.0.0.1:6870.
         addr: String,
-        /// Print JSON lines instead of text.
-        #[arg(long, value_enum, default_value_t = Format::Table)]
-        format: Format,
+        /// `text`: a line per event; `json`: the same as JSON lines; `table`: the cluster
+        /// as a table, a row per host and a column per resource.
+        #[arg(long, value_enum, default_value_t = ListenFormat::Text)]
+        format: ListenFormat,
         /// Acknowledge every batch.
         #[arg(long)]
         ack: bool,
+        /// With --format table: only these resources' columns (repeat or comma-separate).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// With --format table: how often the table is redrawn (default 1s on a terminal,
+        /// 10s otherwise).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        refresh: Option<std::time::Duration>,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListenFormat {
+    Text,
+    Json,
+    Table,
 }
 
 /// Generate the man pages (one per visible subcommand, `xce-agent.1` first) into

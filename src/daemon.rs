@@ -17,6 +17,7 @@ use crate::plan::{make_plan, Plan};
 use crate::probe::{BuiltinSource, ProbeContext};
 use crate::schedule::Scheduler;
 use crate::stats::Stats;
+use crate::status::Loaded;
 use crate::store::{Declared, Store};
 
 /// Load both files and check what only the layers above config know (the builtin catalogue).
@@ -89,6 +90,8 @@ pub struct Agent {
     /// The scheduler's counters; replaced when a reload rebuilds the scheduler.
     stats_tx: watch::Sender<Arc<Stats>>,
     hello_tx: watch::Sender<Arc<wire::Hello>>,
+    /// What `xce-agent status` reports of the configuration and plan.
+    loaded_tx: watch::Sender<Arc<Loaded>>,
     assigned_rx: watch::Receiver<Assigned>,
     boot_id: String,
     plan: Plan,
@@ -156,6 +159,7 @@ impl Agent {
         let (stats_tx, _) = watch::channel(scheduler.stats.clone());
         let link_stats = Arc::new(LinkStats::default());
         let (_, assigned_rx) = watch::channel(Assigned::new());
+        let (loaded_tx, _) = watch::channel(Arc::new(Loaded::new(&config, &plan, 1)));
         tracing::info!(host = %host, probes = plan.tasks.len(), skipped = plan.skipped.len(), controllers = ?config.agent.controllers, "started");
         let mut agent = Self {
             config,
@@ -165,6 +169,7 @@ impl Agent {
             link_stats,
             stats_tx,
             hello_tx,
+            loaded_tx,
             assigned_rx,
             boot_id,
             plan,
@@ -215,6 +220,11 @@ impl Agent {
         self.stats_tx.subscribe()
     }
 
+    /// The configuration and plan as they change (for `xce-agent status`).
+    pub fn loaded(&self) -> watch::Receiver<Arc<Loaded>> {
+        self.loaded_tx.subscribe()
+    }
+
     /// Move to a new config and/or assignment: the hello first, then the store's slots (the
     /// link sends hello + full snapshot on the generation change, both of the new set), then
     /// the probes (unchanged ones keep running).
@@ -226,6 +236,8 @@ impl Agent {
         self.store.declare(declared(&plan));
         let (kept, stopped, started) = self.scheduler.apply(&plan);
         tracing::info!(kept, stopped, started, digest = %config.digest, "plan applied");
+        self.loaded_tx
+            .send_modify(|l| *l = Arc::new(l.next(&config, &plan)));
         self.config = config;
         self.plan = plan;
         (kept, stopped, started)
@@ -248,6 +260,9 @@ impl Agent {
             || old.run_as != new.run_as
             || old.max_parallel != new.max_parallel;
         let link_restarted = old.controllers != new.controllers;
+        if old.status_socket != new.status_socket || old.status_group != new.status_group {
+            tracing::warn!("the status socket changes at the next restart");
+        }
         if old.metrics != new.metrics {
             tracing::warn!(old = ?old.metrics, new = ?new.metrics, "the metrics address changes at the next restart");
         }

@@ -2,9 +2,10 @@
 //!
 //! Layers, each importing only those below it:
 //! `value` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
-//! `daemon`, `metrics`, `report` -> `cli` and the binary.
+//! `status`, `daemon`, `metrics`, `report`, `cluster_table` -> `cli` and the binary.
 
 pub mod cli;
+pub mod cluster_table;
 pub mod config;
 pub mod daemon;
 pub mod link;
@@ -14,5 +15,6 @@ pub mod probe;
 pub mod report;
 pub mod schedule;
 pub mod stats;
+pub mod status;
 pub mod store;
 pub mod value;

@@ -9,7 +9,7 @@ use clap::Parser;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use xce_agent::cli::{Cli, Command, Common, Format};
+use xce_agent::cli::{Cli, Command, Common, Format, ListenFormat};
 use xce_agent::config::{Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
@@ -49,7 +49,18 @@ fn main() -> ExitCode {
         match &cli.command {
             Some(Command::Check) => cmd_check(&cli.common).await,
             Some(Command::Probe { name }) => cmd_probe(&cli.common, name).await,
-            Some(Command::Listen { addr, format, ack }) => cmd_listen(addr, *format, *ack).await,
+            Some(Command::Listen {
+                addr,
+                format,
+                ack,
+                only,
+                refresh,
+            }) => cmd_listen(addr, *format, *ack, only, *refresh).await,
+            Some(Command::Status {
+                format,
+                watch,
+                names,
+            }) => cmd_status(&cli.common, *format, *watch, names).await,
             Some(Command::GenerateAssets { dir }) => cmd_generate_assets(dir),
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
@@ -374,6 +385,9 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
         ),
         None => None,
     };
+    let status_listener = xce_agent::status::server::open(&config.agent)
+        .context("status socket (status_socket: in agent.yaml)")?;
+    let started = std::time::SystemTime::now();
     let sampler_stop = CancellationToken::new();
     let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());
     let mut agent = Agent::start(
@@ -394,6 +408,18 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
         };
         tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
     }
+    let status_server = status_listener.map(|listener| {
+        let sources = xce_agent::status::Sources {
+            store: agent.store.clone(),
+            link: agent.link_stats.clone(),
+            probes: agent.stats(),
+            loaded: agent.loaded(),
+            started,
+        };
+        // Stops with the metrics endpoint, before the agent.
+        let stop = metrics_stop.clone();
+        tokio::spawn(xce_agent::status::server::serve(listener, sources, stop))
+    });
     systemd::notify(&[
         NotifyState::Ready,
         NotifyState::Status(&agent.status_line()),
@@ -440,6 +466,10 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     tracing::info!("stopping");
     systemd::notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
     metrics_stop.cancel();
+    if let Some(server) = status_server {
+        // It removes its socket file: a stopped agent leaves none behind.
+        let _ = server.await;
+    }
     agent.stop(Duration::from_secs(3)).await;
     sampler_stop.cancel();
     tracing::info!("stopped");
@@ -518,7 +548,13 @@ fn cmd_generate_assets(dir: &std::path::Path) -> anyhow::Result<u8> {
     Ok(EXIT_OK)
 }
 
-async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8> {
+async fn cmd_listen(
+    addr: &str,
+    format: ListenFormat,
+    ack: bool,
+    only: &[String],
+    refresh: Option<Duration>,
+) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -537,14 +573,40 @@ async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8>
         }
         stop.cancel();
     });
-    let format = match format {
-        Format::Json => receiver::Format::Json,
-        Format::Table => receiver::Format::Text,
-    };
     let opts = receiver::ListenOpts {
         ack,
         assign: Vec::new(),
     };
+    let format = match format {
+        ListenFormat::Json => receiver::Format::Json,
+        ListenFormat::Text => receiver::Format::Text,
+        ListenFormat::Table => {
+            let view = xce_agent::cluster_table::TableView::for_stdout(only, refresh);
+            let out = tokio::io::stdout();
+            xce_agent::cluster_table::serve_table(listener, opts, view, out, shutdown).await?;
+            return Ok(EXIT_OK);
+        }
+    };
     receiver::serve_lines(listener, opts, format, tokio::io::stdout(), shutdown).await?;
     Ok(EXIT_OK)
+}
+
+/// `xce-agent status`: ask the running daemon at agent.yaml's socket. Only agent.yaml is
+/// read: a resources.yaml broken since the daemon loaded it must not hide the daemon.
+async fn cmd_status(
+    common: &Common,
+    format: Format,
+    watch: bool,
+    names: &[String],
+) -> anyhow::Result<u8> {
+    let agent = match xce_agent::config::load_agent(&common.config) {
+        Ok((agent, _)) => agent,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return Ok(EXIT_CONFIG);
+        }
+    };
+    let path = agent.status_socket_path();
+    let json = format == Format::Json;
+    Ok(xce_agent::status::command::run(path, json, watch, names).await)
 }

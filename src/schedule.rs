@@ -194,6 +194,14 @@ async fn probe_loop(
     let first =
         Duration::from_millis(task.splay.as_millis() as u64 % spread.as_millis().max(1) as u64);
     let mut next = Instant::now() + first;
+    let due = |after: Duration| {
+        let at = crate::value::unix_ms(SystemTime::now() + after);
+        stats
+            .probe(&task.name)
+            .next_due_ms
+            .store(at, Ordering::Relaxed);
+    };
+    due(first);
     let mut inflight: Option<JoinHandle<()>> = None;
     // What this probe already logged, so a misbehaving probe does not repeat itself.
     let output_log = Arc::new(Mutex::new(OutputLog::default()));
@@ -202,7 +210,9 @@ async fn probe_loop(
             _ = cancel.cancelled() => break,
             _ = sleep_until(next) => {}
         }
-        next = Instant::now() + next_slot(SystemTime::now(), task.interval, task.splay);
+        let after = next_slot(SystemTime::now(), task.interval, task.splay);
+        next = Instant::now() + after;
+        due(after);
         if inflight.as_ref().is_some_and(|h| !h.is_finished()) {
             stats
                 .probe(&task.name)

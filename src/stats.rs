@@ -17,6 +17,8 @@ pub struct ProbeStats {
     pub restarts: AtomicU64,
     pub last_success_ms: AtomicU64,
     pub last_duration_us: AtomicU64,
+    /// Unix ms of the next scheduled run (0: not scheduled, e.g. a stream).
+    pub next_due_ms: AtomicU64,
     pub duration: DurationHistogram,
 }
 
@@ -59,6 +61,15 @@ impl Stats {
             .entry(name.to_owned())
             .or_default()
             .clone()
+    }
+
+    /// The counters of `name`, if it ever counted anything (a lookup, no insert).
+    pub fn get(&self, name: &str) -> Option<Arc<ProbeStats>> {
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 
     pub fn all(&self) -> Vec<(String, Arc<ProbeStats>)> {

@@ -28,6 +28,14 @@ fn generate_assets_writes_man_pages_and_completions_from_the_cli() {
     assert!(read("completions/xce-agent.bash").contains("--config"));
     assert!(read("completions/_xce-agent").contains("#compdef xce-agent"));
     assert!(read("completions/xce-agent.fish").contains("complete -c xce-agent"));
+    let status = read("man/xce-agent-status.1");
+    assert!(
+        status.contains("\\-\\-watch"),
+        "status documented: {status}"
+    );
+    assert!(read("man/xce-agent-listen.1").contains("table"));
+    assert!(read("completions/xce-agent.bash").contains("status"));
+    assert!(read("completions/_xce-agent").contains("--watch"));
     // The generator itself stays out of the user-facing docs and completions.
     assert!(!man.contains("generate\\-assets"));
     assert!(!dir.path().join("man/xce-agent-generate-assets.1").exists());

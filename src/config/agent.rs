@@ -12,6 +12,8 @@ pub const DEFAULT_PORT: u16 = 6870;
 pub const DEFAULT_PLUGIN_DIR: &str = "/usr/libexec/xce-agent/plugins";
 pub const DEFAULT_RUN_AS: &str = "nobody";
 pub const DEFAULT_MAX_PARALLEL: usize = 8;
+/// Under the unit's `RuntimeDirectory=xce-agent`.
+pub const DEFAULT_STATUS_SOCKET: &str = "/run/xce-agent/status.sock";
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +26,8 @@ struct RawAgent {
     run_as: Option<Spanned<String>>,
     max_parallel: Option<Spanned<i64>>,
     metrics: Option<Spanned<String>>,
+    status_socket: Option<Spanned<String>>,
+    status_group: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +44,18 @@ pub struct AgentConfig {
     pub max_parallel: usize,
     /// Prometheus endpoint, e.g. `127.0.0.1:9477`.
     pub metrics: Option<String>,
+    /// The `xce-agent status` socket; `None` = [`DEFAULT_STATUS_SOCKET`] (not written).
+    pub status_socket: Option<PathBuf>,
+    /// A group whose members may read the status socket besides root and the agent's user.
+    pub status_group: Option<String>,
+}
+
+impl AgentConfig {
+    pub fn status_socket_path(&self) -> &Path {
+        self.status_socket
+            .as_deref()
+            .unwrap_or(Path::new(DEFAULT_STATUS_SOCKET))
+    }
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
@@ -95,6 +111,16 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             errs.at(Pos::of(u), "run_as is empty");
         }
     }
+    for (field, v) in [
+        ("status_socket", &raw.status_socket),
+        ("status_group", &raw.status_group),
+    ] {
+        if let Some(v) = v {
+            if v.value.trim().is_empty() {
+                errs.at(Pos::of(v), format!("{field} is empty"));
+            }
+        }
+    }
     errs.finish()?;
     let resolve = |p: &str| {
         let p = Path::new(p);
@@ -123,6 +149,8 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             .map_or_else(|| DEFAULT_RUN_AS.to_owned(), |u| u.value),
         max_parallel,
         metrics: raw.metrics.map(|m| m.value),
+        status_socket: raw.status_socket.map(|p| resolve(&p.value)),
+        status_group: raw.status_group.map(|g| g.value),
     })
 }
 

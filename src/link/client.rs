@@ -110,6 +110,12 @@ pub struct LinkStats {
     pub write_timeouts: AtomicU64,
     pub acks: AtomicU64,
     pub last_ack_seq: AtomicU64,
+    /// Unix ms of the last ack (0: none yet).
+    pub last_ack_ms: AtomicU64,
+    /// Store version the controller has everything up to (for `xce-agent status`).
+    pub sent_version: AtomicU64,
+    /// Unix ms of the last change of `state` (when `Connected`: connected since).
+    pub state_since_ms: AtomicU64,
     pub welcomes: AtomicU64,
     /// Frames being written right now: 0 or 1 by construction (the link never queues).
     pub in_flight: AtomicU64,
@@ -132,6 +138,9 @@ impl Default for LinkStats {
             write_timeouts: AtomicU64::new(0),
             acks: AtomicU64::new(0),
             last_ack_seq: AtomicU64::new(0),
+            last_ack_ms: AtomicU64::new(0),
+            sent_version: AtomicU64::new(0),
+            state_since_ms: AtomicU64::new(unix_ms(SystemTime::now())),
             welcomes: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
@@ -150,6 +159,8 @@ impl LinkStats {
     }
 
     fn set_state(&self, s: LinkState) {
+        self.state_since_ms
+            .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
         self.state.send_replace(s);
     }
 
@@ -417,6 +428,8 @@ impl<'a> Session<'a> {
         self.send_batch(true, resvals).await?;
         self.sent_version = versions.version;
         self.sent_generation = versions.generation;
+        let sent = &self.stats.sent_version;
+        sent.store(versions.version, Ordering::Relaxed);
         Ok(())
     }
 
@@ -431,6 +444,8 @@ impl<'a> Session<'a> {
             self.send_batch(false, resvals).await?;
         }
         self.sent_version = versions.version;
+        let sent = &self.stats.sent_version;
+        sent.store(versions.version, Ordering::Relaxed);
         Ok(())
     }
 
@@ -515,6 +530,8 @@ async fn read_controller(
             Ok(ControllerMessage::Ack(seq)) => {
                 LinkStats::add(&stats.acks, 1);
                 stats.last_ack_seq.fetch_max(seq, Ordering::Relaxed);
+                let now = unix_ms(SystemTime::now());
+                stats.last_ack_ms.store(now, Ordering::Relaxed);
             }
             Ok(ControllerMessage::Welcome(list)) => {
                 LinkStats::add(&stats.welcomes, 1);

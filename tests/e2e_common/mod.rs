@@ -234,8 +234,14 @@ fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
 
 impl ListenProc {
     pub fn spawn() -> Self {
+        Self::spawn_with(&["--format", "json"])
+    }
+
+    /// `xce-agent listen 127.0.0.1:0` with these options.
+    pub fn spawn_with(options: &[&str]) -> Self {
         let mut child = Command::new(agent_bin())
-            .args(["listen", "127.0.0.1:0", "--format", "json"])
+            .args(["listen", "127.0.0.1:0"])
+            .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,340 @@
+//! The daemon's status socket. Who may connect is decided twice: by the file's mode (0600,
+//! or 0660 with `status_group:`), and by the peer's credentials on each connection, so a
+//! socket made world-writable by hand still answers only root, the agent's user and the
+//! group. Every connection is bounded: one request of at most [`MAX_REQUEST_BYTES`] read
+//! within [`READ_TIMEOUT`], one answer written within [`WRITE_TIMEOUT`], at most
+//! [`MAX_CONNECTIONS`] at once; a client that does not read costs one task until then and
+//! never holds anything the daemon needs.
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::unistd::{Gid, Uid};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::{snapshot, ErrorReply, Request, Response, Sources, PROTOCOL_VERSION};
+use crate::config::AgentConfig;
+
+/// A request is a few names at most; anything longer is refused.
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024;
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// More connections than this wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("{}: directory does not exist (under systemd the unit's RuntimeDirectory= creates it)", .0.display())]
+    NoDirectory(PathBuf),
+    #[error("{}: another xce-agent is running and serving this socket", .0.display())]
+    InUse(PathBuf),
+    #[error("{}: exists and is not a socket; not replacing it", .0.display())]
+    NotASocket(PathBuf),
+    #[error("status_group {0:?}: no such group")]
+    NoSuchGroup(String),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A bound status socket, removed again when the server stops.
+pub struct StatusListener {
+    listener: UnixListener,
+    path: PathBuf,
+    /// (dev, ino) of our socket file: at exit we remove only our own.
+    file_id: (u64, u64),
+    group: Option<Gid>,
+}
+
+impl StatusListener {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Open the socket agent.yaml asks for. When `status_socket:` is not written, a failure
+/// is logged and the daemon runs without it (a developer's agent outside systemd has no
+/// /run/xce-agent); when it is written, a failure is the caller's error.
+pub fn open(agent: &AgentConfig) -> Result<Option<StatusListener>, BindError> {
+    let path = agent.status_socket_path();
+    match bind(path, agent.status_group.as_deref()) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) if agent.status_socket.is_none() => {
+            match e {
+                BindError::NoDirectory(_) => tracing::info!("status socket off: {e}"),
+                _ => tracing::warn!("status socket off: {e}"),
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Bind `path` with mode 0600 (0660 and group `group` when given). A socket file nobody
+/// answers on (a crashed daemon's) is replaced; a live one is not.
+pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindError> {
+    let io = |source| BindError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let gid = match group {
+        None => None,
+        Some(name) => match nix::unistd::Group::from_name(name) {
+            Ok(Some(g)) => Some(g.gid),
+            _ => return Err(BindError::NoSuchGroup(name.to_owned())),
+        },
+    };
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    if !dir.is_dir() {
+        return Err(BindError::NoDirectory(dir.to_owned()));
+    }
+    remove_if_stale(path)?;
+    // Bound under a temporary name and renamed into place once its mode and group are
+    // set: the final name never points at a socket others may connect to.
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}",
+        name.unwrap_or_else(|| "status.sock".into()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(io)?;
+    let set_up = || -> std::io::Result<()> {
+        if let Some(gid) = gid {
+            nix::unistd::chown(&tmp, None, Some(gid)).map_err(std::io::Error::from)?;
+        }
+        let mode = if gid.is_some() { 0o660 } else { 0o600 };
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = set_up() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    Ok(StatusListener {
+        listener,
+        path: path.to_owned(),
+        file_id: (meta.dev(), meta.ino()),
+        group: gid,
+    })
+}
+
+fn remove_if_stale(path: &Path) -> Result<(), BindError> {
+    let io = |source| BindError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(BindError::NotASocket(path.to_owned()));
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(BindError::InUse(path.to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            tracing::info!(path = %path.display(), "replacing the status socket a stopped agent left behind");
+            std::fs::remove_file(path).map_err(io)
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Answer status requests until `shutdown`, then remove the socket file.
+pub async fn serve(listener: StatusListener, src: Sources, shutdown: CancellationToken) {
+    tracing::info!(path = %listener.path.display(), "status socket listening");
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let group = listener.group;
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let src = src.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    if let Err(e) = answer(stream, &src, group).await {
+                        tracing::debug!(error = %e, "status request failed");
+                    }
+                });
+            }
+            Err(e) => {
+                // Out of descriptors and the like: wait instead of spinning.
+                tracing::warn!(error = %e, "status socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let ours = std::fs::symlink_metadata(&listener.path)
+        .is_ok_and(|m| (m.dev(), m.ino()) == listener.file_id);
+    if ours {
+        let _ = std::fs::remove_file(&listener.path);
+    }
+}
+
+async fn answer(mut stream: UnixStream, src: &Sources, group: Option<Gid>) -> std::io::Result<()> {
+    let request = match stream.peer_cred() {
+        Ok(cred) if allowed(Uid::from_raw(cred.uid()), cred.pid(), group) => {
+            match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await {
+                Err(_) => Err(error_reply("no request received in time")),
+                Ok(Err(e)) => Err(error_reply(e)),
+                Ok(Ok(req)) => Ok(req),
+            }
+        }
+        _ => Err(error_reply(PERMISSION_DENIED)),
+    };
+    // Building and encoding the answer is tens of milliseconds for 10,000 resources: off
+    // the runtime's workers, so probe timers and the link do not wait for it.
+    let src = src.clone();
+    let body = tokio::task::spawn_blocking(move || {
+        let reply = match request {
+            Ok(req) => respond(&src, req),
+            Err(e) => Response::Error(e),
+        };
+        let mut body = serde_json::to_vec(&reply).map_err(std::io::Error::other)?;
+        body.push(b'\n');
+        Ok::<_, std::io::Error>(body)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    let written = tokio::time::timeout(WRITE_TIMEOUT, async {
+        stream.write_all(&body).await?;
+        stream.shutdown().await
+    })
+    .await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "client did not read the answer",
+            ))
+        }
+    }
+    // Closing with unread bytes queued (a refused or oversized request) would make the
+    // kernel reset the connection, and the client lose the answer: take what is left, within
+    // the same bounds, until the client closes.
+    let mut rest = (&mut stream).take(MAX_REQUEST_BYTES as u64 * 4);
+    let _ = tokio::time::timeout(
+        READ_TIMEOUT,
+        tokio::io::copy(&mut rest, &mut tokio::io::sink()),
+    )
+    .await;
+    Ok(())
+}
+
+/// The text of the refusal; the client recognises it and says what to do.
+pub const PERMISSION_DENIED: &str = "permission denied";
+
+fn error_reply(e: impl ToString) -> ErrorReply {
+    ErrorReply {
+        version: PROTOCOL_VERSION,
+        error: e.to_string(),
+    }
+}
+
+fn respond(src: &Sources, req: Request) -> Response {
+    match req.version {
+        Some(v) if v != PROTOCOL_VERSION => Response::Error(error_reply(format!(
+            "protocol version {v} not supported (this agent speaks {PROTOCOL_VERSION})"
+        ))),
+        _ => Response::Status(Box::new(snapshot(src, &req.names))),
+    }
+}
+
+/// Root and the agent's own user always; members of `group` (primary or supplementary,
+/// as the connecting process holds them now) when one is configured.
+fn allowed(uid: Uid, pid: Option<i32>, group: Option<Gid>) -> bool {
+    if uid.is_root() || uid == Uid::effective() {
+        return true;
+    }
+    let (Some(gid), Some(pid)) = (group, pid) else {
+        return false;
+    };
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    process_in_group(&status, gid.as_raw())
+}
+
+/// Whether a /proc/PID/status text lists `gid` as its real/effective or a supplementary gid.
+fn process_in_group(status: &str, gid: u32) -> bool {
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("Gid:").or_else(|| l.strip_prefix("Groups:")))
+        .flat_map(str::split_whitespace)
+        .any(|g| g.parse::<u32>().ok() == Some(gid))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("request longer than {MAX_REQUEST_BYTES} bytes")]
+    TooLong,
+    #[error("request is not JSON of protocol version {PROTOCOL_VERSION}: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("reading the request: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One line (or everything up to EOF) of at most MAX_REQUEST_BYTES; empty = the default.
+async fn read_request(stream: &mut UnixStream) -> Result<Request, RequestError> {
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 512];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            buf.truncate(end);
+            break;
+        }
+        if buf.len() > MAX_REQUEST_BYTES {
+            return Err(RequestError::TooLong);
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    if buf.len() > MAX_REQUEST_BYTES {
+        return Err(RequestError::TooLong);
+    }
+    if buf.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Request::default());
+    }
+    Ok(serde_json::from_slice(&buf)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_membership_reads_gid_and_supplementary_lines() {
+        let status = "Name:\tsh\nUid:\t65534\t65534\t65534\t65534\n\
+                      Gid:\t65534\t65534\t65534\t65534\nGroups:\t27 100 \n";
+        assert!(process_in_group(status, 100));
+        assert!(process_in_group(status, 65534));
+        assert!(!process_in_group(status, 0));
+        assert!(!process_in_group("Groups:\n", 100));
+    }
+}

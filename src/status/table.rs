@@ -1,0 +1,193 @@
+//! `xce-agent status` as people read it: the link on top, then one row per resource
+//! instance like `lsload -l` (value, status, age, next run, error), then the probes'
+//! counters. And the exit code the command derives from the same answer.
+
+use std::fmt::Write as _;
+
+use super::{LinkInfo, StatusReport};
+use crate::report::{columns, format_time};
+use crate::value::Status;
+
+/// Exit codes of `xce-agent status`.
+pub const EXIT_OK: u8 = 0;
+/// A resource failed or is stale, or the link to the controller is down.
+pub const EXIT_TROUBLE: u8 = 1;
+/// The command could not ask (bad config, permission denied, unreadable answer).
+pub const EXIT_ERROR: u8 = 2;
+/// Nothing answers on the socket.
+pub const EXIT_NOT_RUNNING: u8 = 3;
+
+/// 0 when every resource is ok or pending and the link is connected (or not configured).
+pub fn exit_code(report: &StatusReport) -> u8 {
+    let trouble = report
+        .resources
+        .iter()
+        .any(|r| matches!(r.status, Status::Failed | Status::Stale))
+        || !matches!(report.link.state.as_str(), "connected" | "none");
+    if trouble {
+        EXIT_TROUBLE
+    } else {
+        EXIT_OK
+    }
+}
+
+/// Control characters (a probe's output, a terminal escape) shown escaped, never sent to
+/// the terminal as they are.
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A short age like `4s`, `3m12s`, `2h5m`, `3d4h`.
+pub fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+fn ago(now_ms: u64, at_ms: u64) -> String {
+    format!("{} ago", age(now_ms.saturating_sub(at_ms)))
+}
+
+fn link_line(link: &LinkInfo, now_ms: u64) -> String {
+    let mut line = match (link.state.as_str(), &link.controller) {
+        ("none", _) => "LINK  no controllers configured: values are not sent".to_owned(),
+        ("connected", Some(c)) => format!(
+            "LINK  connected to {} since {} ({})",
+            printable(c),
+            format_time(link.since_ms),
+            ago(now_ms, link.since_ms)
+        ),
+        (state, _) => format!(
+            "LINK  {state} since {} ({}); controllers {}; {} connect failures",
+            format_time(link.since_ms),
+            ago(now_ms, link.since_ms),
+            printable(&link.controllers.join(", ")),
+            link.connect_failures
+        ),
+    };
+    if link.state != "none" {
+        let ack = match link.last_ack_ms {
+            Some(at) => format!("last ack {} (seq {})", ago(now_ms, at), link.last_ack_seq),
+            None => "no ack yet".to_owned(),
+        };
+        let _ = write!(
+            line,
+            "\n      {ack}; {} resvals waiting; {} batches sent",
+            link.resvals_waiting, link.batches
+        );
+    }
+    line
+}
+
+fn cells(header: &[&str]) -> Vec<Vec<String>> {
+    vec![header.iter().map(|s| s.to_string()).collect()]
+}
+
+/// The whole table.
+pub fn render(report: &StatusReport) -> String {
+    let now = report.now_ms;
+    let a = &report.agent;
+    let c = &report.config;
+    let mut out = format!(
+        "HOST  {}  (xce-agent {}, pid {}, up {})\nCONF  generation {}, loaded {} ({}), digest {}; {} probes, {} skipped\n",
+        printable(&a.host),
+        a.version,
+        a.pid,
+        age(a.uptime_s * 1000),
+        c.generation,
+        format_time(c.loaded_ms),
+        ago(now, c.loaded_ms),
+        c.digest,
+        c.probes,
+        c.skipped
+    );
+    out.push_str(&link_line(&report.link, now));
+    out.push_str("\n\n");
+    let with_instance = report.resources.iter().any(|r| !r.instance.is_empty());
+    let mut rows = cells(&[
+        "RESOURCE", "INSTANCE", "VALUE", "STATUS", "AGE", "NEXT", "PROBE", "ERROR",
+    ]);
+    for r in &report.resources {
+        rows.push(vec![
+            printable(&r.name),
+            if r.instance.is_empty() {
+                "-".into()
+            } else {
+                printable(&r.instance)
+            },
+            printable(&r.value.to_string()),
+            r.status.to_string(),
+            r.last_report_ms
+                .map_or_else(|| "-".into(), |t| age(now.saturating_sub(t))),
+            r.next_run_ms.map_or_else(
+                || "-".into(),
+                |t| format!("in {}", age(t.saturating_sub(now))),
+            ),
+            format!("{} ({})", printable(&r.probe), r.kind),
+            printable(r.error.as_deref().unwrap_or("")),
+        ]);
+    }
+    if !with_instance {
+        for row in &mut rows {
+            row.remove(1);
+        }
+    }
+    out.push_str(&columns(&rows));
+    if !report.probes.is_empty() {
+        out.push('\n');
+        let mut rows = cells(&[
+            "PROBE", "OK", "FAILED", "TIMEOUT", "OVERLAP", "RESTARTS", "LAST_RUN", "LAST_OK",
+        ]);
+        for p in &report.probes {
+            rows.push(vec![
+                printable(&p.name),
+                p.runs_ok.to_string(),
+                p.runs_failed.to_string(),
+                p.runs_timeout.to_string(),
+                p.skipped_overlap.to_string(),
+                p.restarts.to_string(),
+                p.last_duration_ms
+                    .map_or_else(|| "-".into(), |ms| format!("{ms:.1}ms")),
+                p.last_success_ms
+                    .map_or_else(|| "-".into(), |t| ago(now, t)),
+            ]);
+        }
+        out.push_str(&columns(&rows));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!(age(999), "0s");
+        assert_eq!(age(59_000), "59s");
+        assert_eq!(age(192_000), "3m12s");
+        assert_eq!(age(7_500_000), "2h5m");
+        assert_eq!(age(3 * 86_400_000 + 4 * 3_600_000), "3d4h");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("ok"), "ok");
+        assert_eq!(printable("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+    }
+}
