@@ -84,6 +84,11 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
         None => (s.trim(), ""),
         Some(i) => (s[..i].trim(), &s[i + 1..]),
     };
+    // A perfdata label may be quoted as the plugin prints it: 'queue depth'.
+    let name = match name.strip_prefix('\'').and_then(|n| n.strip_suffix('\'')) {
+        Some(inner) if !inner.is_empty() => inner,
+        _ => name,
+    };
     if name.is_empty() {
         return Err(format!("selector {s:?} has no name before `{{`"));
     }
@@ -302,6 +307,7 @@ mod tests {
         );
         assert_eq!(parse_selector("/").unwrap().name, "/");
         assert_eq!(parse_selector("with space").unwrap().name, "with space");
+        assert_eq!(parse_selector("'with space'").unwrap().name, "with space");
         for bad in [
             "{a=\"1\"}",
             "m{a=1}",
