@@ -170,7 +170,10 @@ fn describe_kind(kind: &ProbeKind) -> String {
     match kind {
         ProbeKind::Builtin { index } => format!("builtin {index}"),
         ProbeKind::Exec(e) => format!("exec {}", describe_exec(e)),
-        ProbeKind::File(f) => format!("file {}", f.path.display()),
+        ProbeKind::File(f) => match f.format {
+            Some(format) => format!("file {} ({})", f.path.display(), format.as_str()),
+            None => format!("file {}", f.path.display()),
+        },
         ProbeKind::Stream(s) => format!("stream {}", describe_exec(&s.exec)),
     }
 }

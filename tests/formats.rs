@@ -608,3 +608,80 @@ resources:
         assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
     }
 }
+
+#[test]
+fn a_node_exporter_textfile_directory_is_read_as_it_is() {
+    let s = Setup::new("");
+    let textfiles = s.path().join("textfile");
+    std::fs::create_dir(&textfiles).unwrap();
+    // What md_info.sh and a du collector leave for node_exporter, unmodified.
+    std::fs::write(
+        textfiles.join("md_info.prom"),
+        "# HELP node_md_info_DiskCount Disks in the array.\n# TYPE node_md_info_DiskCount gauge\nnode_md_info_DiskCount{md_device=\"md0\",md_name=\"root\"} 2\n",
+    )
+    .unwrap();
+    std::fs::write(
+        textfiles.join("directory_size.prom"),
+        "node_directory_size_bytes{directory=\"/var/log\"} 123456\nnode_directory_size_bytes{directory=\"/home\"} 1000\n",
+    )
+    .unwrap();
+    std::fs::write(textfiles.join("notes.txt"), "not a prom file\n").unwrap();
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        format!(
+            r#"
+resources:
+  - name: md0_disks
+    interval: 60
+    probe:
+      kind: file
+      path: {}
+      format: prometheus
+      provides: [varlog_bytes, dirs_bytes]
+      select:
+        md0_disks: 'node_md_info_DiskCount{{md_device="md0"}}'
+        varlog_bytes: 'node_directory_size_bytes{{directory="/var/log"}}'
+        dirs_bytes: {{match: node_directory_size_bytes, aggregate: sum}}
+  - {{name: varlog_bytes, interval: 60}}
+  - {{name: dirs_bytes, interval: 60}}
+"#,
+            textfiles.display()
+        ),
+    )
+    .unwrap();
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(0), "{json:#}");
+    assert_eq!(number(&json, "md0_disks"), 2.0);
+    assert_eq!(number(&json, "varlog_bytes"), 123456.0);
+    assert_eq!(number(&json, "dirs_bytes"), 124456.0);
+}
+
+#[test]
+fn file_probe_format_rules_are_config_errors() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: several
+    interval: 60
+    probe: {kind: file, path: /x, provides: [other]}
+  - {name: other, interval: 60}
+  - name: plugin_file
+    interval: 60
+    probe: {kind: file, path: /x, format: nagios}
+  - name: both
+    interval: 60
+    probe: {kind: file, path: /x, format: prometheus, regex: "x"}
+"#,
+    );
+    let out = agent(&s).arg("check").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "resources.yaml:5:",
+        "a file probe feeds several resources only with a `format:`",
+        "format nagios reads an exit status; a file has none",
+        "`regex` and `format` do not go together",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
+}

@@ -319,6 +319,55 @@ pub fn selection(
     out
 }
 
+/// A file probe's `format:` (optional: without it the file is one value) and `select:`.
+/// Several resources (`provides:`) need a format to tell them apart.
+pub fn file_format(
+    errs: &mut Errors,
+    raw: &super::raw::RawProbe,
+    provides: &[String],
+) -> (Option<Format>, Selection) {
+    let Some(field) = &raw.format else {
+        if let Some(p) = &raw.provides {
+            errs.at(
+                Pos::of(p),
+                "a file probe feeds several resources only with a `format:` (prometheus, influx, classad, kv, elim)",
+            );
+        }
+        let select = selection(
+            errs,
+            Format::Value,
+            raw.select.as_ref(),
+            raw.aggregate.as_ref(),
+            provides,
+        );
+        return (None, select);
+    };
+    let f = format(errs, Some(field));
+    if f.def().exits != crate::probe::output::Exits::Zero && f != Format::Classad {
+        errs.at(
+            Pos::of(field),
+            format!(
+                "format {} reads an exit status; a file has none",
+                f.as_str()
+            ),
+        );
+    }
+    if let Some(r) = &raw.regex {
+        errs.at(
+            Pos::of(r),
+            "`regex` and `format` do not go together: the format already says where the values are",
+        );
+    }
+    let select = selection(
+        errs,
+        f,
+        raw.select.as_ref(),
+        raw.aggregate.as_ref(),
+        provides,
+    );
+    (Some(f), select)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -159,6 +159,10 @@ pub struct FileSpec {
     pub regex: Option<Arc<Regex>>,
     pub max_age: Option<Duration>,
     pub max_bytes: u64,
+    /// The file's text in a probe output format (a node_exporter textfile); with a
+    /// directory as `path`, its `*.prom` files.
+    pub format: Option<Format>,
+    pub select: crate::probe::output::Selection,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -493,7 +497,16 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
             "limits",
             "provides",
         ],
-        "file" => &["path", "regex", "max_age", "max_bytes"],
+        "file" => &[
+            "path",
+            "regex",
+            "max_age",
+            "max_bytes",
+            "format",
+            "select",
+            "aggregate",
+            "provides",
+        ],
         "stream" => &[
             "command",
             "format",
@@ -585,7 +598,7 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
             silence: duration_field(errs, &raw.silence, "silence"),
             restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
         }),
-        _ => ProbeKind::File(file_spec(errs, raw, pos)?),
+        _ => ProbeKind::File(file_spec(errs, raw, pos, &provides)?),
     };
     if errs.list.len() > before {
         return None;
@@ -717,7 +730,7 @@ fn compile_shared(pattern: &str) -> Result<Arc<Regex>, regex::Error> {
     })
 }
 
-fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
+fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -> Option<FileSpec> {
     let Some(path) = &raw.path else {
         errs.at(pos, "file probes need `path`");
         return None;
@@ -755,9 +768,12 @@ fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
             }
         },
     };
+    let (format, select) = probe_output::file_format(errs, raw, provides);
     Some(FileSpec {
         path: PathBuf::from(&path.value),
         regex,
+        format,
+        select,
         max_age: duration_field(errs, &raw.max_age, "max_age"),
         max_bytes,
     })

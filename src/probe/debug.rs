@@ -137,6 +137,9 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         ProbeKind::Stream(s) => Some(&s.exec),
         ProbeKind::File(f) => {
             let _ = writeln!(t, "  path:      {}", f.path.display());
+            if let Some(format) = f.format {
+                let _ = writeln!(t, "  format:    {}", format.as_str());
+            }
             if let Some(re) = &f.regex {
                 let _ = writeln!(t, "  regex:     {}", re.as_str());
             }
