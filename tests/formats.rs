@@ -685,3 +685,31 @@ resources:
         assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
     }
 }
+
+#[test]
+fn every_coming_from_entry_in_the_plugin_guide_is_valid_config() {
+    let guide =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/README.md"))
+            .unwrap();
+    let section = guide
+        .split("## Coming from another system")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let blocks: Vec<&str> = section
+        .split("```yaml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert!(blocks.len() >= 7, "{}", blocks.len());
+    let dir = tempfile::tempdir().unwrap();
+    for block in blocks {
+        let path = dir.path().join("resources.yaml");
+        std::fs::write(&path, format!("resources:\n{block}")).unwrap();
+        if let Err(e) = xce_agent::config::load_resources(&path) {
+            panic!("{e}\nin:\n{block}");
+        }
+    }
+}
