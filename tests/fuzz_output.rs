@@ -163,6 +163,9 @@ fn influx_escape(v: &str, also: &[char]) -> String {
     out
 }
 
+/// (name, labels, value) of a parsed sample.
+type FlatSample = (String, Vec<(String, String)>, String);
+
 type PromSample = (String, Vec<(String, String)>, f64);
 
 fn prom_sample() -> impl Strategy<Value = PromSample> {
@@ -297,13 +300,13 @@ proptest! {
         let mut lines: Vec<String> = points.iter().map(|(p, ts)| influx_line(p, *ts)).collect();
         let p = parsed(Format::Influx, &lines.join("\n"));
         prop_assert!(p.bad_lines.is_empty(), "{:?} in {:?}", p.bad_lines, lines);
-        let want: Vec<(String, Vec<(String, String)>, String)> = points
+        let want: Vec<FlatSample> = points
             .iter()
             .flat_map(|((m, tags, fields), _)| {
                 fields.iter().map(move |(k, _, v)| (format!("{m}.{k}"), tags.clone(), v.clone()))
             })
             .collect();
-        let got: Vec<(String, Vec<(String, String)>, String)> =
+        let got: Vec<FlatSample> =
             p.samples.iter().map(|s| (s.name.clone(), s.labels.clone(), s.value.clone())).collect();
         prop_assert_eq!(got, want.clone());
         let bad = insert_line(&mut lines, at, garbage);

@@ -319,7 +319,10 @@ mod tests {
         }
     }
 
-    fn parsed(samples: &[(&str, &[(&str, &str)], &str)]) -> Parsed {
+    /// (name, labels, value)
+    type Fixture<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
+    fn parsed(samples: &[Fixture]) -> Parsed {
         Parsed::of(
             samples
                 .iter()
