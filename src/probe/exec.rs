@@ -235,7 +235,8 @@ fn failure_message(
     exits: output::Exits,
 ) -> Option<(Outcome, String)> {
     let stderr = o.stderr_text();
-    // A script that explains itself on stdout (a Nagios plugin's status line) is heard too.
+    // A script that exits non-zero explaining itself on stdout (a Nagios plugin's status
+    // line) is heard too.
     let first_stdout = String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(str::trim)
@@ -243,12 +244,17 @@ fn failure_message(
         .map(|l| l.chars().take(200).collect::<String>())
         .unwrap_or_default();
     let with_stderr = |msg: String| {
-        if !stderr.is_empty() {
+        if stderr.is_empty() {
+            msg
+        } else {
             format!("{msg}: {}", last_line(&stderr))
-        } else if !first_stdout.is_empty() {
+        }
+    };
+    let with_output = |msg: String| {
+        if stderr.is_empty() && !first_stdout.is_empty() {
             format!("{msg}: {first_stdout}")
         } else {
-            msg
+            with_stderr(msg)
         }
     };
     match &o.ending {
@@ -282,7 +288,7 @@ fn failure_message(
             Exit::Code(c) if exits.reads(c) => None,
             Exit::Code(c) => Some((
                 Outcome::Failed,
-                with_stderr(match exits.meaning(c) {
+                with_output(match exits.meaning(c) {
                     Some(m) => format!("exited with status {c} ({m})"),
                     None => format!("exited with status {c}"),
                 }),
