@@ -8,6 +8,8 @@
 //! (and the same ad name) replaces an earlier one. The output is read whatever the exit
 //! status, as HTCondor does.
 
+use std::collections::hash_map::{Entry, HashMap};
+
 use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -53,14 +55,15 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
         }
     }
     // A later update of the same attribute wins (names compared without case).
-    let mut kept: Vec<Sample> = Vec::new();
+    let mut kept: Vec<Sample> = Vec::with_capacity(out.samples.len());
+    let mut index: HashMap<(String, Vec<(String, String)>), usize> = HashMap::new();
     for s in out.samples.drain(..) {
-        match kept
-            .iter_mut()
-            .find(|k| k.name.eq_ignore_ascii_case(&s.name) && k.labels == s.labels)
-        {
-            Some(k) => *k = s,
-            None => kept.push(s),
+        match index.entry((s.name.to_ascii_lowercase(), s.labels.clone())) {
+            Entry::Occupied(e) => kept[*e.get()] = s,
+            Entry::Vacant(e) => {
+                e.insert(kept.len());
+                kept.push(s);
+            }
         }
     }
     out.samples = kept;

@@ -170,9 +170,13 @@ fn value_in_base_unit(raw: &str) -> Result<Option<String>, String> {
 pub fn looks_like(first: &str) -> bool {
     let head = first.split('|').next().unwrap_or("");
     let status = ["OK", "WARNING", "CRITICAL", "UNKNOWN"];
-    head.split_whitespace()
-        .take(3)
-        .any(|w| status.contains(&w.trim_end_matches(':')))
+    let words: Vec<&str> = head.split_whitespace().take(4).collect();
+    // `LOAD OK - ...`, `PROCS OK: ...`; not `state = OK`.
+    let status_word = words.iter().enumerate().take(3).any(|(i, w)| {
+        status.contains(&w.trim_end_matches(':'))
+            && (w.ends_with(':') || words.get(i + 1).is_some_and(|n| *n == "-"))
+    });
+    status_word
         || first
             .split_once('|')
             .is_some_and(|(_, p)| p.contains('=') && p.contains(';'))
@@ -244,6 +248,15 @@ mod tests {
             assert!(matches!(e, OutputError::Line { line: 1, .. }));
         }
         assert!(p.bad_lines[1].to_string().contains("unknown unit"));
+    }
+
+    #[test]
+    fn plugin_lines_are_recognised_and_kv_lines_are_not() {
+        assert!(looks_like("LOAD OK - total load average: 0.52"));
+        assert!(looks_like("PROCS OK: 121 processes"));
+        assert!(looks_like("anything | a=1;2;3"));
+        assert!(!looks_like("state = OK"));
+        assert!(!looks_like("OK"));
     }
 
     #[test]

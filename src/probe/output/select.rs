@@ -139,24 +139,30 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
     }
 }
 
-/// `node:load1` -> `node_load1`: how a sample's name is compared with a resource's.
-pub fn sanitised(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+/// How a sample's name is compared with a resource's: case ignored, every character other
+/// than letters, digits and `_` read as `_` (`node:load1` is `node_load1`). No string is
+/// built: this runs for every sample and every fed resource.
+fn same_name(name: &str, resource: &str) -> bool {
+    let mut r = resource.chars();
+    for c in name.chars() {
+        let c = if c.is_ascii_alphanumeric() || c == '_' {
+            c
+        } else {
+            '_'
+        };
+        match r.next() {
+            Some(rc) if rc.eq_ignore_ascii_case(&c) => {}
+            _ => return false,
+        }
+    }
+    r.next().is_none()
 }
 
 fn matches_directly(format: Format, sample: &Sample, resource: &str) -> bool {
     if !format.selectable() {
         return sample.name == resource;
     }
-    if sanitised(&sample.name).eq_ignore_ascii_case(resource) {
+    if same_name(&sample.name, resource) {
         return true;
     }
     // A ClassAd named by its `- NAME` separator also feeds `NAME_Attr`.
@@ -165,9 +171,7 @@ fn matches_directly(format: Format, sample: &Sample, resource: &str) -> bool {
             .labels
             .iter()
             .filter(|(k, _)| k == super::classad::AD_LABEL)
-            .any(|(_, tag)| {
-                sanitised(&format!("{tag}_{}", sample.name)).eq_ignore_ascii_case(resource)
-            })
+            .any(|(_, tag)| same_name(&format!("{tag}_{}", sample.name), resource))
 }
 
 fn matches_selector(format: Format, sample: &Sample, sel: &Selector) -> bool {
