@@ -285,7 +285,7 @@ fn failure_message(
             ))
         }
         Ending::Finished => match o.exit {
-            Exit::Code(c) if exits.reads(c) => None,
+            Exit::Code(c) if exits.reads(c, &o.stdout) => None,
             Exit::Code(c) => Some((
                 Outcome::Failed,
                 with_output(match exits.meaning(c) {

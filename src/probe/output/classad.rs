@@ -6,7 +6,7 @@
 //! get the label `ad="NAME"` (select them as `Attr{ad="NAME"}`; without `select:` a resource
 //! named `NAME_Attr` gets them). Within one run, a later ad's value for the same attribute
 //! (and the same ad name) replaces an earlier one. The output is read whatever the exit
-//! status, as HTCondor does.
+//! status, as HTCondor does (a non-zero exit with nothing printed is a failed run).
 
 use std::collections::hash_map::{Entry, HashMap};
 

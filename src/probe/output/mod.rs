@@ -90,16 +90,19 @@ pub enum Exits {
     Zero,
     /// The Nagios plugin API: 0 OK, 1 WARNING, 2 CRITICAL; 3 UNKNOWN and others fail.
     Nagios,
-    /// Any: HTCondor startd cron reads a script's ClassAd whatever it exits with.
+    /// Any: HTCondor startd cron reads a script's ClassAd whatever it exits with (a
+    /// non-zero exit that printed nothing has no ClassAd, and fails).
     Any,
 }
 
 impl Exits {
-    pub fn reads(self, code: i32) -> bool {
+    /// Whether a run that exited with `code` and printed `out` is an answer to parse.
+    /// (A startd-cron script that fails and prints nothing has no verdict to publish.)
+    pub fn reads(self, code: i32, out: &[u8]) -> bool {
         match self {
             Exits::Zero => code == 0,
             Exits::Nagios => (0..=2).contains(&code),
-            Exits::Any => true,
+            Exits::Any => code == 0 || out.iter().any(|b| !b.is_ascii_whitespace()),
         }
     }
 
