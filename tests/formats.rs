@@ -671,6 +671,41 @@ resources:
     assert_eq!(number(&json, "md0_disks"), 2.0);
     assert_eq!(number(&json, "varlog_bytes"), 123456.0);
     assert_eq!(number(&json, "dirs_bytes"), 124456.0);
+
+    // A collector whose cron job died: with max_age, every value it fed goes stale.
+    let yaml = std::fs::read_to_string(s.path().join("resources.yaml")).unwrap();
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        yaml.replace(
+            "format: prometheus",
+            "format: prometheus\n      max_age: 1h",
+        ),
+    )
+    .unwrap();
+    let three_hours_ago = nix::sys::time::TimeVal::new(
+        (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            - 3 * 3600) as i64,
+        0,
+    );
+    nix::sys::stat::utimes(
+        &textfiles.join("md_info.prom"),
+        &three_hours_ago,
+        &three_hours_ago,
+    )
+    .unwrap();
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    for name in ["md0_disks", "varlog_bytes", "dirs_bytes"] {
+        let r = row(&json, name);
+        assert_eq!(r["status"], "stale", "{r:#}");
+        assert!(
+            r["error"].as_str().unwrap().contains("not modified for 3h"),
+            "{r:#}"
+        );
+    }
 }
 
 #[test]
