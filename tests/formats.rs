@@ -702,7 +702,10 @@ resources:
         let r = row(&json, name);
         assert_eq!(r["status"], "stale", "{r:#}");
         assert!(
-            r["error"].as_str().unwrap().contains("not modified for 3h"),
+            r["error"]
+                .as_str()
+                .unwrap()
+                .contains("md_info.prom not modified for 3h"),
             "{r:#}"
         );
     }

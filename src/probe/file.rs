@@ -36,7 +36,8 @@ struct ReadState {
 #[derive(Debug)]
 enum ReadOutcome {
     Text(String),
-    TooOld(Duration),
+    /// This file (the probe's path, or one `*.prom` file of its directory) is this old.
+    TooOld(PathBuf, Duration),
 }
 
 fn read_bounded(
@@ -59,7 +60,7 @@ fn read_bounded(
         // A future mtime (clock skew) counts as fresh.
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         if age > max_age {
-            return Ok(ReadOutcome::TooOld(age));
+            return Ok(ReadOutcome::TooOld(path.to_owned(), age));
         }
     }
     let mut buf = Vec::new();
@@ -122,7 +123,7 @@ fn read_textfile_dir(
     for f in files {
         let left = max_bytes.saturating_sub(all.len() as u64);
         match read_bounded(&f, left, max_age)? {
-            ReadOutcome::TooOld(age) => return Ok(ReadOutcome::TooOld(age)),
+            old @ ReadOutcome::TooOld(..) => return Ok(old),
             ReadOutcome::Text(t) => {
                 all.push_str(&t);
                 if !all.ends_with('\n') {
@@ -132,6 +133,15 @@ fn read_textfile_dir(
         }
     }
     Ok(ReadOutcome::Text(all))
+}
+
+fn too_old(path: &Path, age: Duration, spec: &FileSpec) -> String {
+    format!(
+        "{} not modified for {} (max_age {})",
+        path.display(),
+        humantime::format_duration(Duration::from_secs(age.as_secs())),
+        humantime::format_duration(spec.max_age.unwrap_or_default())
+    )
 }
 
 /// A file in a probe output format: every fed resource from its samples, as an exec probe's.
@@ -145,13 +155,8 @@ fn in_format(
 ) -> ProbeRun {
     let text = match read {
         Err(e) => return ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, e),
-        Ok(ReadOutcome::TooOld(age)) => {
-            let why = format!(
-                "{} not modified for {} (max_age {})",
-                spec.path.display(),
-                humantime::format_duration(Duration::from_secs(age.as_secs())),
-                humantime::format_duration(spec.max_age.unwrap_or_default())
-            );
+        Ok(ReadOutcome::TooOld(path, age)) => {
+            let why = too_old(&path, age, spec);
             let mut run = ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
             for (_, r) in &mut run.readings {
                 if let Reading::Failed(why) = r {
@@ -239,12 +244,7 @@ pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> Prob
     }
     let reading = match result {
         Err(e) => return fail(e, Outcome::Failed),
-        Ok(ReadOutcome::TooOld(age)) => Reading::Stale(format!(
-            "{} not modified for {} (max_age {})",
-            spec.path.display(),
-            humantime::format_duration(Duration::from_secs(age.as_secs())),
-            humantime::format_duration(spec.max_age.unwrap_or_default())
-        )),
+        Ok(ReadOutcome::TooOld(path, age)) => Reading::Stale(too_old(&path, age, spec)),
         Ok(ReadOutcome::Text(text)) => match extract(spec, &text) {
             Err(e) => return fail(e, Outcome::Failed),
             Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
