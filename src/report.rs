@@ -33,6 +33,9 @@ pub struct Row {
 pub struct OnceReport {
     pub host: String,
     pub resources: Vec<Row>,
+    /// Every run succeeded (`ProbeRun::succeeded`, the rule `probe NAME` exits by).
+    #[serde(skip)]
+    pub runs_ok: bool,
 }
 
 impl OnceReport {
@@ -64,14 +67,16 @@ impl OnceReport {
         Self {
             host: host.to_owned(),
             resources: rows,
+            runs_ok: runs.iter().all(|(_, run)| run.succeeded()),
         }
     }
 
     pub fn all_ok(&self) -> bool {
-        !self
-            .resources
-            .iter()
-            .any(|r| matches!(r.status, Status::Failed | Status::Stale))
+        self.runs_ok
+            && !self
+                .resources
+                .iter()
+                .any(|r| matches!(r.status, Status::Failed | Status::Stale))
     }
 
     pub fn table(&self) -> String {
@@ -164,14 +169,25 @@ pub fn columns(rows: &[Vec<String>]) -> String {
 fn describe_kind(kind: &ProbeKind) -> String {
     match kind {
         ProbeKind::Builtin { index } => format!("builtin {index}"),
-        ProbeKind::Exec(e) => format!("exec {} ({})", e.command.join(" "), e.format.as_str()),
-        ProbeKind::File(f) => format!("file {}", f.path.display()),
-        ProbeKind::Stream(s) => format!(
-            "stream {} ({})",
-            s.exec.command.join(" "),
-            s.exec.format.as_str()
-        ),
+        ProbeKind::Exec(e) => format!("exec {}", describe_exec(e)),
+        ProbeKind::File(f) => match f.format {
+            Some(format) => format!("file {} ({})", f.path.display(), format.as_str()),
+            None => format!("file {}", f.path.display()),
+        },
+        ProbeKind::Stream(s) => format!("stream {}", describe_exec(&s.exec)),
     }
+}
+
+/// The argv as the child gets it (a string `command:` after splitting), the format and
+/// what `select:` picks.
+fn describe_exec(e: &crate::config::ExecSpec) -> String {
+    let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
+    for (resource, pick) in &e.select.picks {
+        if let Some(sel) = &pick.selector {
+            let _ = write!(out, " {resource}<-{sel}");
+        }
+    }
+    out
 }
 
 fn secs(d: Duration) -> String {

@@ -29,6 +29,8 @@ struct Slot {
     declared: Declared,
     resval: Resval,
     last_good: Option<SystemTime>,
+    /// When the current run of pending readings began (the output keeps leaving it out).
+    pending_since: Option<SystemTime>,
     /// Store version at which `resval` last changed in a way the controller must hear.
     changed_at: u64,
 }
@@ -99,6 +101,7 @@ impl Store {
                     },
                     declared: d,
                     last_good: None,
+                    pending_since: None,
                     changed_at: version,
                 },
             };
@@ -132,6 +135,7 @@ impl Store {
                 slot.resval.error = None;
                 slot.resval.last_report_ms = Some(unix_ms(at));
                 slot.last_good = Some(at);
+                slot.pending_since = None;
             }
             Reading::Failed(err) => {
                 slot.resval.status = Status::Failed;
@@ -146,8 +150,18 @@ impl Store {
                 slot.resval.value = Value::Unknown;
             }
             Reading::Pending(why) => {
-                // A pending reading never hides an older good value.
-                if slot.last_good.is_none() {
+                // A pending reading never hides a fresh good value; but a resource the
+                // output keeps leaving out must not wait forever: past its stale time
+                // (since the last good value, or since it first went missing) it fails.
+                let since = slot
+                    .last_good
+                    .unwrap_or(*slot.pending_since.get_or_insert(at));
+                let waited = at.duration_since(since).unwrap_or_default();
+                if waited >= slot.declared.stale_after {
+                    slot.resval.status = Status::Failed;
+                    slot.resval.error = Some(why);
+                    slot.resval.value = Value::Unknown;
+                } else if slot.last_good.is_none() {
                     slot.resval.status = Status::Pending;
                     slot.resval.error = Some(why);
                 }
@@ -300,6 +314,30 @@ mod tests {
             (r.status, r.value, r.last_report_ms),
             (Status::Ok, Value::Numeric(5.0), Some(1_000_000))
         );
+    }
+
+    #[test]
+    fn left_out_of_the_output_fails_past_stale_after() {
+        let s = store_with("varlog_bytes", 60);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let missing = || Reading::Pending("\"varlog_bytes\" is not in the probe's output".into());
+        s.record("varlog_bytes", "", missing(), t0);
+        assert_eq!(s.get("varlog_bytes", "").unwrap().status, Status::Pending);
+        s.record("varlog_bytes", "", missing(), t0 + Duration::from_secs(59));
+        assert_eq!(s.get("varlog_bytes", "").unwrap().status, Status::Pending);
+        s.record("varlog_bytes", "", missing(), t0 + Duration::from_secs(60));
+        let r = s.get("varlog_bytes", "").unwrap();
+        assert_eq!(r.status, Status::Failed);
+        assert!(r.error.unwrap().contains("not in the probe's output"));
+        // A good value, then left out: the value stands until its stale time, then fails.
+        let t1 = t0 + Duration::from_secs(100);
+        s.record("varlog_bytes", "", Reading::Ok(Value::Numeric(1.0)), t1);
+        s.record("varlog_bytes", "", missing(), t1 + Duration::from_secs(30));
+        let r = s.get("varlog_bytes", "").unwrap();
+        assert_eq!((r.status, r.value), (Status::Ok, Value::Numeric(1.0)));
+        s.record("varlog_bytes", "", missing(), t1 + Duration::from_secs(61));
+        let r = s.get("varlog_bytes", "").unwrap();
+        assert_eq!((r.status, r.value), (Status::Failed, Value::Unknown));
     }
 
     #[test]

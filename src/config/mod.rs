@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod error;
 pub mod hostlist;
+mod probe_output;
 mod raw;
 pub mod resources;
 pub mod scalar;

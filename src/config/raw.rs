@@ -104,8 +104,10 @@ pub struct RawProbe {
     // builtin
     pub index: Option<Spanned<String>>,
     // exec / stream
-    pub command: Option<Spanned<Vec<String>>>,
+    pub command: Option<Spanned<super::probe_output::RawCommand>>,
     pub format: Option<Spanned<String>>,
+    pub select: Option<Spanned<super::probe_output::RawSelect>>,
+    pub aggregate: Option<Spanned<String>>,
     pub env: Option<Spanned<BTreeMap<String, String>>>,
     pub run_as: Option<Spanned<String>>,
     pub limits: Option<Spanned<RawLimits>>,

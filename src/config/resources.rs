@@ -10,6 +10,7 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
+use super::probe_output;
 use super::raw::{near_miss, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS};
 use crate::value::Valtype;
 
@@ -129,30 +130,14 @@ impl ProbeKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// The first line is the value.
-    Value,
-    /// `name = value` lines (HTCondor startd cron style).
-    Kv,
-    /// `n name value name value ...` lines (LSF ELIM).
-    Elim,
-}
-
-impl Format {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Value => "value",
-            Format::Kv => "kv",
-            Format::Elim => "elim",
-        }
-    }
-}
+pub use crate::probe::output::Format;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecSpec {
     pub command: Vec<String>,
     pub format: Format,
+    /// `select:` and `aggregate:`: which sample feeds which resource.
+    pub select: crate::probe::output::Selection,
     pub env: BTreeMap<String, String>,
     pub run_as: Option<String>,
     pub limits: Limits,
@@ -174,6 +159,10 @@ pub struct FileSpec {
     pub regex: Option<Arc<Regex>>,
     pub max_age: Option<Duration>,
     pub max_bytes: u64,
+    /// The file's text in a probe output format (a node_exporter textfile); with a
+    /// directory as `path`, its `*.prom` files.
+    pub format: Option<Format>,
+    pub select: crate::probe::output::Selection,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -186,7 +175,6 @@ pub struct StreamSpec {
 
 pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;
 const KINDS: &[&str] = &["builtin", "exec", "file", "stream"];
-const FORMATS: &[&str] = &["value", "kv", "elim"];
 
 /// LSF resource-name rules: at most 39 characters, a letter or `_` first, then letters,
 /// digits and `_` (no operators, which would break resource requirement strings).
@@ -499,8 +487,26 @@ fn duration_field(
 fn kind_fields(kind: &str) -> &'static [&'static str] {
     match kind {
         "builtin" => &["index"],
-        "exec" => &["command", "format", "env", "run_as", "limits", "provides"],
-        "file" => &["path", "regex", "max_age", "max_bytes"],
+        "exec" => &[
+            "command",
+            "format",
+            "select",
+            "aggregate",
+            "env",
+            "run_as",
+            "limits",
+            "provides",
+        ],
+        "file" => &[
+            "path",
+            "regex",
+            "max_age",
+            "max_bytes",
+            "format",
+            "select",
+            "aggregate",
+            "provides",
+        ],
         "stream" => &[
             "command",
             "format",
@@ -536,10 +542,12 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
         return None;
     }
     let allowed = kind_fields(&kind.value);
-    let present: [(&str, Option<Pos>); 14] = [
+    let present: [(&str, Option<Pos>); 16] = [
         ("index", raw.index.as_ref().map(Pos::of)),
         ("command", raw.command.as_ref().map(Pos::of)),
         ("format", raw.format.as_ref().map(Pos::of)),
+        ("select", raw.select.as_ref().map(Pos::of)),
+        ("aggregate", raw.aggregate.as_ref().map(Pos::of)),
         ("env", raw.env.as_ref().map(Pos::of)),
         ("run_as", raw.run_as.as_ref().map(Pos::of)),
         ("limits", raw.limits.as_ref().map(Pos::of)),
@@ -584,13 +592,13 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
                 .map(|i| i.value.clone())
                 .unwrap_or_else(|| name.to_owned()),
         },
-        "exec" => ProbeKind::Exec(exec_spec(errs, raw, pos)?),
+        "exec" => ProbeKind::Exec(exec_spec(errs, raw, pos, &provides)?),
         "stream" => ProbeKind::Stream(StreamSpec {
-            exec: exec_spec(errs, raw, pos)?,
+            exec: stream_exec_spec(errs, raw, pos, &provides)?,
             silence: duration_field(errs, &raw.silence, "silence"),
             restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
         }),
-        _ => ProbeKind::File(file_spec(errs, raw, pos)?),
+        _ => ProbeKind::File(file_spec(errs, raw, pos, &provides)?),
     };
     if errs.list.len() > before {
         return None;
@@ -604,48 +612,39 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
     })
 }
 
-fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<ExecSpec> {
-    let Some(command) = &raw.command else {
+fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -> Option<ExecSpec> {
+    let Some(command_field) = &raw.command else {
         errs.at(
             pos,
             "exec and stream probes need `command`: a list such as [script, arg1]",
         );
         return None;
     };
-    if command.value.is_empty() || command.value[0].trim().is_empty() {
+    let command = probe_output::command(errs, command_field)?;
+    if command.is_empty() || command[0].trim().is_empty() {
         errs.at(
-            Pos::of(command),
+            Pos::of(command_field),
             "`command` is empty: expected [program, arg, ...]",
         );
         return None;
     }
-    if command.value[0].contains(char::is_whitespace) && !command.value[0].starts_with('/') {
+    if command[0].contains(char::is_whitespace) && !command[0].starts_with('/') {
         errs.at(
-            Pos::of(command),
+            Pos::of(command_field),
             format!(
                 "program {:?} contains spaces: `command` is an argument list run without a shell, e.g. [script, arg]",
-                command.value[0]
+                command[0]
             ),
         );
     }
-    let format = match &raw.format {
-        None => Format::Value,
-        Some(f) => match f.value.as_str() {
-            "value" => Format::Value,
-            "kv" => Format::Kv,
-            "elim" => Format::Elim,
-            other => {
-                errs.at(
-                    Pos::of(f),
-                    format!(
-                        "unknown format {other:?}; expected one of {}",
-                        FORMATS.join(", ")
-                    ),
-                );
-                Format::Value
-            }
-        },
-    };
+    let format = probe_output::format(errs, raw.format.as_ref());
+    let select = probe_output::selection(
+        errs,
+        format,
+        raw.select.as_ref(),
+        raw.aggregate.as_ref(),
+        provides,
+    );
     let env = raw
         .env
         .as_ref()
@@ -660,12 +659,33 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<ExecSpec> {
         }
     }
     Some(ExecSpec {
-        command: command.value.clone(),
+        command,
         format,
+        select,
         env,
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
         limits: limits(errs, raw.limits.as_ref()),
     })
+}
+
+/// A stream probe reads its output line by line: only the line formats apply.
+fn stream_exec_spec(
+    errs: &mut Errors,
+    raw: &RawProbe,
+    pos: Pos,
+    provides: &[String],
+) -> Option<ExecSpec> {
+    let spec = exec_spec(errs, raw, pos, provides)?;
+    if spec.format.selectable() {
+        errs.at(
+            raw.format.as_ref().map_or(pos, Pos::of),
+            format!(
+                "format {} is read from a finished run: use it with `kind: exec`; stream probes read value, kv or elim lines",
+                spec.format.as_str()
+            ),
+        );
+    }
+    Some(spec)
 }
 
 fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
@@ -710,7 +730,7 @@ fn compile_shared(pattern: &str) -> Result<Arc<Regex>, regex::Error> {
     })
 }
 
-fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
+fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -> Option<FileSpec> {
     let Some(path) = &raw.path else {
         errs.at(pos, "file probes need `path`");
         return None;
@@ -748,9 +768,12 @@ fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
             }
         },
     };
+    let (format, select) = probe_output::file_format(errs, raw, provides);
     Some(FileSpec {
         path: PathBuf::from(&path.value),
         regex,
+        format,
+        select,
         max_age: duration_field(errs, &raw.max_age, "max_age"),
         max_bytes,
     })

@@ -137,6 +137,9 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         ProbeKind::Stream(s) => Some(&s.exec),
         ProbeKind::File(f) => {
             let _ = writeln!(t, "  path:      {}", f.path.display());
+            if let Some(format) = f.format {
+                let _ = writeln!(t, "  format:    {}", format.as_str());
+            }
             if let Some(re) = &f.regex {
                 let _ = writeln!(t, "  regex:     {}", re.as_str());
             }
@@ -179,6 +182,12 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  stderr (tail):");
         t.push_str(&shown(d.stderr.as_bytes()));
     }
+    if let (Some(d), Some(spec)) = (&run.exec, exec_spec) {
+        t.push_str(&parsed_samples(spec, d, &task.name));
+    }
+    for bad in &run.bad_lines {
+        let _ = writeln!(t, "  did not parse: {bad}");
+    }
     let _ = writeln!(t, "  values:");
     for (name, r) in &run.readings {
         let line = match r {
@@ -192,7 +201,7 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
     for name in &run.unexpected {
         let _ = writeln!(t, "    (ignored: {name} is not in this probe's provides)");
     }
-    let ok = run.error().is_none() && run.outcome == super::Outcome::Ok;
+    let ok = run.succeeded();
     let _ = writeln!(
         t,
         "result: {}",
@@ -207,6 +216,33 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         }
     );
     Report { text: t, ok }
+}
+
+/// Most samples listed under `parsed:` (a node_exporter textfile can hold thousands).
+const SHOW_SAMPLES: usize = 40;
+
+/// What the format's parser found in the output (perfdata, metrics, fields, attributes),
+/// for the formats where `select:` chooses among them.
+fn parsed_samples(spec: &ExecSpec, d: &ExecDetail, own: &str) -> String {
+    let mut t = String::new();
+    if !spec.format.selectable() || d.exit.is_none() {
+        return t;
+    }
+    let exit = match d.exit {
+        Some(Exit::Code(c)) => Some(c),
+        _ => None,
+    };
+    let Ok(parsed) = super::output::parse(spec.format, &d.stdout, exit, own) else {
+        return t;
+    };
+    let _ = writeln!(t, "  parsed ({} samples):", parsed.samples.len());
+    for s in parsed.samples.iter().take(SHOW_SAMPLES) {
+        let _ = writeln!(t, "    {} = {}", s.key(), s.value);
+    }
+    if parsed.samples.len() > SHOW_SAMPLES {
+        let _ = writeln!(t, "    … ({} more)", parsed.samples.len() - SHOW_SAMPLES);
+    }
+    t
 }
 
 /// argv as a shell would need it quoted, for copy-paste.

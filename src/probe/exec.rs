@@ -181,21 +181,12 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
-            let failure = failure_message(task, &o);
+            let failure = failure_message(task, &o, spec.format.def().exits);
             let mut run = match failure {
                 Some((outcome, why)) => {
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
                 }
-                None => match output::parse(spec.format, &o.stdout, &task.name) {
-                    Err(e) => ProbeRun::all_failed(
-                        task,
-                        started,
-                        o.duration,
-                        Outcome::Failed,
-                        format!("bad {} output: {e}", spec.format.as_str()),
-                    ),
-                    Ok(pairs) => ProbeRun::from_pairs(task, started, o.duration, pairs),
-                },
+                None => parse_output(task, spec, started, &o),
             };
             detail.stdout = o.stdout;
             run.duration = o.duration;
@@ -206,14 +197,64 @@ pub async fn run(
     run
 }
 
+/// The hook from a finished child to its format's parser: stdout, exit status, and the
+/// probe's `select:` give one reading per fed resource.
+fn parse_output(
+    task: &ProbeTask,
+    spec: &ExecSpec,
+    started: SystemTime,
+    o: &process::ChildOutcome,
+) -> ProbeRun {
+    let exit = match o.exit {
+        Exit::Code(c) => Some(c),
+        _ => None,
+    };
+    match output::parse(spec.format, &o.stdout, exit, &task.name) {
+        Err(e) => ProbeRun::all_failed(
+            task,
+            started,
+            o.duration,
+            Outcome::Failed,
+            format!("bad {} output: {e}", spec.format.as_str()),
+        ),
+        Ok(parsed) => ProbeRun::from_output(
+            task,
+            started,
+            o.duration,
+            (spec.format, &spec.select),
+            &parsed,
+            &String::from_utf8_lossy(&o.stdout),
+        ),
+    }
+}
+
 /// Why a finished child is a failed run, or `None` when its output should be parsed.
-fn failure_message(task: &ProbeTask, o: &process::ChildOutcome) -> Option<(Outcome, String)> {
+fn failure_message(
+    task: &ProbeTask,
+    o: &process::ChildOutcome,
+    exits: output::Exits,
+) -> Option<(Outcome, String)> {
     let stderr = o.stderr_text();
+    // A script that exits non-zero explaining itself on stdout (a Nagios plugin's status
+    // line) is heard too.
+    let first_stdout = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| l.chars().take(200).collect::<String>())
+        .unwrap_or_default();
     let with_stderr = |msg: String| {
         if stderr.is_empty() {
             msg
         } else {
             format!("{msg}: {}", last_line(&stderr))
+        }
+    };
+    let with_output = |msg: String| {
+        if stderr.is_empty() && !first_stdout.is_empty() {
+            format!("{msg}: {first_stdout}")
+        } else {
+            with_stderr(msg)
         }
     };
     match &o.ending {
@@ -244,10 +285,13 @@ fn failure_message(task: &ProbeTask, o: &process::ChildOutcome) -> Option<(Outco
             ))
         }
         Ending::Finished => match o.exit {
-            Exit::Code(0) => None,
+            Exit::Code(c) if exits.reads(c, &o.stdout) => None,
             Exit::Code(c) => Some((
                 Outcome::Failed,
-                with_stderr(format!("exited with status {c}")),
+                with_output(match exits.meaning(c) {
+                    Some(m) => format!("exited with status {c} ({m})"),
+                    None => format!("exited with status {c}"),
+                }),
             )),
             Exit::Signal(s) => Some((
                 Outcome::Failed,

@@ -36,7 +36,8 @@ struct ReadState {
 #[derive(Debug)]
 enum ReadOutcome {
     Text(String),
-    TooOld(Duration),
+    /// This file (the probe's path, or one `*.prom` file of its directory) is this old.
+    TooOld(PathBuf, Duration),
 }
 
 fn read_bounded(
@@ -59,7 +60,7 @@ fn read_bounded(
         // A future mtime (clock skew) counts as fresh.
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         if age > max_age {
-            return Ok(ReadOutcome::TooOld(age));
+            return Ok(ReadOutcome::TooOld(path.to_owned(), age));
         }
     }
     let mut buf = Vec::new();
@@ -103,6 +104,88 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
     }
 }
 
+/// The files a node_exporter textfile collector reads: `*.prom` in `dir`, in name order,
+/// joined; `max_bytes` bounds them all together, `max_age` each.
+fn read_textfile_dir(
+    dir: &Path,
+    max_bytes: u64,
+    max_age: Option<Duration>,
+) -> Result<ReadOutcome, String> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "prom") && p.is_file())
+        .collect();
+    files.sort();
+    let mut all = String::new();
+    for f in files {
+        let left = max_bytes.saturating_sub(all.len() as u64);
+        match read_bounded(&f, left, max_age)? {
+            old @ ReadOutcome::TooOld(..) => return Ok(old),
+            ReadOutcome::Text(t) => {
+                all.push_str(&t);
+                if !all.ends_with('\n') {
+                    all.push('\n');
+                }
+            }
+        }
+    }
+    Ok(ReadOutcome::Text(all))
+}
+
+fn too_old(path: &Path, age: Duration, spec: &FileSpec) -> String {
+    format!(
+        "{} not modified for {} (max_age {})",
+        path.display(),
+        humantime::format_duration(Duration::from_secs(age.as_secs())),
+        humantime::format_duration(spec.max_age.unwrap_or_default())
+    )
+}
+
+/// A file in a probe output format: every fed resource from its samples, as an exec probe's.
+fn in_format(
+    task: &ProbeTask,
+    spec: &FileSpec,
+    format: super::output::Format,
+    read: Result<ReadOutcome, String>,
+    started: SystemTime,
+    elapsed: Duration,
+) -> ProbeRun {
+    let text = match read {
+        Err(e) => return ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, e),
+        Ok(ReadOutcome::TooOld(path, age)) => {
+            let why = too_old(&path, age, spec);
+            let mut run = ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
+            for (_, r) in &mut run.readings {
+                if let Reading::Failed(why) = r {
+                    *r = Reading::Stale(std::mem::take(why));
+                }
+            }
+            return run;
+        }
+        Ok(ReadOutcome::Text(t)) => t,
+    };
+    match super::output::parse(format, text.as_bytes(), None, &task.name) {
+        Err(e) => ProbeRun::all_failed(
+            task,
+            started,
+            elapsed,
+            Outcome::Failed,
+            format!("bad {} in {}: {e}", format.as_str(), spec.path.display()),
+        ),
+        Ok(parsed) => ProbeRun::from_output(
+            task,
+            started,
+            elapsed,
+            (format, &spec.select),
+            &parsed,
+            &text,
+        ),
+    }
+}
+
 pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> ProbeRun {
     let t0 = std::time::Instant::now();
     let fail =
@@ -118,9 +201,14 @@ pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> Prob
     }
     let state = Arc::new(Mutex::new(ReadState::default()));
     let (path, max_bytes, max_age) = (spec.path.clone(), spec.max_bytes, spec.max_age);
+    let textfiles = spec.format.is_some();
     let read_state = state.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let r = read_bounded(&path, max_bytes, max_age);
+        let r = if textfiles && path.is_dir() {
+            read_textfile_dir(&path, max_bytes, max_age)
+        } else {
+            read_bounded(&path, max_bytes, max_age)
+        };
         let mut stuck = lock_stuck();
         let mut st = read_state.lock().unwrap_or_else(|p| p.into_inner());
         st.finished = true;
@@ -151,14 +239,12 @@ pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> Prob
         Ok(Err(join)) => Err(format!("read task failed: {join}")),
         Ok(Ok(r)) => r,
     };
+    if let Some(format) = spec.format {
+        return in_format(task, spec, format, result, started, t0.elapsed());
+    }
     let reading = match result {
         Err(e) => return fail(e, Outcome::Failed),
-        Ok(ReadOutcome::TooOld(age)) => Reading::Stale(format!(
-            "{} not modified for {} (max_age {})",
-            spec.path.display(),
-            humantime::format_duration(Duration::from_secs(age.as_secs())),
-            humantime::format_duration(spec.max_age.unwrap_or_default())
-        )),
+        Ok(ReadOutcome::TooOld(path, age)) => Reading::Stale(too_old(&path, age, spec)),
         Ok(ReadOutcome::Text(text)) => match extract(spec, &text) {
             Err(e) => return fail(e, Outcome::Failed),
             Ok(raw) => match task.feeds[0].valtype.parse(&raw) {

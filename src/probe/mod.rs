@@ -65,6 +65,8 @@ pub struct ProbeRun {
     pub unexpected: Vec<String>,
     /// For exec probes: the child's details.
     pub exec: Option<exec::ExecDetail>,
+    /// Output lines that did not parse while the rest of the output still counted.
+    pub bad_lines: Vec<String>,
 }
 
 impl ProbeRun {
@@ -87,6 +89,7 @@ impl ProbeRun {
                 .collect(),
             unexpected: Vec::new(),
             exec: None,
+            bad_lines: Vec::new(),
         }
     }
 
@@ -112,6 +115,7 @@ impl ProbeRun {
             readings,
             unexpected,
             exec: None,
+            bad_lines: Vec::new(),
         }
     }
 
@@ -134,7 +138,77 @@ impl ProbeRun {
             readings: vec![(task.name.clone(), reading)],
             unexpected: Vec::new(),
             exec: None,
+            bad_lines: Vec::new(),
         }
+    }
+
+    /// A finished run's parsed output: one reading per fed resource, picked by `select`.
+    /// A resource the output leaves out keeps its last value (pending) until `stale_after`
+    /// says otherwise, with the reason; but a run that gives no fed resource any value is a
+    /// failed run, unless its format calls empty output an answer and it printed nothing.
+    pub fn from_output(
+        task: &ProbeTask,
+        started: SystemTime,
+        duration: Duration,
+        how: (output::Format, &output::Selection),
+        parsed: &output::Parsed,
+        text: &str,
+    ) -> Self {
+        let (format, selection) = how;
+        let mut readings: Vec<(String, Reading)> = Vec::with_capacity(task.feeds.len());
+        let mut absent = Vec::new();
+        for feed in &task.feeds {
+            let pick = selection.pick(&feed.name);
+            match output::select::reading(format, &pick, parsed, &feed.name, feed.valtype) {
+                Some(r) => readings.push((feed.name.clone(), r)),
+                None => {
+                    absent.push(readings.len());
+                    let why =
+                        output::select::absent_reason(format, &pick, parsed, text, &feed.name);
+                    readings.push((feed.name.clone(), Reading::Pending(why)));
+                }
+            }
+        }
+        let any_value = readings.iter().any(|(_, r)| matches!(r, Reading::Ok(_)));
+        let said_nothing = format.def().empty_is_an_answer && text.trim().is_empty();
+        if !any_value && !said_nothing {
+            for i in absent {
+                if let Reading::Pending(why) = &readings[i].1 {
+                    readings[i].1 = Reading::Failed(why.clone());
+                }
+            }
+        }
+        let any_failed = readings
+            .iter()
+            .any(|(_, r)| matches!(r, Reading::Failed(_)));
+        let unexpected = if format.selectable() {
+            Vec::new()
+        } else {
+            parsed
+                .samples
+                .iter()
+                .filter(|s| task.feed(&s.name).is_none())
+                .map(|s| s.name.clone())
+                .collect()
+        };
+        Self {
+            started,
+            duration,
+            outcome: if any_failed {
+                Outcome::Failed
+            } else {
+                Outcome::Ok
+            },
+            readings,
+            unexpected,
+            exec: None,
+            bad_lines: parsed.bad_lines.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// Whether the run counts as ok: what `--once` and `probe NAME` both exit by.
+    pub fn succeeded(&self) -> bool {
+        self.outcome == Outcome::Ok
     }
 
     /// The error shown for the run as a whole, if any.

@@ -134,6 +134,10 @@ pub fn parse_line(format: Format, line: &[u8], own: &str) -> LineValues {
         Format::Value => output::parse_value(text)
             .map(|v| vec![(own.to_owned(), v)])
             .map_err(|e| e.to_string()),
+        other => Err(format!(
+            "format {} is not read line by line",
+            other.as_str()
+        )),
     };
     match parsed {
         Ok(p) if p.is_empty() => LineValues::Nothing,

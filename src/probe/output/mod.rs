@@ -1,0 +1,372 @@
+//! Parsers for what probes print, one file per format, listed once in [`formats!`] below: a
+//! new format is its file plus one line there. A parser turns text into [`Sample`]s (a name,
+//! labels and a raw value); `select.rs` picks each fed resource's sample; typing against the
+//! resource's valtype happens in one place (`value::Valtype::parse`).
+
+mod classad;
+mod elim;
+mod influx;
+mod kv;
+mod nagios;
+mod prometheus;
+pub mod select;
+mod value;
+
+pub use elim::{parse_elim, parse_elim_line};
+pub use kv::parse_kv;
+pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
+pub use value::parse_value;
+
+/// One `name -> raw text` pair a probe reported.
+pub type Pair = (String, String);
+
+/// Declares the formats: `Variant => module` (the module holds `DEF`, whose `name` is what
+/// `format:` says). Everything else (the enum, the name list, dispatch) follows from it.
+macro_rules! formats {
+    ($($variant:ident => $module:ident),* $(,)?) => {
+        /// What a probe's output is written in.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Format { $($variant),* }
+
+        impl Format {
+            pub const ALL: &'static [Format] = &[$(Format::$variant),*];
+
+            pub fn def(self) -> &'static FormatDef {
+                match self { $(Format::$variant => &$module::DEF),* }
+            }
+        }
+    };
+}
+
+formats! {
+    Value => value,
+    Kv => kv,
+    Elim => elim,
+    Nagios => nagios,
+    Prometheus => prometheus,
+    Influx => influx,
+    Classad => classad,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        self.def().name
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|f| f.as_str() == name)
+    }
+
+    pub fn names() -> Vec<&'static str> {
+        Self::ALL.iter().map(|f| f.as_str()).collect()
+    }
+
+    /// Whether `select:`/`aggregate:` apply (the formats whose samples carry labels).
+    pub fn selectable(self) -> bool {
+        self.def().selectable
+    }
+}
+
+/// One format's entry in the table.
+pub struct FormatDef {
+    pub name: &'static str,
+    /// What output in this format is called, for hints ("looked like Prometheus text").
+    pub title: &'static str,
+    parse: fn(&Input) -> Result<Parsed, OutputError>,
+    /// Which exit statuses still mean "read the output".
+    pub exits: Exits,
+    /// `select:` and `aggregate:` apply; names match case-insensitively after sanitising.
+    pub selectable: bool,
+    /// Empty output is a normal answer (Prometheus collectors print nothing when all is well).
+    pub empty_is_an_answer: bool,
+    /// Selector names match case-insensitively (ClassAd attribute names).
+    pub fold_case: bool,
+}
+
+/// Exit statuses whose output is read; any other is a failed run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exits {
+    /// Only 0 (value, kv, elim, Prometheus, influx).
+    Zero,
+    /// The Nagios plugin API: 0 OK, 1 WARNING, 2 CRITICAL; 3 UNKNOWN and others fail.
+    Nagios,
+    /// Any: HTCondor startd cron reads a script's ClassAd whatever it exits with (a
+    /// non-zero exit that printed nothing has no ClassAd, and fails).
+    Any,
+}
+
+impl Exits {
+    /// Whether a run that exited with `code` and printed `out` is an answer to parse.
+    /// (A startd-cron script that fails and prints nothing has no verdict to publish.)
+    pub fn reads(self, code: i32, out: &[u8]) -> bool {
+        match self {
+            Exits::Zero => code == 0,
+            Exits::Nagios => (0..=2).contains(&code),
+            Exits::Any => code == 0 || out.iter().any(|b| !b.is_ascii_whitespace()),
+        }
+    }
+
+    /// What the status means in this format, for the failure message.
+    pub fn meaning(self, code: i32) -> Option<&'static str> {
+        match (self, code) {
+            (Exits::Nagios, 3) => Some("UNKNOWN"),
+            (Exits::Nagios, _) => Some("not a Nagios status (0-3)"),
+            _ => None,
+        }
+    }
+}
+
+/// What a parser reads: the output, how the child exited, the probe's own resource name.
+pub struct Input<'a> {
+    pub text: &'a str,
+    pub exit: Option<i32>,
+    pub own: &'a str,
+}
+
+/// One value found in the output, before typing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Metric name, perfdata label, `measurement.field` or ClassAd attribute.
+    pub name: String,
+    /// Prometheus labels, influx tags, the ClassAd's `- NAME` tag as `ad`.
+    pub labels: Vec<(String, String)>,
+    pub value: String,
+    /// The output line it came from (1-based); 0 for values from the exit status.
+    pub line: usize,
+}
+
+impl Sample {
+    pub fn plain(name: &str, value: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            labels: Vec::new(),
+            value: value.to_owned(),
+            line: 0,
+        }
+    }
+
+    /// `name{a="1",b="2"}` as a selector would write it.
+    pub fn key(&self) -> String {
+        if self.labels.is_empty() {
+            return self.name.clone();
+        }
+        let labels: Vec<String> = self
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .collect();
+        format!("{}{{{}}}", self.name, labels.join(","))
+    }
+}
+
+/// A run's output, parsed: its samples, and the lines that did not parse (the rest of the
+/// output still counts).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Parsed {
+    pub samples: Vec<Sample>,
+    pub bad_lines: Vec<OutputError>,
+}
+
+impl Parsed {
+    pub fn of(samples: Vec<Sample>) -> Self {
+        Self {
+            samples,
+            bad_lines: Vec::new(),
+        }
+    }
+
+    fn from_pairs(pairs: Vec<Pair>) -> Self {
+        Self::of(
+            pairs
+                .into_iter()
+                .map(|(k, v)| Sample {
+                    name: k,
+                    labels: Vec::new(),
+                    value: v,
+                    line: 0,
+                })
+                .collect(),
+        )
+    }
+
+    fn bad(&mut self, line: usize, reason: impl Into<String>) {
+        self.bad_lines.push(OutputError::Line {
+            line,
+            reason: reason.into(),
+        });
+    }
+
+    /// The samples as `name -> value` pairs (labels dropped), for the formats without them.
+    pub fn pairs(&self) -> Vec<Pair> {
+        self.samples
+            .iter()
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputError {
+    #[error("empty output")]
+    Empty,
+    #[error("output is not valid UTF-8 (at byte {0})")]
+    NotUtf8(usize),
+    #[error("output contains a NUL byte")]
+    Nul,
+    #[error("line {line}: {reason}")]
+    Line { line: usize, reason: String },
+}
+
+fn text(out: &[u8]) -> Result<&str, OutputError> {
+    if out.contains(&0) {
+        return Err(OutputError::Nul);
+    }
+    std::str::from_utf8(out).map_err(|e| OutputError::NotUtf8(e.valid_up_to()))
+}
+
+/// Parse `out` in `format`. `exit` is the child's exit status when it has one (Nagios reads
+/// it); `own` names the value of `format: value`.
+pub fn parse(
+    format: Format,
+    out: &[u8],
+    exit: Option<i32>,
+    own: &str,
+) -> Result<Parsed, OutputError> {
+    let text = text(out)?;
+    (format.def().parse)(&Input { text, exit, own })
+}
+
+/// The format `text` looks written in, for the hint when a probe's output does not give
+/// what was asked: Prometheus text fed to `kv` "works" and reports nothing.
+pub fn looks_like(text: &str) -> Option<Format> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(20)
+        .collect();
+    let first = *lines.first()?;
+    if lines
+        .iter()
+        .any(|l| l.starts_with("# TYPE ") || l.starts_with("# HELP "))
+        || lines.iter().any(|l| prometheus::looks_like_sample(l))
+    {
+        return Some(Format::Prometheus);
+    }
+    if lines
+        .iter()
+        .all(|l| l.starts_with('#') || influx::looks_like_line(l))
+    {
+        return Some(Format::Influx);
+    }
+    if nagios::looks_like(first) {
+        return Some(Format::Nagios);
+    }
+    if lines
+        .iter()
+        .all(|l| parse_elim_line(l).is_ok_and(|p| !p.is_empty()))
+    {
+        return Some(Format::Elim);
+    }
+    if lines
+        .iter()
+        .all(|l| l.starts_with('-') || l.starts_with('#') || l.contains('='))
+    {
+        return Some(if lines.iter().any(|l| *l == "-" || l.starts_with("- ")) {
+            Format::Classad
+        } else {
+            Format::Kv
+        });
+    }
+    None
+}
+
+fn upsert(pairs: &mut Vec<Pair>, k: &str, v: &str) {
+    match pairs.iter_mut().find(|(n, _)| n == k) {
+        Some(p) => p.1 = v.to_owned(),
+        None => pairs.push((k.to_owned(), v.to_owned())),
+    }
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(f: Format, out: &[u8]) -> Result<Vec<Pair>, OutputError> {
+        parse(f, out, Some(0), "x").map(|p| p.pairs())
+    }
+
+    #[test]
+    fn value_is_first_non_blank_line() {
+        assert_eq!(
+            pairs(Format::Value, b"\n 42 \nmore\n").unwrap(),
+            vec![("x".into(), "42".into())]
+        );
+        assert_eq!(pairs(Format::Value, b"  \n"), Err(OutputError::Empty));
+        assert_eq!(pairs(Format::Value, b"4\x002"), Err(OutputError::Nul));
+        assert_eq!(
+            pairs(Format::Value, b"\xff\xfe"),
+            Err(OutputError::NotUtf8(0))
+        );
+    }
+
+    #[test]
+    fn kv_lines() {
+        let got = parse_kv("# comment\na = 1\nb=\"two words\"\n\na = 3\n").unwrap();
+        assert_eq!(
+            got,
+            vec![("a".into(), "3".into()), ("b".into(), "two words".into())]
+        );
+        assert!(matches!(
+            parse_kv("a = 1\ngarbage\n"),
+            Err(OutputError::Line { line: 2, .. })
+        ));
+        assert!(matches!(
+            parse_kv("two words = 1\n"),
+            Err(OutputError::Line { line: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn elim_lines() {
+        let got = parse_elim("2 a 1 b 2\n1 a 5\n").unwrap();
+        assert_eq!(
+            got,
+            vec![("a".into(), "5".into()), ("b".into(), "2".into())]
+        );
+        assert!(parse_elim("2 a 1\n").is_err());
+        assert!(parse_elim("x a 1\n").is_err());
+        assert_eq!(parse_elim_line("0").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn every_format_has_a_distinct_name() {
+        let names = Format::names();
+        let unique: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len());
+        for f in Format::ALL {
+            assert_eq!(Format::from_name(f.as_str()), Some(*f));
+        }
+    }
+
+    #[test]
+    fn output_is_recognised_for_the_hint() {
+        let prom = "# HELP varlog_bytes Bytes\n# TYPE varlog_bytes gauge\nvarlog_bytes{path=\"/var/log\"} 123\n";
+        assert_eq!(looks_like(prom), Some(Format::Prometheus));
+        assert_eq!(
+            looks_like("cpu,host=a usage_idle=97.5,n=3i 1700000000000000000\n"),
+            Some(Format::Influx)
+        );
+        assert_eq!(
+            looks_like("DISK OK - free space: / 3326 MB (56%); | /=2643MB;5948;5958;0;5968\n"),
+            Some(Format::Nagios)
+        );
+        assert_eq!(looks_like("2 a 1 b 2\n"), Some(Format::Elim));
+        assert_eq!(looks_like("a = 1\n-\n"), Some(Format::Classad));
+        assert_eq!(looks_like("hello world\n"), None);
+    }
+}
