@@ -2,8 +2,9 @@
 //!
 //! Layers, each importing only those below it:
 //! `value` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
-//! `daemon`, `metrics`, `report` -> `cli` and the binary.
+//! `checks`, `daemon`, `metrics`, `report` -> `cli` and the binary.
 
+pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -6,6 +6,7 @@ pub mod hostlist;
 mod raw;
 pub mod resources;
 pub mod scalar;
+mod yaml_hint;
 
 use std::path::{Path, PathBuf};
 

@@ -132,6 +132,40 @@ pub struct RawLimits {
     pub processes: Option<Spanned<Scalar>>,
 }
 
+/// The field names serde derives for struct `T`, so that lists of known fields are never
+/// written by hand: a field added to the struct is known everywhere at once.
+pub fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Capture<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Capture<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields captured"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Capture(&mut fields));
+    fields
+}
+
+/// Fields of `probe:`, which belong there and not on the resource.
+pub fn probe_fields() -> &'static [&'static str] {
+    field_names::<RawProbe>()
+}
+
 /// A known field within two edits of `key`, case ignored: `intreval` -> `interval`.
 pub fn near_miss<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
     let k = key.to_ascii_lowercase();
@@ -173,5 +207,17 @@ mod tests {
         );
         assert_eq!(near_miss("hostBased", RESOURCE_FIELDS), None);
         assert_eq!(near_miss("distributions", RESOURCE_FIELDS), None);
+        assert_eq!(near_miss("timout", probe_fields()), Some("timeout"));
+        assert_eq!(near_miss("provide", probe_fields()), Some("provides"));
+    }
+
+    #[test]
+    fn probe_fields_come_from_the_struct() {
+        let fields = probe_fields();
+        assert!(
+            fields.contains(&"kind") && fields.contains(&"stale_after"),
+            "{fields:?}"
+        );
+        assert_eq!(field_names::<RawLimits>().len(), 4);
     }
 }

@@ -10,7 +10,9 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
-use super::raw::{near_miss, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS};
+use super::raw::{
+    near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS,
+};
 use crate::value::Valtype;
 
 #[derive(Debug, Clone)]
@@ -213,7 +215,7 @@ pub fn check_resource_name(name: &str) -> Result<(), String> {
 
 pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
     let raw: RawResourcesFile =
-        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?;
+        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, text, &e))?;
     let mut errs = Errors::new(path);
     let mut out = Resources {
         path: path.to_owned(),
@@ -270,6 +272,17 @@ fn resource(
         errs.at(Pos::of(name), e);
     }
     for key in &raw.unknown {
+        if probe_fields().contains(&key.value.as_str()) {
+            // Dedented out of `probe:`: silently ignoring it would leave a probe-less resource.
+            errs.at(
+                Pos::of(key),
+                format!(
+                    "`{}` belongs under `probe:` (indent it two more spaces than `probe:`)",
+                    key.value
+                ),
+            );
+            continue;
+        }
         match near_miss(&key.value, RESOURCE_FIELDS) {
             Some(known) => errs.at(
                 Pos::of(key),
@@ -808,8 +821,8 @@ fn check_provides(errs: &mut Errors, resources: &[Resource], raw: &[Option<&Span
                         errs.at(
                             list_pos,
                             format!(
-                                "`provides` names {name:?}, whose resourcemap differs from {:?}'s",
-                                res.name
+                                "`provides` names {name:?}, whose resourcemap differs from {:?}'s; fix: give {name:?} the same resourcemap as {:?} (copy it)",
+                                res.name, res.name
                             ),
                         );
                         continue;
