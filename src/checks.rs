@@ -32,7 +32,9 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         let program = exec::resolve_program(plugin_dir, &spec.command[0]);
         match security::verdict(&program, &spec.command[0], plugin_dir, uid) {
             security::Verdict::Ok => {}
-            security::Verdict::Problem(e) => problems.push((t.name.clone(), e)),
+            security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
+                problems.push((t.name.clone(), e))
+            }
             security::Verdict::Unenforced(e) => {
                 unenforced += 1;
                 notes.push((t.name.clone(), format!("would be refused as root: {e}")));

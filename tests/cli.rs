@@ -175,9 +175,62 @@ fn check_flags_a_missing_script() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{stdout}");
     assert!(stdout.contains("PROBLEMS (1)\nwords: "), "{stdout}");
+    let wanted = format!(
+        "words: {} not found (`words.sh` is not an absolute path, so it is looked up in plugin_dir {})",
+        s.path().join("words.sh").display(),
+        s.path().display()
+    );
+    assert!(stdout.contains(&wanted), "{stdout}");
+}
+
+/// The commonest mistakes each exit 2 with a message that names the fix.
+#[test]
+fn check_names_the_fix_for_the_commonest_mistakes() {
+    let check = |s: &Setup| {
+        let out = agent(s).arg("check").output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        text
+    };
+    let dedented = Setup::new(
+        "resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n    command: [a.sh]\n",
+    );
     assert!(
-        stdout.contains("words.sh: No such file or directory"),
-        "{stdout}"
+        check(&dedented).contains(
+            ":5:5: `kind` belongs under `probe:` (indent it two more spaces than `probe:`)"
+        ),
+        "{}",
+        check(&dedented)
+    );
+    let timout = Setup::new(
+        "resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      command: [a.sh]\n      timout: 5\n",
+    );
+    assert!(
+        check(&timout).contains(":7:7: unknown field `timout`; did you mean `timeout`?"),
+        "{}",
+        check(&timout)
+    );
+    let controler = Setup::with_agent("resources: []\n", "controler: [ctl1]\n");
+    assert!(
+        check(&controler).contains("unknown field `controler`; did you mean `controllers`?"),
+        "{}",
+        check(&controler)
+    );
+    let no_exec_bit = setup();
+    let script = no_exec_bit.path().join("good.sh");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let wanted = format!(
+        "good: {p} is not executable (mode 0644); fix: chmod 755 {p}",
+        p = script.display()
+    );
+    assert!(
+        check(&no_exec_bit).contains(&wanted),
+        "{}",
+        check(&no_exec_bit)
     );
 }
 

@@ -51,6 +51,86 @@ fn unknown_probe_field_is_strict() {
 }
 
 #[test]
+fn every_mapping_gets_the_near_miss_rule() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      command: [x]\n      provide: [b]\n");
+    assert_eq!(
+        e,
+        "resources.yaml:7:7: unknown field `provide`; did you mean `provides`?"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      command: [x]\n      limits: {open_file: 5}\n");
+    assert!(
+        e.ends_with("unknown field `open_file`; did you mean `open_files`?"),
+        "{e}"
+    );
+    let e = config::agent::parse(Path::new("agent.yaml"), "controler: [ctl1]\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "agent.yaml:1:1: unknown field `controler`; did you mean `controllers`?"
+    );
+    // No near miss: the fields that are allowed, once, not serde's long sentence.
+    let e = config::agent::parse(Path::new("agent.yaml"), "colour: blue\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("agent.yaml:1:1: unknown field `colour`; the fields here are: host, "),
+        "{e}"
+    );
+}
+
+#[test]
+fn probe_fields_dedented_onto_the_resource_are_an_error() {
+    let e = errors("resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n    command: [x]\n    hostBased: 5\n");
+    assert_eq!(
+        e,
+        [
+            "resources.yaml:5:5: `kind` belongs under `probe:` (indent it two more spaces than `probe:`)",
+            "resources.yaml:6:5: `command` belongs under `probe:` (indent it two more spaces than `probe:`)",
+        ]
+    );
+}
+
+#[test]
+fn yaml_parser_messages_say_what_usually_causes_them() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n     command: [x]\n");
+    assert_eq!(
+        e,
+        "resources.yaml:6:6: while parsing a block mapping, did not find expected key; line 6 starts in column 6, line 5 above it in column 7: keys of one mapping start in the same column (check the indentation)"
+    );
+    // The parser stops on line 6; the mistake is line 5 (or 6): point at 5.
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n      command: [x]\n");
+    assert_eq!(
+        e,
+        "resources.yaml:5:5: mapping values are not allowed in this context; line 5 already has a value, so line 6, indented deeper, cannot be nested under it: one of the two lines has the wrong indentation"
+    );
+    let e = one_error("resources:\n  - name: a\n    desc: load: 1 min\n");
+    assert!(
+        e.starts_with("resources.yaml:3:15: mapping values are not allowed")
+            && e.ends_with("a value containing `: ` must be quoted (desc: \"a: b\")"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n  -name: b\n");
+    assert!(
+        e.starts_with("resources.yaml:4:3: while parsing a block collection, did not find expected '-' indicator; a list item needs a space after `-`"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n   probe:\n      kind: exec\n");
+    assert!(
+        e.ends_with("line 4 is indented differently from the list's items above it: every `- ` of one list, and every key of an item, starts in the same column"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval:30\n");
+    assert!(
+        e.ends_with("a space is needed after `:` (`interval: 30`)"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n\tinterval: 30\n");
+    assert!(
+        e.starts_with("resources.yaml:3:1: ")
+            && e.ends_with("line 3 is indented with a tab: YAML indentation must be spaces"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bad_duration() {
     let e = one_error("resources:\n  - name: a\n    interval: 3 fortnights\n");
     assert!(

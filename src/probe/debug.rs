@@ -156,6 +156,7 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let verdict = match security::verdict(&program, &spec.command[0], &ctx.plugin_dir, uid) {
             security::Verdict::Ok => "ok".to_owned(),
             security::Verdict::Problem(e) => format!("PROBLEM: {e}"),
+            security::Verdict::Refused(e) => format!("REFUSED: {e}"),
             security::Verdict::Unenforced(e) => {
                 format!("not enforced (the agent is not root); as root: {e}")
             }

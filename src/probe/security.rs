@@ -163,8 +163,10 @@ pub fn enforced() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Ok,
-    /// It cannot run here (or a root agent refuses it): the text says why and how to fix it.
+    /// It cannot run here (missing, not executable): the text says why and how to fix it.
     Problem(String),
+    /// A root agent refuses to run it (see [`check_program`]); the text has the fix.
+    Refused(String),
     /// A root agent would refuse it; this agent is not root and runs it anyway.
     Unenforced(String),
 }
@@ -206,7 +208,7 @@ pub fn verdict(
     }
     match check_program(program, run_as_uid) {
         Ok(()) => Verdict::Ok,
-        Err(e) if enforced() => Verdict::Problem(e.to_string()),
+        Err(e) if enforced() => Verdict::Refused(e.to_string()),
         Err(e) => Verdict::Unenforced(e.to_string()),
     }
 }
