@@ -16,7 +16,7 @@ use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
 use xce_agent::link::receiver;
 use xce_agent::metrics;
-use xce_agent::plan::make_plan;
+use xce_agent::plan::{is_probed, make_plan, why_not_probed};
 use xce_agent::probe::builtin;
 use xce_agent::probe::BuiltinSource;
 use xce_agent::report::{plan_text, OnceReport};
@@ -176,10 +176,7 @@ async fn cmd_probe(common: &Common, name: &str) -> anyhow::Result<u8> {
         .find(|t| t.name == name)
         .or_else(|| plan.tasks.iter().find(|t| t.feed(name).is_some()));
     let Some(task) = task else {
-        let why = plan.skipped.iter().find(|s| s.name == name).map_or_else(
-            || "no such resource in resources.yaml".to_owned(),
-            |s| s.reason.to_string(),
-        );
+        let why = why_not_probed(&config.resources, &plan, name);
         eprintln!("xce-agent: {name} is not probed on {host}: {why}");
         return Ok(EXIT_CONFIG);
     };
@@ -241,15 +238,8 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     let mut plan = make_plan(&config.resources, &host, &BTreeSet::new());
     if !only.is_empty() {
         for name in only {
-            let known = plan
-                .tasks
-                .iter()
-                .any(|t| &t.name == name || t.feed(name).is_some());
-            if !known {
-                let why = plan.skipped.iter().find(|s| &s.name == name).map_or_else(
-                    || "no such resource in resources.yaml".to_owned(),
-                    |s| s.reason.to_string(),
-                );
+            if !is_probed(&plan, name) {
+                let why = why_not_probed(&config.resources, &plan, name);
                 eprintln!("xce-agent: {name} is not probed on {host}: {why}");
                 return Ok(EXIT_CONFIG);
             }

@@ -124,6 +124,42 @@ fn once_only_runs_the_named_probes() {
     );
 }
 
+/// A resource fed through `provides:` of a probe this host skips is not "no such resource":
+/// the answer names the probe and why it is skipped, and `check` lists it under that probe.
+#[test]
+fn a_resource_provided_by_a_skipped_probe_says_which_probe_and_why() {
+    let s = Setup::new(
+        "resources:
+  - name: ib_up
+    valtype: boolean
+    interval: 60s
+    resourcemap: [{location: [gpu01]}]
+    probe: {kind: exec, command: [ib.sh], format: kv, provides: [ib_active_ports]}
+  - name: ib_active_ports
+    interval: 60s
+    resourcemap: [{location: [gpu01]}]
+",
+    );
+    let out = agent(&s)
+        .args(["--once", "--only", "ib_active_ports"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "xce-agent: ib_active_ports is not probed on node001: it is fed by the probe of ib_up (`provides:`), which this host skips: no instance covers this host"
+    );
+    let out = agent(&s).arg("check").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("(2 resources: 0 probed here, 2 skipped)")
+            && stdout.contains(
+                "SKIPPED (2)\nib_up              no instance covers this host\n  ib_active_ports  fed by ib_up (provides:), skipped with it\n"
+            ),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn config_error_exits_2_with_position() {
     let s = Setup::new("resources:\n  - name: a\n    interval: often\n");
@@ -147,7 +183,14 @@ fn check_prints_plan_and_skip_reasons() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("host            node001"), "{stdout}");
-    assert!(stdout.contains("PROBES (2)"), "{stdout}");
+    assert!(
+        stdout.contains("(5 resources: 3 probed here, 2 skipped)")
+            && stdout.contains("PROBES (2, feeding 3 resources)")
+            && stdout.contains("\n  count  ")
+            && stdout.contains("fed by words (provides:)\n")
+            && stdout.contains("SKIPPED (2)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("good,") || stdout.lines().any(|l| l.starts_with("good ")),
         "{stdout}"
@@ -266,6 +309,27 @@ fn shipped_example_config_is_valid() {
         stdout.contains("ib_up "),
         "node001 is in ib_up's host range: {stdout}"
     );
+    // The header's count is what the listing shows: every resource once.
+    let counts = regex::Regex::new(r"\((\d+) resources: (\d+) probed here, (\d+) skipped\)")
+        .unwrap()
+        .captures(&stdout)
+        .map(|c| [1, 2, 3].map(|i| c[i].parse::<usize>().unwrap()))
+        .expect("counts in the header");
+    assert_eq!(counts[0], counts[1] + counts[2], "{stdout}");
+    let listed = stdout
+        .split("\nPROBES (")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with("NAME ")
+                && !l.starts_with("SKIPPED (")
+                && !l.contains(", feeding ")
+                && !l.starts_with("configuration OK")
+        })
+        .count();
+    assert_eq!(listed, counts[0], "{stdout}");
 }
 
 #[test]

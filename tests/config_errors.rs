@@ -248,6 +248,24 @@ fn provides_must_name_declared_dynamic_resources() {
 }
 
 #[test]
+fn a_provided_resource_with_another_resourcemap_gets_the_fix() {
+    let e = one_error(
+        "resources:
+  - name: a
+    interval: 30
+    resourcemap: [{location: [node1]}]
+    probe: {kind: exec, command: [x], format: kv, provides: [b]}
+  - name: b
+    interval: 30
+",
+    );
+    assert_eq!(
+        e,
+        "resources.yaml:5:61: `provides` names \"b\", whose resourcemap differs from \"a\"'s; fix: give \"b\" the same resourcemap as \"a\" (copy it)"
+    );
+}
+
+#[test]
 fn yaml_syntax_error_has_position() {
     let e = one_error("resources:\n  - name: a\n   bad: indent\n");
     assert!(e.starts_with("resources.yaml:3:"), "{e}");
