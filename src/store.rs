@@ -145,11 +145,12 @@ impl Store {
                 slot.resval.error = Some(err);
                 slot.resval.value = Value::Unknown;
             }
-            Reading::Pending(why) => {
-                // A pending reading never hides an older good value.
+            Reading::Pending(_) => {
+                // A pending reading never hides an older good value, and is not an error
+                // (docs/protocol.md): it carries no error text.
                 if slot.last_good.is_none() {
                     slot.resval.status = Status::Pending;
-                    slot.resval.error = Some(why);
+                    slot.resval.error = None;
                 }
             }
         }
