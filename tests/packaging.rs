@@ -1,6 +1,8 @@
 //! Packaging: man pages and completions generated from the clap definition, and the .deb
 //! built, unpacked into a throwaway root (`dpkg -x`) and run from there.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -48,24 +50,18 @@ fn generate_assets_into_an_unwritable_place_is_an_error_not_a_panic() {
     assert!(stderr.contains("cannot write assets into"), "{stderr}");
 }
 
-fn have(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd)
-        .args(args)
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Builds the .deb from a debug build (a release build would take minutes; what is checked
 /// is the package's layout and that the packaged binary and configs work together).
 #[test]
+#[ignore = "needs cargo-deb and dpkg-deb; CI runs it with `cargo test -- --ignored`"]
 fn deb_installs_into_a_throwaway_root_and_check_passes() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    if !have(&cargo, &["deb", "--version"]) || !have("dpkg-deb", &["--version"]) {
-        eprintln!(
-            "note: skipped: needs cargo-deb (`cargo install cargo-deb --locked`) and dpkg-deb"
-        );
-        return;
-    }
+    common::require_tool(
+        &cargo,
+        &["deb", "--version"],
+        "cargo install cargo-deb --locked",
+    );
+    common::require_tool("dpkg-deb", &["--version"], "apt-get install dpkg");
     let work = tempfile::tempdir().expect("tempdir");
     let debs = work.path().join("debs");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
