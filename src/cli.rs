@@ -63,6 +63,13 @@ pub enum Format {
     Json,
 }
 
+/// `listen`'s output, which has no table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListenFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate agent.yaml and resources.yaml and print this host's plan: what it probes,
@@ -84,9 +91,9 @@ pub enum Command {
     Listen {
         /// Address to listen on, e.g. 127.0.0.1:6870.
         addr: String,
-        /// Print JSON lines instead of text.
-        #[arg(long, value_enum, default_value_t = Format::Table)]
-        format: Format,
+        /// What to print for each event: a line of text, or a JSON object per line.
+        #[arg(long, value_enum, default_value_t = ListenFormat::Text)]
+        format: ListenFormat,
         /// Acknowledge every batch.
         #[arg(long)]
         ack: bool,

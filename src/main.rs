@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use xce_agent::checks::plan_checks;
-use xce_agent::cli::{Cli, Command, Common, Format};
+use xce_agent::cli::{Cli, Command, Common, Format, ListenFormat};
 use xce_agent::config::{Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
@@ -441,7 +441,7 @@ fn cmd_generate_assets(dir: &std::path::Path) -> anyhow::Result<u8> {
     Ok(EXIT_OK)
 }
 
-async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8> {
+async fn cmd_listen(addr: &str, format: ListenFormat, ack: bool) -> anyhow::Result<u8> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -461,8 +461,8 @@ async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8>
         stop.cancel();
     });
     let format = match format {
-        Format::Json => receiver::Format::Json,
-        Format::Table => receiver::Format::Text,
+        ListenFormat::Json => receiver::Format::Json,
+        ListenFormat::Text => receiver::Format::Text,
     };
     let opts = receiver::ListenOpts {
         ack,

@@ -332,6 +332,60 @@ fn shipped_example_config_is_valid() {
     assert_eq!(listed, counts[0], "{stdout}");
 }
 
+/// README's configuration snippet, pasted as resources.yaml with the shipped plugins, passes
+/// `check` and `--once` reports both resources it declares.
+#[test]
+fn readme_configuration_snippet_works_when_pasted() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let section = readme.split("\n## Configuration\n").nth(1).unwrap();
+    let snippet = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a yaml block in README's Configuration section");
+    let s = Setup::with_agent(snippet, "");
+    std::fs::write(
+        s.agent_yaml(),
+        format!("host: node001\nresources: resources.yaml\nplugin_dir: {root}/plugins\n"),
+    )
+    .unwrap();
+    let out = agent(&s).arg("check").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agent(&s)
+        .args(["--once", "--format", "json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for name in ["scratch_free_mb", "scratch_inodes_free_pct"] {
+        assert!(
+            stdout.contains(&format!("\"name\": \"{name}\"")),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn listen_help_names_its_own_formats() {
+    let out = Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["listen", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("[default: text] [possible values: text, json]") && !help.contains("table"),
+        "{help}"
+    );
+}
+
 #[test]
 fn unknown_builtin_index_is_a_config_error() {
     let s = Setup::new(
