@@ -180,6 +180,19 @@ pub fn verdict(
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
 ) -> Verdict {
+    if let Err(e) = check_runnable(program, command, plugin_dir) {
+        return Verdict::Problem(e);
+    }
+    match check_program(program, run_as_uid) {
+        Ok(()) => Verdict::Ok,
+        Err(e) if enforced() => Verdict::Refused(e.to_string()),
+        Err(e) => Verdict::Unenforced(e.to_string()),
+    }
+}
+
+/// The part of [`verdict`] every run checks, whoever the agent runs as: the program exists
+/// and is an executable regular file, or the text says where it was looked up and the fix.
+pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), String> {
     let meta = match std::fs::metadata(program) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -191,24 +204,20 @@ pub fn verdict(
                     plugin_dir.display()
                 )
             };
-            return Verdict::Problem(format!("{} not found{rule}", program.display()));
+            return Err(format!("{} not found{rule}", program.display()));
         }
-        Err(e) => return Verdict::Problem(format!("cannot read {}: {e}", program.display())),
+        Err(e) => return Err(format!("cannot read {}: {e}", program.display())),
     };
     if !meta.is_file() {
-        return Verdict::Problem(format!("{} is not a regular file", program.display()));
+        return Err(format!("{} is not a regular file", program.display()));
     }
     let mode = meta.permissions().mode();
     if mode & 0o111 == 0 {
-        return Verdict::Problem(format!(
+        return Err(format!(
             "{p} is not executable (mode {:04o}); fix: chmod 755 {p}",
             mode & 0o7777,
             p = program.display()
         ));
     }
-    match check_program(program, run_as_uid) {
-        Ok(()) => Verdict::Ok,
-        Err(e) if enforced() => Verdict::Refused(e.to_string()),
-        Err(e) => Verdict::Unenforced(e.to_string()),
-    }
+    Ok(())
 }
