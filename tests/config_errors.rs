@@ -77,6 +77,18 @@ fn every_mapping_gets_the_near_miss_rule() {
 }
 
 #[test]
+fn a_misspelt_resources_section_is_an_error_not_an_empty_file() {
+    let e = one_error("hosts: []\nresource:\n  - name: a\n");
+    assert_eq!(
+        e,
+        "resources.yaml:2:1: unknown section `resource`; did you mean `resources`?"
+    );
+    // The controller's own sections are tolerated; an empty file has no resources.
+    let r = resources::parse(Path::new("r.yaml"), "hosts: []\nresources:\n").unwrap();
+    assert!(r.resources.is_empty());
+}
+
+#[test]
 fn probe_fields_dedented_onto_the_resource_are_an_error() {
     let e = errors("resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n    command: [x]\n    hostBased: 5\n");
     assert_eq!(

@@ -11,11 +11,43 @@ use serde_saphyr::Spanned;
 
 use super::scalar::Scalar;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default)]
 pub struct RawResourcesFile {
-    /// Other top-level sections belong to the controller.
-    #[serde(default)]
     pub resources: Vec<Spanned<RawResource>>,
+    /// Other top-level sections belong to the controller; kept by name so that a misspelt
+    /// `resources:` is an error, not an empty file.
+    pub other_sections: Vec<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawResourcesFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawResourcesFile;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping with a `resources:` list")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<RawResourcesFile, E> {
+                Ok(RawResourcesFile::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawResourcesFile, A::Error> {
+                let mut file = RawResourcesFile::default();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    if key.value == "resources" {
+                        file.resources = map.next_value::<Option<_>>()?.unwrap_or_default();
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                        file.other_sections.push(key);
+                    }
+                }
+                Ok(file)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Fields of a resource entry the agent understands.

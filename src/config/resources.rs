@@ -217,6 +217,14 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
     let raw: RawResourcesFile =
         serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, text, &e))?;
     let mut errs = Errors::new(path);
+    for key in &raw.other_sections {
+        if near_miss(&key.value, &["resources"]).is_some() {
+            errs.at(
+                Pos::of(key),
+                format!("unknown section `{}`; did you mean `resources`?", key.value),
+            );
+        }
+    }
     let mut out = Resources {
         path: path.to_owned(),
         resources: Vec::new(),

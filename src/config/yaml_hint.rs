@@ -33,7 +33,11 @@ pub fn hint(text: &str, pos: Pos, message: &str) -> (Pos, Option<String>) {
         return (pos, Some(hint));
     }
     if message.contains("mapping values are not allowed") {
-        let before = &this[..(pos.column as usize).saturating_sub(1).min(this.len())];
+        // Columns count characters, not bytes.
+        let before: String = this
+            .chars()
+            .take((pos.column as usize).saturating_sub(1))
+            .collect();
         if before.contains(": ") {
             return (
                 pos,
@@ -68,13 +72,10 @@ pub fn hint(text: &str, pos: Pos, message: &str) -> (Pos, Option<String>) {
         return (pos, Some(hint));
     }
     if message.contains("expected ':'") {
-        if let Some(key) = missing_space_after_colon(this) {
+        if let Some((key, value)) = missing_space_after_colon(this) {
             return (
                 pos,
-                Some(format!(
-                    "a space is needed after `:` (`{key}: {}`)",
-                    this.trim()[key.len() + 1..].trim()
-                )),
+                Some(format!("a space is needed after `:` (`{key}: {value}`)")),
             );
         }
     }
@@ -101,15 +102,15 @@ fn has_inline_value(line: &str) -> bool {
         .is_some_and(|(_, v)| !v.trim().is_empty() && !v.trim().starts_with('#'))
 }
 
-/// `interval:30` -> `interval`.
-fn missing_space_after_colon(line: &str) -> Option<&str> {
+/// `interval:30` -> (`interval`, `30`).
+fn missing_space_after_colon(line: &str) -> Option<(&str, &str)> {
     let content = line.trim().trim_start_matches("- ");
     let (key, rest) = content.split_once(':')?;
     let simple = !key.is_empty()
         && key
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    (simple && !rest.is_empty() && !rest.starts_with([' ', '\t'])).then_some(key)
+    (simple && !rest.is_empty() && !rest.starts_with([' ', '\t'])).then_some((key, rest.trim()))
 }
 
 /// The first tab in a line's indentation, up to the line after the error (the parser often
@@ -134,10 +135,24 @@ mod tests {
     fn missing_space_after_colon_is_found() {
         assert_eq!(
             missing_space_after_colon("    interval:30"),
-            Some("interval")
+            Some(("interval", "30"))
         );
         assert_eq!(missing_space_after_colon("    interval: 30"), None);
-        assert_eq!(missing_space_after_colon("  - name:a"), Some("name"));
+        assert_eq!(missing_space_after_colon("  - name:a"), Some(("name", "a")));
+    }
+
+    #[test]
+    fn columns_past_multibyte_text_do_not_panic() {
+        let text = "resources:\n  - name: a\n    desc: ünïcödé: x\n";
+        let at = Pos {
+            line: 3,
+            column: 17,
+        };
+        let (_, found) = hint(text, at, "mapping values are not allowed in this context");
+        assert!(found.is_some_and(|h| h.contains("must be quoted")));
+        let at = Pos { line: 1, column: 2 };
+        let (_, found) = hint("é:é\n", at, "could not find expected ':'");
+        assert!(found.is_none());
     }
 
     #[test]
