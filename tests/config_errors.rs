@@ -67,6 +67,11 @@ fn every_mapping_gets_the_near_miss_rule() {
         e.to_string(),
         "agent.yaml:1:1: unknown field `controler`; did you mean `controllers`?"
     );
+    let e = errors("resources:\n  - name: a\n    resourcemap:\n      - locaton: [default]\n");
+    assert_eq!(
+        e[0],
+        "resources.yaml:4:9: unknown field `locaton`; did you mean `location`?"
+    );
     // No near miss: the fields that are allowed, once, not serde's long sentence.
     let e = config::agent::parse(Path::new("agent.yaml"), "colour: blue\n").unwrap_err();
     assert!(

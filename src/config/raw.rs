@@ -119,13 +119,42 @@ impl<'de> Deserialize<'de> for RawResource {
     }
 }
 
+/// Fields of a `resourcemap` entry the agent knows (`value` is the controller's).
+pub const INSTANCE_FIELDS: &[&str] = &["location", "value"];
+
 /// One `resourcemap` entry: one instance of the resource.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default)]
 pub struct RawInstance {
     pub location: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Static value; the controller's business, parsed only so it is allowed here.
-    #[serde(default, rename = "value")]
-    pub _value: Option<IgnoredAny>,
+    /// Other keys: the controller may use them, unless they look like a misspelt field.
+    pub unknown: Vec<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawInstance {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawInstance;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a resourcemap entry (a mapping with location and value)")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawInstance, A::Error> {
+                let mut entry = RawInstance::default();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    if key.value == "location" {
+                        entry.location = map.next_value()?;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                        if key.value != "value" {
+                            entry.unknown.push(key);
+                        }
+                    }
+                }
+                Ok(entry)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// `probe:` is the agent's own field, so it is strict: an unknown key is an error.

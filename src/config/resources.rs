@@ -11,7 +11,8 @@ use serde_saphyr::Spanned;
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 use super::raw::{
-    near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS,
+    near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, INSTANCE_FIELDS,
+    RESOURCE_FIELDS,
 };
 use crate::value::Valtype;
 
@@ -394,6 +395,14 @@ fn instances(errs: &mut Errors, raw: &RawResource, name: &str, pos: Pos) -> Vec<
     // host key -> (resourcemap entry, where it was named)
     let mut owner: BTreeMap<String, (usize, Pos)> = BTreeMap::new();
     for (entry_idx, entry) in map.value.iter().enumerate() {
+        for key in &entry.value.unknown {
+            if let Some(known) = near_miss(&key.value, INSTANCE_FIELDS) {
+                errs.at(
+                    Pos::of(key),
+                    format!("unknown field `{}`; did you mean `{known}`?", key.value),
+                );
+            }
+        }
         let Some(loc) = &entry.value.location else {
             errs.at(
                 Pos::of(entry),
