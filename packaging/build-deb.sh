@@ -6,6 +6,11 @@
 # Other arguments go to `cargo deb`.
 set -eu
 cd "$(dirname "$0")/.."
+# Before a build that takes minutes: the last step needs cargo-deb.
+if ! cargo deb --version >/dev/null 2>&1; then
+    echo "build-deb.sh: cargo-deb is not installed; install it with: cargo install cargo-deb --locked" >&2
+    exit 1
+fi
 profile=release
 if [ "${1:-}" = "--profile" ]; then
     profile=$2

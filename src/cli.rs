@@ -115,6 +115,7 @@ pub enum Command {
     },
 }
 
+/// `listen`'s output: its own formats, not `--once`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ListenFormat {
     Text,

@@ -131,6 +131,10 @@ pub struct Reloaded {
 pub enum ReloadError {
     #[error("host name changed from {old:?} to {new:?}; restart the agent to change it")]
     HostChanged { old: String, new: String },
+    /// What `check` calls a problem (unknown run_as user, missing program, refused
+    /// permissions), as (resource, text) lines.
+    #[error("{} problem(s) that `xce-agent check` reports", .0.len())]
+    Checks(crate::checks::Findings),
 }
 
 impl Agent {
@@ -253,6 +257,12 @@ impl Agent {
                 old: self.host.clone(),
                 new: host.to_owned(),
             });
+        }
+        let assigned = self.assigned_rx.borrow().clone();
+        let (problems, _) =
+            crate::checks::plan_checks(&config, &make_plan(&config.resources, host, &assigned));
+        if !problems.is_empty() {
+            return Err(ReloadError::Checks(problems));
         }
         let old = &self.config.agent;
         let new = &config.agent;

@@ -2,8 +2,9 @@
 //!
 //! Layers, each importing only those below it:
 //! `value` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
-//! `status`, `daemon`, `metrics`, `report`, `cluster_table` -> `cli` and the binary.
+//! `checks`, `status`, `daemon`, `metrics`, `report`, `cluster_table` -> `cli` and the binary.
 
+pub mod checks;
 pub mod cli;
 pub mod cluster_table;
 pub mod config;

@@ -9,13 +9,14 @@ use clap::Parser;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+use xce_agent::checks::plan_checks;
 use xce_agent::cli::{Cli, Command, Common, Format, ListenFormat};
 use xce_agent::config::{Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
 use xce_agent::link::receiver;
 use xce_agent::metrics;
-use xce_agent::plan::{make_plan, Plan};
+use xce_agent::plan::{is_probed, make_plan, why_not_probed};
 use xce_agent::probe::builtin;
 use xce_agent::probe::BuiltinSource;
 use xce_agent::report::{plan_text, OnceReport};
@@ -173,79 +174,6 @@ impl BuiltinSource for NoBuiltins {
     }
 }
 
-/// Problems that make a planned probe unable to run here, and notes worth knowing.
-/// (resource, text) lines for `check`.
-type Findings = Vec<(String, String)>;
-
-fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
-    use xce_agent::probe::{exec, security};
-    let mut problems = Vec::new();
-    let mut notes = Vec::new();
-    let root = nix::unistd::geteuid().is_root();
-    let mut unenforced = 0;
-    for t in &plan.tasks {
-        let spec = match &t.kind {
-            ProbeKind::Exec(e) => e,
-            ProbeKind::Stream(s) => &s.exec,
-            _ => continue,
-        };
-        let program = exec::resolve_program(&config.agent.plugin_dir, &spec.command[0]);
-        match std::fs::metadata(&program) {
-            Err(e) => {
-                problems.push((t.name.clone(), format!("{}: {e}", program.display())));
-                continue;
-            }
-            Ok(m) => {
-                use std::os::unix::fs::PermissionsExt;
-                if !m.is_file() || m.permissions().mode() & 0o111 == 0 {
-                    problems.push((
-                        t.name.clone(),
-                        format!("{} is not an executable file", program.display()),
-                    ));
-                }
-            }
-        }
-        let uid = match exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as) {
-            Ok(c) => c.map(|c| c.uid),
-            Err(e) => {
-                problems.push((t.name.clone(), format!("run_as: {e}")));
-                continue;
-            }
-        };
-        if let Err(e) = security::check_program(&program, uid) {
-            if root {
-                problems.push((t.name.clone(), e.to_string()));
-            } else {
-                unenforced += 1;
-                notes.push((t.name.clone(), format!("would be refused as root: {e}")));
-            }
-        }
-        if !root {
-            if let Some(u) = &spec.run_as {
-                notes.push((
-                    t.name.clone(),
-                    format!("agent is not root: runs as itself, not as {u:?}"),
-                ));
-            }
-        }
-    }
-    if !root
-        && plan
-            .tasks
-            .iter()
-            .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)))
-    {
-        notes.push((
-            "-".to_owned(),
-            format!(
-                "agent is not root: script permission checks are not enforced (a developer running their own scripts){}",
-                if unenforced > 0 { "; see the notes above for what a root agent would refuse" } else { "" }
-            ),
-        ));
-    }
-    (problems, notes)
-}
-
 /// `probe NAME`: run the probe of resource NAME (or the probe that provides it) now, verbosely.
 async fn cmd_probe(common: &Common, name: &str) -> anyhow::Result<u8> {
     let Some(config) = load(common) else {
@@ -259,10 +187,7 @@ async fn cmd_probe(common: &Common, name: &str) -> anyhow::Result<u8> {
         .find(|t| t.name == name)
         .or_else(|| plan.tasks.iter().find(|t| t.feed(name).is_some()));
     let Some(task) = task else {
-        let why = plan.skipped.iter().find(|s| s.name == name).map_or_else(
-            || "no such resource in resources.yaml".to_owned(),
-            |s| s.reason.to_string(),
-        );
+        let why = why_not_probed(&config.resources, &plan, name);
         eprintln!("xce-agent: {name} is not probed on {host}: {why}");
         return Ok(EXIT_CONFIG);
     };
@@ -324,15 +249,8 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     let mut plan = make_plan(&config.resources, &host, &BTreeSet::new());
     if !only.is_empty() {
         for name in only {
-            let known = plan
-                .tasks
-                .iter()
-                .any(|t| &t.name == name || t.feed(name).is_some());
-            if !known {
-                let why = plan.skipped.iter().find(|s| &s.name == name).map_or_else(
-                    || "no such resource in resources.yaml".to_owned(),
-                    |s| s.reason.to_string(),
-                );
+            if !is_probed(&plan, name) {
+                let why = why_not_probed(&config.resources, &plan, name);
                 eprintln!("xce-agent: {name} is not probed on {host}: {why}");
                 return Ok(EXIT_CONFIG);
             }
@@ -514,6 +432,11 @@ async fn reload(common: &Common, agent: &mut Agent) {
             "reloaded"
         ),
         Err(e) => {
+            if let xce_agent::daemon::ReloadError::Checks(problems) = &e {
+                for (name, text) in problems {
+                    tracing::error!("{name}: {text}");
+                }
+            }
             tracing::error!("reload refused: {e}; still running the previous configuration")
         }
     }

@@ -90,6 +90,45 @@ impl fmt::Display for SkipReason {
     }
 }
 
+/// Whether `name` is probed here, directly or through the `provides:` of a probe.
+pub fn is_probed(plan: &Plan, name: &str) -> bool {
+    plan.tasks
+        .iter()
+        .any(|t| t.name == name || t.feed(name).is_some())
+}
+
+/// The probe that feeds `name` through its `provides:`, if another resource's probe does.
+pub fn provided_by<'a>(resources: &'a Resources, name: &str) -> Option<&'a Resource> {
+    resources.resources.iter().find(|r| {
+        r.name != name
+            && r.probe
+                .as_ref()
+                .is_some_and(|p| p.provides.iter().any(|n| n == name))
+    })
+}
+
+/// Why `name`, which [`is_probed`] says is not, is not probed on this host (for `--once
+/// --only` and `probe NAME`).
+pub fn why_not_probed(resources: &Resources, plan: &Plan, name: &str) -> String {
+    let skipped = |n: &str| plan.skipped.iter().find(|s| s.name == n);
+    if let Some(s) = skipped(name) {
+        return s.reason.to_string();
+    }
+    match provided_by(resources, name) {
+        Some(feeder) => match skipped(&feeder.name) {
+            Some(s) => format!(
+                "it is fed by the probe of {} (`provides:`), which this host skips: {}",
+                feeder.name, s.reason
+            ),
+            None => format!(
+                "it is fed by the probe of {}, which does not run here",
+                feeder.name
+            ),
+        },
+        None => "no such resource in resources.yaml".to_owned(),
+    }
+}
+
 /// Which instance of `res` this host belongs to, and whether it reports it.
 enum Membership {
     Own,

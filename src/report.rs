@@ -202,10 +202,26 @@ pub fn plan_text(
     notes: &[(String, String)],
 ) -> String {
     let mut out = String::new();
+    // Resources fed through `provides:` are listed under the probe that feeds them, so every
+    // resource of the file appears once, under PROBES or under SKIPPED.
+    let provided_by_skipped: Vec<(&str, &[String])> = plan
+        .skipped
+        .iter()
+        .filter_map(|s| {
+            let probe = config.resources.get(&s.name)?.probe.as_ref()?;
+            Some((s.name.as_str(), probe.provides.get(1..).unwrap_or_default()))
+        })
+        .collect();
+    let probed: usize = plan.tasks.iter().map(|t| t.feeds.len()).sum();
+    let skipped: usize = plan.skipped.len()
+        + provided_by_skipped
+            .iter()
+            .map(|(_, p)| p.len())
+            .sum::<usize>();
     let _ = writeln!(out, "agent.yaml      {}", config.agent.path.display());
     let _ = writeln!(
         out,
-        "resources.yaml  {} ({} resources)",
+        "resources.yaml  {} ({} resources: {probed} probed here, {skipped} skipped)",
         config.resources.path.display(),
         config.resources.resources.len()
     );
@@ -220,7 +236,11 @@ pub fn plan_text(
         }
     );
     let _ = writeln!(out, "config digest   {}", config.digest);
-    let _ = writeln!(out, "\nPROBES ({})", plan.tasks.len());
+    let _ = writeln!(
+        out,
+        "\nPROBES ({}, feeding {probed} resources)",
+        plan.tasks.len()
+    );
     let mut rows = vec![[
         "NAME", "INSTANCE", "INTERVAL", "TIMEOUT", "SPLAY", "FEEDS", "PROBE",
     ]
@@ -249,12 +269,25 @@ pub fn plan_text(
                 .join(","),
             describe_kind(&t.kind),
         ]);
+        for f in t.feeds.iter().skip(1) {
+            let mut row = vec![String::new(); 7];
+            row[0] = format!("  {}", f.name);
+            row[6] = format!("fed by {} (provides:)", t.name);
+            rows.push(row);
+        }
     }
     out.push_str(&columns(&rows));
-    let _ = writeln!(out, "\nSKIPPED ({})", plan.skipped.len());
+    let _ = writeln!(out, "\nSKIPPED ({skipped})");
     let mut rows = Vec::new();
     for s in &plan.skipped {
         rows.push(vec![s.name.clone(), s.reason.to_string()]);
+        let provides = provided_by_skipped.iter().find(|(n, _)| *n == s.name);
+        for p in provides.map(|(_, p)| *p).unwrap_or_default() {
+            rows.push(vec![
+                format!("  {p}"),
+                format!("fed by {} (provides:), skipped with it", s.name),
+            ]);
+        }
     }
     out.push_str(&columns(&rows));
     for (title, list) in [("PROBLEMS", problems), ("NOTES", notes)] {

@@ -150,9 +150,10 @@ impl Store {
                 slot.resval.value = Value::Unknown;
             }
             Reading::Pending(why) => {
-                // A pending reading never hides a fresh good value; but a resource the
-                // output keeps leaving out must not wait forever: past its stale time
-                // (since the last good value, or since it first went missing) it fails.
+                // A pending reading never hides a fresh good value, and is not an error
+                // (docs/protocol.md): it carries no error text. But a resource the output
+                // keeps leaving out must not wait forever: past its stale time (since the
+                // last good value, or since it first went missing) it fails, with the reason.
                 let since = slot
                     .last_good
                     .unwrap_or(*slot.pending_since.get_or_insert(at));
@@ -163,7 +164,7 @@ impl Store {
                     slot.resval.value = Value::Unknown;
                 } else if slot.last_good.is_none() {
                     slot.resval.status = Status::Pending;
-                    slot.resval.error = Some(why);
+                    slot.resval.error = None;
                 }
             }
         }

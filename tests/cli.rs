@@ -124,6 +124,42 @@ fn once_only_runs_the_named_probes() {
     );
 }
 
+/// A resource fed through `provides:` of a probe this host skips is not "no such resource":
+/// the answer names the probe and why it is skipped, and `check` lists it under that probe.
+#[test]
+fn a_resource_provided_by_a_skipped_probe_says_which_probe_and_why() {
+    let s = Setup::new(
+        "resources:
+  - name: ib_up
+    valtype: boolean
+    interval: 60s
+    resourcemap: [{location: [gpu01]}]
+    probe: {kind: exec, command: [ib.sh], format: kv, provides: [ib_active_ports]}
+  - name: ib_active_ports
+    interval: 60s
+    resourcemap: [{location: [gpu01]}]
+",
+    );
+    let out = agent(&s)
+        .args(["--once", "--only", "ib_active_ports"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "xce-agent: ib_active_ports is not probed on node001: it is fed by the probe of ib_up (`provides:`), which this host skips: no instance covers this host"
+    );
+    let out = agent(&s).arg("check").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("(2 resources: 0 probed here, 2 skipped)")
+            && stdout.contains(
+                "SKIPPED (2)\nib_up              no instance covers this host\n  ib_active_ports  fed by ib_up (provides:), skipped with it\n"
+            ),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn config_error_exits_2_with_position() {
     let s = Setup::new("resources:\n  - name: a\n    interval: often\n");
@@ -147,7 +183,14 @@ fn check_prints_plan_and_skip_reasons() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("host            node001"), "{stdout}");
-    assert!(stdout.contains("PROBES (2)"), "{stdout}");
+    assert!(
+        stdout.contains("(5 resources: 3 probed here, 2 skipped)")
+            && stdout.contains("PROBES (2, feeding 3 resources)")
+            && stdout.contains("\n  count  ")
+            && stdout.contains("fed by words (provides:)\n")
+            && stdout.contains("SKIPPED (2)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("good,") || stdout.lines().any(|l| l.starts_with("good ")),
         "{stdout}"
@@ -175,9 +218,62 @@ fn check_flags_a_missing_script() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{stdout}");
     assert!(stdout.contains("PROBLEMS (1)\nwords: "), "{stdout}");
+    let wanted = format!(
+        "words: {} not found (`words.sh` is not an absolute path, so it is looked up in plugin_dir {})",
+        s.path().join("words.sh").display(),
+        s.path().display()
+    );
+    assert!(stdout.contains(&wanted), "{stdout}");
+}
+
+/// The commonest mistakes each exit 2 with a message that names the fix.
+#[test]
+fn check_names_the_fix_for_the_commonest_mistakes() {
+    let check = |s: &Setup| {
+        let out = agent(s).arg("check").output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        text
+    };
+    let dedented = Setup::new(
+        "resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n    command: [a.sh]\n",
+    );
     assert!(
-        stdout.contains("words.sh: No such file or directory"),
-        "{stdout}"
+        check(&dedented).contains(
+            ":5:5: `kind` belongs under `probe:` (indent it two more spaces than `probe:`)"
+        ),
+        "{}",
+        check(&dedented)
+    );
+    let timout = Setup::new(
+        "resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      command: [a.sh]\n      timout: 5\n",
+    );
+    assert!(
+        check(&timout).contains(":7:7: unknown field `timout`; did you mean `timeout`?"),
+        "{}",
+        check(&timout)
+    );
+    let controler = Setup::with_agent("resources: []\n", "controler: [ctl1]\n");
+    assert!(
+        check(&controler).contains("unknown field `controler`; did you mean `controllers`?"),
+        "{}",
+        check(&controler)
+    );
+    let no_exec_bit = setup();
+    let script = no_exec_bit.path().join("good.sh");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let wanted = format!(
+        "good: {p} is not executable (mode 0644); fix: chmod 755 {p}",
+        p = script.display()
+    );
+    assert!(
+        check(&no_exec_bit).contains(&wanted),
+        "{}",
+        check(&no_exec_bit)
     );
 }
 
@@ -212,6 +308,81 @@ fn shipped_example_config_is_valid() {
     assert!(
         stdout.contains("ib_up "),
         "node001 is in ib_up's host range: {stdout}"
+    );
+    // The header's count is what the listing shows: every resource once.
+    let counts = regex::Regex::new(r"\((\d+) resources: (\d+) probed here, (\d+) skipped\)")
+        .unwrap()
+        .captures(&stdout)
+        .map(|c| [1, 2, 3].map(|i| c[i].parse::<usize>().unwrap()))
+        .expect("counts in the header");
+    assert_eq!(counts[0], counts[1] + counts[2], "{stdout}");
+    let listed = stdout
+        .split("\nPROBES (")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with("NAME ")
+                && !l.starts_with("SKIPPED (")
+                && !l.contains(", feeding ")
+                && !l.starts_with("configuration OK")
+        })
+        .count();
+    assert_eq!(listed, counts[0], "{stdout}");
+}
+
+/// README's configuration snippet, pasted as resources.yaml with the shipped plugins, passes
+/// `check` and `--once` reports both resources it declares.
+#[test]
+fn readme_configuration_snippet_works_when_pasted() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let section = readme.split("\n## Configuration\n").nth(1).unwrap();
+    let snippet = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a yaml block in README's Configuration section");
+    let s = Setup::with_agent(snippet, "");
+    std::fs::write(
+        s.agent_yaml(),
+        format!("host: node001\nresources: resources.yaml\nplugin_dir: {root}/plugins\n"),
+    )
+    .unwrap();
+    let out = agent(&s).arg("check").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agent(&s)
+        .args(["--once", "--format", "json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for name in ["scratch_free_mb", "scratch_inodes_free_pct"] {
+        assert!(
+            stdout.contains(&format!("\"name\": \"{name}\"")),
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn listen_help_names_its_own_formats() {
+    let out = Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["listen", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("[default: text] [possible values: text, json]") && !help.contains("table"),
+        "{help}"
     );
 }
 

@@ -51,6 +51,103 @@ fn unknown_probe_field_is_strict() {
 }
 
 #[test]
+fn every_mapping_gets_the_near_miss_rule() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      command: [x]\n      provide: [b]\n");
+    assert_eq!(
+        e,
+        "resources.yaml:7:7: unknown field `provide`; did you mean `provides`?"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n      command: [x]\n      limits: {open_file: 5}\n");
+    assert!(
+        e.ends_with("unknown field `open_file`; did you mean `open_files`?"),
+        "{e}"
+    );
+    let e = config::agent::parse(Path::new("agent.yaml"), "controler: [ctl1]\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "agent.yaml:1:1: unknown field `controler`; did you mean `controllers`?"
+    );
+    let e = errors("resources:\n  - name: a\n    resourcemap:\n      - locaton: [default]\n");
+    assert_eq!(
+        e[0],
+        "resources.yaml:4:9: unknown field `locaton`; did you mean `location`?"
+    );
+    // No near miss: the fields that are allowed, once, not serde's long sentence.
+    let e = config::agent::parse(Path::new("agent.yaml"), "colour: blue\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("agent.yaml:1:1: unknown field `colour`; the fields here are: host, "),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_misspelt_resources_section_is_an_error_not_an_empty_file() {
+    let e = one_error("hosts: []\nresource:\n  - name: a\n");
+    assert_eq!(
+        e,
+        "resources.yaml:2:1: unknown section `resource`; did you mean `resources`?"
+    );
+    // The controller's own sections are tolerated; an empty file has no resources.
+    let r = resources::parse(Path::new("r.yaml"), "hosts: []\nresources:\n").unwrap();
+    assert!(r.resources.is_empty());
+}
+
+#[test]
+fn probe_fields_dedented_onto_the_resource_are_an_error() {
+    let e = errors("resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n    command: [x]\n    hostBased: 5\n");
+    assert_eq!(
+        e,
+        [
+            "resources.yaml:5:5: `kind` belongs under `probe:` (indent it two more spaces than `probe:`)",
+            "resources.yaml:6:5: `command` belongs under `probe:` (indent it two more spaces than `probe:`)",
+        ]
+    );
+}
+
+#[test]
+fn yaml_parser_messages_say_what_usually_causes_them() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n     command: [x]\n");
+    assert_eq!(
+        e,
+        "resources.yaml:6:6: while parsing a block mapping, did not find expected key; line 6 starts in column 6, line 5 above it in column 7: keys of one mapping start in the same column (check the indentation)"
+    );
+    // The parser stops on line 6; the mistake is line 5 (or 6): point at 5.
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe:\n    kind: exec\n      command: [x]\n");
+    assert_eq!(
+        e,
+        "resources.yaml:5:5: mapping values are not allowed in this context; line 5 already has a value, so line 6, indented deeper, cannot be nested under it: one of the two lines has the wrong indentation"
+    );
+    let e = one_error("resources:\n  - name: a\n    desc: load: 1 min\n");
+    assert!(
+        e.starts_with("resources.yaml:3:15: mapping values are not allowed")
+            && e.ends_with("a value containing `: ` must be quoted (desc: \"a: b\")"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n  -name: b\n");
+    assert!(
+        e.starts_with("resources.yaml:4:3: while parsing a block collection, did not find expected '-' indicator; a list item needs a space after `-`"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n   probe:\n      kind: exec\n");
+    assert!(
+        e.ends_with("line 4 is indented differently from the list's items above it: every `- ` of one list, and every key of an item, starts in the same column"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval:30\n");
+    assert!(
+        e.ends_with("a space is needed after `:` (`interval: 30`)"),
+        "{e}"
+    );
+    let e = one_error("resources:\n  - name: a\n\tinterval: 30\n");
+    assert!(
+        e.starts_with("resources.yaml:3:1: ")
+            && e.ends_with("line 3 is indented with a tab: YAML indentation must be spaces"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bad_duration() {
     let e = one_error("resources:\n  - name: a\n    interval: 3 fortnights\n");
     assert!(
@@ -164,6 +261,24 @@ fn provides_must_name_declared_dynamic_resources() {
         e.iter().any(|m| m.starts_with("resources.yaml:10:")
             && m.contains("already provided by the probe of \"a\"")),
         "{e:#?}"
+    );
+}
+
+#[test]
+fn a_provided_resource_with_another_resourcemap_gets_the_fix() {
+    let e = one_error(
+        "resources:
+  - name: a
+    interval: 30
+    resourcemap: [{location: [node1]}]
+    probe: {kind: exec, command: [x], format: kv, provides: [b]}
+  - name: b
+    interval: 30
+",
+    );
+    assert_eq!(
+        e,
+        "resources.yaml:5:61: `provides` names \"b\", whose resourcemap differs from \"a\"'s; fix: give \"b\" the same resourcemap as \"a\" (copy it)"
     );
 }
 

@@ -234,25 +234,7 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
         position.is_match(&daemon.stderr()) && daemon.stderr().contains("reload failed")
     })
     .await;
-    let before = std::fs::read_to_string(&count_file)
-        .ok()
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .expect("counter file");
-    // Values still arrive, from the same plan (no new hello).
-    loop {
-        match ctl.next().await.kind {
-            EventKind::Hello(h) => panic!("a refused reload sent a hello: {h:?}"),
-            EventKind::Batch { batch, .. } => {
-                let newer = batch.resvals.iter().any(|r| {
-                    r.name == "counter" && matches!(r.value, Value::Numeric(v) if v > before)
-                });
-                if newer {
-                    break;
-                }
-            }
-            _ => {}
-        }
-    }
+    counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
     assert!(alive(long_pid));
 
     let (status, stderr) = daemon.terminate().await;
@@ -261,6 +243,83 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
         !alive(long_pid)
     })
     .await;
+    ctl.stop().await;
+}
+
+/// After a refused reload: values still arrive, from the same plan (no new hello), and the
+/// `counter` probe (a script counting its runs in `count_file`) keeps running.
+async fn counter_goes_on_without_a_hello(ctl: &mut Controller, count_file: &Path) {
+    let before = std::fs::read_to_string(count_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .expect("counter file");
+    loop {
+        match ctl.next().await.kind {
+            EventKind::Hello(h) => panic!("a refused reload sent a hello: {h:?}"),
+            EventKind::Batch { batch, .. } => {
+                let newer = batch.resvals.iter().any(|r| {
+                    r.name == "counter" && matches!(r.value, Value::Numeric(v) if v > before)
+                });
+                if newer {
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn sighup_refuses_what_check_calls_a_problem_and_keeps_the_old_plan() {
+    let mut ctl = Controller::bind(ListenOpts::default()).await;
+    let v1 = format!("resources:\n{}", resource("counter", "1s", "1s"));
+    let setup = Setup::with_agent(
+        &v1,
+        &format!("{AS_ME}controllers: [\"127.0.0.1:{}\"]\n", ctl.addr.port()),
+    );
+    let count_file = setup.path().join("count");
+    setup.script(
+        "counter",
+        &format!(
+            "#!/bin/sh\nn=$(cat {f} 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > {f}\necho $n\n",
+            f = count_file.display()
+        ),
+    );
+    let daemon = Daemon::start(&setup, &[]);
+    next_hello(&mut ctl).await;
+    until_value(&mut ctl, "counter", |v| v >= 1.0).await;
+    let refusals = |daemon: &Daemon| daemon.stderr().matches("reload refused").count();
+
+    // A program that is not there: `check` says "not found", and so does the reload.
+    let missing = format!("{v1}{}", resource("absent", "1s", "1s"));
+    std::fs::write(setup.path().join("resources.yaml"), missing).expect("write");
+    daemon.signal(Signal::SIGHUP);
+    until("the refused reload in the log", || refusals(&daemon) == 1).await;
+    let log = daemon.stderr();
+    let wanted = format!(
+        "absent: {} not found",
+        setup.path().join("absent").display()
+    );
+    assert!(log.contains(&wanted), "{log}");
+    counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
+
+    // An unknown run_as user (only a root agent switches users, so only it can tell).
+    if nix::unistd::geteuid().is_root() {
+        let nosuchuser = v1.replace("timeout: 1s", "timeout: 1s\n      run_as: nosuchuser");
+        std::fs::write(setup.path().join("resources.yaml"), nosuchuser).expect("write");
+        daemon.signal(Signal::SIGHUP);
+        until("the second refused reload", || refusals(&daemon) == 2).await;
+        let log = daemon.stderr();
+        assert!(
+            log.contains("counter: run_as: no such user \"nosuchuser\""),
+            "{log}"
+        );
+        counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
+    } else {
+        eprintln!("skipped: the run_as half needs root (CI runs the tests as root)");
+    }
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}\n{stderr}");
     ctl.stop().await;
 }
 

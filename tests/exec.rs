@@ -97,7 +97,28 @@ async fn missing_program() {
     let (task, ctx) = task_from_yaml(&yaml("[nope.sh]", ""), "p", dir.path());
     let r = run_once(&task, &ctx).await;
     let e = failed_with(&r);
-    assert!(e.contains("nope.sh: No such file or directory"), "{e}");
+    let wanted = format!(
+        "{} not found (`nope.sh` is not an absolute path, so it is looked up in plugin_dir {})",
+        dir.path().join("nope.sh").display(),
+        dir.path().display()
+    );
+    assert_eq!(e, wanted);
+}
+
+/// A run gives the verdict `check` gives, with the fix, instead of the kernel's EACCES.
+#[tokio::test]
+async fn a_program_without_the_exec_bit_fails_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = script(dir.path(), "probe.sh", "#!/bin/sh\necho 1\n");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let (task, ctx) = task_from_yaml(&yaml("[probe.sh]", ""), "p", dir.path());
+    let e = failed_with(&run_once(&task, &ctx).await);
+    let wanted = format!(
+        "{p} is not executable (mode 0640); fix: chmod 755 {p}",
+        p = p.display()
+    );
+    assert_eq!(e, wanted);
 }
 
 /// The probe prints its value and exits, but a backgrounded grandchild keeps stdout open:

@@ -1,6 +1,8 @@
 //! Packaging: man pages and completions generated from the clap definition, and the .deb
 //! built, unpacked into a throwaway root (`dpkg -x`) and run from there.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -56,24 +58,49 @@ fn generate_assets_into_an_unwritable_place_is_an_error_not_a_panic() {
     assert!(stderr.contains("cannot write assets into"), "{stderr}");
 }
 
-fn have(cmd: &str, args: &[&str]) -> bool {
-    Command::new(cmd)
-        .args(args)
+/// Without cargo-deb the script says how to install it before building anything: a stand-in
+/// `cargo` first on PATH has no `deb` subcommand and records what it is asked to do.
+#[test]
+fn build_deb_without_cargo_deb_says_how_to_install_it_before_building() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().expect("tempdir");
+    let calls = bin.path().join("calls");
+    let cargo = bin.path().join("cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\n[ \"$1\" = deb ] && exit 101\nexit 0\n",
+            calls.display()
+        ),
+    )
+    .expect("write stand-in cargo");
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(repo.join("packaging/build-deb.sh"))
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
         .output()
-        .is_ok_and(|o| o.status.success())
+        .expect("run packaging/build-deb.sh");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "build-deb.sh: cargo-deb is not installed; install it with: cargo install cargo-deb --locked"
+    );
+    let asked = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert_eq!(asked.trim(), "deb --version", "nothing was built");
 }
 
 /// Builds the .deb from a debug build (a release build would take minutes; what is checked
 /// is the package's layout and that the packaged binary and configs work together).
 #[test]
+#[ignore = "needs cargo-deb and dpkg-deb; CI runs it with `cargo test -- --ignored`"]
 fn deb_installs_into_a_throwaway_root_and_check_passes() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    if !have(&cargo, &["deb", "--version"]) || !have("dpkg-deb", &["--version"]) {
-        eprintln!(
-            "note: skipped: needs cargo-deb (`cargo install cargo-deb --locked`) and dpkg-deb"
-        );
-        return;
-    }
+    common::require_tool(
+        &cargo,
+        &["deb", "--version"],
+        "cargo install cargo-deb --locked",
+    );
+    common::require_tool("dpkg-deb", &["--version"], "apt-get install dpkg");
     let work = tempfile::tempdir().expect("tempdir");
     let debs = work.path().join("debs");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -102,6 +102,29 @@ fn an_insecure_script_shows_the_verdict_and_is_not_run() {
 }
 
 #[test]
+fn a_script_without_the_exec_bit_gets_the_same_verdict_as_check() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = setup(&resource("w", "{kind: exec, command: [w]}"));
+    let p = s.script("w", "#!/bin/sh\necho 1\n");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, out, _) = probe(&s, "w");
+    assert_eq!(code, 1, "{out}");
+    let wanted = format!(
+        "script check: PROBLEM: {p} is not executable (mode 0644); fix: chmod 755 {p}",
+        p = p.display()
+    );
+    assert!(out.contains(&wanted), "{out}");
+    std::fs::remove_file(&p).unwrap();
+    let (_, out, _) = probe(&s, "w");
+    let wanted = format!(
+        "script check: PROBLEM: {} not found (`w` is not an absolute path, so it is looked up in plugin_dir {})",
+        p.display(),
+        s.path().display()
+    );
+    assert!(out.contains(&wanted), "{out}");
+}
+
+#[test]
 fn a_stream_probe_reports_its_first_values() {
     let s = setup(&format!(
         "{}  - {{name: b, valtype: numeric, interval: 60s, resourcemap: [{{location: [default]}}]}}\n",

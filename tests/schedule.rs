@@ -118,3 +118,29 @@ async fn max_parallel_bounds_running_probes() {
     assert!(advance_until(|| lines(&runs) >= 3).await);
     sched.stop().await;
 }
+
+/// A rate's first sample (`ut` before its second /proc/stat read) is pending, and pending is
+/// not an error: the run has no error (so the scheduler logs no WARN, which it does only for
+/// `run.error()`), and the store's resval carries no error text on the wire.
+#[tokio::test]
+async fn a_first_sample_that_is_pending_is_no_error() {
+    struct FirstSample;
+    impl xce_agent::probe::BuiltinSource for FirstSample {
+        fn reading(&self, _index: &str) -> Option<xce_agent::value::Reading> {
+            Some(xce_agent::value::Reading::Pending(
+                "CPU utilisation needs a second sample".into(),
+            ))
+        }
+    }
+    let yaml = "resources:\n  - {name: ut, interval: 15s, probe: {kind: builtin}}\n";
+    let r = resources::parse(std::path::Path::new("r.yaml"), yaml).unwrap();
+    let plan = make_plan(&r, "node001", &Default::default());
+    let (_, mut ctx) = common::task_from_yaml(yaml, "ut", std::path::Path::new("/"));
+    ctx.builtin = Arc::new(FirstSample);
+    let store = Store::new();
+    store.declare(xce_agent::daemon::declared(&plan));
+    let runs = xce_agent::schedule::run_all_once(&plan, &ctx, &store, 1).await;
+    assert_eq!(runs[0].1.error(), None);
+    let resval = store.get("ut", "").unwrap();
+    assert_eq!((resval.status, resval.error), (Status::Pending, None));
+}

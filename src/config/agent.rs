@@ -62,7 +62,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     let raw: RawAgent = if text.trim().is_empty() {
         RawAgent::default()
     } else {
-        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?
+        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, text, &e))?
     };
     let mut errs = Errors::new(path);
     // Children run in `/`, so every path must be absolute, whatever the agent's cwd.

@@ -111,15 +111,23 @@ impl<'a> Errors<'a> {
     }
 }
 
-/// Turn a YAML/serde error into a positioned config error with a one-line message.
-pub fn from_yaml(file: &Path, err: &serde_saphyr::Error) -> ConfigError {
+/// Turn a YAML/serde error into a positioned config error with a one-line message and, for
+/// the parser's terse messages, what usually causes them, pointing at the likely line.
+pub fn from_yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> ConfigError {
     let pos = err
         .location()
         .map(|l| Pos::from_location(&l))
         .unwrap_or_default();
-    let text = err.without_snippet().to_string();
+    if let Some(message) = unknown_field(err) {
+        return ConfigError::new(file, pos, message);
+    }
+    let text_of_error = err.without_snippet().to_string();
     // The library's own text may repeat the position; keep the first line, which is the reason.
-    let first = text.lines().next().unwrap_or("invalid YAML").trim();
+    let first = text_of_error
+        .lines()
+        .next()
+        .unwrap_or("invalid YAML")
+        .trim();
     let mut message = match first.rfind(" at line ") {
         Some(i) => first[..i].to_owned(),
         None => first.to_owned(),
@@ -129,5 +137,34 @@ pub fn from_yaml(file: &Path, err: &serde_saphyr::Error) -> ConfigError {
             " (a host range such as node[1-3] inside [ ] must be quoted: [\"node[1-3]\"])",
         );
     }
+    let (pos, hint) = super::yaml_hint::hint(text, pos, &message);
+    if let Some(hint) = hint {
+        message.push_str("; ");
+        message.push_str(&hint);
+    }
     ConfigError::new(file, pos, message)
+}
+
+/// serde's "unknown field `x`, expected one of ..." as one near-miss rule for every mapping of
+/// both files: the known names come from the struct serde derived them for.
+fn unknown_field(err: &serde_saphyr::Error) -> Option<String> {
+    let mut err = err;
+    loop {
+        match err {
+            serde_saphyr::Error::WithSnippet { error, .. }
+            | serde_saphyr::Error::AliasError { error, .. } => err = error,
+            serde_saphyr::Error::SerdeUnknownField {
+                field, expected, ..
+            } => {
+                return Some(match super::raw::near_miss(field, expected) {
+                    Some(known) => format!("unknown field `{field}`; did you mean `{known}`?"),
+                    None => format!(
+                        "unknown field `{field}`; the fields here are: {}",
+                        expected.join(", ")
+                    ),
+                });
+            }
+            _ => return None,
+        }
+    }
 }

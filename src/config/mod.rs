@@ -7,6 +7,7 @@ mod probe_output;
 mod raw;
 pub mod resources;
 pub mod scalar;
+mod yaml_hint;
 
 use std::path::{Path, PathBuf};
 

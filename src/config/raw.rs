@@ -11,11 +11,43 @@ use serde_saphyr::Spanned;
 
 use super::scalar::Scalar;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default)]
 pub struct RawResourcesFile {
-    /// Other top-level sections belong to the controller.
-    #[serde(default)]
     pub resources: Vec<Spanned<RawResource>>,
+    /// Other top-level sections belong to the controller; kept by name so that a misspelt
+    /// `resources:` is an error, not an empty file.
+    pub other_sections: Vec<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawResourcesFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawResourcesFile;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping with a `resources:` list")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<RawResourcesFile, E> {
+                Ok(RawResourcesFile::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawResourcesFile, A::Error> {
+                let mut file = RawResourcesFile::default();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    if key.value == "resources" {
+                        file.resources = map.next_value::<Option<_>>()?.unwrap_or_default();
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                        file.other_sections.push(key);
+                    }
+                }
+                Ok(file)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Fields of a resource entry the agent understands.
@@ -87,13 +119,42 @@ impl<'de> Deserialize<'de> for RawResource {
     }
 }
 
+/// Fields of a `resourcemap` entry the agent knows (`value` is the controller's).
+pub const INSTANCE_FIELDS: &[&str] = &["location", "value"];
+
 /// One `resourcemap` entry: one instance of the resource.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default)]
 pub struct RawInstance {
     pub location: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Static value; the controller's business, parsed only so it is allowed here.
-    #[serde(default, rename = "value")]
-    pub _value: Option<IgnoredAny>,
+    /// Other keys: the controller may use them, unless they look like a misspelt field.
+    pub unknown: Vec<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawInstance {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawInstance;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a resourcemap entry (a mapping with location and value)")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawInstance, A::Error> {
+                let mut entry = RawInstance::default();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    if key.value == "location" {
+                        entry.location = map.next_value()?;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                        if key.value != "value" {
+                            entry.unknown.push(key);
+                        }
+                    }
+                }
+                Ok(entry)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// `probe:` is the agent's own field, so it is strict: an unknown key is an error.
@@ -132,6 +193,40 @@ pub struct RawLimits {
     pub address_space: Option<Spanned<Scalar>>,
     pub open_files: Option<Spanned<Scalar>>,
     pub processes: Option<Spanned<Scalar>>,
+}
+
+/// The field names serde derives for struct `T`, so that lists of known fields are never
+/// written by hand: a field added to the struct is known everywhere at once.
+pub fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Capture<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Capture<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields captured"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Capture(&mut fields));
+    fields
+}
+
+/// Fields of `probe:`, which belong there and not on the resource.
+pub fn probe_fields() -> &'static [&'static str] {
+    field_names::<RawProbe>()
 }
 
 /// A known field within two edits of `key`, case ignored: `intreval` -> `interval`.
@@ -175,5 +270,17 @@ mod tests {
         );
         assert_eq!(near_miss("hostBased", RESOURCE_FIELDS), None);
         assert_eq!(near_miss("distributions", RESOURCE_FIELDS), None);
+        assert_eq!(near_miss("timout", probe_fields()), Some("timeout"));
+        assert_eq!(near_miss("provide", probe_fields()), Some("provides"));
+    }
+
+    #[test]
+    fn probe_fields_come_from_the_struct() {
+        let fields = probe_fields();
+        assert!(
+            fields.contains(&"kind") && fields.contains(&"stale_after"),
+            "{fields:?}"
+        );
+        assert_eq!(field_names::<RawLimits>().len(), 4);
     }
 }

@@ -11,7 +11,10 @@ use serde_saphyr::Spanned;
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 use super::probe_output;
-use super::raw::{near_miss, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS};
+use super::raw::{
+    near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, INSTANCE_FIELDS,
+    RESOURCE_FIELDS,
+};
 use crate::value::Valtype;
 
 #[derive(Debug, Clone)]
@@ -201,8 +204,16 @@ pub fn check_resource_name(name: &str) -> Result<(), String> {
 
 pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
     let raw: RawResourcesFile =
-        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?;
+        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, text, &e))?;
     let mut errs = Errors::new(path);
+    for key in &raw.other_sections {
+        if near_miss(&key.value, &["resources"]).is_some() {
+            errs.at(
+                Pos::of(key),
+                format!("unknown section `{}`; did you mean `resources`?", key.value),
+            );
+        }
+    }
     let mut out = Resources {
         path: path.to_owned(),
         resources: Vec::new(),
@@ -258,6 +269,17 @@ fn resource(
         errs.at(Pos::of(name), e);
     }
     for key in &raw.unknown {
+        if probe_fields().contains(&key.value.as_str()) {
+            // Dedented out of `probe:`: silently ignoring it would leave a probe-less resource.
+            errs.at(
+                Pos::of(key),
+                format!(
+                    "`{}` belongs under `probe:` (indent it two more spaces than `probe:`)",
+                    key.value
+                ),
+            );
+            continue;
+        }
         match near_miss(&key.value, RESOURCE_FIELDS) {
             Some(known) => errs.at(
                 Pos::of(key),
@@ -361,6 +383,14 @@ fn instances(errs: &mut Errors, raw: &RawResource, name: &str, pos: Pos) -> Vec<
     // host key -> (resourcemap entry, where it was named)
     let mut owner: BTreeMap<String, (usize, Pos)> = BTreeMap::new();
     for (entry_idx, entry) in map.value.iter().enumerate() {
+        for key in &entry.value.unknown {
+            if let Some(known) = near_miss(&key.value, INSTANCE_FIELDS) {
+                errs.at(
+                    Pos::of(key),
+                    format!("unknown field `{}`; did you mean `{known}`?", key.value),
+                );
+            }
+        }
         let Some(loc) = &entry.value.location else {
             errs.at(
                 Pos::of(entry),
@@ -831,8 +861,8 @@ fn check_provides(errs: &mut Errors, resources: &[Resource], raw: &[Option<&Span
                         errs.at(
                             list_pos,
                             format!(
-                                "`provides` names {name:?}, whose resourcemap differs from {:?}'s",
-                                res.name
+                                "`provides` names {name:?}, whose resourcemap differs from {:?}'s; fix: give {name:?} the same resourcemap as {:?} (copy it)",
+                                res.name, res.name
                             ),
                         );
                         continue;

@@ -156,10 +156,13 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  user:      {user}");
         let _ = writeln!(t, "  cwd:       /");
         let _ = writeln!(t, "  format:    {}", spec.format.as_str());
-        let verdict = match security::check_program(&program, uid) {
-            Ok(()) => "ok".to_owned(),
-            Err(e) if security::enforced() => format!("REFUSED: {e}"),
-            Err(e) => format!("not enforced (the agent is not root); as root: {e}"),
+        let verdict = match security::verdict(&program, &spec.command[0], &ctx.plugin_dir, uid) {
+            security::Verdict::Ok => "ok".to_owned(),
+            security::Verdict::Problem(e) => format!("PROBLEM: {e}"),
+            security::Verdict::Refused(e) => format!("REFUSED: {e}"),
+            security::Verdict::Unenforced(e) => {
+                format!("not enforced (the agent is not root); as root: {e}")
+            }
         };
         let _ = writeln!(t, "  script check: {verdict}");
     }

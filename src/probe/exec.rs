@@ -125,6 +125,7 @@ pub fn child_spec(
 ) -> Result<(ChildSpec, String), String> {
     let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
+    super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
     if super::security::enforced() {
         super::security::check_program(&program, creds.as_ref().map(|c| c.uid))
             .map_err(|e| e.to_string())?;

@@ -211,11 +211,12 @@ impl ProbeRun {
         self.outcome == Outcome::Ok
     }
 
-    /// The error shown for the run as a whole, if any.
+    /// The error shown (and logged) for the run as a whole, if any. Pending is not an error:
+    /// a rate's first sample, or a name an ELIM line did not carry this time, is normal.
     pub fn error(&self) -> Option<&str> {
         self.readings.iter().find_map(|(_, r)| match r {
-            Reading::Failed(e) | Reading::Stale(e) | Reading::Pending(e) => Some(e.as_str()),
-            Reading::Ok(_) => None,
+            Reading::Failed(e) | Reading::Stale(e) => Some(e.as_str()),
+            Reading::Ok(_) | Reading::Pending(_) => None,
         })
     }
 }

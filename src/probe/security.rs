@@ -158,3 +158,66 @@ pub fn check_program(path: &Path, run_as_uid: Option<Uid>) -> Result<(), Insecur
 pub fn enforced() -> bool {
     nix::unistd::geteuid().is_root()
 }
+
+/// The one verdict on a probe's program that `check`, `probe NAME` and a reload all give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Ok,
+    /// It cannot run here (missing, not executable): the text says why and how to fix it.
+    Problem(String),
+    /// A root agent refuses to run it (see [`check_program`]); the text has the fix.
+    Refused(String),
+    /// A root agent would refuse it; this agent is not root and runs it anyway.
+    Unenforced(String),
+}
+
+/// Check the program `command` (the first word of a probe's `command:`), resolved to
+/// `program`: it exists, is an executable regular file, and passes [`check_program`] (only
+/// enforced when the agent is root). `run_as_uid`: the user the probe runs as.
+pub fn verdict(
+    program: &Path,
+    command: &str,
+    plugin_dir: &Path,
+    run_as_uid: Option<Uid>,
+) -> Verdict {
+    if let Err(e) = check_runnable(program, command, plugin_dir) {
+        return Verdict::Problem(e);
+    }
+    match check_program(program, run_as_uid) {
+        Ok(()) => Verdict::Ok,
+        Err(e) if enforced() => Verdict::Refused(e.to_string()),
+        Err(e) => Verdict::Unenforced(e.to_string()),
+    }
+}
+
+/// The part of [`verdict`] every run checks, whoever the agent runs as: the program exists
+/// and is an executable regular file, or the text says where it was looked up and the fix.
+pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), String> {
+    let meta = match std::fs::metadata(program) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let rule = if Path::new(command).is_absolute() {
+                String::new()
+            } else {
+                format!(
+                    " (`{command}` is not an absolute path, so it is looked up in plugin_dir {})",
+                    plugin_dir.display()
+                )
+            };
+            return Err(format!("{} not found{rule}", program.display()));
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", program.display())),
+    };
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", program.display()));
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o111 == 0 {
+        return Err(format!(
+            "{p} is not executable (mode {:04o}); fix: chmod 755 {p}",
+            mode & 0o7777,
+            p = program.display()
+        ));
+    }
+    Ok(())
+}

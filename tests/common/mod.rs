@@ -209,3 +209,15 @@ pub fn pids_dir(s: &Setup) -> PathBuf {
     std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o777)).unwrap();
     pids
 }
+
+/// Where a test needs a tool that not every build machine has, the test is marked
+/// `#[ignore = "needs TOOL ..."]`: plain `cargo test` lists it as ignored with that reason
+/// instead of passing it silently, and CI (which installs the tools) runs the ignored tests
+/// with `cargo test -- --ignored`. Run that way, a missing tool fails the test.
+pub fn require_tool(program: &str, args: &[&str], install: &str) {
+    let ok = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "this test needs `{program}` (install: {install})");
+}

@@ -234,15 +234,3 @@ pub async fn read_two_frames(s: &mut tokio::net::TcpStream) -> (Vec<u8>, usize) 
         }
     }
 }
-
-/// Whether the C++ `capnp` tool is installed (CI installs it); says so when it is not.
-pub fn capnp_tool_available() -> bool {
-    let ok = std::process::Command::new("capnp")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("NOTE: `capnp` not installed; skipping the C++ decode check (CI installs it)");
-    }
-    ok
-}
