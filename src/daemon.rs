@@ -1,8 +1,12 @@
 //! The node daemon: the plan's probes on their timers, the store, and the link to the
 //! controller, until SIGTERM. The controller's `welcome` (shared instances assigned to this
 //! host) re-plans; values flow store -> link without the probes ever waiting on the network.
+//! A controller flapping between welcomes costs at most one replan per
+//! `ASSIGNMENT_MIN_GAP`: changes are coalesced (the last one wins), a change that ends where
+//! it started is no change, and an unchanged plan sends no new hello or snapshot.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,6 +83,19 @@ pub fn uses_builtins(plan: &Plan) -> bool {
         .any(|t| matches!(t.kind, ProbeKind::Builtin { .. }))
 }
 
+/// Least time between two applied assignment changes: a controller alternating two
+/// welcomes as fast as it can makes one replan (and at most one snapshot) per second.
+pub const ASSIGNMENT_MIN_GAP: Duration = Duration::from_secs(1);
+
+/// The assignment the plan was last made with, and when.
+#[derive(Debug, Default)]
+struct AppliedAssignment {
+    set: Assigned,
+    at: Option<tokio::time::Instant>,
+    /// The link's welcome count then, to summarise the welcomes that changed nothing since.
+    welcomes: u64,
+}
+
 /// A running agent: everything a reload or a welcome needs to change.
 pub struct Agent {
     pub config: Config,
@@ -90,6 +107,7 @@ pub struct Agent {
     stats_tx: watch::Sender<Arc<Stats>>,
     hello_tx: watch::Sender<Arc<wire::Hello>>,
     assigned_rx: watch::Receiver<Assigned>,
+    applied: AppliedAssignment,
     boot_id: String,
     plan: Plan,
     /// Parent of the scheduler's and the link's tokens.
@@ -166,6 +184,7 @@ impl Agent {
             stats_tx,
             hello_tx,
             assigned_rx,
+            applied: AppliedAssignment::default(),
             boot_id,
             plan,
             shutdown,
@@ -219,15 +238,48 @@ impl Agent {
     /// link sends hello + full snapshot on the generation change, both of the new set), then
     /// the probes (unchanged ones keep running).
     pub fn replan(&mut self, config: Config) -> (usize, usize, usize) {
+        let digest = config.digest.clone();
+        let (kept, stopped, started) = self.apply_plan(config);
+        tracing::info!(kept, stopped, started, %digest, "plan applied");
+        (kept, stopped, started)
+    }
+
+    /// `replan` without its log line. A plan whose hello is the one already sent (the same
+    /// config and declared set) sends nothing: no hello, no new store generation, no snapshot.
+    fn apply_plan(&mut self, config: Config) -> (usize, usize, usize) {
         let assigned = self.assigned_rx.borrow().clone();
         let plan = make_plan(&config.resources, &self.host, &assigned);
-        self.hello_tx
-            .send_replace(Arc::new(hello(&config, &plan, &self.boot_id)));
-        self.store.declare(declared(&plan));
+        let new_hello = hello(&config, &plan, &self.boot_id);
+        if **self.hello_tx.borrow() != new_hello {
+            self.hello_tx.send_replace(Arc::new(new_hello));
+            self.store.declare(declared(&plan));
+        }
         let (kept, stopped, started) = self.scheduler.apply(&plan);
-        tracing::info!(kept, stopped, started, digest = %config.digest, "plan applied");
+        self.applied = AppliedAssignment {
+            set: assigned,
+            at: Some(tokio::time::Instant::now()),
+            welcomes: self.link_stats.welcomes.load(Ordering::Relaxed),
+        };
         self.config = config;
         self.plan = plan;
+        (kept, stopped, started)
+    }
+
+    /// Move the plan to the controller's latest assignment (after `assignment_changed`),
+    /// with one log line that also counts the welcomes coalesced into this change.
+    pub fn apply_assignment(&mut self) -> (usize, usize, usize) {
+        let welcomes_before = self.applied.welcomes;
+        let config = self.config.clone();
+        let (kept, stopped, started) = self.apply_plan(config);
+        let coalesced = self.applied.welcomes.saturating_sub(welcomes_before);
+        tracing::info!(
+            assigned = self.applied.set.len(),
+            kept,
+            stopped,
+            started,
+            welcomes_since_last_change = coalesced,
+            "controller changed this host's shared-instance assignment; plan applied"
+        );
         (kept, stopped, started)
     }
 
@@ -281,11 +333,25 @@ impl Agent {
         })
     }
 
-    /// Resolves when the controller changes this host's shared-instance assignment.
+    /// Resolves when the controller's assignment differs from the one the plan was made
+    /// with, at most once per `ASSIGNMENT_MIN_GAP` (call `apply_assignment` then). Changes
+    /// within the gap are coalesced, the last one wins; a flap back to the applied assignment
+    /// resolves nothing. Cancel-safe: the state is the watch and `self.applied`.
     pub async fn assignment_changed(&mut self) {
-        if self.assigned_rx.changed().await.is_err() {
-            // The link is gone (no controllers): no assignment will ever come.
-            std::future::pending::<()>().await;
+        loop {
+            if *self.assigned_rx.borrow() == self.applied.set {
+                if self.assigned_rx.changed().await.is_err() {
+                    // The link is gone (no controllers): no assignment will ever come.
+                    std::future::pending::<()>().await;
+                }
+                continue;
+            }
+            if let Some(at) = self.applied.at {
+                tokio::time::sleep_until(at + ASSIGNMENT_MIN_GAP).await;
+            }
+            if *self.assigned_rx.borrow_and_update() != self.applied.set {
+                return;
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! xce-agent: the worker-side dynamic resource agent of the xce cluster scheduler.
 //!
 //! Layers, each importing only those below it:
-//! `value` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
+//! `value`, `text` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
 //! `daemon`, `metrics`, `report` -> `cli` and the binary.
 
 pub mod cli;
@@ -15,4 +15,5 @@ pub mod report;
 pub mod schedule;
 pub mod stats;
 pub mod store;
+pub mod text;
 pub mod value;

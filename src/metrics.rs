@@ -302,6 +302,11 @@ fn render_link(out: &mut String, link: &LinkStats) {
             "Acks received from the controller.",
             &link.acks,
         ),
+        (
+            "xce_link_welcomes_refused_total",
+            "Welcomes refused because a name broke the resource-name rules.",
+            &link.welcomes_refused,
+        ),
     ];
     for (name, help, c) in counters {
         header(out, name, "counter", help);

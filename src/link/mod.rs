@@ -2,6 +2,7 @@
 //!
 //! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
+//! - [`limits`]: what a frame may cost (list bounds, name rules, warning rate limits).
 //! - [`receiver`]: the reference receiver behind `xce-agent listen`.
 //!
 //! The schema is `schema/agent.capnp`; `agent_capnp` is generated from it by
@@ -12,6 +13,7 @@
 pub mod agent_capnp;
 
 pub mod client;
+pub mod limits;
 pub mod receiver;
 pub mod wire;
 
