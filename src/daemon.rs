@@ -1,9 +1,8 @@
 //! The node daemon: the plan's probes on their timers, the store, and the link to the
 //! controller, until SIGTERM. The controller's `welcome` (shared instances assigned to this
 //! host) re-plans; values flow store -> link without the probes ever waiting on the network.
-//! A controller flapping between welcomes costs at most one replan per
-//! `ASSIGNMENT_MIN_GAP`: changes are coalesced (the last one wins), a change that ends where
-//! it started is no change, and an unchanged plan sends no new hello or snapshot.
+//! A controller flapping between welcomes costs at most one replan per second (see
+//! `link::assignment`), and an unchanged plan sends no new hello or snapshot.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -15,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProbeKind};
+use crate::link::assignment::AssignmentGate;
 use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
@@ -83,19 +83,6 @@ pub fn uses_builtins(plan: &Plan) -> bool {
         .any(|t| matches!(t.kind, ProbeKind::Builtin { .. }))
 }
 
-/// Least time between two applied assignment changes: a controller alternating two
-/// welcomes as fast as it can makes one replan (and at most one snapshot) per second.
-pub const ASSIGNMENT_MIN_GAP: Duration = Duration::from_secs(1);
-
-/// The assignment the plan was last made with, and when.
-#[derive(Debug, Default)]
-struct AppliedAssignment {
-    set: Assigned,
-    at: Option<tokio::time::Instant>,
-    /// The link's welcome count then, to summarise the welcomes that changed nothing since.
-    welcomes: u64,
-}
-
 /// A running agent: everything a reload or a welcome needs to change.
 pub struct Agent {
     pub config: Config,
@@ -106,8 +93,9 @@ pub struct Agent {
     /// The scheduler's counters; replaced when a reload rebuilds the scheduler.
     stats_tx: watch::Sender<Arc<Stats>>,
     hello_tx: watch::Sender<Arc<wire::Hello>>,
-    assigned_rx: watch::Receiver<Assigned>,
-    applied: AppliedAssignment,
+    assignment: AssignmentGate,
+    /// The link's welcome count at the last applied change, to count those coalesced since.
+    welcomes_applied: u64,
     boot_id: String,
     plan: Plan,
     /// Parent of the scheduler's and the link's tokens.
@@ -183,8 +171,8 @@ impl Agent {
             link_stats,
             stats_tx,
             hello_tx,
-            assigned_rx,
-            applied: AppliedAssignment::default(),
+            assignment: AssignmentGate::new(assigned_rx),
+            welcomes_applied: 0,
             boot_id,
             plan,
             shutdown,
@@ -199,7 +187,7 @@ impl Agent {
     /// empty: the controller re-sends it in its welcome.
     fn start_link(&mut self) {
         let (assigned_tx, assigned_rx) = watch::channel(Assigned::new());
-        self.assigned_rx = assigned_rx;
+        self.assignment.follow(assigned_rx);
         if self.config.agent.controllers.is_empty() {
             return;
         }
@@ -247,7 +235,8 @@ impl Agent {
     /// `replan` without its log line. A plan whose hello is the one already sent (the same
     /// config and declared set) sends nothing: no hello, no new store generation, no snapshot.
     fn apply_plan(&mut self, config: Config) -> (usize, usize, usize) {
-        let assigned = self.assigned_rx.borrow().clone();
+        let assigned = self.assignment.take();
+        self.welcomes_applied = self.link_stats.welcomes.load(Ordering::Relaxed);
         let plan = make_plan(&config.resources, &self.host, &assigned);
         let new_hello = hello(&config, &plan, &self.boot_id);
         if **self.hello_tx.borrow() != new_hello {
@@ -255,11 +244,6 @@ impl Agent {
             self.store.declare(declared(&plan));
         }
         let (kept, stopped, started) = self.scheduler.apply(&plan);
-        self.applied = AppliedAssignment {
-            set: assigned,
-            at: Some(tokio::time::Instant::now()),
-            welcomes: self.link_stats.welcomes.load(Ordering::Relaxed),
-        };
         self.config = config;
         self.plan = plan;
         (kept, stopped, started)
@@ -268,12 +252,17 @@ impl Agent {
     /// Move the plan to the controller's latest assignment (after `assignment_changed`),
     /// with one log line that also counts the welcomes coalesced into this change.
     pub fn apply_assignment(&mut self) -> (usize, usize, usize) {
-        let welcomes_before = self.applied.welcomes;
+        let welcomes_before = self.welcomes_applied;
         let config = self.config.clone();
         let (kept, stopped, started) = self.apply_plan(config);
-        let coalesced = self.applied.welcomes.saturating_sub(welcomes_before);
+        let coalesced = self.welcomes_applied.saturating_sub(welcomes_before);
         tracing::info!(
-            assigned = self.applied.set.len(),
+            shared = self
+                .plan
+                .tasks
+                .iter()
+                .filter(|t| !t.instance.is_empty())
+                .count(),
             kept,
             stopped,
             started,
@@ -334,25 +323,9 @@ impl Agent {
     }
 
     /// Resolves when the controller's assignment differs from the one the plan was made
-    /// with, at most once per `ASSIGNMENT_MIN_GAP` (call `apply_assignment` then). Changes
-    /// within the gap are coalesced, the last one wins; a flap back to the applied assignment
-    /// resolves nothing. Cancel-safe: the state is the watch and `self.applied`.
+    /// with, at most once per second (then call `apply_assignment`); see `AssignmentGate`.
     pub async fn assignment_changed(&mut self) {
-        loop {
-            if *self.assigned_rx.borrow() == self.applied.set {
-                if self.assigned_rx.changed().await.is_err() {
-                    // The link is gone (no controllers): no assignment will ever come.
-                    std::future::pending::<()>().await;
-                }
-                continue;
-            }
-            if let Some(at) = self.applied.at {
-                tokio::time::sleep_until(at + ASSIGNMENT_MIN_GAP).await;
-            }
-            if *self.assigned_rx.borrow_and_update() != self.applied.set {
-                return;
-            }
-        }
+        self.assignment.changed().await;
     }
 
     /// For the watchdog: the link task has not died under us (it only ends on shutdown).

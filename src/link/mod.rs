@@ -1,6 +1,7 @@
 //! The stream of resvals to the controller (Cap'n Proto over TCP) and the reference receiver.
 //!
 //! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
+//! - [`assignment`]: when a welcome's assignment takes effect (coalesced, once per second).
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
 //! - [`limits`]: what a frame may cost (list bounds, name rules, warning rate limits).
 //! - [`receiver`]: the reference receiver behind `xce-agent listen`.
@@ -12,6 +13,7 @@
 #[allow(clippy::all, clippy::pedantic, unused, missing_docs)]
 pub mod agent_capnp;
 
+pub mod assignment;
 pub mod client;
 pub mod limits;
 pub mod receiver;
