@@ -120,6 +120,8 @@ impl Sink {
                     text.push_str(&line);
                     text.push('\n');
                 }
+                // Only the text waits for the buffer, not the decoded batch.
+                drop(ev);
                 // One event larger than the whole buffer still goes, alone.
                 let cost = (text.len() + ENTRY_OVERHEAD).min(LISTEN_BUFFER_BYTES);
                 let permit = Arc::clone(&sink.budget)
