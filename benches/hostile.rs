@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use proc_stats::{proc_cpu, proc_rss_kib};
 use xce_agent::link::limits::MAX_DECLARED;
-use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
-use xce_agent::value::{Resval, Status, Valtype, Value};
+use xce_agent::link::wire::{self, Batch, Envelope, Hello};
+use xce_agent::value::Value;
 
 fn env_or(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -113,19 +113,6 @@ impl Listen {
     }
 }
 
-fn declared(names: &[String]) -> Vec<Declared> {
-    names
-        .iter()
-        .map(|n| Declared {
-            name: n.clone(),
-            instance: String::new(),
-            valtype: Valtype::Numeric,
-            interval_ms: 1000,
-            shared: false,
-        })
-        .collect()
-}
-
 fn encode(env: &Envelope) -> Vec<u8> {
     wire::encode_envelope(env).expect("encode")
 }
@@ -147,7 +134,7 @@ fn main() {
         "node001",
         "boot",
         "digest",
-        declared(&["gpu".to_owned()]),
+        link_common::numeric_declared(&["gpu".to_owned()]),
     )));
     for seq in 1..=frames as u64 {
         bytes.extend(link_common::zero_sized_batch(seq, 1_000_000));
@@ -164,7 +151,7 @@ fn main() {
         "node002",
         "boot",
         "digest",
-        declared(&names),
+        link_common::numeric_declared(&names),
     )));
     for seq in 1..=frames as u64 {
         bytes.extend(encode(&Envelope::Batch(Batch {
@@ -173,14 +160,7 @@ fn main() {
             sent_at_ms: 1,
             resvals: names
                 .iter()
-                .map(|n| Resval {
-                    name: n.clone(),
-                    instance: String::new(),
-                    value: Value::Numeric(seq as f64),
-                    status: Status::Ok,
-                    last_report_ms: Some(1),
-                    error: None,
-                })
+                .map(|n| link_common::resval(n, Value::Numeric(seq as f64)))
                 .collect(),
         })));
     }

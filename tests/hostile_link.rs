@@ -11,7 +11,7 @@ mod link_common;
 use std::time::Instant;
 
 use e2e_common::{AgentProc, ListenProc, Site, HANG_GUARD};
-use link_common::{zero_sized_batch, zero_sized_welcome};
+use link_common::{numeric_declared, resval, zero_sized_batch, zero_sized_welcome};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -19,21 +19,14 @@ use tokio::sync::watch;
 use tokio_util::compat::TokioAsyncReadCompatExt;
 use xce_agent::link::wire::{self, Batch, ControllerMessage, Declared, Envelope, Hello};
 use xce_agent::text::is_clean_line;
-use xce_agent::value::{Resval, Status, Valtype, Value};
+use xce_agent::value::{Resval, Valtype, Value};
 
 fn hello(host: &str, names: &[String]) -> Vec<u8> {
-    let declared = names
-        .iter()
-        .map(|n| Declared {
-            name: n.clone(),
-            instance: String::new(),
-            valtype: Valtype::Numeric,
-            interval_ms: 1000,
-            shared: false,
-        })
-        .collect();
     wire::encode_envelope(&Envelope::Hello(Hello::new(
-        host, "boot", "digest", declared,
+        host,
+        "boot",
+        "digest",
+        numeric_declared(names),
     )))
     .expect("encode hello")
 }
@@ -46,17 +39,6 @@ fn batch(seq: u64, full: bool, resvals: Vec<Resval>) -> Vec<u8> {
         resvals,
     }))
     .expect("encode batch")
-}
-
-fn resval(name: &str, value: Value) -> Resval {
-    Resval {
-        name: name.into(),
-        instance: String::new(),
-        value,
-        status: Status::Ok,
-        last_report_ms: Some(1),
-        error: None,
-    }
 }
 
 async fn send(addr: std::net::SocketAddr, bytes: &[u8]) -> TcpStream {

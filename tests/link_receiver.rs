@@ -31,17 +31,6 @@ fn hello() -> Hello {
     )
 }
 
-fn resval(name: &str, value: Value) -> Resval {
-    Resval {
-        name: name.into(),
-        instance: String::new(),
-        value,
-        status: Status::Ok,
-        last_report_ms: Some(1_700_000_000_000),
-        error: None,
-    }
-}
-
 fn batch(seq: u64, full: bool, resvals: Vec<Resval>) -> Envelope {
     Envelope::Batch(Batch {
         seq,

@@ -15,7 +15,7 @@ use xce_agent::link::client::{self, Assigned, Keepalive, LinkConfig, LinkState, 
 use xce_agent::link::receiver::{self, Event, EventKind, ListenOpts};
 use xce_agent::link::wire::{Batch, Declared, Hello};
 use xce_agent::store::{self, Store};
-use xce_agent::value::{Reading, Valtype, Value};
+use xce_agent::value::{Reading, Resval, Status, Valtype, Value};
 
 /// Guards every wait so a broken link fails the test instead of hanging it. Not a timing
 /// assertion: a healthy run needs a small fraction of it.
@@ -292,4 +292,30 @@ pub fn zero_sized_welcome(n: u32) -> Vec<u8> {
         composite_list_pointer(0), // assigned:
         struct_pointer(n, 0, 0),   // `n` zero-sized Instance structs
     ])
+}
+
+/// A good reading of this host's own instance of `name`.
+pub fn resval(name: &str, value: Value) -> Resval {
+    Resval {
+        name: name.into(),
+        instance: String::new(),
+        value,
+        status: Status::Ok,
+        last_report_ms: Some(1_700_000_000_000),
+        error: None,
+    }
+}
+
+/// This host's own numeric instances of `names`, as a hello declares them.
+pub fn numeric_declared(names: &[String]) -> Vec<Declared> {
+    names
+        .iter()
+        .map(|n| Declared {
+            name: n.clone(),
+            instance: String::new(),
+            valtype: Valtype::Numeric,
+            interval_ms: 60_000,
+            shared: false,
+        })
+        .collect()
 }
