@@ -7,7 +7,14 @@
 //! 3. slow stdout: CONNS connections each send a hello declaring 10,000 resources (the most a
 //!    hello may declare), then FRAMES full batches of 10,000 resvals (the largest legal batch).
 //!
-//! Run: `cargo bench --bench hostile` (env CONNS=8 FRAMES=12).
+//! And the agent (the real daemon, one exec probe, one shared instance) against a controller
+//! in this process, for SECS (10) seconds each: its CPU, log lines and the hellos (each one a
+//! full snapshot) the controller receives:
+//! 4. a welcome of 1,000,000 zero-sized assignments, as fast as the agent reads, on every
+//!    connection;
+//! 5. two welcomes alternated as fast as the agent reads (controller churn).
+//!
+//! Run: `cargo bench --bench hostile` (env CONNS=8 FRAMES=12 SECS=10).
 
 #[path = "../tests/link_common/mod.rs"]
 mod link_common;
@@ -18,11 +25,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proc_stats::{proc_cpu, proc_rss_kib};
 use xce_agent::link::limits::MAX_DECLARED;
-use xce_agent::link::wire::{self, Batch, Envelope, Hello};
+use xce_agent::link::wire::{self, Batch, ControllerMessage, Envelope, Hello};
 use xce_agent::value::Value;
 
 fn env_or(key: &str, default: usize) -> usize {
@@ -168,5 +175,122 @@ fn main() {
     listen.report(
         &format!("slow stdout: {conns} conns x {frames} full batches of {MAX_DECLARED} resvals"),
         conns * bytes.len(),
+    );
+
+    let secs = env_or("SECS", 10) as u64;
+    println!("\n## the agent against a hostile controller, {secs} s each\n");
+    println!("| controller sends | agent CPU s | agent log lines | hellos (snapshots) received | welcomes sent |");
+    println!("|---|---|---|---|---|");
+    let amplification = link_common::zero_sized_welcome(1_000_000);
+    hostile_controller("welcomes of 1,000,000 zero-sized assignments", secs, |_| {
+        amplification.clone()
+    });
+    let encode_welcome = |assigned: Vec<(String, String)>| {
+        wire::encode_controller(&ControllerMessage::Welcome(assigned)).expect("encode")
+    };
+    let a = encode_welcome(vec![("pool".into(), "all".into())]);
+    let b = encode_welcome(Vec::new());
+    hostile_controller("two welcomes alternated (churn)", secs, |i| {
+        if i % 2 == 0 {
+            a.clone()
+        } else {
+            b.clone()
+        }
+    });
+}
+
+/// Run the real agent against a controller that writes `frame(i)` for i = 0, 1, ... as fast
+/// as the agent reads them, on every connection, for `secs`; print one row.
+fn hostile_controller(what: &str, secs: u64, frame: impl Fn(u64) -> Vec<u8>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("seven.sh");
+    std::fs::write(&script, "#!/bin/sh\necho 7\n").expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod dir");
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\n",
+            dir.path().display()
+        ),
+    )
+    .expect("agent.yaml");
+    std::fs::write(
+        dir.path().join("resources.yaml"),
+        "resources:\n  - name: own\n    interval: 1s\n    probe: {kind: exec, command: [seven.sh]}\n  \
+         - name: pool\n    interval: 1s\n    resourcemap: [{location: [all]}]\n    \
+         probe: {kind: exec, command: [seven.sh]}\n",
+    )
+    .expect("resources.yaml");
+    let log = dir.path().join("agent.log");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+        .arg("--config")
+        .arg(dir.path().join("agent.yaml"))
+        .env("XCE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start the agent");
+    let hellos = Arc::new(AtomicU64::new(0));
+    let sent = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    listener.set_nonblocking(true).expect("nonblocking");
+    let mut conns = Vec::new();
+    while Instant::now() < deadline {
+        let Ok((stream, _)) = listener.accept() else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        stream.set_nonblocking(false).expect("blocking");
+        let reader = stream.try_clone().expect("clone");
+        let hellos = hellos.clone();
+        // Read (and count) what the agent sends, so its writes never stall.
+        conns.push(std::thread::spawn(move || {
+            let mut r = BufReader::new(reader);
+            while let Ok(msg) = capnp::serialize::read_message(&mut r, wire::reader_options()) {
+                if let Ok(Envelope::Hello(_)) = wire::decode_envelope(&msg) {
+                    hellos.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+        let mut writer = stream;
+        let sent = sent.clone();
+        let frames: Vec<Vec<u8>> = (0..2).map(&frame).collect();
+        conns.push(std::thread::spawn(move || {
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                // Blocks while the agent does not read; ends when it drops the connection
+                // (or is stopped).
+                if writer.write_all(&frames[(i % 2) as usize]).is_err() {
+                    return;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            let _ = writer.shutdown(std::net::Shutdown::Both);
+        }));
+    }
+    let cpu = proc_cpu(agent.id());
+    // SIGTERM to this child only, then reap it.
+    let _ = Command::new("kill").arg(agent.id().to_string()).status();
+    let _ = agent.wait();
+    for c in conns {
+        let _ = c.join();
+    }
+    let lines = std::fs::read_to_string(&log)
+        .map(|l| l.lines().count())
+        .unwrap_or(0);
+    println!(
+        "| {what} | {cpu:.2} | {lines} | {} | {} |",
+        hellos.load(Ordering::Relaxed),
+        sent.load(Ordering::Relaxed)
     );
 }

@@ -199,14 +199,18 @@ const RESOURCES: &str = "resources:
     interval: 1s
     resourcemap: [{location: [all]}]
     probe: {kind: exec, command: [seven.sh]}
+  - name: pool2
+    interval: 1s
+    resourcemap: [{location: [all]}]
+    probe: {kind: exec, command: [seven.sh]}
 ";
 
 /// What a controller saw on one agent connection.
 #[derive(Debug, Clone, Default)]
 struct Seen {
     hellos: usize,
-    /// Whether the latest hello declares the shared `pool` instance.
-    pool: bool,
+    /// The shared instances the latest hello declares, by resource name.
+    shared: Vec<String>,
     closed: bool,
 }
 
@@ -244,7 +248,12 @@ impl FakeController {
                 if let Ok(Envelope::Hello(h)) = wire::decode_envelope(&msg) {
                     tx.send_modify(|s| {
                         s.hellos += 1;
-                        s.pool = h.resources.iter().any(|d| d.name == "pool");
+                        s.shared = h
+                            .resources
+                            .iter()
+                            .filter(|d| d.shared)
+                            .map(|d| d.name.clone())
+                            .collect();
                     });
                 }
             }
@@ -320,10 +329,11 @@ async fn welcomes_with_bad_names_are_refused_with_one_log_line() {
     let mut conn = ctl.accept().await;
     conn.wait("the first hello", |s| s.hellos >= 1).await;
     let bad = welcome(&[("gpu\nfake", "all")]);
-    let mut frames: Vec<u8> = (0..1000).flat_map(|_| bad.clone()).collect();
+    // More than a burst of the agent's read pace (100 a second), fewer than take seconds.
+    let mut frames: Vec<u8> = (0..150).flat_map(|_| bad.clone()).collect();
     frames.extend(welcome(&[("pool", "all")]));
     conn.write.write_all(&frames).await.expect("write welcomes");
-    conn.wait("the good welcome to be applied", |s| s.pool)
+    conn.wait("the good welcome to be applied", |s| s.shared == ["pool"])
         .await;
     agent.assert_alive();
     agent.terminate().await;
@@ -342,22 +352,32 @@ async fn a_flapping_controller_costs_a_replan_per_second_and_identical_welcomes_
     conn.wait("the first hello", |s| s.hellos >= 1).await;
     let a = welcome(&[("pool", "all")]);
     let b = welcome(&[]);
-    let mut flood: Vec<u8> = (0..20_000)
+    let both = welcome(&[("pool", "all"), ("pool2", "all")]);
+    // The agent reads 100 controller messages a second after a burst of 100 (the rest wait
+    // in TCP): three seconds of flapping, as fast as the agent lets us, and a last welcome
+    // that tells when the agent has read them all.
+    let mut flood: Vec<u8> = (0..400)
         .flat_map(|i| if i % 2 == 0 { a.clone() } else { b.clone() })
         .collect();
-    flood.extend((0..1000).flat_map(|_| a.clone()));
+    flood.extend(both.clone());
     conn.write.write_all(&flood).await.expect("write flood");
-    conn.wait("the last welcome (pool) to win", |s| s.pool)
+    conn.wait("the last welcome to win", |s| s.shared.len() == 2)
         .await;
 
-    // Settled on `pool`: one real change, then a thousand welcomes that change nothing and
-    // one that does. Exactly one hello (snapshot) each for the two changes.
+    // Settled: one real change, then a hundred welcomes that change nothing and one that
+    // does. Exactly one hello (snapshot) each for the two changes.
     conn.write.write_all(&b).await.expect("write");
-    let before = conn.wait("pool withdrawn", |s| !s.pool).await.hellos;
-    let mut same: Vec<u8> = (0..1000).flat_map(|_| b.clone()).collect();
-    same.extend(a.clone());
+    let before = conn
+        .wait("shared instances withdrawn", |s| s.shared.is_empty())
+        .await
+        .hellos;
+    let mut same: Vec<u8> = (0..100).flat_map(|_| b.clone()).collect();
+    same.extend(both);
     conn.write.write_all(&same).await.expect("write");
-    let after = conn.wait("pool assigned again", |s| s.pool).await.hellos;
+    let after = conn
+        .wait("both assigned again", |s| s.shared.len() == 2)
+        .await
+        .hellos;
     assert_eq!(after, before + 1, "identical welcomes re-sent a snapshot");
     let elapsed = started.elapsed().as_secs() as usize;
 

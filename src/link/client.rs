@@ -23,7 +23,7 @@ use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::limits::{self, Warnings, WARN_INTERVAL};
+use super::limits::{self, Pace, Warnings, WARN_INTERVAL};
 use super::wire::{self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError};
 use super::DEFAULT_PORT;
 use crate::store::{Store, Versions};
@@ -506,7 +506,8 @@ impl<'a> Session<'a> {
 /// Read controller messages until the connection ends; returns why it ended. A controller
 /// is held to the limits of a receiver: a welcome longer than `limits::MAX_ASSIGNED` ends the
 /// connection from its list header, one with a name that breaks the rules is refused
-/// (counted, logged once per interval), and the loop yields after every frame. Logging an
+/// (counted, logged once per interval), the loop yields after every frame and reads at most
+/// `limits::CONTROLLER_MESSAGES_PER_SEC` frames a second after a burst. Logging an
 /// assignment that took effect is the daemon's (once per change, coalesced).
 async fn read_controller(
     rd: OwnedReadHalf,
@@ -515,7 +516,10 @@ async fn read_controller(
 ) -> SessionError {
     let mut rd = BufReader::new(rd).compat();
     let mut warnings = Warnings::new(WARN_INTERVAL);
+    let mut pace = Pace::new(limits::CONTROLLER_MESSAGES_PER_SEC);
     loop {
+        // Beyond the rate, the controller waits on TCP, not the agent on the controller.
+        pace.take().await;
         let msg = match wire::read_frame(&mut rd).await {
             Ok(Some(m)) => m,
             Ok(None) => return SessionError::Closed,
