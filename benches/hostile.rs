@@ -14,7 +14,9 @@
 //!    connection;
 //! 5. two welcomes alternated as fast as the agent reads (controller churn).
 //!
-//! Run: `cargo bench --bench hostile` (env CONNS=8 FRAMES=12 SECS=10).
+//! Run: `cargo bench --bench hostile` (env CONNS=8 FRAMES=12 SECS=10). The measured binary
+//! is this build's `xce-agent`, or `XCE_AGENT_BIN` (e.g. a release build driven from
+//! `cargo test --bench hostile`: only the measured processes need to be optimised).
 
 #[path = "../tests/link_common/mod.rs"]
 mod link_common;
@@ -31,6 +33,11 @@ use proc_stats::{proc_cpu, proc_rss_kib};
 use xce_agent::link::limits::MAX_DECLARED;
 use xce_agent::link::wire::{self, Batch, ControllerMessage, Envelope, Hello};
 use xce_agent::value::Value;
+
+/// The binary under measurement.
+fn agent_bin() -> String {
+    std::env::var("XCE_AGENT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xce-agent").to_owned())
+}
 
 fn env_or(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -53,7 +60,7 @@ impl Listen {
             l.local_addr().expect("addr").port()
         };
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+        let mut child = Command::new(agent_bin())
             .args(["listen", &addr.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -230,7 +237,7 @@ fn hostile_controller(what: &str, secs: u64, frame: impl Fn(u64) -> Vec<u8>) {
     )
     .expect("resources.yaml");
     let log = dir.path().join("agent.log");
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+    let mut agent = Command::new(agent_bin())
         .arg("--config")
         .arg(dir.path().join("agent.yaml"))
         .env("XCE_LOG", "info")
