@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo bench --bench wire` (env AGENTS=1000 SECS=20 DELTA_N=5).
 
+mod proc_stats;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
@@ -16,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use proc_stats::{proc_cpu, proc_rss_kib};
 use tokio::io::AsyncWriteExt;
 use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
 use xce_agent::value::{Resval, Status, Valtype, Value};
@@ -118,28 +121,6 @@ fn thread_cpu() -> Duration {
 }
 
 /// utime + stime of a process, in seconds.
-fn proc_cpu(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // Fields 14 and 15 of stat; `rest` starts at field 3.
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / hz
-}
-
-fn proc_rss_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn sizes() {
     println!("## bytes per resval (capnp stream framing, unpacked)\n");
     println!("| frame | resvals | bytes | bytes/resval |\n|---|---|---|---|");

@@ -1,8 +1,11 @@
 //! The node daemon: the plan's probes on their timers, the store, and the link to the
 //! controller, until SIGTERM. The controller's `welcome` (shared instances assigned to this
 //! host) re-plans; values flow store -> link without the probes ever waiting on the network.
+//! A controller flapping between welcomes costs at most one replan per second (see
+//! `link::assignment`), and an unchanged plan sends no new hello or snapshot.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProbeKind};
+use crate::link::assignment::AssignmentGate;
 use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
@@ -92,7 +96,9 @@ pub struct Agent {
     hello_tx: watch::Sender<Arc<wire::Hello>>,
     /// What `xce-agent status` reports of the configuration and plan.
     loaded_tx: watch::Sender<Arc<Loaded>>,
-    assigned_rx: watch::Receiver<Assigned>,
+    assignment: AssignmentGate,
+    /// The link's welcome count at the last applied change, to count those coalesced since.
+    welcomes_applied: u64,
     boot_id: String,
     plan: Plan,
     /// Parent of the scheduler's and the link's tokens.
@@ -174,7 +180,8 @@ impl Agent {
             stats_tx,
             hello_tx,
             loaded_tx,
-            assigned_rx,
+            assignment: AssignmentGate::new(assigned_rx),
+            welcomes_applied: 0,
             boot_id,
             plan,
             shutdown,
@@ -189,7 +196,7 @@ impl Agent {
     /// empty: the controller re-sends it in its welcome.
     fn start_link(&mut self) {
         let (assigned_tx, assigned_rx) = watch::channel(Assigned::new());
-        self.assigned_rx = assigned_rx;
+        self.assignment.follow(assigned_rx);
         if self.config.agent.controllers.is_empty() {
             return;
         }
@@ -233,17 +240,51 @@ impl Agent {
     /// link sends hello + full snapshot on the generation change, both of the new set), then
     /// the probes (unchanged ones keep running).
     pub fn replan(&mut self, config: Config) -> (usize, usize, usize) {
-        let assigned = self.assigned_rx.borrow().clone();
+        let digest = config.digest.clone();
+        let (kept, stopped, started) = self.apply_plan(config);
+        tracing::info!(kept, stopped, started, %digest, "plan applied");
+        (kept, stopped, started)
+    }
+
+    /// `replan` without its log line. A plan whose hello is the one already sent (the same
+    /// config and declared set) sends nothing: no hello, no new store generation, no snapshot.
+    fn apply_plan(&mut self, config: Config) -> (usize, usize, usize) {
+        let assigned = self.assignment.take();
+        self.welcomes_applied = self.link_stats.welcomes.load(Ordering::Relaxed);
         let plan = make_plan(&config.resources, &self.host, &assigned);
-        self.hello_tx
-            .send_replace(Arc::new(hello(&config, &plan, &self.boot_id)));
-        self.store.declare(declared(&plan));
+        let new_hello = hello(&config, &plan, &self.boot_id);
+        if **self.hello_tx.borrow() != new_hello {
+            self.hello_tx.send_replace(Arc::new(new_hello));
+            self.store.declare(declared(&plan));
+        }
         let (kept, stopped, started) = self.scheduler.apply(&plan);
-        tracing::info!(kept, stopped, started, digest = %config.digest, "plan applied");
         self.loaded_tx
             .send_modify(|l| *l = Arc::new(l.next(&config, &plan)));
         self.config = config;
         self.plan = plan;
+        (kept, stopped, started)
+    }
+
+    /// Move the plan to the controller's latest assignment (after `assignment_changed`),
+    /// with one log line that also counts the welcomes coalesced into this change.
+    pub fn apply_assignment(&mut self) -> (usize, usize, usize) {
+        let welcomes_before = self.welcomes_applied;
+        let config = self.config.clone();
+        let (kept, stopped, started) = self.apply_plan(config);
+        let coalesced = self.welcomes_applied.saturating_sub(welcomes_before);
+        tracing::info!(
+            shared = self
+                .plan
+                .tasks
+                .iter()
+                .filter(|t| !t.instance.is_empty())
+                .count(),
+            kept,
+            stopped,
+            started,
+            welcomes_since_last_change = coalesced,
+            "controller changed this host's shared-instance assignment; plan applied"
+        );
         (kept, stopped, started)
     }
 
@@ -258,9 +299,9 @@ impl Agent {
                 new: host.to_owned(),
             });
         }
-        let assigned = self.assigned_rx.borrow().clone();
+        let assigned = self.assignment.applied();
         let (problems, _) =
-            crate::checks::plan_checks(&config, &make_plan(&config.resources, host, &assigned));
+            crate::checks::plan_checks(&config, &make_plan(&config.resources, host, assigned));
         if !problems.is_empty() {
             return Err(ReloadError::Checks(problems));
         }
@@ -306,12 +347,10 @@ impl Agent {
         })
     }
 
-    /// Resolves when the controller changes this host's shared-instance assignment.
+    /// Resolves when the controller's assignment differs from the one the plan was made
+    /// with, at most once per second (then call `apply_assignment`); see `AssignmentGate`.
     pub async fn assignment_changed(&mut self) {
-        if self.assigned_rx.changed().await.is_err() {
-            // The link is gone (no controllers): no assignment will ever come.
-            std::future::pending::<()>().await;
-        }
+        self.assignment.changed().await;
     }
 
     /// For the watchdog: the link task has not died under us (it only ends on shutdown).

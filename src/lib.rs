@@ -1,7 +1,7 @@
 //! xce-agent: the worker-side dynamic resource agent of the xce cluster scheduler.
 //!
 //! Layers, each importing only those below it:
-//! `value` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
+//! `value`, `text` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
 //! `checks`, `status`, `daemon`, `metrics`, `report`, `cluster_table` -> `cli` and the binary.
 
 pub mod checks;
@@ -18,4 +18,5 @@ pub mod schedule;
 pub mod stats;
 pub mod status;
 pub mod store;
+pub mod text;
 pub mod value;

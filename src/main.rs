@@ -67,6 +67,9 @@ fn main() -> ExitCode {
             None => cmd_daemon(&cli.common).await,
         }
     });
+    // The command is done: whatever a task is still doing (a link task decoding, a file read
+    // stuck on a hung mount) must not keep the process alive past a short grace.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -128,7 +131,11 @@ fn host_name(common: &Common, config: &Config) -> anyhow::Result<String> {
         return Ok(h);
     }
     let h = nix::unistd::gethostname().context("cannot read this machine's host name")?;
-    Ok(h.to_string_lossy().into_owned())
+    let h = h.to_string_lossy().into_owned();
+    // The hello carries it: a name a receiver would refuse is better refused here, with the fix.
+    xce_agent::config::hostlist::validate_host_name(&h)
+        .map_err(|e| anyhow::anyhow!("this machine's host name: {e}; set `host:` in agent.yaml"))?;
+    Ok(h)
 }
 
 /// Load both files; on error print every problem with its position and return None.
@@ -360,8 +367,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
                 systemd::notify(&[NotifyState::Ready, NotifyState::Status(&agent.status_line())]);
             }
             _ = agent.assignment_changed() => {
-                let config = agent.config.clone();
-                agent.replan(config);
+                agent.apply_assignment();
                 systemd::notify(&[NotifyState::Status(&agent.status_line())]);
             }
             Ok(()) = link_state.changed() => {

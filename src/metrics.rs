@@ -351,6 +351,11 @@ fn encode_link(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
             "Acks received from the controller.",
             &link.acks,
         ),
+        (
+            "xce_link_welcomes_refused_total",
+            "Welcomes refused because a name broke the resource-name rules.",
+            &link.welcomes_refused,
+        ),
     ];
     for (name, help, c) in counters {
         family::<0>(

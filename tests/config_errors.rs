@@ -360,3 +360,16 @@ fn valid_example_parses() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_location_that_is_no_wire_instance_name_is_an_error() {
+    // The label is the instance's name on the wire: a receiver applies the same rule.
+    let e = one_error(
+        "resources:\n  - name: a\n    interval: 30\n    resourcemap: [{location: [\"gpu[1, 3]\"]}]\n",
+    );
+    assert!(e.starts_with("resources.yaml:4:"), "{e}");
+    assert!(
+        e.contains("instance name \"gpu[1, 3]\" may hold only"),
+        "{e}"
+    );
+}

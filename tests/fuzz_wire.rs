@@ -2,12 +2,20 @@
 //! messages round-trip; every truncation of a real frame is an error (never a panic, never a
 //! partial message); bit flips never panic; and no frame, however hostile its segment table,
 //! makes the reader allocate more than the frame limit (checked by a counting allocator).
+//! The amplification frames (a 72-byte batch of a million zero-sized resvals, a welcome of a
+//! million zero-sized assignments) are refused from their list headers.
+
+mod link_common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use proptest::prelude::*;
-use xce_agent::link::wire::{self, Batch, Envelope, Heartbeat, Hello, MAX_FRAME_BYTES};
+use xce_agent::link::agent_capnp;
+use xce_agent::link::limits::{FrameLimits, MAX_ASSIGNED, MAX_DECLARED};
+use xce_agent::link::wire::{
+    self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError, MAX_FRAME_BYTES,
+};
 use xce_agent::value::{Resval, Status, Value};
 
 /// The largest single allocation made by this thread since the last reset. Thread-local so
@@ -159,6 +167,24 @@ proptest! {
     }
 
     #[test]
+    fn a_batch_holds_at_most_what_the_hello_declared(n in 0u32..30_000, declared in 0usize..20_000) {
+        let frame = link_common::zero_sized_batch(1, n);
+        let r = wire::decode_envelope_bytes_within(&frame, FrameLimits::after_hello(declared));
+        let allowed = declared.min(MAX_DECLARED as usize);
+        match r {
+            Ok(Envelope::Batch(b)) => {
+                prop_assert!(n as usize <= allowed);
+                prop_assert_eq!(b.resvals.len(), n as usize);
+            }
+            Err(WireError::TooMany { count, max, .. }) => {
+                prop_assert!(n as usize > allowed);
+                prop_assert_eq!((count, max as usize), (n, allowed));
+            }
+            other => prop_assert!(false, "unexpected {other:?}"),
+        }
+    }
+
+    #[test]
     fn hostile_segment_tables_are_refused_without_allocating(
         segments in 0u32..600,
         sizes in proptest::collection::vec(any::<u32>(), 1..8),
@@ -196,4 +222,58 @@ fn the_allocation_counter_sees_large_allocations() {
     let (v, largest) = largest_allocation_during(|| Vec::<u8>::with_capacity(MAX_FRAME_BYTES + 1));
     assert!(v.capacity() > MAX_FRAME_BYTES);
     assert!(largest > MAX_FRAME_BYTES);
+}
+
+#[test]
+fn a_72_byte_batch_of_a_million_zero_sized_resvals_is_refused_from_its_header() {
+    let frame = link_common::zero_sized_batch(1, 1_000_000);
+    assert_eq!(frame.len(), 72);
+    // It really announces a million elements within the traversal limit.
+    let mut bytes = &frame[..];
+    let msg = capnp::serialize::read_message_from_flat_slice(&mut bytes, wire::reader_options())
+        .expect("a valid frame");
+    let root = msg
+        .get_root::<agent_capnp::envelope::Reader>()
+        .expect("root");
+    let Ok(agent_capnp::envelope::Which::Batch(b)) = root.which() else {
+        panic!("not a batch");
+    };
+    assert_eq!(b.unwrap().get_resvals().unwrap().len(), 1_000_000);
+
+    let (r, largest) = largest_allocation_during(|| {
+        wire::decode_envelope_bytes_within(&frame, FrameLimits::after_hello(1))
+    });
+    match r {
+        Err(WireError::TooMany {
+            count: 1_000_000,
+            max: 1,
+            ..
+        }) => {}
+        other => panic!("expected TooMany, got {other:?}"),
+    }
+    assert!(largest < 64 * 1024, "allocated {largest} bytes at once");
+    // Without a hello's bound, the protocol's own bound still refuses it.
+    match wire::decode_envelope_bytes(&frame) {
+        Err(WireError::TooMany { max, .. }) => assert_eq!(max, MAX_DECLARED),
+        other => panic!("expected TooMany, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_welcome_of_a_million_zero_sized_assignments_is_refused_from_its_header() {
+    let (r, largest) = largest_allocation_during(|| {
+        wire::decode_controller_bytes(&link_common::zero_sized_welcome(1_000_000))
+    });
+    match r {
+        Err(WireError::TooMany { count, max, .. }) => {
+            assert_eq!((count, max), (1_000_000, MAX_ASSIGNED));
+        }
+        other => panic!("expected TooMany, got {other:?}"),
+    }
+    assert!(largest < 64 * 1024, "allocated {largest} bytes at once");
+    // The same frame with a list the bound allows decodes: the builder is a real welcome.
+    assert_eq!(
+        wire::decode_controller_bytes(&link_common::zero_sized_welcome(2)).unwrap(),
+        ControllerMessage::Welcome(vec![(String::new(), String::new()); 2])
+    );
 }

@@ -32,17 +32,6 @@ fn hello() -> Hello {
     )
 }
 
-fn resval(name: &str, value: Value) -> Resval {
-    Resval {
-        name: name.into(),
-        instance: String::new(),
-        value,
-        status: Status::Ok,
-        last_report_ms: Some(1_700_000_000_000),
-        error: None,
-    }
-}
-
 fn batch(seq: u64, full: bool, resvals: Vec<Resval>) -> Envelope {
     Envelope::Batch(Batch {
         seq,
@@ -179,8 +168,16 @@ async fn protocol_order_violations_drop_the_connection() {
 #[tokio::test]
 async fn values_that_do_not_fit_the_hello_are_rejected_not_fatal() {
     let mut ctl = Controller::bind(ListenOpts::default()).await;
+    // Three declared, so a batch of three is within what the hello allows.
+    let mut three = hello();
+    for name in ["spare_a", "spare_b"] {
+        three.resources.push(Declared {
+            name: name.into(),
+            ..three.resources[0].clone()
+        });
+    }
     let msgs = [
-        Envelope::Hello(hello()),
+        Envelope::Hello(three),
         batch(
             1,
             true,

@@ -108,6 +108,30 @@ pub fn validate_host_name(h: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Longest shared-instance name (a resourcemap location joined by commas) either side
+/// accepts: room for a few hundred host names, far below a frame's size.
+pub const MAX_INSTANCE_NAME_LEN: usize = 4096;
+
+/// A shared instance's name on the wire and in resources.yaml: `all`, `others`, or host names
+/// and ranges joined by commas (`node[001-004],login1`). Only the characters of that syntax
+/// (letters, digits, `-`, `_`, `.`, `,`, `[`, `]`), so a name can never carry a space, a
+/// control character or markup into a controller's output. Empty is this host's own instance.
+pub fn check_instance_name(instance: &str) -> Result<(), String> {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || b"-_.,[]".contains(&b);
+    if instance.len() > MAX_INSTANCE_NAME_LEN {
+        Err(format!(
+            "instance name of {} bytes is longer than {MAX_INSTANCE_NAME_LEN}",
+            instance.len()
+        ))
+    } else if !instance.bytes().all(ok) {
+        Err(format!(
+            "instance name {instance:?} may hold only letters, digits and - _ . , [ ]"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// The same host: equal ignoring case, or one side is a short name equal to the other's first
 /// label (`node001` is `node001.cluster.example`). Two different domains never match.
 pub fn same_host(a: &str, b: &str) -> bool {
@@ -169,6 +193,24 @@ mod tests {
             "[0-999][0-999][0-9]",
         ] {
             assert!(expand(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn instance_names_keep_to_the_location_syntax() {
+        for good in ["", "all", "others", "node[001-004],login1", "r1n01.hpc"] {
+            assert!(check_instance_name(good).is_ok(), "{good:?} refused");
+        }
+        let long = "n".repeat(MAX_INSTANCE_NAME_LEN + 1);
+        for bad in [
+            "a b",
+            "x\nnode042",
+            "gpu[1, 3]",
+            "\u{1b}[2J",
+            "a;b",
+            long.as_str(),
+        ] {
+            assert!(check_instance_name(bad).is_err(), "{bad:?} accepted");
         }
     }
 

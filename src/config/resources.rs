@@ -407,6 +407,11 @@ fn instances(errs: &mut Errors, raw: &RawResource, name: &str, pos: Pos) -> Vec<
         }
         let words: Vec<&str> = loc.value.iter().map(|s| s.value.as_str()).collect();
         let label = words.join(",");
+        // The label is the instance's name on the wire: the receiver applies the same rule.
+        if let Err(e) = hostlist::check_instance_name(&label) {
+            errs.at(Pos::of(loc), e);
+            continue;
+        }
         let special = words
             .iter()
             .find(|w| matches!(**w, "default" | "all" | "others"));

@@ -23,9 +23,11 @@ use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::limits::{self, Pace, Warnings, WARN_INTERVAL};
 use super::wire::{self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError};
 use super::DEFAULT_PORT;
 use crate::store::{Store, Versions};
+use crate::text::escape;
 use crate::value::unix_ms;
 
 /// The (name, instance) pairs of shared instances the controller assigned to this host.
@@ -117,6 +119,8 @@ pub struct LinkStats {
     /// Unix ms of the last change of `state` (when `Connected`: connected since).
     pub state_since_ms: AtomicU64,
     pub welcomes: AtomicU64,
+    /// Welcomes refused because a name broke the resource-name rules (the connection stays).
+    pub welcomes_refused: AtomicU64,
     /// Frames being written right now: 0 or 1 by construction (the link never queues).
     pub in_flight: AtomicU64,
     /// Highest `in_flight` ever seen, for the tests' boundedness check.
@@ -142,6 +146,7 @@ impl Default for LinkStats {
             sent_version: AtomicU64::new(0),
             state_since_ms: AtomicU64::new(unix_ms(SystemTime::now())),
             welcomes: AtomicU64::new(0),
+            welcomes_refused: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
             state: watch::channel(LinkState::Connecting).0,
@@ -513,14 +518,23 @@ impl<'a> Session<'a> {
     }
 }
 
-/// Read controller messages until the connection ends; returns why it ended.
+/// Read controller messages until the connection ends; returns why it ended. A controller
+/// is held to the limits of a receiver: a welcome longer than `limits::MAX_ASSIGNED` ends the
+/// connection from its list header, one with a name that breaks the rules is refused
+/// (counted, logged once per interval), the loop yields after every frame and reads at most
+/// `limits::CONTROLLER_MESSAGES_PER_SEC` frames a second after a burst. Logging an
+/// assignment that took effect is the daemon's (once per change, coalesced).
 async fn read_controller(
     rd: OwnedReadHalf,
     stats: Arc<LinkStats>,
     assigned: Arc<watch::Sender<Assigned>>,
 ) -> SessionError {
     let mut rd = BufReader::new(rd).compat();
+    let mut warnings = Warnings::new(WARN_INTERVAL);
+    let mut pace = Pace::new(limits::CONTROLLER_MESSAGES_PER_SEC);
     loop {
+        // Beyond the rate, the controller waits on TCP, not the agent on the controller.
+        pace.take().await;
         let msg = match wire::read_frame(&mut rd).await {
             Ok(Some(m)) => m,
             Ok(None) => return SessionError::Closed,
@@ -535,16 +549,33 @@ async fn read_controller(
             }
             Ok(ControllerMessage::Welcome(list)) => {
                 LinkStats::add(&stats.welcomes, 1);
-                let set: Assigned = list.into_iter().collect();
-                info!(assigned = set.len(), "controller assigned shared instances");
-                assigned.send_if_modified(|cur| {
-                    let changed = *cur != set;
-                    *cur = set;
-                    changed
-                });
+                let now = tokio::time::Instant::now();
+                match list.iter().try_for_each(|(n, i)| limits::check_names(n, i)) {
+                    Ok(()) => {
+                        let set: Assigned = list.into_iter().collect();
+                        debug!(assigned = set.len(), "welcome from the controller");
+                        assigned.send_if_modified(|cur| {
+                            let changed = *cur != set;
+                            *cur = set;
+                            changed
+                        });
+                    }
+                    Err(e) => {
+                        LinkStats::add(&stats.welcomes_refused, 1);
+                        if warnings.admit("bad name", now) {
+                            warn!(error = %escape(&e), "welcome refused (more like it are summarised)");
+                        }
+                    }
+                }
+                if let Some(summary) = warnings.summary_due(now) {
+                    warn!("welcomes refused: {summary}");
+                }
             }
             Err(e) => return SessionError::Read(e),
         }
+        drop(msg);
+        // A controller whose frames are always ready must not keep this worker busy.
+        tokio::task::yield_now().await;
     }
 }
 

@@ -1,7 +1,9 @@
 //! The stream of resvals to the controller (Cap'n Proto over TCP) and the reference receiver.
 //!
 //! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
+//! - [`assignment`]: when a welcome's assignment takes effect (coalesced, once per second).
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
+//! - [`limits`]: what a frame may cost (list bounds, name rules, warning rate limits).
 //! - [`receiver`]: the reference receiver behind `xce-agent listen`.
 //!
 //! The schema is `schema/agent.capnp`; `agent_capnp` is generated from it by
@@ -11,7 +13,9 @@
 #[allow(clippy::all, clippy::pedantic, unused, missing_docs)]
 pub mod agent_capnp;
 
+pub mod assignment;
 pub mod client;
+pub mod limits;
 pub mod receiver;
 pub mod wire;
 

@@ -8,24 +8,33 @@
 //! connection with a logged error. A resval that does not fit its hello (undeclared, wrong
 //! type, empty name, non-finite number) is reported as rejected and the connection goes on,
 //! as a controller should do: one bad value must not blind it to the host's other values.
+//!
+//! What a hostile peer may cost is bounded (see `limits`): a hello whose names break the
+//! resource-name rules is refused, a batch longer than its hello declared is refused from its
+//! list header, repeated warnings make one summary line per interval, and the output waiting
+//! for a slow stdout is bounded in bytes. The text format escapes control characters, so one
+//! resval is always exactly one line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::json;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::limits::{self, FrameLimits, Warnings, LISTEN_BUFFER_BYTES, WARN_INTERVAL};
 use super::wire::{
     self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, PROTOCOL_VERSION,
 };
+use crate::text::escape;
 use crate::value::{Resval, Valtype, Value};
 
 /// Output format of `listen`.
@@ -77,16 +86,77 @@ pub async fn serve(
     events: mpsc::Sender<Event>,
     shutdown: CancellationToken,
 ) {
+    serve_into(listener, opts, Sink::Events(events), shutdown).await;
+}
+
+/// Where a connection's events go: to the caller's channel (its capacity bounds the events
+/// waiting, each at most one frame), or rendered as lines into a buffer bounded in bytes.
+#[derive(Clone)]
+enum Sink {
+    Events(mpsc::Sender<Event>),
+    Lines(LineSink),
+}
+
+#[derive(Clone)]
+struct LineSink {
+    format: Format,
+    /// Unbounded in count, bounded in bytes: every entry holds permits for its size.
+    tx: mpsc::UnboundedSender<(String, OwnedSemaphorePermit)>,
+    budget: Arc<Semaphore>,
+}
+
+/// What an entry costs beyond its text (the String and the channel node).
+const ENTRY_OVERHEAD: usize = 64;
+
+impl Sink {
+    /// Hand one event on, waiting while the output buffer is full (the connection stops
+    /// reading meanwhile, so TCP pushes back on the agent). Err: the consumer is gone.
+    async fn deliver(&self, ev: Event) -> Result<(), ()> {
+        match self {
+            Sink::Events(tx) => tx.send(ev).await.map_err(|_| ()),
+            Sink::Lines(sink) => {
+                let mut text = String::new();
+                for line in ev.lines(sink.format) {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+                // Only the text waits for the buffer, not the decoded batch.
+                drop(ev);
+                // One event larger than the whole buffer still goes, alone.
+                let cost = (text.len() + ENTRY_OVERHEAD).min(LISTEN_BUFFER_BYTES);
+                let permit = Arc::clone(&sink.budget)
+                    .acquire_many_owned(cost as u32)
+                    .await
+                    .map_err(|_| ())?;
+                sink.tx.send((text, permit)).map_err(|_| ())
+            }
+        }
+    }
+
+    async fn closed(&self) {
+        match self {
+            Sink::Events(tx) => tx.closed().await,
+            Sink::Lines(sink) => sink.tx.closed().await,
+        }
+    }
+}
+
+async fn serve_into(
+    listener: TcpListener,
+    opts: ListenOpts,
+    sink: Sink,
+    shutdown: CancellationToken,
+) {
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = events.closed() => break,
+            _ = sink.closed() => break,
             // Reap finished connection tasks so the set does not grow without bound.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
-                    conns.spawn(connection(stream, peer, opts.clone(), events.clone()));
+                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone()));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: wait instead of spinning.
@@ -100,6 +170,7 @@ pub async fn serve(
 }
 
 /// `serve`, printing one line per event (per resval for batches) to `out`, for the CLI.
+/// The lines waiting for `out` are bounded by `LISTEN_BUFFER_BYTES`, however slow it is.
 pub async fn serve_lines<W: AsyncWrite + Unpin>(
     listener: TcpListener,
     opts: ListenOpts,
@@ -107,15 +178,16 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
     mut out: W,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let (tx, mut rx) = mpsc::channel(1024);
-    let server = tokio::spawn(serve(listener, opts, tx, shutdown.clone()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let sink = Sink::Lines(LineSink {
+        format,
+        tx,
+        budget: Arc::new(Semaphore::new(LISTEN_BUFFER_BYTES)),
+    });
+    let server = tokio::spawn(serve_into(listener, opts, sink, shutdown.clone()));
     let mut result = Ok(());
-    while let Some(ev) = rx.recv().await {
-        let mut text = String::new();
-        for line in ev.lines(format) {
-            text.push_str(&line);
-            text.push('\n');
-        }
+    // The permit is released once the text is written.
+    while let Some((text, _permit)) = rx.recv().await {
         if let Err(e) = async {
             out.write_all(text.as_bytes()).await?;
             out.flush().await
@@ -136,12 +208,7 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
 /// Largest time a write of an ack/welcome may take before the agent is considered stuck.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    opts: ListenOpts,
-    events: mpsc::Sender<Event>,
-) {
+async fn connection(stream: TcpStream, peer: SocketAddr, opts: ListenOpts, sink: Sink) {
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd).compat();
     let mut conn = Conn {
@@ -150,37 +217,46 @@ async fn connection(
         declared: BTreeMap::new(),
         last_seq: 0,
         need_full: true,
+        warnings: Warnings::new(WARN_INTERVAL),
     };
     info!(%peer, "agent connected");
-    let _ = events.send(conn.event(EventKind::Connected)).await;
+    let _ = sink.deliver(conn.event(EventKind::Connected)).await;
     let end = loop {
         let msg = match wire::read_frame(&mut rd).await {
             Ok(Some(m)) => m,
             Ok(None) => break None,
             Err(e) => break Some(e.to_string()),
         };
-        let env = match wire::decode_envelope(&msg) {
+        let env = match wire::decode_envelope_within(&msg, conn.limits()) {
             Ok(env) => env,
             Err(e) => break Some(e.to_string()),
         };
+        drop(msg);
         let (kind, reply) = match conn.accept(env, &opts) {
             Ok(x) => x,
             Err(e) => break Some(e),
         };
-        if events.send(conn.event(kind)).await.is_err() {
+        if sink.deliver(conn.event(kind)).await.is_err() {
             return;
         }
+        // A peer whose frames are always ready must not keep this worker from the others.
+        tokio::task::yield_now().await;
         if let Some(reply) = reply {
             if let Err(e) = send(&mut wr, &reply).await {
                 break Some(e);
             }
         }
     };
+    if let Some(summary) = conn.warnings.finish() {
+        warn!(%peer, host = conn.host(), "rejected resvals: {summary}");
+    }
     match &end {
         None => info!(%peer, host = conn.host(), "agent disconnected"),
-        Some(e) => error!(%peer, host = conn.host(), error = %e, "dropping agent connection"),
+        Some(e) => {
+            error!(%peer, host = conn.host(), error = %escape(e), "dropping agent connection")
+        }
     }
-    let _ = events.send(conn.event(EventKind::Closed(end))).await;
+    let _ = sink.deliver(conn.event(EventKind::Closed(end))).await;
 }
 
 async fn send(wr: &mut OwnedWriteHalf, msg: &ControllerMessage) -> Result<(), String> {
@@ -200,11 +276,21 @@ struct Conn {
     last_seq: u64,
     /// After a hello the next batch must be a full snapshot.
     need_full: bool,
+    warnings: Warnings,
 }
 
 impl Conn {
     fn host(&self) -> &str {
         self.hello.as_ref().map_or("-", |h| h.host.as_str())
+    }
+
+    /// What the next frame may hold: no more resvals than the hello declared. Before the
+    /// hello, the protocol's bounds (a batch then is refused as out of order).
+    fn limits(&self) -> FrameLimits {
+        match self.hello {
+            None => FrameLimits::default(),
+            Some(_) => FrameLimits::after_hello(self.declared.len()),
+        }
     }
 
     fn event(&self, kind: EventKind) -> Event {
@@ -233,6 +319,7 @@ impl Conn {
                 if h.host.is_empty() {
                     return Err("hello without a host name".into());
                 }
+                limits::check_hello(&h).map_err(|e| format!("hello refused: {e}"))?;
                 if let Some(old) = &self.hello {
                     if old.host != h.host {
                         return Err(format!(
@@ -289,15 +376,22 @@ impl Conn {
                 let mut rejected = Vec::new();
                 let mut seen = BTreeSet::new();
                 let mut kept = Vec::with_capacity(batch.resvals.len());
+                let now = tokio::time::Instant::now();
                 for r in batch.resvals.drain(..) {
                     match self.check(&r, &mut seen) {
                         Ok(()) => kept.push(r),
-                        Err(why) => {
-                            warn!(host = self.host(), name = %r.name, instance = %r.instance,
-                                  reason = %why, "rejected resval");
+                        Err((kind, why)) => {
+                            if self.warnings.admit(kind, now) {
+                                warn!(host = self.host(), name = %escape(&r.name),
+                                      instance = %escape(&r.instance), reason = %escape(&why),
+                                      "rejected resval (more like it are summarised)");
+                            }
                             rejected.push((r, why));
                         }
                     }
+                }
+                if let Some(summary) = self.warnings.summary_due(now) {
+                    warn!(host = self.host(), "rejected resvals: {summary}");
                 }
                 batch.resvals = kept;
                 let reply = opts.ack.then_some(ControllerMessage::Ack(batch.seq));
@@ -318,16 +412,22 @@ impl Conn {
         }
     }
 
-    fn check(&self, r: &Resval, seen: &mut BTreeSet<(String, String)>) -> Result<(), String> {
+    /// Why a resval does not fit: its kind (what the warning summary counts) and the text.
+    fn check(
+        &self,
+        r: &Resval,
+        seen: &mut BTreeSet<(String, String)>,
+    ) -> Result<(), (&'static str, String)> {
         if r.name.is_empty() {
-            return Err("empty name".into());
+            return Err(("empty name", "empty name".into()));
         }
+        limits::check_names(&r.name, &r.instance).map_err(|e| ("bad name", e))?;
         let key = (r.name.clone(), r.instance.clone());
         let Some(valtype) = self.declared.get(&key) else {
-            return Err("not declared in hello".into());
+            return Err(("undeclared", "not declared in hello".into()));
         };
         if !seen.insert(key) {
-            return Err("appears twice in one batch".into());
+            return Err(("twice in one batch", "appears twice in one batch".into()));
         }
         let fits = match (&r.value, valtype) {
             (Value::Unknown, _) => true,
@@ -339,7 +439,10 @@ impl Conn {
         if fits {
             Ok(())
         } else {
-            Err(format!("value {} does not fit valtype {valtype}", r.value))
+            Err((
+                "wrong type",
+                format!("value {} does not fit valtype {valtype}", r.value),
+            ))
         }
     }
 }
@@ -359,16 +462,19 @@ impl Event {
         }
     }
 
+    /// Every peer-supplied text is escaped (see `crate::text`): each line printed here is
+    /// exactly one event or resval, whatever the agent sent.
     fn text_lines(&self, host: &str) -> Vec<String> {
         let peer = self.peer;
+        let host = escape(host);
         match &self.kind {
             EventKind::Connected => vec![format!("{host} connect peer={peer}")],
             EventKind::Hello(h) => vec![format!(
                 "{host} hello protocol={} agent={} boot_id={} digest={} resources={} peer={peer}",
                 h.protocol_version,
-                h.agent_version,
-                h.boot_id,
-                h.config_digest,
+                escape(&h.agent_version),
+                escape(&h.boot_id),
+                escape(&h.config_digest),
                 h.resources.len()
             )],
             EventKind::Heartbeat(hb) => vec![format!("{host} heartbeat seq={}", hb.seq)],
@@ -386,7 +492,7 @@ impl Event {
                             "{host} {} {} {} last_report={} seq={} {kind}",
                             display_name(r),
                             r.status,
-                            r.value,
+                            escape(&r.value.to_string()),
                             r.last_report_ms.map_or("never".into(), rfc3339),
                             batch.seq
                         );
@@ -458,11 +564,12 @@ impl Event {
     }
 }
 
+/// `name` or `name@instance`, escaped.
 fn display_name(r: &Resval) -> String {
     if r.instance.is_empty() {
-        r.name.clone()
+        escape(&r.name).into_owned()
     } else {
-        format!("{}@{}", r.name, r.instance)
+        format!("{}@{}", escape(&r.name), escape(&r.instance))
     }
 }
 

@@ -7,6 +7,7 @@ use capnp::serialize;
 use futures::io::AsyncRead;
 
 use super::agent_capnp as schema;
+use super::limits::FrameLimits;
 use crate::value::{Resval, Status, Valtype, Value};
 
 /// Version of the protocol this code speaks (the schema's `protocolVersion`).
@@ -116,6 +117,14 @@ pub enum WireError {
     Utf8 { field: &'static str },
     #[error("frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
     TooLarge { size: usize },
+    /// Checked on the list header, before a single element is read.
+    #[error("{list} holds {count} entries, more than the {max} {bound}")]
+    TooMany {
+        list: &'static str,
+        count: u32,
+        max: u32,
+        bound: &'static str,
+    },
 }
 
 // ---------------------------------------------------------------------------------------
@@ -235,16 +244,38 @@ fn status_to_wire(s: Status) -> schema::Status {
 // ---------------------------------------------------------------------------------------
 // Decoding
 
-/// Decode a complete agent frame held in memory (tests, captures).
-pub fn decode_envelope_bytes(mut bytes: &[u8]) -> Result<Envelope, WireError> {
+/// Decode a complete agent frame held in memory (tests, captures), within `limits`.
+pub fn decode_envelope_bytes_within(
+    mut bytes: &[u8],
+    limits: FrameLimits,
+) -> Result<Envelope, WireError> {
     let msg = serialize::read_message_from_flat_slice(&mut bytes, reader_options())?;
-    decode_envelope(&msg)
+    decode_envelope_within(&msg, limits)
+}
+
+/// Decode a complete agent frame held in memory (tests, captures) within the protocol's
+/// absolute bounds; a receiver that knows the hello uses `decode_envelope_bytes_within`.
+pub fn decode_envelope_bytes(bytes: &[u8]) -> Result<Envelope, WireError> {
+    decode_envelope_bytes_within(bytes, FrameLimits::default())
 }
 
 /// Decode a complete controller frame held in memory.
 pub fn decode_controller_bytes(mut bytes: &[u8]) -> Result<ControllerMessage, WireError> {
     let msg = serialize::read_message_from_flat_slice(&mut bytes, reader_options())?;
     decode_controller(&msg)
+}
+
+/// Refuse a list longer than `max` from its header alone.
+fn bounded(list: &'static str, len: u32, max: u32, bound: &'static str) -> Result<(), WireError> {
+    if len > max {
+        return Err(WireError::TooMany {
+            list,
+            count: len,
+            max,
+            bound,
+        });
+    }
+    Ok(())
 }
 
 /// Read the next frame from a stream; `Ok(None)` at a clean end of stream (between frames).
@@ -255,8 +286,19 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     Ok(capnp_futures::serialize::try_read_message(reader, reader_options()).await?)
 }
 
+/// Decode an agent message within the protocol's absolute bounds (no batch longer than a
+/// hello may declare); see `decode_envelope_within`.
 pub fn decode_envelope<S: message::ReaderSegments>(
     msg: &message::Reader<S>,
+) -> Result<Envelope, WireError> {
+    decode_envelope_within(msg, FrameLimits::default())
+}
+
+/// Decode an agent message, refusing any list longer than `limits` allow before reading its
+/// elements: the work per frame is bounded by what the peer declared.
+pub fn decode_envelope_within<S: message::ReaderSegments>(
+    msg: &message::Reader<S>,
+    limits: FrameLimits,
 ) -> Result<Envelope, WireError> {
     use schema::envelope::Which;
     let root = msg.get_root::<schema::envelope::Reader>()?;
@@ -264,8 +306,8 @@ pub fn decode_envelope<S: message::ReaderSegments>(
         .which()
         .map_err(|e| not_in_schema("Envelope member", e))?
     {
-        Which::Hello(h) => Ok(Envelope::Hello(read_hello(h?)?)),
-        Which::Batch(b) => Ok(Envelope::Batch(read_batch(b?)?)),
+        Which::Hello(h) => Ok(Envelope::Hello(read_hello(h?, limits)?)),
+        Which::Batch(b) => Ok(Envelope::Batch(read_batch(b?, limits)?)),
         Which::Heartbeat(hb) => {
             let hb = hb?;
             Ok(Envelope::Heartbeat(Heartbeat {
@@ -287,6 +329,12 @@ pub fn decode_controller<S: message::ReaderSegments>(
     {
         Which::Welcome(w) => {
             let list = w?.get_assigned()?;
+            bounded(
+                "Welcome.assigned",
+                list.len(),
+                super::limits::MAX_ASSIGNED,
+                "a welcome may assign",
+            )?;
             let mut out = Vec::with_capacity(list.len() as usize);
             for e in list.iter() {
                 out.push((
@@ -313,8 +361,14 @@ fn text(
         .map_err(|_| WireError::Utf8 { field })
 }
 
-fn read_hello(h: schema::hello::Reader<'_>) -> Result<Hello, WireError> {
+fn read_hello(h: schema::hello::Reader<'_>, limits: FrameLimits) -> Result<Hello, WireError> {
     let list = h.get_resources()?;
+    bounded(
+        "Hello.resources",
+        list.len(),
+        limits.declared,
+        "a hello may declare",
+    )?;
     let mut resources = Vec::with_capacity(list.len() as usize);
     for d in list.iter() {
         resources.push(Declared {
@@ -339,9 +393,15 @@ fn read_hello(h: schema::hello::Reader<'_>) -> Result<Hello, WireError> {
     })
 }
 
-fn read_batch(b: schema::batch::Reader<'_>) -> Result<Batch, WireError> {
+fn read_batch(b: schema::batch::Reader<'_>, limits: FrameLimits) -> Result<Batch, WireError> {
     use schema::resval::value::Which as V;
     let list = b.get_resvals()?;
+    bounded(
+        "Batch.resvals",
+        list.len(),
+        limits.resvals,
+        "instances declared in the hello",
+    )?;
     let mut resvals = Vec::with_capacity(list.len() as usize);
     for r in list.iter() {
         let value = match r

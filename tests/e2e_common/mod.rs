@@ -234,7 +234,12 @@ fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
 
 impl ListenProc {
     pub fn spawn() -> Self {
-        Self::spawn_with(&["--format", "json"])
+        Self::spawn_format("json")
+    }
+
+    /// `xce-agent listen 127.0.0.1:0 --format FORMAT`.
+    pub fn spawn_format(format: &str) -> Self {
+        Self::spawn_with(&["--format", format])
     }
 
     /// `xce-agent listen 127.0.0.1:0` with these options.
@@ -299,6 +304,24 @@ impl ListenProc {
         if let Ok(Some(status)) = self.child.try_wait() {
             panic!("xce-agent listen exited: {status}");
         }
+    }
+
+    /// SIGTERM (to this PID only), then every stdout and stderr line not read yet, up to
+    /// the end of both streams: what a test counts once listen has said all it will.
+    pub fn terminate_and_collect(&mut self) -> (Vec<String>, Vec<String>) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let rest = |rx: &mpsc::Receiver<String>| {
+            let mut lines = Vec::new();
+            loop {
+                match rx.recv_timeout(HANG_GUARD) {
+                    Ok(l) => lines.push(l),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
+                    Err(e) => panic!("listen did not end its output after SIGTERM: {e}"),
+                }
+            }
+        };
+        (rest(&self.stdout), rest(&self.stderr))
     }
 }
 

@@ -1,0 +1,26 @@
+//! A child process's CPU (utime + stime) and memory figures from /proc, for the benches.
+#![allow(dead_code)]
+
+/// utime + stime of `pid`, in seconds.
+pub fn proc_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // Fields 14 and 15 of stat; `rest` starts at field 3.
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / hz
+}
+
+/// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
+pub fn proc_rss_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
