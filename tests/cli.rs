@@ -381,7 +381,9 @@ fn listen_help_names_its_own_formats() {
         .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(
-        help.contains("[default: text] [possible values: text, json]") && !help.contains("table"),
+        help.contains("[default: text] [possible values: text, json, table]")
+            && !help.contains("[default: table]")
+            && !help.contains("instead of text"),
         "{help}"
     );
 }
