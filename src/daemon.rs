@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProbeKind};
 use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
+use crate::link::tls::Material;
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
 use crate::probe::{BuiltinSource, ProbeContext};
@@ -96,6 +97,8 @@ pub struct Agent {
     shutdown: CancellationToken,
     link_cfg: LinkConfig,
     link: Option<Link>,
+    /// The link's key material as last loaded (`tls:` in agent.yaml).
+    tls: Option<Material>,
 }
 
 struct Link {
@@ -128,6 +131,8 @@ pub struct Reloaded {
 pub enum ReloadError {
     #[error("host name changed from {old:?} to {new:?}; restart the agent to change it")]
     HostChanged { old: String, new: String },
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl Agent {
@@ -157,6 +162,12 @@ impl Agent {
         let link_stats = Arc::new(LinkStats::default());
         let (_, assigned_rx) = watch::channel(Assigned::new());
         tracing::info!(host = %host, probes = plan.tasks.len(), skipped = plan.skipped.len(), controllers = ?config.agent.controllers, "started");
+        // `main` loaded the same files a moment ago and refused to start on an error.
+        let tls = config.agent.tls.as_ref().and_then(|p| {
+            Material::load(p)
+                .inspect_err(|e| tracing::error!("{e}; not connecting to any controller"))
+                .ok()
+        });
         let mut agent = Self {
             config,
             host,
@@ -171,6 +182,7 @@ impl Agent {
             shutdown,
             link_cfg,
             link: None,
+            tls,
         };
         agent.start_link();
         agent
@@ -184,8 +196,24 @@ impl Agent {
         if self.config.agent.controllers.is_empty() {
             return;
         }
+        let tls = match (&self.config.agent.tls, &self.tls) {
+            (None, _) => None,
+            (Some(_), None) => return,
+            (Some(_), Some(m)) => match m.client_config() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!("{e}; not connecting to any controller");
+                    return;
+                }
+            },
+        };
+        let not_after = self.tls.as_ref().and_then(Material::leaf_not_after);
+        self.link_stats
+            .cert_not_after
+            .store(not_after.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
         let cfg = LinkConfig {
             controllers: self.config.agent.controllers.clone(),
+            tls,
             ..self.link_cfg.clone()
         };
         let stop = self.shutdown.child_token();
@@ -247,7 +275,13 @@ impl Agent {
         let probes_restarted = old.plugin_dir != new.plugin_dir
             || old.run_as != new.run_as
             || old.max_parallel != new.max_parallel;
-        let link_restarted = old.controllers != new.controllers;
+        let tls = match new.tls.as_ref().map(Material::load).transpose() {
+            Ok(m) => m,
+            Err(e) => return Err(ReloadError::Tls(e.to_string())),
+        };
+        // New key material is used from the next handshake: reconnect once to get there.
+        let tls_rotated = tls != self.tls;
+        let link_restarted = old.controllers != new.controllers || tls_rotated;
         if old.metrics != new.metrics {
             tracing::warn!(old = ?old.metrics, new = ?new.metrics, "the metrics address changes at the next restart");
         }
@@ -266,9 +300,15 @@ impl Agent {
             self.stats_tx.send_replace(self.scheduler.stats.clone());
         }
         if link_restarted {
-            tracing::info!(controllers = ?new.controllers, "controller list changed: reconnecting");
+            if tls_rotated {
+                tracing::info!("TLS key material changed: reconnecting with it");
+            } else {
+                tracing::info!(controllers = ?new.controllers, "controller list changed: reconnecting");
+            }
             self.stop_link(Duration::from_secs(3)).await;
             self.config.agent.controllers = new.controllers.clone();
+            self.config.agent.tls = new.tls.clone();
+            self.tls = tls;
             self.start_link();
         }
         let (kept, stopped, started) = self.replan(config);
@@ -279,6 +319,17 @@ impl Agent {
             probes_restarted,
             link_restarted,
         })
+    }
+
+    /// Whether the key material on disk differs from what the link uses (a rotation, or a
+    /// file that no longer loads): a reload must happen even if agent.yaml did not change.
+    pub fn tls_changed(&self, config: &Config) -> bool {
+        let on_disk = config.agent.tls.as_ref().map(Material::load);
+        match (on_disk, &self.tls) {
+            (None, None) => false,
+            (Some(Ok(m)), Some(cur)) => m != *cur,
+            _ => true,
+        }
     }
 
     /// Resolves when the controller changes this host's shared-instance assignment.

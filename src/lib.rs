@@ -15,4 +15,5 @@ pub mod report;
 pub mod schedule;
 pub mod stats;
 pub mod store;
+pub mod tls_ca;
 pub mod value;

@@ -9,7 +9,7 @@ use clap::Parser;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use xce_agent::cli::{Cli, Command, Common, Format};
+use xce_agent::cli::{Cli, Command, Common, Format, ListenTls, TlsCommand};
 use xce_agent::config::{Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
@@ -49,7 +49,13 @@ fn main() -> ExitCode {
         match &cli.command {
             Some(Command::Check) => cmd_check(&cli.common).await,
             Some(Command::Probe { name }) => cmd_probe(&cli.common, name).await,
-            Some(Command::Listen { addr, format, ack }) => cmd_listen(addr, *format, *ack).await,
+            Some(Command::Listen {
+                addr,
+                format,
+                ack,
+                tls,
+            }) => cmd_listen(addr, *format, *ack, tls).await,
+            Some(Command::Tls { command }) => cmd_tls(command),
             Some(Command::GenerateAssets { dir }) => cmd_generate_assets(dir),
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
@@ -355,6 +361,14 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     let Some(config) = load(common) else {
         return Ok(EXIT_CONFIG);
     };
+    if let Some(paths) = &config.agent.tls {
+        if let Err(e) = xce_agent::link::tls::Material::load(paths) {
+            eprintln!("xce-agent: {e}");
+            return Ok(EXIT_CONFIG);
+        }
+    } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
+        tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
+    }
     become_subreaper();
     let host = host_name(common, &config)?;
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
@@ -470,7 +484,7 @@ async fn reload(common: &Common, agent: &mut Agent) {
             return;
         }
     };
-    if config.digest == agent.config.digest {
+    if config.digest == agent.config.digest && !agent.tls_changed(&config) {
         tracing::info!("configuration unchanged");
         return;
     }
@@ -518,7 +532,27 @@ fn cmd_generate_assets(dir: &std::path::Path) -> anyhow::Result<u8> {
     Ok(EXIT_OK)
 }
 
-async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8> {
+async fn cmd_listen(addr: &str, format: Format, ack: bool, tls: &ListenTls) -> anyhow::Result<u8> {
+    let tls = match (&tls.tls_ca, &tls.tls_cert, &tls.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let paths = xce_agent::config::agent::TlsPaths {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+                crl: tls.tls_crl.clone(),
+            };
+            let material = xce_agent::link::tls::Material::load(&paths)?;
+            Some(material.server_config()?)
+        }
+        _ if tls.insecure => {
+            eprintln!("xce-agent: WARNING: --insecure: accepting plaintext agents; anyone who can reach {addr} can report values for any host");
+            None
+        }
+        _ => {
+            eprintln!("xce-agent: refusing to listen in plaintext: give --tls-ca, --tls-cert and --tls-key (agents then need certificates from that CA), or --insecure to accept unauthenticated agents");
+            return Ok(EXIT_CONFIG);
+        }
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -544,7 +578,26 @@ async fn cmd_listen(addr: &str, format: Format, ack: bool) -> anyhow::Result<u8>
     let opts = receiver::ListenOpts {
         ack,
         assign: Vec::new(),
+        tls,
+        handshake_timeout: None,
     };
     receiver::serve_lines(listener, opts, format, tokio::io::stdout(), shutdown).await?;
+    Ok(EXIT_OK)
+}
+
+fn cmd_tls(command: &TlsCommand) -> anyhow::Result<u8> {
+    let written = match command {
+        TlsCommand::Init { dir, days } => xce_agent::tls_ca::init(dir, *days)?,
+        TlsCommand::Issue {
+            ca,
+            out,
+            domain,
+            days,
+            names,
+        } => xce_agent::tls_ca::issue(ca, out, names, domain.as_deref(), *days)?,
+    };
+    for path in written {
+        println!("{}", path.display());
+    }
     Ok(EXIT_OK)
 }

@@ -3,6 +3,7 @@
 //! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
 //! - [`receiver`]: the reference receiver behind `xce-agent listen`.
+//! - [`tls`]: TLS 1.3 with a certificate on both ends; the hello's host bound to the SANs.
 //!
 //! The schema is `schema/agent.capnp`; `agent_capnp` is generated from it by
 //! `scripts/regen-schema.sh` and committed, so building needs no capnp tool.
@@ -13,6 +14,7 @@ pub mod agent_capnp;
 
 pub mod client;
 pub mod receiver;
+pub mod tls;
 pub mod wire;
 
 /// The controller's port when a `controllers:` entry gives none.

@@ -41,9 +41,11 @@ impl Site {
             .expect("chmod tempdir");
         let list: Vec<String> = controllers.iter().map(|c| format!("\"{c}\"")).collect();
         let agent = format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [{}]\n",
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [{}]\n{}",
             dir.path().display(),
-            list.join(", ")
+            list.join(", "),
+            // Plaintext, said in words; the TLS tests write a tls: section instead.
+            if controllers.is_empty() { "" } else { "insecure_plaintext: true\n" }
         );
         std::fs::write(dir.path().join("agent.yaml"), agent).expect("write agent.yaml");
         std::fs::write(dir.path().join("resources.yaml"), resources).expect("write resources");
@@ -235,7 +237,7 @@ fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
 impl ListenProc {
     pub fn spawn() -> Self {
         let mut child = Command::new(agent_bin())
-            .args(["listen", "127.0.0.1:0", "--format", "json"])
+            .args(["listen", "127.0.0.1:0", "--format", "json", "--insecure"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
