@@ -298,16 +298,41 @@ async fn cmd_check(common: &Common) -> anyhow::Result<u8> {
         }
     }
     print!("{}", plan_text(&config, &plan, &problems, &notes));
-    if problems.is_empty() {
+    let tls_problems = print_tls_check(&config);
+    if problems.is_empty() && tls_problems == 0 {
         println!("\nconfiguration OK");
         Ok(EXIT_OK)
     } else {
         println!(
             "\nconfiguration has {} problem(s) on this host",
-            problems.len()
+            problems.len() + tls_problems
         );
         Ok(EXIT_CONFIG)
     }
+}
+
+/// `check`'s part about the link: each certificate, what is wrong or close to it, and a
+/// warning every time the link is plaintext. Returns the number of problems.
+fn print_tls_check(config: &Config) -> usize {
+    let agent = &config.agent;
+    let Some(paths) = &agent.tls else {
+        if agent.insecure_plaintext && !agent.controllers.is_empty() {
+            println!("\nWARNING: insecure_plaintext: true: values go to the controllers unauthenticated and readable by anyone on the network; add a tls: section");
+        }
+        return 0;
+    };
+    let report = xce_agent::link::tls::check(paths, std::time::SystemTime::now());
+    println!("\ntls:");
+    for line in &report.lines {
+        println!("  {line}");
+    }
+    for w in &report.warnings {
+        println!("  WARNING: {w}");
+    }
+    for p in &report.problems {
+        println!("  PROBLEM: {p}");
+    }
+    report.problems.len()
 }
 
 async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::Result<u8> {

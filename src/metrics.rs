@@ -307,6 +307,38 @@ fn render_link(out: &mut String, link: &LinkStats) {
         header(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", c.load(Ordering::Relaxed));
     }
+    render_tls(out, link);
+}
+
+fn render_tls(out: &mut String, link: &LinkStats) {
+    use crate::link::tls::Failure;
+    header(
+        out,
+        "xce_link_tls_failures_total",
+        "counter",
+        "TLS handshakes or sessions with a controller that failed, by reason.",
+    );
+    for why in Failure::ALL {
+        let _ = writeln!(
+            out,
+            "xce_link_tls_failures_total{{reason=\"{}\"}} {}",
+            why.as_str(),
+            link.tls_failures(why)
+        );
+    }
+    let not_after = link.cert_not_after.load(Ordering::Relaxed);
+    if not_after != 0 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        header(
+            out,
+            "xce_tls_cert_expiry_seconds",
+            "gauge",
+            "Seconds until this host's TLS certificate expires (negative once expired).",
+        );
+        let _ = writeln!(out, "xce_tls_cert_expiry_seconds {}", not_after - now);
+    }
 }
 
 /// Serve `GET /metrics` on `listener` until `shutdown`.

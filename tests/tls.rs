@@ -466,3 +466,36 @@ fn key_material_problems_are_named_with_the_fix() {
     let e = tls::Material::load(&bad_crl).unwrap_err().to_string();
     assert!(e.contains("bad.crl"), "{e}");
 }
+
+#[test]
+fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires() {
+    use std::sync::atomic::Ordering;
+    let site = Site::new();
+    let link = Arc::new(xce_agent::link::client::LinkStats::default());
+    let not_after = material(&site.pki.paths(&site.node))
+        .leaf_not_after()
+        .expect("not_after");
+    link.cert_not_after.store(not_after, Ordering::Relaxed);
+    link.tls_failures[Failure::Revoked.index()].fetch_add(3, Ordering::Relaxed);
+    let (_tx, probes) = tokio::sync::watch::channel(Arc::new(xce_agent::stats::Stats::default()));
+    let text = xce_agent::metrics::render(&xce_agent::metrics::Sources {
+        store: Arc::new(xce_agent::store::Store::new()),
+        link,
+        probes,
+    });
+    assert!(
+        text.contains("xce_link_tls_failures_total{reason=\"revoked\"} 3\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("xce_link_tls_failures_total{reason=\"unknown_ca\"} 0\n"),
+        "{text}"
+    );
+    let expiry: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("xce_tls_cert_expiry_seconds "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no expiry gauge in {text}"));
+    // The test certificate is valid for 30 days from now.
+    assert!((29 * 86_400..=30 * 86_400).contains(&expiry), "{expiry}");
+}

@@ -235,9 +235,16 @@ fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
 }
 
 impl ListenProc {
+    /// A plaintext receiver, said in words.
     pub fn spawn() -> Self {
+        Self::spawn_with(&["--insecure"])
+    }
+
+    /// With `extra` arguments: `--insecure`, or the `--tls-*` files.
+    pub fn spawn_with(extra: &[&str]) -> Self {
         let mut child = Command::new(agent_bin())
-            .args(["listen", "127.0.0.1:0", "--format", "json", "--insecure"])
+            .args(["listen", "127.0.0.1:0", "--format", "json"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
