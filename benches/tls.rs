@@ -85,7 +85,12 @@ fn batch(seq: u64, full: bool, n: usize) -> Vec<u8> {
 /// utime + stime of a process, from /proc/PID/stat.
 fn proc_cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let f: Vec<&str> = stat.rsplit(')').next().expect("fields").split_whitespace().collect();
+    let f: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .expect("fields")
+        .split_whitespace()
+        .collect();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let ticks: f64 = f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
@@ -137,7 +142,11 @@ impl Listen {
         while std::net::TcpStream::connect(addr).is_err() {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let me = Self { child, lines, hellos };
+        let me = Self {
+            child,
+            lines,
+            hellos,
+        };
         // The probe connection above: connect + closed in plaintext; a refused handshake
         // is one line.
         me.wait(&me.lines, if tls.is_some() { 1 } else { 2 });
@@ -151,7 +160,10 @@ impl Listen {
     fn wait(&self, counter: &AtomicU64, n: u64) {
         let t0 = Instant::now();
         while counter.load(Ordering::Relaxed) < n {
-            assert!(t0.elapsed() < Duration::from_secs(300), "listen fell behind");
+            assert!(
+                t0.elapsed() < Duration::from_secs(300),
+                "listen fell behind"
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
     }
@@ -186,7 +198,10 @@ async fn session(
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     let mut s: Box<dyn xce_agent::link::tls::LinkStream> = match tls {
-        Some(c) => Box::new(c.connect(ServerName::try_from("localhost").expect("name"), tcp).await?),
+        Some(c) => Box::new(
+            c.connect(ServerName::try_from("localhost").expect("name"), tcp)
+                .await?,
+        ),
         None => Box::new(tcp),
     };
     let mut out = wire::encode_envelope(&Envelope::Hello(hello("node0001"))).expect("encode");
@@ -203,7 +218,10 @@ async fn session(
 }
 
 fn connector(paths: &TlsPaths, mode: Mode) -> Option<tokio_rustls::TlsConnector> {
-    let cfg = Material::load(paths).expect("material").client_config().expect("client");
+    let cfg = Material::load(paths)
+        .expect("material")
+        .client_config()
+        .expect("client");
     let mut cfg = (*cfg).clone();
     match mode {
         Mode::Plain => return None,
@@ -254,11 +272,15 @@ fn deltas(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, node: &TlsPaths) {
         let tls = connector(node, mode);
         let base = listen.lines.load(Ordering::Relaxed);
         let cpu0 = listen.cpu();
-        rt.block_on(session(addr, tls.as_ref(), n)).expect("session");
+        rt.block_on(session(addr, tls.as_ref(), n))
+            .expect("session");
         listen.wait(&listen.lines, base + 3 + RESOURCES as u64 + n * 5);
         let us = (listen.cpu() - cpu0).as_secs_f64() * 1e6 / (n * 5) as f64;
         let floor_us = *floor.get_or_insert(us);
-        println!("{label:28} listen CPU {us:.2} us/resval ({:.2}x plaintext)", us / floor_us);
+        println!(
+            "{label:28} listen CPU {us:.2} us/resval ({:.2}x plaintext)",
+            us / floor_us
+        );
     }
 }
 
@@ -279,7 +301,10 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
                         key: hosts.join(format!("{host}.key")),
                         crl: None,
                     };
-                    Material::load(&paths).expect("material").client_config().expect("client")
+                    Material::load(&paths)
+                        .expect("material")
+                        .client_config()
+                        .expect("client")
                 });
                 let store = Arc::new(Store::new());
                 store.declare((0..RESOURCES).map(|r| store::Declared {
@@ -289,7 +314,12 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
                     stale_after: Duration::from_secs(3600),
                 }));
                 for r in 0..RESOURCES {
-                    store.record(&name(r), "", Reading::Ok(Value::Numeric(r as f64)), SystemTime::now());
+                    store.record(
+                        &name(r),
+                        "",
+                        Reading::Ok(Value::Numeric(r as f64)),
+                        SystemTime::now(),
+                    );
                 }
                 let cfg = LinkConfig {
                     controllers: vec![format!("localhost:{}", addr.port())],
@@ -317,7 +347,12 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
         let cpu = (listen.cpu() - cpu0).as_secs_f64();
         let failures: u64 = stats
             .iter()
-            .map(|s| xce_agent::link::tls::Failure::ALL.iter().map(|f| s.tls_failures(*f)).sum::<u64>())
+            .map(|s| {
+                xce_agent::link::tls::Failure::ALL
+                    .iter()
+                    .map(|f| s.tls_failures(*f))
+                    .sum::<u64>()
+            })
             .sum();
         println!(
             "{:28} all {agents} streaming again after {secs:.2} s; listen CPU {cpu:.2} s ({:.2} ms/agent); TLS failures {failures}",
