@@ -268,3 +268,10 @@ echo "## 6. wire"
 ulimit -n 20000 2>/dev/null || true
 cargo bench --quiet --bench wire
 fi
+
+# ---- 7. TLS --------------------------------------------------------------------------------
+if want 7; then
+echo "## 7. TLS on the link"
+ulimit -n 20000 2>/dev/null || true
+cargo bench --quiet --bench tls
+fi

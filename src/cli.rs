@@ -112,6 +112,62 @@ pub enum Command {
         /// 10s otherwise).
         #[arg(long, value_parser = humantime::parse_duration)]
         refresh: Option<std::time::Duration>,
+        #[command(flatten)]
+        tls: ListenTls,
+    },
+    /// A cluster CA for sites without a PKI: `tls init DIR`, then `tls issue`.
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
+    },
+}
+
+/// How `listen` authenticates agents: TLS with client certificates, or `--insecure`.
+#[derive(Debug, Clone, Args)]
+pub struct ListenTls {
+    /// CA bundle that signs the agents' certificates; a client certificate is required.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// This receiver's certificate (chain), PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PKCS#8, SEC1 or RSA PEM; mode 0600).
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    pub tls_key: Option<PathBuf>,
+    /// Revoked certificates, PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    pub tls_crl: Option<PathBuf>,
+    /// Accept plaintext agents: anyone who can reach ADDR can report values for any host.
+    #[arg(long, conflicts_with = "tls_ca")]
+    pub insecure: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TlsCommand {
+    /// Make a cluster CA (ECDSA P-256): DIR/ca.pem and DIR/ca.key (0600, DIR 0700).
+    Init {
+        dir: PathBuf,
+        /// Validity of the CA certificate.
+        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_CA_DAYS)]
+        days: u32,
+    },
+    /// Issue a certificate and key per host (OUT/NAME.pem, OUT/NAME.key 0600), signed by
+    /// the CA in --ca. NAMES use the hostlist syntax of resources.yaml: node[001-128].
+    Issue {
+        /// Directory made by `tls init`.
+        #[arg(long, value_name = "DIR")]
+        ca: PathBuf,
+        /// Where to write the certificates and keys.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Also name NAME.DOMAIN in each certificate (its FQDN).
+        #[arg(long)]
+        domain: Option<String>,
+        /// Validity of each certificate.
+        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_HOST_DAYS)]
+        days: u32,
+        #[arg(required = true, value_name = "NAMES")]
+        names: Vec<String>,
     },
 }
 

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, ProbeKind};
 use crate::link::assignment::AssignmentGate;
 use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
+use crate::link::tls::Material;
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
 use crate::probe::{BuiltinSource, ProbeContext};
@@ -105,6 +106,8 @@ pub struct Agent {
     shutdown: CancellationToken,
     link_cfg: LinkConfig,
     link: Option<Link>,
+    /// The link's key material as last loaded (`tls:` in agent.yaml).
+    tls: Option<Material>,
 }
 
 struct Link {
@@ -141,6 +144,8 @@ pub enum ReloadError {
     /// permissions), as (resource, text) lines.
     #[error("{} problem(s) that `xce-agent check` reports", .0.len())]
     Checks(crate::checks::Findings),
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl Agent {
@@ -171,6 +176,12 @@ impl Agent {
         let (_, assigned_rx) = watch::channel(Assigned::new());
         let (loaded_tx, _) = watch::channel(Arc::new(Loaded::new(&config, &plan, 1)));
         tracing::info!(host = %host, probes = plan.tasks.len(), skipped = plan.skipped.len(), controllers = ?config.agent.controllers, "started");
+        // `main` loaded the same files a moment ago and refused to start on an error.
+        let tls = config.agent.tls.as_ref().and_then(|p| {
+            Material::load(p)
+                .inspect_err(|e| tracing::error!("{e}; not connecting to any controller"))
+                .ok()
+        });
         let mut agent = Self {
             config,
             host,
@@ -187,6 +198,7 @@ impl Agent {
             shutdown,
             link_cfg,
             link: None,
+            tls,
         };
         agent.start_link();
         agent
@@ -200,8 +212,24 @@ impl Agent {
         if self.config.agent.controllers.is_empty() {
             return;
         }
+        let tls = match (&self.config.agent.tls, &self.tls) {
+            (None, _) => None,
+            (Some(_), None) => return,
+            (Some(_), Some(m)) => match m.client_config() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!("{e}; not connecting to any controller");
+                    return;
+                }
+            },
+        };
+        let not_after = self.tls.as_ref().and_then(Material::leaf_not_after);
+        self.link_stats
+            .cert_not_after
+            .store(not_after.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
         let cfg = LinkConfig {
             controllers: self.config.agent.controllers.clone(),
+            tls,
             ..self.link_cfg.clone()
         };
         let stop = self.shutdown.child_token();
@@ -310,7 +338,13 @@ impl Agent {
         let probes_restarted = old.plugin_dir != new.plugin_dir
             || old.run_as != new.run_as
             || old.max_parallel != new.max_parallel;
-        let link_restarted = old.controllers != new.controllers;
+        let tls = match new.tls.as_ref().map(Material::load).transpose() {
+            Ok(m) => m,
+            Err(e) => return Err(ReloadError::Tls(e.to_string())),
+        };
+        // New key material is used from the next handshake: reconnect once to get there.
+        let tls_rotated = tls != self.tls;
+        let link_restarted = old.controllers != new.controllers || tls_rotated;
         if old.status_socket != new.status_socket || old.status_group != new.status_group {
             tracing::warn!("the status socket changes at the next restart");
         }
@@ -332,9 +366,15 @@ impl Agent {
             self.stats_tx.send_replace(self.scheduler.stats.clone());
         }
         if link_restarted {
-            tracing::info!(controllers = ?new.controllers, "controller list changed: reconnecting");
+            if tls_rotated {
+                tracing::info!("TLS key material changed: reconnecting with it");
+            } else {
+                tracing::info!(controllers = ?new.controllers, "controller list changed: reconnecting");
+            }
             self.stop_link(Duration::from_secs(3)).await;
             self.config.agent.controllers = new.controllers.clone();
+            self.config.agent.tls = new.tls.clone();
+            self.tls = tls;
             self.start_link();
         }
         let (kept, stopped, started) = self.replan(config);
@@ -345,6 +385,17 @@ impl Agent {
             probes_restarted,
             link_restarted,
         })
+    }
+
+    /// Whether the key material on disk differs from what the link uses (a rotation, or a
+    /// file that no longer loads): a reload must happen even if agent.yaml did not change.
+    pub fn tls_changed(&self, config: &Config) -> bool {
+        let on_disk = config.agent.tls.as_ref().map(Material::load);
+        match (on_disk, &self.tls) {
+            (None, None) => false,
+            (Some(Ok(m)), Some(cur)) => m != *cur,
+            _ => true,
+        }
     }
 
     /// Resolves when the controller's assignment differs from the one the plan was made

@@ -19,4 +19,5 @@ pub mod stats;
 pub mod status;
 pub mod store;
 pub mod text;
+pub mod tls_ca;
 pub mod value;

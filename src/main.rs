@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use xce_agent::checks::plan_checks;
-use xce_agent::cli::{Cli, Command, Common, Format, ListenFormat};
+use xce_agent::cli::{Cli, Command, Common, Format, ListenFormat, ListenTls, TlsCommand};
 use xce_agent::config::{Config, ProbeKind};
 use xce_agent::daemon::{declared, probe_context, uses_builtins, Agent};
 use xce_agent::link::client::LinkConfig;
@@ -56,12 +56,14 @@ fn main() -> ExitCode {
                 ack,
                 only,
                 refresh,
-            }) => cmd_listen(addr, *format, *ack, only, *refresh).await,
+                tls,
+            }) => cmd_listen(addr, *format, *ack, only, *refresh, tls).await,
             Some(Command::Status {
                 format,
                 watch,
                 names,
             }) => cmd_status(&cli.common, *format, *watch, names).await,
+            Some(Command::Tls { command }) => cmd_tls(command),
             Some(Command::GenerateAssets { dir }) => cmd_generate_assets(dir),
             None if cli.once => cmd_once(&cli.common, cli.format, &cli.only).await,
             None => cmd_daemon(&cli.common).await,
@@ -235,16 +237,41 @@ async fn cmd_check(common: &Common) -> anyhow::Result<u8> {
         }
     }
     print!("{}", plan_text(&config, &plan, &problems, &notes));
-    if problems.is_empty() {
+    let tls_problems = print_tls_check(&config);
+    if problems.is_empty() && tls_problems == 0 {
         println!("\nconfiguration OK");
         Ok(EXIT_OK)
     } else {
         println!(
             "\nconfiguration has {} problem(s) on this host",
-            problems.len()
+            problems.len() + tls_problems
         );
         Ok(EXIT_CONFIG)
     }
+}
+
+/// `check`'s part about the link: each certificate, what is wrong or close to it, and a
+/// warning every time the link is plaintext. Returns the number of problems.
+fn print_tls_check(config: &Config) -> usize {
+    let agent = &config.agent;
+    let Some(paths) = &agent.tls else {
+        if agent.insecure_plaintext && !agent.controllers.is_empty() {
+            println!("\nWARNING: insecure_plaintext: true: values go to the controllers unauthenticated and readable by anyone on the network; add a tls: section");
+        }
+        return 0;
+    };
+    let report = xce_agent::link::tls::check(paths, std::time::SystemTime::now());
+    println!("\ntls:");
+    for line in &report.lines {
+        println!("  {line}");
+    }
+    for w in &report.warnings {
+        println!("  WARNING: {w}");
+    }
+    for p in &report.problems {
+        println!("  PROBLEM: {p}");
+    }
+    report.problems.len()
 }
 
 async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::Result<u8> {
@@ -291,6 +318,14 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     let Some(config) = load(common) else {
         return Ok(EXIT_CONFIG);
     };
+    if let Some(paths) = &config.agent.tls {
+        if let Err(e) = xce_agent::link::tls::Material::load(paths) {
+            eprintln!("xce-agent: {e}");
+            return Ok(EXIT_CONFIG);
+        }
+    } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
+        tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
+    }
     become_subreaper();
     let host = host_name(common, &config)?;
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
@@ -424,7 +459,7 @@ async fn reload(common: &Common, agent: &mut Agent) {
             return;
         }
     };
-    if config.digest == agent.config.digest {
+    if config.digest == agent.config.digest && !agent.tls_changed(&config) {
         tracing::info!("configuration unchanged");
         return;
     }
@@ -483,7 +518,28 @@ async fn cmd_listen(
     ack: bool,
     only: &[String],
     refresh: Option<Duration>,
+    tls: &ListenTls,
 ) -> anyhow::Result<u8> {
+    let tls = match (&tls.tls_ca, &tls.tls_cert, &tls.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let paths = xce_agent::config::agent::TlsPaths {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+                crl: tls.tls_crl.clone(),
+            };
+            let material = xce_agent::link::tls::Material::load(&paths)?;
+            Some(material.server_config()?)
+        }
+        _ if tls.insecure => {
+            eprintln!("xce-agent: WARNING: --insecure: accepting plaintext agents; anyone who can reach {addr} can report values for any host");
+            None
+        }
+        _ => {
+            eprintln!("xce-agent: refusing to listen in plaintext: give --tls-ca, --tls-cert and --tls-key (agents then need certificates from that CA), or --insecure to accept unauthenticated agents");
+            return Ok(EXIT_CONFIG);
+        }
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -505,6 +561,8 @@ async fn cmd_listen(
     let opts = receiver::ListenOpts {
         ack,
         assign: Vec::new(),
+        tls,
+        handshake_timeout: None,
     };
     let format = match format {
         ListenFormat::Json => receiver::Format::Json,
@@ -538,4 +596,21 @@ async fn cmd_status(
     let path = agent.status_socket_path();
     let json = format == Format::Json;
     Ok(xce_agent::status::command::run(path, json, watch, names).await)
+}
+
+fn cmd_tls(command: &TlsCommand) -> anyhow::Result<u8> {
+    let written = match command {
+        TlsCommand::Init { dir, days } => xce_agent::tls_ca::init(dir, *days)?,
+        TlsCommand::Issue {
+            ca,
+            out,
+            domain,
+            days,
+            names,
+        } => xce_agent::tls_ca::issue(ca, out, names, domain.as_deref(), *days)?,
+    };
+    for path in written {
+        println!("{}", path.display());
+    }
+    Ok(EXIT_OK)
 }

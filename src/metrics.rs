@@ -141,6 +141,7 @@ fn family<'a, const N: usize>(
         match sample {
             Sample::Gauge(v) => m.encode_gauge(&v)?,
             Sample::Flag(b) => m.encode_gauge(&u32::from(b))?,
+            Sample::Int(v) => m.encode_gauge(&v)?,
             Sample::Counter(v) => m.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
         }
     }
@@ -152,6 +153,8 @@ enum Sample {
     Gauge(f64),
     /// A 0/1 state gauge, written as an integer.
     Flag(bool),
+    /// A whole-number gauge (seconds, bytes), written as an integer.
+    Int(i64),
     Counter(u64),
 }
 
@@ -352,7 +355,7 @@ fn encode_link(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
             &link.acks,
         ),
         (
-            "xce_link_welcomes_refused_total",
+            "xce_link_welcomes_refused",
             "Welcomes refused because a name broke the resource-name rules.",
             &link.welcomes_refused,
         ),
@@ -364,6 +367,31 @@ fn encode_link(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
             help,
             MetricType::Counter,
             [([], Sample::Counter(c.load(Ordering::Relaxed)))],
+        )?;
+    }
+    encode_tls(enc, link)
+}
+
+fn encode_tls(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
+    use crate::link::tls::Failure;
+    family(
+        enc,
+        "xce_link_tls_failures",
+        "TLS handshakes or sessions with a controller that failed, by reason.",
+        MetricType::Counter,
+        Failure::ALL.map(|why| ([("reason", why.as_str())], Sample::Counter(link.tls_failures(why)))),
+    )?;
+    let not_after = link.cert_not_after.load(Ordering::Relaxed);
+    if not_after != 0 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        family::<0>(
+            enc,
+            "xce_tls_cert_expiry_seconds",
+            "Seconds until this host's TLS certificate expires (negative once expired).",
+            MetricType::Gauge,
+            [([], Sample::Int(not_after - now))],
         )?;
     }
     Ok(())

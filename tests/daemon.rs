@@ -444,7 +444,7 @@ async fn sighup_applies_new_controllers_and_plugin_dir() {
     common::script(&other, "which", "#!/bin/sh\necho 2\n");
     let agent_yaml = |controller: &str, plugin_dir: &Path| {
         format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\n{AS_ME}controllers: [\"{controller}\"]\n",
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\n{AS_ME}controllers: [\"{controller}\"]\ninsecure_plaintext: true\n",
             plugin_dir.display()
         )
     };

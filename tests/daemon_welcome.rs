@@ -38,7 +38,7 @@ async fn welcome_assigns_a_shared_instance_and_its_value_arrives() {
     std::fs::write(
         s.agent_yaml(),
         format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\n",
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\ninsecure_plaintext: true\n",
             s.path().display()
         ),
     )
@@ -48,6 +48,8 @@ async fn welcome_assigns_a_shared_instance_and_its_value_arrives() {
     let opts = ListenOpts {
         ack: false,
         assign: vec![("pool".into(), "node000,node001".into())],
+        tls: None, // plaintext
+        handshake_timeout: None,
     };
     tokio::spawn(receiver::serve(listener, opts, tx, stop.clone()));
 

@@ -274,6 +274,8 @@ async fn welcome_assigns_shared_instances() {
     let opts = ListenOpts {
         ack: true,
         assign: vec![("license".into(), "all".into())],
+        tls: None, // plaintext
+        handshake_timeout: None,
     };
     let mut ctl = Controller::bind(opts).await;
     let mut agent = Agent::start(fast_config(vec![ctl.addr.to_string()]), Arc::clone(&store));

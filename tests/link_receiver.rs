@@ -228,6 +228,8 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
     let opts = ListenOpts {
         ack: true,
         assign: vec![("license".into(), "all".into())],
+        tls: None, // plaintext
+        handshake_timeout: None,
     };
     let ctl = Controller::bind(opts).await;
     let mut s = TcpStream::connect(ctl.addr).await.unwrap();

@@ -28,6 +28,31 @@ struct RawAgent {
     metrics: Option<Spanned<String>>,
     status_socket: Option<Spanned<String>>,
     status_group: Option<Spanned<String>>,
+    tls: Option<Spanned<RawTls>>,
+    insecure_plaintext: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: String,
+    cert: String,
+    key: String,
+    crl: Option<String>,
+}
+
+/// The link's key material (`tls:` in agent.yaml), paths resolved against agent.yaml's
+/// directory. Loaded and checked by `link::tls`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPaths {
+    /// CA bundle that signs the controllers' and the hosts' certificates.
+    pub ca: PathBuf,
+    /// This host's certificate (chain), PEM.
+    pub cert: PathBuf,
+    /// Its private key: PKCS#8, SEC1 or RSA PEM.
+    pub key: PathBuf,
+    /// Revoked certificates, PEM.
+    pub crl: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +73,10 @@ pub struct AgentConfig {
     pub status_socket: Option<PathBuf>,
     /// A group whose members may read the status socket besides root and the agent's user.
     pub status_group: Option<String>,
+    /// `None` only with `insecure_plaintext` or without controllers.
+    pub tls: Option<TlsPaths>,
+    /// Plaintext to the controllers, chosen in words.
+    pub insecure_plaintext: bool,
 }
 
 impl AgentConfig {
@@ -121,6 +150,19 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             }
         }
     }
+    let insecure_plaintext = raw.insecure_plaintext.as_ref().is_some_and(|i| i.value);
+    match (&raw.tls, &raw.insecure_plaintext) {
+        (Some(_), Some(i)) if i.value => errs.at(
+            Pos::of(i),
+            "insecure_plaintext: true contradicts the tls: section; keep one of them",
+        ),
+        (None, _) if !insecure_plaintext && !controllers.is_empty() => errs.at(
+            Pos::of(&raw.controllers[0]),
+            "controllers are listed but there is no tls: section (ca, cert, key); add one, \
+             or say `insecure_plaintext: true` to send values unauthenticated and readable",
+        ),
+        _ => {}
+    }
     errs.finish()?;
     let resolve = |p: &str| {
         let p = Path::new(p);
@@ -151,6 +193,13 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         metrics: raw.metrics.map(|m| m.value),
         status_socket: raw.status_socket.map(|p| resolve(&p.value)),
         status_group: raw.status_group.map(|g| g.value),
+        tls: raw.tls.map(|t| TlsPaths {
+            ca: resolve(&t.value.ca),
+            cert: resolve(&t.value.cert),
+            key: resolve(&t.value.key),
+            crl: t.value.crl.as_deref().map(resolve),
+        }),
+        insecure_plaintext,
     })
 }
 

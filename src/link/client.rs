@@ -10,12 +10,11 @@
 //! away or reads slowly, memory is the store plus the one frame being written.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::io::{AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -24,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::limits::{self, Pace, Warnings, WARN_INTERVAL};
+use super::tls::{self, LinkStream};
 use super::wire::{self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError};
 use super::DEFAULT_PORT;
 use crate::store::{Store, Versions};
@@ -54,6 +54,9 @@ pub struct LinkConfig {
     pub backoff_max: Duration,
     /// TCP keepalive, so an idle half-open connection (controller host vanished) is noticed.
     pub keepalive: Option<Keepalive>,
+    /// `None` is plaintext, which agent.yaml only allows with `insecure_plaintext: true`.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub handshake_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +81,8 @@ impl Default for LinkConfig {
                 interval: Duration::from_secs(10),
                 count: 3,
             }),
+            tls: None,
+            handshake_timeout: tls::HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -125,6 +130,10 @@ pub struct LinkStats {
     pub in_flight: AtomicU64,
     /// Highest `in_flight` ever seen, for the tests' boundedness check.
     pub max_in_flight: AtomicU64,
+    /// TLS handshakes that failed, by [`tls::Failure::index`].
+    pub tls_failures: [AtomicU64; tls::Failure::ALL.len()],
+    /// Unix seconds at which this host's certificate expires; 0 without TLS.
+    pub cert_not_after: AtomicI64,
     state: watch::Sender<LinkState>,
 }
 
@@ -149,6 +158,8 @@ impl Default for LinkStats {
             welcomes_refused: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
+            tls_failures: Default::default(),
+            cert_not_after: AtomicI64::new(0),
             state: watch::channel(LinkState::Connecting).0,
         }
     }
@@ -172,6 +183,10 @@ impl LinkStats {
     fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
+
+    pub fn tls_failures(&self, why: tls::Failure) -> u64 {
+        self.tls_failures[why.index()].load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +201,8 @@ enum SessionError {
     Read(WireError),
     #[error("encoding: {0}")]
     Encode(WireError),
+    #[error("TLS: {1}")]
+    Tls(tls::Failure, String),
     #[error("shutting down")]
     Shutdown,
 }
@@ -220,9 +237,16 @@ pub async fn run(
             };
             let stream = match stream {
                 Ok(s) => s,
-                Err(e) => {
+                Err(ConnectError::Tcp(e)) => {
                     LinkStats::add(&stats.connect_failures, 1);
                     debug!(controller = %addr, error = %e, "controller unreachable");
+                    continue;
+                }
+                Err(ConnectError::Tls(why, e)) => {
+                    LinkStats::add(&stats.connect_failures, 1);
+                    LinkStats::add(&stats.tls_failures[why.index()], 1);
+                    warn!(controller = %addr, reason = why.as_str(), error = %e,
+                          "TLS handshake with the controller failed");
                     continue;
                 }
             };
@@ -238,6 +262,12 @@ pub async fn run(
             session.reader.abort();
             match end {
                 Err(SessionError::Shutdown) => break 'rounds,
+                Err(SessionError::Tls(why, e)) => {
+                    LinkStats::add(&stats.disconnects, 1);
+                    LinkStats::add(&stats.tls_failures[why.index()], 1);
+                    warn!(controller = %addr, reason = why.as_str(), error = %e,
+                          "the controller ended the TLS session (did it refuse our certificate?)");
+                }
                 Err(e) => {
                     LinkStats::add(&stats.disconnects, 1);
                     warn!(controller = %addr, error = %e, "link to controller lost; reconnecting");
@@ -278,7 +308,33 @@ pub fn with_default_port(addr: &str) -> String {
     }
 }
 
-async fn connect(addr: &str, cfg: &LinkConfig) -> std::io::Result<TcpStream> {
+enum ConnectError {
+    Tcp(std::io::Error),
+    Tls(tls::Failure, String),
+}
+
+async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Box<dyn LinkStream>, ConnectError> {
+    let stream = connect_tcp(addr, cfg).await.map_err(ConnectError::Tcp)?;
+    let Some(tls_cfg) = &cfg.tls else {
+        return Ok(Box::new(stream));
+    };
+    let name = tls::server_name(&with_default_port(addr))
+        .map_err(|e| ConnectError::Tls(tls::Failure::WrongName, e))?;
+    let handshake = tokio_rustls::TlsConnector::from(Arc::clone(tls_cfg)).connect(name, stream);
+    match tokio::time::timeout(cfg.handshake_timeout, handshake).await {
+        Ok(Ok(s)) => Ok(Box::new(s)),
+        Ok(Err(e)) => Err(ConnectError::Tls(tls::Failure::of(&e), tls::describe(&e))),
+        Err(_) => Err(ConnectError::Tls(
+            tls::Failure::Timeout,
+            format!(
+                "no handshake within {:?} (controller stalled)",
+                cfg.handshake_timeout
+            ),
+        )),
+    }
+}
+
+async fn connect_tcp(addr: &str, cfg: &LinkConfig) -> std::io::Result<TcpStream> {
     let target = with_default_port(addr);
     let stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(&target))
         .await
@@ -296,7 +352,7 @@ struct Session<'a> {
     store: &'a Store,
     stats: &'a LinkStats,
     shutdown: &'a CancellationToken,
-    writer: OwnedWriteHalf,
+    writer: WriteHalf<Box<dyn LinkStream>>,
     reader: JoinHandle<SessionError>,
     store_rx: watch::Receiver<Versions>,
     seq: u64,
@@ -317,14 +373,14 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl<'a> Session<'a> {
     fn new(
-        stream: TcpStream,
+        stream: Box<dyn LinkStream>,
         cfg: &'a LinkConfig,
         store: &'a Store,
         stats: &'a Arc<LinkStats>,
         assigned: &Arc<watch::Sender<Assigned>>,
         shutdown: &'a CancellationToken,
     ) -> Self {
-        let (rd, writer) = stream.into_split();
+        let (rd, writer) = tokio::io::split(stream);
         // Reading runs in its own task so a half-read frame is never cancelled by the
         // write side's select; it ends (with the reason) when the connection does.
         let reader = tokio::spawn(read_controller(rd, Arc::clone(stats), Arc::clone(assigned)));
@@ -501,7 +557,7 @@ impl<'a> Session<'a> {
                 self.torn = true;
                 Err(SessionError::Shutdown)
             }
-            r = tokio::time::timeout(self.cfg.write_timeout, self.writer.write_all(&frame)) => match r {
+            r = tokio::time::timeout(self.cfg.write_timeout, write_frame(&mut self.writer, &frame)) => match r {
                 Err(_) => {
                     LinkStats::add(&self.stats.write_timeouts, 1);
                     Err(SessionError::WriteTimeout(self.cfg.write_timeout))
@@ -518,6 +574,15 @@ impl<'a> Session<'a> {
     }
 }
 
+/// Write one whole frame; TLS holds records until flushed.
+async fn write_frame(
+    writer: &mut WriteHalf<Box<dyn LinkStream>>,
+    frame: &[u8],
+) -> std::io::Result<()> {
+    writer.write_all(frame).await?;
+    writer.flush().await
+}
+
 /// Read controller messages until the connection ends; returns why it ended. A controller
 /// is held to the limits of a receiver: a welcome longer than `limits::MAX_ASSIGNED` ends the
 /// connection from its list header, one with a name that breaks the rules is refused
@@ -525,11 +590,12 @@ impl<'a> Session<'a> {
 /// `limits::CONTROLLER_MESSAGES_PER_SEC` frames a second after a burst. Logging an
 /// assignment that took effect is the daemon's (once per change, coalesced).
 async fn read_controller(
-    rd: OwnedReadHalf,
+    rd: ReadHalf<Box<dyn LinkStream>>,
     stats: Arc<LinkStats>,
     assigned: Arc<watch::Sender<Assigned>>,
 ) -> SessionError {
-    let mut rd = BufReader::new(rd).compat();
+    let failure = tls::FailureSlot::default();
+    let mut rd = BufReader::new(tls::WatchFailure::new(rd, Arc::clone(&failure))).compat();
     let mut warnings = Warnings::new(WARN_INTERVAL);
     let mut pace = Pace::new(limits::CONTROLLER_MESSAGES_PER_SEC);
     loop {
@@ -538,7 +604,13 @@ async fn read_controller(
         let msg = match wire::read_frame(&mut rd).await {
             Ok(Some(m)) => m,
             Ok(None) => return SessionError::Closed,
-            Err(e) => return SessionError::Read(e),
+            Err(e) => {
+                let tls = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+                return match tls {
+                    Some((why, text)) => SessionError::Tls(why, text),
+                    None => SessionError::Read(e),
+                };
+            }
         };
         match wire::decode_controller(&msg) {
             Ok(ControllerMessage::Ack(seq)) => {

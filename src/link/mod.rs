@@ -5,6 +5,7 @@
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
 //! - [`limits`]: what a frame may cost (list bounds, name rules, warning rate limits).
 //! - [`receiver`]: the reference receiver behind `xce-agent listen`.
+//! - [`tls`]: TLS 1.3 with a certificate on both ends; the hello's host bound to the SANs.
 //!
 //! The schema is `schema/agent.capnp`; `agent_capnp` is generated from it by
 //! `scripts/regen-schema.sh` and committed, so building needs no capnp tool.
@@ -17,6 +18,7 @@ pub mod assignment;
 pub mod client;
 pub mod limits;
 pub mod receiver;
+pub mod tls;
 pub mod wire;
 
 /// The controller's port when a `controllers:` entry gives none.

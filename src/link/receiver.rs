@@ -15,14 +15,13 @@
 //! for a slow stdout is bounded in bytes. The text format escapes control characters, so one
 //! resval is always exactly one line.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::json;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -31,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::limits::{self, FrameLimits, Warnings, LISTEN_BUFFER_BYTES, WARN_INTERVAL};
+use super::tls::{self, LinkStream};
 use super::wire::{
     self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, PROTOCOL_VERSION,
 };
@@ -51,6 +51,11 @@ pub struct ListenOpts {
     pub ack: bool,
     /// When non-empty, send `welcome` with these (name, instance) pairs after each hello.
     pub assign: Vec<(String, String)>,
+    /// Require TLS with a client certificate whose DNS SANs name the hello's host.
+    /// `None` accepts plaintext: the CLI allows it only with `--insecure`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Bound on a TLS handshake; `None` is [`tls::HANDSHAKE_TIMEOUT`].
+    pub handshake_timeout: Option<Duration>,
 }
 
 /// What happened on one agent connection.
@@ -148,6 +153,7 @@ async fn serve_into(
     shutdown: CancellationToken,
 ) {
     let mut conns = JoinSet::new();
+    let live = Arc::new(Live::default());
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -156,7 +162,7 @@ async fn serve_into(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
-                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone()));
+                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), Arc::clone(&live)));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: wait instead of spinning.
@@ -208,8 +214,111 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
 /// Largest time a write of an ack/welcome may take before the agent is considered stuck.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn connection(stream: TcpStream, peer: SocketAddr, opts: ListenOpts, sink: Sink) {
-    let (rd, mut wr) = stream.into_split();
+/// Who the client certificate says the peer is.
+#[derive(Debug, Clone)]
+struct Identity {
+    subject: String,
+    dns_names: Vec<String>,
+}
+
+/// The live connection of each host: a newer one for the same host replaces the older
+/// (an agent that reconnects after a half-open connection must not be locked out, and the
+/// controller must hear one stream per host).
+#[derive(Default)]
+struct Live {
+    next_id: std::sync::atomic::AtomicU64,
+    by_host: Mutex<HashMap<String, (u64, CancellationToken)>>,
+}
+
+impl Live {
+    /// `host` is now on connection `id`; returns whether an older connection was closed.
+    fn claim(&self, host: &str, id: u64, token: &CancellationToken) -> bool {
+        let key = crate::config::hostlist::host_key(host);
+        let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
+        match map.insert(key, (id, token.clone())) {
+            Some((older, t)) if older != id => {
+                t.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn release(&self, host: &str, id: u64) {
+        let key = crate::config::hostlist::host_key(host);
+        let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(&key).is_some_and(|(owner, _)| *owner == id) {
+            map.remove(&key);
+        }
+    }
+}
+
+/// TLS accept, bounded by the handshake timeout; the peer's identity from its certificate.
+async fn handshake(
+    cfg: &Arc<rustls::ServerConfig>,
+    bound: Duration,
+    stream: TcpStream,
+) -> Result<(Box<dyn LinkStream>, Identity), (tls::Failure, String)> {
+    let accept = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg)).accept(stream);
+    let s = match tokio::time::timeout(bound, accept).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err((tls::Failure::of(&e), tls::describe(&e))),
+        Err(_) => {
+            return Err((
+                tls::Failure::Timeout,
+                format!("no handshake within {bound:?} (peer stalled)"),
+            ))
+        }
+    };
+    let info = s
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(tls::cert_info);
+    let Some(info) = info else {
+        return Err((tls::Failure::NoCertificate, "no client certificate".into()));
+    };
+    let identity = Identity {
+        subject: info.subject,
+        dns_names: info.dns_names,
+    };
+    Ok((Box::new(s), identity))
+}
+
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    opts: ListenOpts,
+    sink: Sink,
+    live: Arc<Live>,
+) {
+    let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
+        None => (Box::new(stream), None),
+        Some(cfg) => match handshake(
+            cfg,
+            opts.handshake_timeout.unwrap_or(tls::HANDSHAKE_TIMEOUT),
+            stream,
+        )
+        .await
+        {
+            Ok((s, id)) => (s, Some(id)),
+            Err((why, e)) => {
+                error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
+                let end = format!("TLS handshake failed ({}): {e}", why.as_str());
+                let kind = EventKind::Closed(Some(end));
+                let _ = sink
+                    .deliver(Event {
+                        peer,
+                        host: None,
+                        kind,
+                    })
+                    .await;
+                return;
+            }
+        },
+    };
+    let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::new(rd).compat();
     let mut conn = Conn {
         peer,
@@ -218,11 +327,22 @@ async fn connection(stream: TcpStream, peer: SocketAddr, opts: ListenOpts, sink:
         last_seq: 0,
         need_full: true,
         warnings: Warnings::new(WARN_INTERVAL),
+        identity,
     };
+    let id = live
+        .next_id
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let superseded = CancellationToken::new();
     info!(%peer, "agent connected");
     let _ = sink.deliver(conn.event(EventKind::Connected)).await;
     let end = loop {
-        let msg = match wire::read_frame(&mut rd).await {
+        let read = tokio::select! {
+            _ = superseded.cancelled() => {
+                break Some("a newer connection for this host replaced this one".into());
+            }
+            r = wire::read_frame(&mut rd) => r,
+        };
+        let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => break None,
             Err(e) => break Some(e.to_string()),
@@ -236,6 +356,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, opts: ListenOpts, sink:
             Ok(x) => x,
             Err(e) => break Some(e),
         };
+        if let EventKind::Hello(h) = &kind {
+            if live.claim(&h.host, id, &superseded) {
+                warn!(%peer, host = %h.host, "host connected again: closing its older connection");
+            }
+        }
         if sink.deliver(conn.event(kind)).await.is_err() {
             return;
         }
@@ -250,6 +375,9 @@ async fn connection(stream: TcpStream, peer: SocketAddr, opts: ListenOpts, sink:
     if let Some(summary) = conn.warnings.finish() {
         warn!(%peer, host = conn.host(), "rejected resvals: {summary}");
     }
+    if let Some(h) = &conn.hello {
+        live.release(&h.host, id);
+    }
     match &end {
         None => info!(%peer, host = conn.host(), "agent disconnected"),
         Some(e) => {
@@ -259,9 +387,13 @@ async fn connection(stream: TcpStream, peer: SocketAddr, opts: ListenOpts, sink:
     let _ = sink.deliver(conn.event(EventKind::Closed(end))).await;
 }
 
-async fn send(wr: &mut OwnedWriteHalf, msg: &ControllerMessage) -> Result<(), String> {
+async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Result<(), String> {
     let frame = wire::encode_controller(msg).map_err(|e| e.to_string())?;
-    match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&frame)).await {
+    let write = async {
+        wr.write_all(&frame).await?;
+        wr.flush().await
+    };
+    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("write failed: {e}")),
         Err(_) => Err("write timed out (agent not reading)".into()),
@@ -277,6 +409,8 @@ struct Conn {
     /// After a hello the next batch must be a full snapshot.
     need_full: bool,
     warnings: Warnings,
+    /// From the client certificate; `None` on a plaintext connection.
+    identity: Option<Identity>,
 }
 
 impl Conn {
@@ -320,6 +454,16 @@ impl Conn {
                     return Err("hello without a host name".into());
                 }
                 limits::check_hello(&h).map_err(|e| format!("hello refused: {e}"))?;
+                if let Some(id) = &self.identity {
+                    if !tls::cert_names_host(&id.dns_names, &h.host) {
+                        return Err(format!(
+                            "certificate {:?} (DNS SANs: [{}]) claimed host {:?}, which it does not name; refused",
+                            id.subject,
+                            id.dns_names.join(", "),
+                            h.host
+                        ));
+                    }
+                }
                 if let Some(old) = &self.hello {
                     if old.host != h.host {
                         return Err(format!(

@@ -26,9 +26,19 @@ impl Setup {
         let dir = tempfile::tempdir().unwrap();
         // World-readable, not writable: probes may run as another user.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A test that lists controllers without a tls: section talks plaintext, which
+        // agent.yaml must then say in words.
+        let plaintext = agent_extra.contains("controllers:")
+            && !agent_extra.contains("tls:")
+            && !agent_extra.contains("insecure_plaintext");
         let agent = format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\n{agent_extra}",
-            dir.path().display()
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\n{agent_extra}{}",
+            dir.path().display(),
+            if plaintext {
+                "insecure_plaintext: true\n"
+            } else {
+                ""
+            }
         );
         std::fs::write(dir.path().join("agent.yaml"), agent).unwrap();
         std::fs::write(dir.path().join("resources.yaml"), resources).unwrap();

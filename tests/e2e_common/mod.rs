@@ -41,9 +41,11 @@ impl Site {
             .expect("chmod tempdir");
         let list: Vec<String> = controllers.iter().map(|c| format!("\"{c}\"")).collect();
         let agent = format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [{}]\n",
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [{}]\n{}",
             dir.path().display(),
-            list.join(", ")
+            list.join(", "),
+            // Plaintext, said in words; the TLS tests write a tls: section instead.
+            if controllers.is_empty() { "" } else { "insecure_plaintext: true\n" }
         );
         std::fs::write(dir.path().join("agent.yaml"), agent).expect("write agent.yaml");
         std::fs::write(dir.path().join("resources.yaml"), resources).expect("write resources");
@@ -233,19 +235,28 @@ fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
 }
 
 impl ListenProc {
+    /// A plaintext receiver, said in words.
     pub fn spawn() -> Self {
         Self::spawn_format("json")
     }
 
-    /// `xce-agent listen 127.0.0.1:0 --format FORMAT`.
+    /// `xce-agent listen 127.0.0.1:0 --format FORMAT`, plaintext (`--insecure`).
     pub fn spawn_format(format: &str) -> Self {
         Self::spawn_with(&["--format", format])
     }
 
-    /// `xce-agent listen 127.0.0.1:0` with these options.
+    /// `xce-agent listen 127.0.0.1:0` with these options; `--insecure` unless they give the
+    /// `--tls-*` files, and `--format json` unless they name a format.
     pub fn spawn_with(options: &[&str]) -> Self {
+        let mut args = vec!["listen", "127.0.0.1:0"];
+        if !options.contains(&"--tls-ca") && !options.contains(&"--insecure") {
+            args.push("--insecure");
+        }
+        if !options.contains(&"--format") {
+            args.extend(["--format", "json"]);
+        }
         let mut child = Command::new(agent_bin())
-            .args(["listen", "127.0.0.1:0"])
+            .args(args)
             .args(options)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -77,6 +77,9 @@ pub fn fast_config(controllers: Vec<String>) -> LinkConfig {
             interval: Duration::from_secs(10),
             count: 3,
         }),
+        // Plaintext, said in words: the TLS tests set `tls` themselves.
+        tls: None,
+        handshake_timeout: xce_agent::link::tls::HANDSHAKE_TIMEOUT,
     }
 }
 

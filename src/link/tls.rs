@@ -1,0 +1,591 @@
+//! TLS 1.3 on the link (rustls, ring provider), with a certificate on both ends.
+//!
+//! - The agent verifies the controller's certificate against the site CA and against the
+//!   name it dialed (DNS SAN, or IP SAN for an address), and presents its own certificate.
+//! - The receiver requires a client certificate from the same CA, and accepts a host's
+//!   values only when the hello's host matches one of that certificate's DNS SANs
+//!   ([`cert_names_host`], the rule resourcemap uses: case-insensitive, short name vs FQDN).
+//!
+//! Key material is read from PEM files (any site PKI, or `xce-agent tls`); a private key
+//! that group or others can read, or that someone else owns, is refused with the fix.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::config::agent::TlsPaths;
+use crate::config::hostlist;
+
+/// A handshake that has not finished by then is abandoned: a peer that stalls mid-handshake
+/// must not hold a connection slot (or the agent's reconnect loop) for longer.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `check` warns when a certificate expires sooner than this.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// A PEM file larger than this is not key material (a wrong path pointing at a log).
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// A connection on the link: plain TCP or TLS over it.
+pub trait LinkStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> LinkStream for T {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {why}", path.display())]
+    Pem { path: PathBuf, why: String },
+    #[error(
+        "{}: the private key is readable by group or others (mode {mode:04o}); fix: chmod 600 {}",
+        path.display(), path.display()
+    )]
+    KeyMode { path: PathBuf, mode: u32 },
+    #[error(
+        "{}: the private key is owned by uid {uid}, not root or the agent's user (uid {me}); fix: chown {me} {}",
+        path.display(), path.display()
+    )]
+    KeyOwner { path: PathBuf, uid: u32, me: u32 },
+    #[error("{}: the private key does not match the certificate in {}", key.display(), cert.display())]
+    KeyMismatch { key: PathBuf, cert: PathBuf },
+    #[error("{}: {why}", path.display())]
+    Crl { path: PathBuf, why: String },
+    #[error("TLS setup: {0}")]
+    Setup(String),
+}
+
+/// The key material of one end, read and checked; turned into rustls configs on demand.
+#[derive(Debug, Clone)]
+pub struct Material {
+    pub paths: TlsPaths,
+    roots: Vec<CertificateDer<'static>>,
+    chain: Vec<CertificateDer<'static>>,
+    key_pem: Vec<u8>,
+    crls: Vec<CertificateRevocationListDer<'static>>,
+    /// Every file's bytes, in order: a reload compares them to see whether anything rotated.
+    contents: Vec<u8>,
+}
+
+impl PartialEq for Material {
+    fn eq(&self, other: &Self) -> bool {
+        self.paths == other.paths && self.contents == other.contents
+    }
+}
+
+fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let err = |source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(err)?;
+    if !meta.is_file() || meta.len() > MAX_PEM_BYTES {
+        return Err(TlsError::Pem {
+            path: path.to_owned(),
+            why: format!("not a regular PEM file of at most {MAX_PEM_BYTES} bytes"),
+        });
+    }
+    std::fs::read(path).map_err(err)
+}
+
+/// Refuse a private key that anyone but its owner may read, or that is owned by anyone but
+/// root or the user reading it (as sshd does for host keys).
+pub fn check_key_file(path: &Path) -> Result<(), TlsError> {
+    let meta = std::fs::metadata(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(TlsError::KeyMode {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(TlsError::KeyOwner {
+            path: path.to_owned(),
+            uid: meta.uid(),
+            me,
+        });
+    }
+    Ok(())
+}
+
+fn certs(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.to_owned(),
+            why: format!("bad PEM: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.to_owned(),
+            why: "no certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+        });
+    }
+    for c in &certs {
+        if x509_parser::parse_x509_certificate(c).is_err() {
+            return Err(TlsError::Pem {
+                path: path.to_owned(),
+                why: "a CERTIFICATE block is not a valid X.509 certificate".into(),
+            });
+        }
+    }
+    Ok(certs)
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl Material {
+    /// Read ca, cert, key (permissions checked first) and crl, and check that they fit
+    /// together: the key matches the certificate, the CRL parses.
+    pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
+        let ca_pem = read_pem(&paths.ca)?;
+        let roots = certs(&paths.ca, &ca_pem)?;
+        let cert_pem = read_pem(&paths.cert)?;
+        let chain = certs(&paths.cert, &cert_pem)?;
+        check_key_file(&paths.key)?;
+        let key_pem = read_pem(&paths.key)?;
+        let mut crls = Vec::new();
+        let mut contents = [ca_pem, cert_pem, key_pem.clone()].concat();
+        if let Some(crl) = &paths.crl {
+            let crl_pem = read_pem(crl)?;
+            crls = CertificateRevocationListDer::pem_slice_iter(&crl_pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| TlsError::Crl {
+                    path: crl.clone(),
+                    why: format!("bad PEM: {e}"),
+                })?;
+            if crls.is_empty() {
+                return Err(TlsError::Crl {
+                    path: crl.clone(),
+                    why: "no X509 CRL block in it".into(),
+                });
+            }
+            contents.extend_from_slice(&crl_pem);
+        }
+        let material = Self {
+            paths: paths.clone(),
+            roots,
+            chain,
+            key_pem,
+            crls,
+            contents,
+        };
+        // Building both configs checks the key against the certificate and parses the CRL.
+        material.server_config()?;
+        Ok(material)
+    }
+
+    fn key(&self) -> Result<PrivateKeyDer<'static>, TlsError> {
+        PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| TlsError::Pem {
+            path: self.paths.key.clone(),
+            why: format!("no private key (PKCS#8, SEC1 or RSA PEM) in it: {e}"),
+        })
+    }
+
+    fn root_store(&self) -> Result<Arc<RootCertStore>, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for c in &self.roots {
+            roots.add(c.clone()).map_err(|e| TlsError::Pem {
+                path: self.paths.ca.clone(),
+                why: format!("not a usable CA certificate: {e}"),
+            })?;
+        }
+        Ok(Arc::new(roots))
+    }
+
+    fn setup_error(&self, e: rustls::Error) -> TlsError {
+        match e {
+            rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+                key: self.paths.key.clone(),
+                cert: self.paths.cert.clone(),
+            },
+            e => TlsError::Setup(e.to_string()),
+        }
+    }
+
+    fn crl_error(&self, e: impl std::fmt::Display) -> TlsError {
+        match &self.paths.crl {
+            Some(path) => TlsError::Crl {
+                path: path.clone(),
+                why: e.to_string(),
+            },
+            None => TlsError::Setup(e.to_string()),
+        }
+    }
+
+    /// The agent's side: verify the controller against the CA (and CRL), present our chain.
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
+        let verifier = WebPkiServerVerifier::builder_with_provider(self.root_store()?, provider())
+            .with_crls(self.crls.clone())
+            .only_check_end_entity_revocation()
+            .allow_unknown_revocation_status()
+            .build()
+            .map_err(|e| self.crl_error(e))?;
+        let cfg = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| TlsError::Setup(e.to_string()))?
+            .with_webpki_verifier(verifier)
+            .with_client_auth_cert(self.chain.clone(), self.key()?)
+            .map_err(|e| self.setup_error(e))?;
+        Ok(Arc::new(cfg))
+    }
+
+    /// The receiver's side: require a client certificate from the CA (and not revoked).
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.root_store()?, provider())
+            .with_crls(self.crls.clone())
+            .only_check_end_entity_revocation()
+            .allow_unknown_revocation_status()
+            .build()
+            .map_err(|e| self.crl_error(e))?;
+        let mut cfg = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| TlsError::Setup(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key()?)
+            .map_err(|e| self.setup_error(e))?;
+        // Room for every agent of a large cluster to resume after a reconnect storm.
+        cfg.session_storage = rustls::server::ServerSessionMemoryCache::new(16 * 1024);
+        Ok(Arc::new(cfg))
+    }
+
+    /// This end's own certificate (the first of the chain).
+    pub fn leaf(&self) -> &CertificateDer<'static> {
+        &self.chain[0]
+    }
+
+    /// Unix seconds at which this end's certificate expires.
+    pub fn leaf_not_after(&self) -> Option<i64> {
+        cert_info(self.leaf()).map(|i| i.not_after)
+    }
+}
+
+/// What `check` prints about a certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    pub subject: String,
+    pub issuer: String,
+    /// DNS names, then IP addresses.
+    pub sans: Vec<String>,
+    pub dns_names: Vec<String>,
+    /// Unix seconds.
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+pub fn cert_info(der: &CertificateDer<'_>) -> Option<CertInfo> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let mut dns_names = Vec::new();
+    let mut ips = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => ips
+                        .push(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).ok()?).to_string()),
+                    16 => ips
+                        .push(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).ok()?).to_string()),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    let mut sans = dns_names.clone();
+    sans.extend(ips);
+    Some(CertInfo {
+        subject: cert.subject().to_string(),
+        issuer: cert.issuer().to_string(),
+        sans,
+        dns_names,
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+    })
+}
+
+/// Whether a certificate with these DNS SANs may speak for `host`.
+pub fn cert_names_host(dns_names: &[String], host: &str) -> bool {
+    dns_names.iter().any(|n| hostlist::same_host(n, host))
+}
+
+/// The name the agent expects on the controller's certificate: the host part of a
+/// `controllers:` entry (`host:port`, `[v6]:port`, `v4:port`).
+pub fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match addr.rsplit_once(':') {
+        Some((h, port)) if port.parse::<u16>().is_ok() && !h.ends_with(':') => h,
+        _ => addr,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| format!("{host:?} is not a name a certificate can carry: {e}"))
+}
+
+/// Why a handshake failed, as a short label for counters and log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The peer's certificate is not from our CA.
+    UnknownCa,
+    Expired,
+    Revoked,
+    /// The certificate is valid but for another name.
+    WrongName,
+    /// The peer sent no certificate.
+    NoCertificate,
+    /// The peer refused us (sent an alert: e.g. it does not trust our certificate).
+    PeerRefused,
+    /// The peer does not speak TLS (a plaintext receiver, garbage bytes).
+    NotTls,
+    /// The connection ended before the handshake did.
+    Truncated,
+    /// The peer stalled past [`HANDSHAKE_TIMEOUT`].
+    Timeout,
+    Other,
+}
+
+impl Failure {
+    pub const ALL: [Failure; 10] = [
+        Failure::UnknownCa,
+        Failure::Expired,
+        Failure::Revoked,
+        Failure::WrongName,
+        Failure::NoCertificate,
+        Failure::PeerRefused,
+        Failure::NotTls,
+        Failure::Truncated,
+        Failure::Timeout,
+        Failure::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::UnknownCa => "unknown_ca",
+            Failure::Expired => "expired",
+            Failure::Revoked => "revoked",
+            Failure::WrongName => "wrong_name",
+            Failure::NoCertificate => "no_certificate",
+            Failure::PeerRefused => "peer_refused",
+            Failure::NotTls => "not_tls",
+            Failure::Truncated => "truncated",
+            Failure::Timeout => "timeout",
+            Failure::Other => "other",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        Self::ALL.iter().position(|f| *f == self).unwrap_or(0)
+    }
+
+    /// A failure of TLS itself (not of the TCP under it): the peer's alert, a bad record.
+    pub fn of_tls(e: &std::io::Error) -> Option<Self> {
+        e.get_ref()
+            .is_some_and(|i| i.is::<rustls::Error>())
+            .then(|| Self::of(e))
+    }
+
+    /// Classify the error a tokio-rustls handshake returned.
+    pub fn of(e: &std::io::Error) -> Self {
+        use rustls::{CertificateError as C, Error as E};
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            return Failure::Timeout;
+        }
+        let Some(tls) = e.get_ref().and_then(|i| i.downcast_ref::<E>()) else {
+            return match e.kind() {
+                std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe => Failure::Truncated,
+                _ => Failure::Other,
+            };
+        };
+        match tls {
+            E::InvalidCertificate(c) => match c {
+                C::UnknownIssuer | C::BadSignature | C::UnknownRevocationStatus => {
+                    Failure::UnknownCa
+                }
+                C::Expired | C::ExpiredContext { .. } | C::NotValidYet => Failure::Expired,
+                C::NotValidYetContext { .. } => Failure::Expired,
+                C::Revoked => Failure::Revoked,
+                C::NotValidForName | C::NotValidForNameContext { .. } => Failure::WrongName,
+                _ => Failure::Other,
+            },
+            E::NoCertificatesPresented => Failure::NoCertificate,
+            E::AlertReceived(_) => Failure::PeerRefused,
+            E::InvalidMessage(_) => Failure::NotTls,
+            _ => Failure::Other,
+        }
+    }
+}
+
+/// The TLS failure a read hit, kept for whoever owns the connection: the frame reader
+/// above turns the error into text.
+pub type FailureSlot = Arc<std::sync::Mutex<Option<(Failure, String)>>>;
+
+/// A reader that records a TLS failure in its slot. In TLS 1.3 the client's handshake is
+/// over before the server has checked the client's certificate, so a controller's refusal
+/// arrives as an alert on the first read, not as a handshake error.
+pub struct WatchFailure<R> {
+    inner: R,
+    slot: FailureSlot,
+}
+
+impl<R> WatchFailure<R> {
+    pub fn new(inner: R, slot: FailureSlot) -> Self {
+        Self { inner, slot }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for WatchFailure<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Err(e)) = &r {
+            if let Some(why) = Failure::of_tls(e) {
+                let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+                *slot = Some((why, e.to_string()));
+            }
+        }
+        r
+    }
+}
+
+/// A handshake error's text without tokio-rustls' wrapping.
+pub fn describe(e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return format!("no handshake within {HANDSHAKE_TIMEOUT:?} (peer stalled)");
+    }
+    e.to_string()
+}
+
+/// `check`'s view of the key material: what to print, and what is wrong or close to it.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub lines: Vec<String>,
+    pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+pub fn check(paths: &TlsPaths, now: SystemTime) -> Report {
+    let mut report = Report::default();
+    let material = match Material::load(paths) {
+        Ok(m) => m,
+        Err(e) => {
+            report.problems.push(e.to_string());
+            return report;
+        }
+    };
+    let now = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let described = material
+        .chain
+        .iter()
+        .map(|c| (&paths.cert, c))
+        .chain(material.roots.iter().map(|c| (&paths.ca, c)));
+    for (path, der) in described {
+        let Some(info) = cert_info(der) else { continue };
+        let left = info.not_after - now;
+        report.lines.push(format!(
+            "{}: subject {:?}; issuer {:?}; SANs [{}]; expires {} ({})",
+            path.display(),
+            info.subject,
+            info.issuer,
+            info.sans.join(", "),
+            rfc3339(info.not_after),
+            if left < 0 {
+                "EXPIRED".to_owned()
+            } else {
+                format!("in {} days", left / 86_400)
+            }
+        ));
+        if left < 0 {
+            report.problems.push(format!(
+                "{}: certificate {:?} expired on {}",
+                path.display(),
+                info.subject,
+                rfc3339(info.not_after)
+            ));
+        } else if left < EXPIRY_WARNING.as_secs() as i64 {
+            report.warnings.push(format!(
+                "{}: certificate {:?} expires in {} days ({}): renew it",
+                path.display(),
+                info.subject,
+                left / 86_400,
+                rfc3339(info.not_after)
+            ));
+        }
+        if info.not_before > now {
+            report.problems.push(format!(
+                "{}: certificate {:?} is not valid before {}",
+                path.display(),
+                info.subject,
+                rfc3339(info.not_before)
+            ));
+        }
+    }
+    report
+}
+
+fn rfc3339(unix: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_secs(unix.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_name_is_the_host_part_of_a_controller_entry() {
+        let name = |a: &str| server_name(a).map(|n| n.to_str().into_owned());
+        assert_eq!(name("ctl1:6870").as_deref(), Ok("ctl1"));
+        assert_eq!(
+            name("ctl1.example.org:7000").as_deref(),
+            Ok("ctl1.example.org")
+        );
+        assert_eq!(name("127.0.0.1:6870").as_deref(), Ok("127.0.0.1"));
+        assert_eq!(name("[::1]:6870").as_deref(), Ok("::1"));
+        assert!(name("bad name:1").is_err());
+    }
+
+    #[test]
+    fn a_certificate_names_a_host_by_the_resourcemap_rule() {
+        let sans = vec!["node001.cluster.example".to_owned()];
+        assert!(cert_names_host(&sans, "node001"));
+        assert!(cert_names_host(&sans, "NODE001.cluster.example"));
+        assert!(!cert_names_host(&sans, "node002"));
+        assert!(!cert_names_host(&sans, "node001.other.example"));
+        assert!(!cert_names_host(&[], "node001"));
+    }
+
+    #[test]
+    fn every_failure_has_its_own_label() {
+        let labels: std::collections::BTreeSet<_> =
+            Failure::ALL.iter().map(|f| f.as_str()).collect();
+        assert_eq!(labels.len(), Failure::ALL.len());
+        for f in Failure::ALL {
+            assert_eq!(Failure::ALL[f.index()], f);
+        }
+    }
+}
