@@ -109,6 +109,7 @@ pub struct RawProbe {
     pub env: Option<Spanned<BTreeMap<String, String>>>,
     pub run_as: Option<Spanned<String>>,
     pub limits: Option<Spanned<RawLimits>>,
+    pub no_new_privs: Option<Spanned<bool>>,
     pub timeout: Option<Spanned<Scalar>>,
     pub provides: Option<Spanned<Vec<Spanned<String>>>>,
     // file
@@ -130,6 +131,8 @@ pub struct RawLimits {
     pub address_space: Option<Spanned<Scalar>>,
     pub open_files: Option<Spanned<Scalar>>,
     pub processes: Option<Spanned<Scalar>>,
+    pub memory: Option<Spanned<Scalar>>,
+    pub pids: Option<Spanned<Scalar>>,
 }
 
 /// A known field within two edits of `key`, case ignored: `intreval` -> `interval`.

@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::process::{self, ChildSpec, Credentials, Ending, Exit};
+use super::child::{self as process, ChildSpec, Credentials, Ending, Exit};
 use super::{output, Outcome, ProbeContext, ProbeRun};
 use crate::config::ExecSpec;
 use crate::plan::ProbeTask;
@@ -137,6 +137,13 @@ pub fn child_spec(
     child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     child.credentials = creds;
     child.limits = spec.limits.clone();
+    child.no_new_privs = spec.no_new_privs;
+    if let Some(tree) = super::cgroup::active() {
+        let cg = tree
+            .probe(&task.name, &spec.limits)
+            .map_err(|e| format!("cannot make the probe's cgroup: {e}"))?;
+        child.cgroup = Some(cg);
+    }
     Ok((child, user))
 }
 
@@ -181,7 +188,7 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
-            let failure = failure_message(task, &o);
+            let failure = failure_message(&o);
             let mut run = match failure {
                 Some((outcome, why)) => {
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
@@ -207,55 +214,22 @@ pub async fn run(
 }
 
 /// Why a finished child is a failed run, or `None` when its output should be parsed.
-fn failure_message(task: &ProbeTask, o: &process::ChildOutcome) -> Option<(Outcome, String)> {
-    let stderr = o.stderr_text();
-    let with_stderr = |msg: String| {
-        if stderr.is_empty() {
-            msg
-        } else {
-            format!("{msg}: {}", last_line(&stderr))
-        }
+fn failure_message(o: &process::ChildOutcome) -> Option<(Outcome, String)> {
+    let why = o.failure()?;
+    let outcome = if o.ending.is_timeout() {
+        Outcome::TimedOut
+    } else {
+        Outcome::Failed
     };
-    match &o.ending {
-        Ending::OutputOverflow { .. } => Some((
-            Outcome::Failed,
-            format!("output exceeds {} bytes", process::DEFAULT_STDOUT_CAP),
-        )),
-        Ending::TimedOut {
-            killed,
-            exited_before_deadline,
-        } => {
-            let how = if *killed {
-                "killed after SIGTERM grace"
-            } else {
-                "terminated"
-            };
-            let what = if *exited_before_deadline {
-                "exited, but a background process kept its output open"
-            } else {
-                "did not finish"
-            };
-            Some((
-                Outcome::TimedOut,
-                with_stderr(format!(
-                    "timed out after {}: {what}; process group {how}",
-                    humantime::format_duration(task.timeout)
-                )),
-            ))
-        }
-        Ending::Finished => match o.exit {
-            Exit::Code(0) => None,
-            Exit::Code(c) => Some((
-                Outcome::Failed,
-                with_stderr(format!("exited with status {c}")),
-            )),
-            Exit::Signal(s) => Some((
-                Outcome::Failed,
-                with_stderr(format!("killed by signal {}", signal_name(s))),
-            )),
-            Exit::Unreaped => Some((Outcome::Failed, "did not exit".to_owned())),
-        },
-    }
+    let stderr = o.stderr_text();
+    let why = match o.ending {
+        // The cap message stands alone: what the probe wrote to stderr is not why.
+        Ending::OutputOverflow { .. } => why,
+        _ if o.exit == Exit::Unreaped => why,
+        _ if stderr.is_empty() => why,
+        _ => format!("{why}: {}", last_line(&stderr)),
+    };
+    Some((outcome, why))
 }
 
 /// The last non-blank line: the one a failing script's stderr usually explains itself in.
@@ -267,10 +241,7 @@ pub fn last_line(s: &str) -> &str {
         .unwrap_or("")
 }
 
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
-}
+pub use process::signal_name;
 
 /// How often the same probe's stderr may be logged when its text does not change.
 pub const STDERR_LOG_EVERY: Duration = Duration::from_secs(60);
