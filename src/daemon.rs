@@ -225,6 +225,8 @@ impl Agent {
             .send_replace(Arc::new(hello(&config, &plan, &self.boot_id)));
         self.store.declare(declared(&plan));
         let (kept, stopped, started) = self.scheduler.apply(&plan);
+        let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
+        crate::probe::cgroup::retain(&names);
         tracing::info!(kept, stopped, started, digest = %config.digest, "plan applied");
         self.config = config;
         self.plan = plan;

@@ -147,10 +147,13 @@ fn load(common: &Common) -> Option<Config> {
 
 /// Orphaned grandchildren of probes are reparented to the agent and reaped by it, instead of
 /// piling up under init unseen. Must run inside the runtime (it starts the reaper task).
+/// Containment starts here too: each probe's runs go into its own cgroup where one is
+/// writable (undone by `xce_agent::probe::cgroup::shut_down`).
 fn become_subreaper() {
     if let Err(e) = xce_agent::probe::process::become_subreaper() {
         tracing::debug!("cannot become a child subreaper: {e}");
     }
+    xce_agent::probe::cgroup::init();
 }
 
 /// For runs without builtin probes: no sampler is started.
@@ -209,6 +212,12 @@ fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 notes.push((t.name.clone(), format!("would be refused as root: {e}")));
             }
         }
+        if !spec.no_new_privs {
+            notes.push((
+                t.name.clone(),
+                "no_new_privs: false: setuid programs it runs can raise its privileges".to_owned(),
+            ));
+        }
         if !root {
             if let Some(u) = &spec.run_as {
                 notes.push((
@@ -218,12 +227,14 @@ fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             }
         }
     }
-    if !root
-        && plan
-            .tasks
-            .iter()
-            .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)))
-    {
+    let runs_children = plan
+        .tasks
+        .iter()
+        .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)));
+    if runs_children {
+        notes.push(("-".to_owned(), xce_agent::probe::cgroup::check_text()));
+    }
+    if !root && runs_children {
         notes.push((
             "-".to_owned(),
             format!(
@@ -263,6 +274,7 @@ async fn cmd_probe(common: &Common, name: &str) -> anyhow::Result<u8> {
     };
     let ctx = probe_context(&config, &host, builtin);
     let report = xce_agent::probe::debug::run(task, &ctx).await;
+    xce_agent::probe::cgroup::shut_down();
     print!("{}", report.text);
     Ok(if report.ok {
         EXIT_OK
@@ -339,6 +351,7 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     };
     let ctx = probe_context(&config, &host, builtin);
     let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel).await;
+    xce_agent::probe::cgroup::shut_down();
     let report = OnceReport::new(&host, &runs, &store);
     match format {
         Format::Table => print!("{}", report.table()),
@@ -441,6 +454,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
     systemd::notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
     metrics_stop.cancel();
     agent.stop(Duration::from_secs(3)).await;
+    xce_agent::probe::cgroup::shut_down();
     sampler_stop.cancel();
     tracing::info!("stopped");
     Ok(EXIT_OK)

@@ -151,6 +151,30 @@ pub fn fallback_text(why: &str) -> String {
     format!("no cgroup containment ({why}): probes are contained by process group only, so a descendant that calls setsid can outlive its run")
 }
 
+/// One line for `check`: what containment the agent would get here, without setting it up.
+pub fn check_text() -> String {
+    let host = match detect() {
+        Ok(h) => h,
+        Err(why) => return fallback_text(&why),
+    };
+    let controllers = if host.controllers.is_empty() {
+        "none".to_owned()
+    } else {
+        host.controllers.join(" ")
+    };
+    match nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK) {
+        Ok(()) => format!(
+            "containment: each probe in its own cgroup under {} (cgroup v2 at {}; controllers available: {controllers})",
+            host.own.display(),
+            host.mount.display()
+        ),
+        Err(e) => fallback_text(&format!(
+            "{} is not writable: {e}; controllers available: {controllers}",
+            host.own.display()
+        )),
+    }
+}
+
 /// The tree, if `init` set one up.
 pub fn active() -> Option<&'static Tree> {
     match STATE.get() {

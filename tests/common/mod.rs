@@ -209,3 +209,17 @@ pub fn pids_dir(s: &Setup) -> PathBuf {
     std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o777)).unwrap();
     pids
 }
+
+/// Block until `path` exists (a file a probe writes: there is no event to wait on), with a
+/// hang guard, not a timing threshold.
+pub fn wait_for_file(path: &Path) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
