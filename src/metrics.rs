@@ -46,6 +46,7 @@ pub fn render(src: &Sources) -> String {
     render_resources(&mut out, &src.store);
     let stats = src.probes.borrow().clone();
     render_probes(&mut out, &stats);
+    render_probe_usage(&mut out, &crate::probe::cgroup::usage_by_probe());
     render_link(&mut out, &src.link);
     out
 }
@@ -203,6 +204,44 @@ fn render_probes(out: &mut String, stats: &Stats) {
             esc(name),
             p.restarts.load(Ordering::Relaxed)
         );
+    }
+}
+
+/// CPU and peak memory of each probe's cgroup (only where probes are contained).
+fn render_probe_usage(out: &mut String, usage: &[(String, crate::probe::cgroup::Usage)]) {
+    if usage.is_empty() {
+        return;
+    }
+    header(
+        out,
+        "xce_probe_cpu_seconds_total",
+        "counter",
+        "CPU time (user + system) used by the probe's runs and everything they started, from its cgroup.",
+    );
+    for (name, u) in usage {
+        let _ = writeln!(
+            out,
+            "xce_probe_cpu_seconds_total{{probe=\"{}\"}} {}",
+            esc(name),
+            num(u.cpu.as_secs_f64())
+        );
+    }
+    if usage.iter().any(|(_, u)| u.peak_memory.is_some()) {
+        header(
+            out,
+            "xce_probe_memory_peak_bytes",
+            "gauge",
+            "Peak memory of the probe's cgroup (memory.peak).",
+        );
+        for (name, u) in usage {
+            if let Some(peak) = u.peak_memory {
+                let _ = writeln!(
+                    out,
+                    "xce_probe_memory_peak_bytes{{probe=\"{}\"}} {peak}",
+                    esc(name)
+                );
+            }
+        }
     }
 }
 

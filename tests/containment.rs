@@ -216,3 +216,32 @@ async fn check_names_the_containment_and_its_controllers() {
         assert!(text.contains("controllers available"), "{text}");
     }
 }
+
+#[tokio::test]
+async fn a_probes_cpu_is_counted_by_its_cgroup() {
+    if !contained() {
+        return;
+    }
+    let (s, _) = setup("busy", "", "#!/bin/sh\ni=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; echo 1\n");
+    let (task, ctx) = load_task(&s, "busy");
+    let run = run_once(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
+    let usage = cgroup::usage_by_probe();
+    let (_, busy) = usage.iter().find(|(n, _)| n == "busy").expect("busy's cgroup");
+    assert!(busy.cpu > std::time::Duration::ZERO, "{busy:?}");
+}
+
+#[tokio::test]
+async fn probe_name_shows_the_cgroup_and_its_usage() {
+    if !contained() {
+        return;
+    }
+    let (s, _) = setup("shown_cg", "", "#!/bin/sh\necho 1\n");
+    let out = agent_command(&s).args(["probe", "shown_cg"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("cgroup:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("/probes/shown_cg (cpu "), "{line}");
+}

@@ -475,6 +475,17 @@ pub fn usage_by_probe() -> Vec<(String, Usage)> {
     probes.iter().map(|cg| (cg.name.clone(), cg.usage())).collect()
 }
 
+/// One probe's cgroup and its usage, if it has one.
+pub fn usage_of(probe: &str) -> Option<(PathBuf, Usage)> {
+    let cg = active()?
+        .probes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(probe)
+        .cloned()?;
+    Some((cg.path.clone(), cg.usage()))
+}
+
 /// Kill and remove cgroups of probes no longer configured.
 pub fn retain(keep: &[&str]) {
     if let Some(t) = active() {

@@ -173,6 +173,9 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  ended:     {}", exit_line(d));
     }
     let _ = writeln!(t, "  duration:  {:.3}s", run.duration.as_secs_f64());
+    if exec_spec.is_some() {
+        let _ = writeln!(t, "  {}", containment_line(task));
+    }
     if let Some(d) = &run.exec {
         let _ = writeln!(t, "  stdout ({} bytes):", d.stdout.len());
         t.push_str(&shown(&d.stdout));
@@ -207,6 +210,27 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         }
     );
     Report { text: t, ok }
+}
+
+/// Where the run was contained and what its cgroup used.
+fn containment_line(task: &ProbeTask) -> String {
+    if super::cgroup::active().is_none() {
+        return "cgroup:    none (contained by process group only)".to_owned();
+    }
+    match super::cgroup::usage_of(&task.name) {
+        None => "cgroup:    none (the run did not start)".to_owned(),
+        Some((path, u)) => {
+            let peak = u.peak_memory.map_or_else(
+                || "peak memory not counted (no memory controller)".to_owned(),
+                |b| format!("peak memory {} KiB", b / 1024),
+            );
+            format!(
+                "cgroup:    {} (cpu {:.3}s, {peak})",
+                path.display(),
+                u.cpu.as_secs_f64()
+            )
+        }
+    }
 }
 
 /// argv as a shell would need it quoted, for copy-paste.
