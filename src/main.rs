@@ -204,7 +204,9 @@ fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 continue;
             }
         };
-        if let Err(e) = security::check_program(&program, uid) {
+        if let Err(e) =
+            security::check_command(&program, &spec.command[1..], &config.agent.plugin_dir, uid)
+        {
             if root {
                 problems.push((t.name.clone(), e.to_string()));
             } else {

@@ -126,7 +126,11 @@ async fn a_probe_runs_in_its_own_cgroup() {
     if !contained() {
         return;
     }
-    let (s, _) = setup("where", ", format: kv", "#!/bin/sh\necho \"cg = $(cut -d: -f3 /proc/self/cgroup | tail -n1)\"\n");
+    let (s, _) = setup(
+        "where",
+        ", format: kv",
+        "#!/bin/sh\necho \"cg = $(cut -d: -f3 /proc/self/cgroup | tail -n1)\"\n",
+    );
     let (task, ctx) = load_task(&s, "where");
     let run = run_once(&task, &ctx).await;
     let out = String::from_utf8_lossy(&run.exec.unwrap().stdout).into_owned();
@@ -174,7 +178,11 @@ async fn a_stopped_daemon_leaves_no_process_and_no_cgroup() {
     common::wait_for_file(&pid_file);
     let escaped = read_pid(&pid_file);
     let subtree = subtree_of(daemon.id()).expect("the daemon's cgroup");
-    assert!(subtree.join("probes/held").is_dir(), "{}", subtree.display());
+    assert!(
+        subtree.join("probes/held").is_dir(),
+        "{}",
+        subtree.display()
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -196,7 +204,11 @@ async fn once_contains_its_probes_and_cleans_up() {
         "#!/bin/sh\nsetsid sleep 1000 >/dev/null 2>&1 &\necho $! > \"$D/oneshot.pid\"\necho 1\n",
     );
     let out = agent_command(&s).arg("--once").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_gone(read_pid(&pids.join("oneshot.pid")));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("no cgroup containment"), "{stderr}");
@@ -222,12 +234,19 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
     if !contained() {
         return;
     }
-    let (s, _) = setup("busy", "", "#!/bin/sh\ni=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; echo 1\n");
+    let (s, _) = setup(
+        "busy",
+        "",
+        "#!/bin/sh\ni=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; echo 1\n",
+    );
     let (task, ctx) = load_task(&s, "busy");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
     let usage = cgroup::usage_by_probe();
-    let (_, busy) = usage.iter().find(|(n, _)| n == "busy").expect("busy's cgroup");
+    let (_, busy) = usage
+        .iter()
+        .find(|(n, _)| n == "busy")
+        .expect("busy's cgroup");
     assert!(busy.cpu > std::time::Duration::ZERO, "{busy:?}");
 }
 
@@ -237,7 +256,10 @@ async fn probe_name_shows_the_cgroup_and_its_usage() {
         return;
     }
     let (s, _) = setup("shown_cg", "", "#!/bin/sh\necho 1\n");
-    let out = agent_command(&s).args(["probe", "shown_cg"]).output().unwrap();
+    let out = agent_command(&s)
+        .args(["probe", "shown_cg"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()

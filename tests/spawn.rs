@@ -132,7 +132,10 @@ async fn a_failed_credential_switch_names_its_stage() {
         groups: vec![],
     });
     let e = child::run(&spec).await.unwrap_err().to_string();
-    assert!(e.contains("setgroups failed: Operation not permitted"), "{e}");
+    assert!(
+        e.contains("setgroups failed: Operation not permitted"),
+        "{e}"
+    );
 }
 
 /// The agent binary started with a stray descriptor open (as a launching shell leaves them):

@@ -110,7 +110,10 @@ fn v2_mount(mountinfo: &str) -> Option<(PathBuf, PathBuf)> {
         let mut f = before.split_whitespace();
         let root = f.nth(3)?;
         let point = f.next()?;
-        Some((PathBuf::from(unescape(point)), PathBuf::from(unescape(root))))
+        Some((
+            PathBuf::from(unescape(point)),
+            PathBuf::from(unescape(root)),
+        ))
     })
 }
 
@@ -205,15 +208,26 @@ fn set_up() -> Result<Tree, String> {
     };
     let agent = base.join("agent");
     if let Err(e) = fs::create_dir(&agent)
-        .or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) })
+        .or_else(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
         .and_then(|()| fs::write(agent.join("cgroup.procs"), "0"))
     {
         undo(&base);
         return Err(io("move the agent into", &agent, e));
     }
     let probes = base.join("probes");
-    let made = fs::create_dir(&probes)
-        .or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) });
+    let made = fs::create_dir(&probes).or_else(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    });
     if let Err(e) = made {
         let _ = fs::write(host.own.join("cgroup.procs"), "0");
         undo(&base);
@@ -300,7 +314,10 @@ fn kill_path(dir: &Path) {
     for _ in 0..100 {
         let pids = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         let mut any = false;
-        for pid in pids.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+        for pid in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
             any = true;
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
@@ -318,7 +335,13 @@ fn kill_path(dir: &Path) {
 fn dir_name(probe: &str) -> String {
     let s: String = probe
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if s.is_empty() {
         "_".into()
@@ -472,7 +495,10 @@ pub fn usage_by_probe() -> Vec<(String, Usage)> {
         .values()
         .cloned()
         .collect();
-    probes.iter().map(|cg| (cg.name.clone(), cg.usage())).collect()
+    probes
+        .iter()
+        .map(|cg| (cg.name.clone(), cg.usage()))
+        .collect()
 }
 
 /// One probe's cgroup and its usage, if it has one.

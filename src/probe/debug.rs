@@ -153,11 +153,12 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  user:      {user}");
         let _ = writeln!(t, "  cwd:       /");
         let _ = writeln!(t, "  format:    {}", spec.format.as_str());
-        let verdict = match security::check_program(&program, uid) {
-            Ok(()) => "ok".to_owned(),
-            Err(e) if security::enforced() => format!("REFUSED: {e}"),
-            Err(e) => format!("not enforced (the agent is not root); as root: {e}"),
-        };
+        let verdict =
+            match security::check_command(&program, &spec.command[1..], &ctx.plugin_dir, uid) {
+                Ok(()) => "ok".to_owned(),
+                Err(e) if security::enforced() => format!("REFUSED: {e}"),
+                Err(e) => format!("not enforced (the agent is not root); as root: {e}"),
+            };
         let _ = writeln!(t, "  script check: {verdict}");
     }
     let run: ProbeRun = match &task.kind {

@@ -126,8 +126,13 @@ pub fn child_spec(
     let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     if super::security::enforced() {
-        super::security::check_program(&program, creds.as_ref().map(|c| c.uid))
-            .map_err(|e| e.to_string())?;
+        super::security::check_command(
+            &program,
+            &spec.command[1..],
+            &ctx.plugin_dir,
+            creds.as_ref().map(|c| c.uid),
+        )
+        .map_err(|e| e.to_string())?;
     }
     let user = creds
         .as_ref()

@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::exec::{self, ExecDetail, OutputLog};
 use super::child::{self as process, Child, Exit, Got, Reader};
+use super::exec::{self, ExecDetail, OutputLog};
 use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
 use crate::config::{Format, StreamSpec};
 use crate::plan::ProbeTask;

@@ -340,7 +340,8 @@ impl Child {
         let (out_read, out_write) = spawn::pipe().map_err(io_fail)?;
         let (err_read, err_write) = spawn::pipe().map_err(io_fail)?;
         let null = dev_null().map_err(io_fail)?;
-        let watch_sigchld = || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());
+        let watch_sigchld =
+            || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());
         let mut prepared = spawn::Prepared::new(spawn::Plan {
             path,
             argv,
@@ -577,4 +578,3 @@ pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
         duration: start.elapsed(),
     })
 }
-

@@ -388,7 +388,12 @@ fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
         match clone3_child(arg, stack, cgroup_dir) {
             Ok(s) => return Ok(s),
             // ENOSYS: no clone3; E2BIG / EINVAL: no CLONE_INTO_CGROUP (or a seccomp filter).
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL | libc::EPERM)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL | libc::EPERM)
+                ) =>
+            {
                 tracing::info!("clone3 unavailable ({e}); probes start with clone(2)");
                 CLONE3_MISSING.store(true, Ordering::Relaxed);
             }
@@ -461,7 +466,11 @@ fn legacy_clone_child(arg: *mut c_void, stack: &Stack) -> io::Result<Started> {
     let base = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
     loop {
         let with_pidfd = !PIDFD_MISSING.load(Ordering::Relaxed);
-        let flags = if with_pidfd { base | libc::CLONE_PIDFD } else { base };
+        let flags = if with_pidfd {
+            base | libc::CLONE_PIDFD
+        } else {
+            base
+        };
         let mut pidfd: c_int = -1;
         // SAFETY: glibc's clone switches to `stack` and calls `child_main(arg)` there; the
         // same argument as for clone3 above holds (CLONE_VFORK keeps `arg` and `stack` alive
@@ -607,8 +616,6 @@ pub fn watch_pidfd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>>
     // SAFETY: the `OwnedFd` is moved into the `AsyncFd`, so the descriptor stays open and
     // refers to the same pidfd until the `AsyncFd` is dropped, and `as_raw_fd` always
     // returns it.
-    unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-    }
-    .map_err(io::Error::from)
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(io::Error::from)
 }
