@@ -61,6 +61,10 @@ pub struct ProbeCgroup {
     pub dir: OwnedFd,
     /// `cgroup.procs` open for writing, for the clone(2) fallback.
     pub procs: OwnedFd,
+    /// `cgroup.events` and `cgroup.kill` (Linux 5.14+), held open: ending a run costs one
+    /// read, and one write when something is left.
+    events: Option<std::fs::File>,
+    kill_file: Option<std::fs::File>,
     limits: Mutex<(Option<u64>, Option<u64>)>,
 }
 
@@ -372,11 +376,18 @@ impl Tree {
                     OFlag::O_WRONLY | OFlag::O_CLOEXEC,
                     Mode::empty(),
                 )?;
+                let events = fs::File::open(path.join("cgroup.events")).ok();
+                let kill_file = fs::OpenOptions::new()
+                    .write(true)
+                    .open(path.join("cgroup.kill"))
+                    .ok();
                 let cg = Arc::new(ProbeCgroup {
                     name: name.to_owned(),
                     path,
                     dir: super::child::spawn::above_stdio(dir)?,
                     procs: super::child::spawn::above_stdio(procs)?,
+                    events,
+                    kill_file,
                     limits: Mutex::new((None, None)),
                 });
                 probes.insert(name.to_owned(), cg.clone());
@@ -455,16 +466,31 @@ impl ProbeCgroup {
 
     /// End everything in the cgroup (the run's leftovers).
     pub fn kill(&self) {
-        if self.populated() {
-            kill_path(&self.path);
+        if !self.populated() {
+            return;
+        }
+        use std::io::Write;
+        match &self.kill_file {
+            Some(f) if (&*f).write_all(b"1").is_ok() => {}
+            _ => kill_path(&self.path),
         }
     }
 
-    /// Whether any process is in the cgroup (`cgroup.events`).
+    /// Whether any process is in the cgroup (`cgroup.events`; unknown counts as yes).
     pub fn populated(&self) -> bool {
-        fs::read_to_string(self.path.join("cgroup.events"))
-            .map(|s| !s.lines().any(|l| l == "populated 0"))
-            .unwrap_or(false)
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let text = match &self.events {
+            Some(f) => match f.read_at(&mut buf, 0) {
+                Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+                Err(_) => return true,
+            },
+            None => match fs::read_to_string(self.path.join("cgroup.events")) {
+                Ok(s) => s,
+                Err(_) => return true,
+            },
+        };
+        !text.lines().any(|l| l == "populated 0")
     }
 
     pub fn usage(&self) -> Usage {

@@ -204,7 +204,12 @@ fn scripts_among_args(program: &Path, args: &[String], plugin_dir: &Path) -> Vec
     }
     for a in args {
         let p = Path::new(a);
-        if p.is_absolute() && p.starts_with(plugin_dir) && !files.iter().any(|f| f == p) {
+        // Only files that exist: an argument may name an output the probe will create.
+        if p.is_absolute()
+            && p.starts_with(plugin_dir)
+            && p.exists()
+            && !files.iter().any(|f| f == p)
+        {
             files.push(p.to_owned());
         }
     }
