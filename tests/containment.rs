@@ -267,3 +267,18 @@ async fn probe_name_shows_the_cgroup_and_its_usage() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("/probes/shown_cg (cpu "), "{line}");
 }
+
+#[test]
+fn cgroup_limits_and_the_no_new_privs_opt_out_are_read_from_the_config() {
+    let yaml = "resources:\n  - name: capped\n    interval: 10s\n    probe: {kind: exec, command: [x], limits: {memory: 256MiB, pids: 64}, no_new_privs: false}\n  - name: plain\n    interval: 10s\n    probe: {kind: exec, command: [x]}\n";
+    let res = xce_agent::config::resources::parse(Path::new("resources.yaml"), yaml).unwrap();
+    let spec = |i: usize| match &res.resources[i].probe.as_ref().unwrap().kind {
+        xce_agent::config::ProbeKind::Exec(e) => e.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(spec(0).limits.memory, Some(256 << 20));
+    assert_eq!(spec(0).limits.pids, Some(64));
+    assert!(!spec(0).no_new_privs);
+    assert!(spec(1).no_new_privs);
+    assert_eq!(spec(1).limits, Limits::default());
+}
