@@ -89,19 +89,17 @@ fn user_line(spec: &ExecSpec, ctx: &ProbeContext) -> (String, Option<nix::unistd
     }
 }
 
+/// How the child ended, in the engine's one wording (`Exit` and `Ending` display).
 fn exit_line(detail: &ExecDetail) -> String {
     let exit = match detail.exit {
         None => "not started".to_owned(),
-        Some(Exit::Code(c)) => format!("exit status {c}"),
-        Some(Exit::Signal(s)) => format!("killed by signal {}", exec::signal_name(s)),
         Some(Exit::Unreaped) => "did not exit (still in the kernel after SIGKILL)".to_owned(),
+        Some(e) => e.to_string(),
     };
     match &detail.ending {
-        Some(Ending::TimedOut { killed, .. }) => format!(
-            "{exit}; timed out (process group got SIGTERM{})",
-            if *killed { " then SIGKILL" } else { "" }
-        ),
-        Some(Ending::OutputOverflow { .. }) => format!("{exit}; output over the cap, ended"),
+        Some(ending @ (Ending::TimedOut { .. } | Ending::OutputOverflow { .. })) => {
+            format!("{exit}; {ending}")
+        }
         _ => exit,
     }
 }
