@@ -270,6 +270,12 @@ static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
 /// The kernel refused `CLONE_PIDFD` on clone: wait by SIGCHLD from then on.
 static PIDFD_MISSING: AtomicBool = AtomicBool::new(false);
 
+/// Start every later child with clone(2), as on a kernel without clone3 (for the tests of
+/// that path).
+pub fn use_legacy_clone() {
+    CLONE3_MISSING.store(true, Ordering::Relaxed);
+}
+
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
