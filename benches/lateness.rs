@@ -6,7 +6,9 @@
 //! the parallelism budget, fork + exec: everything between the slot and the probe's first
 //! instruction. The first 2 s (startup spread) are not counted.
 //!
-//! Run: `cargo bench --bench lateness` (env RATES=100,500 SECS=20 MAX_PARALLEL=8).
+//! Run: `cargo bench --bench lateness` (env RATES=100,500 SECS=20 MAX_PARALLEL=8). As root
+//! it runs the configuration nodes run: probes as `RUN_AS` (default nobody) and, where a
+//! cgroup v2 hierarchy is writable, each probe contained in its own cgroup.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -75,7 +77,11 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let stamps = dir.path().join("stamps");
+    // Writable by the probes' user, and outside plugin_dir (whose files must not be).
+    let stamp_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(stamp_dir.path(), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod");
+    let stamps = stamp_dir.path().join("stamps");
     let exe = std::env::current_exe().expect("current_exe");
     let mut yaml = String::from("resources:\n");
     for i in 0..n {
@@ -98,12 +104,12 @@ async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
     let ctx = ProbeContext {
         host: "node001".into(),
         plugin_dir: dir.path().to_owned(),
-        run_as: "root".into(),
+        run_as: std::env::var("RUN_AS").unwrap_or_else(|_| "nobody".into()),
         builtin: Arc::new(NoBuiltins),
     };
     let cpu0 = cpu_self();
     let t0 = now_ns();
-    let mut sched = Scheduler::new(store, ctx, max_parallel, CancellationToken::new());
+    let mut sched = Scheduler::new(store.clone(), ctx, max_parallel, CancellationToken::new());
     sched.apply(&plan);
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let stats = sched.stats.clone();
@@ -128,6 +134,11 @@ async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
         })
         .collect();
     late_ms.sort_by(f64::total_cmp);
+    if late_ms.is_empty() {
+        if let Some(r) = store.get("p0", "") {
+            println!("no run counted; p0: {:?}", r.error);
+        }
+    }
     let expected = n as u64 * (secs - 2);
     println!(
         "| {n}/s | {max_parallel} | {} of {expected} | {skipped} | {:.2} | {:.2} | {:.2} | {:.0} |",
@@ -157,9 +168,22 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    println!("scheduling lateness, {secs} s per rate, first 2 s not counted");
+    let contained = rt.block_on(async {
+        let _ = xce_agent::probe::child::become_subreaper();
+        matches!(
+            xce_agent::probe::cgroup::init(),
+            xce_agent::probe::cgroup::Containment::Cgroups(_)
+        )
+    });
+    println!(
+        "scheduling lateness, {secs} s per rate, first 2 s not counted; agent {}, probes as {}, containment {}",
+        if nix::unistd::geteuid().is_root() { "root" } else { "not root" },
+        std::env::var("RUN_AS").unwrap_or_else(|_| "nobody".into()),
+        if contained { "on" } else { "off" }
+    );
     println!("| rate | max_parallel | runs counted | skipped (overlap) | p50 ms | p99 ms | max ms | agent CPU/run µs |\n|---|---|---|---|---|---|---|---|");
     for n in rates {
         rt.block_on(one_rate(n, secs, max_parallel));
     }
+    xce_agent::probe::cgroup::shut_down();
 }

@@ -30,7 +30,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         };
         let plugin_dir = &config.agent.plugin_dir;
         let program = exec::resolve_program(plugin_dir, &spec.command[0]);
-        match security::verdict(&program, &spec.command[0], plugin_dir, uid) {
+        match security::verdict(&program, &spec.command, plugin_dir, uid) {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))
@@ -39,6 +39,12 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 unenforced += 1;
                 notes.push((t.name.clone(), format!("would be refused as root: {e}")));
             }
+        }
+        if !spec.no_new_privs {
+            notes.push((
+                t.name.clone(),
+                "no_new_privs: false: setuid programs it runs can raise its privileges".to_owned(),
+            ));
         }
         if !root {
             if let Some(u) = &spec.run_as {
@@ -53,6 +59,9 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         .tasks
         .iter()
         .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)));
+    if runs_programs {
+        notes.push(("-".to_owned(), crate::probe::cgroup::check_text()));
+    }
     if !root && runs_programs {
         notes.push((
             "-".to_owned(),

@@ -286,6 +286,8 @@ impl Agent {
             self.store.declare(declared(&plan));
         }
         let (kept, stopped, started) = self.scheduler.apply(&plan);
+        let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
+        crate::probe::cgroup::retain(&names);
         self.loaded_tx
             .send_modify(|l| *l = Arc::new(l.next(&config, &plan)));
         self.config = config;

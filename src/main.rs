@@ -168,10 +168,13 @@ fn load(common: &Common) -> Option<Config> {
 
 /// Orphaned grandchildren of probes are reparented to the agent and reaped by it, instead of
 /// piling up under init unseen. Must run inside the runtime (it starts the reaper task).
+/// Containment starts here too: each probe's runs go into its own cgroup where one is
+/// writable (undone by `xce_agent::probe::cgroup::shut_down`).
 fn become_subreaper() {
     if let Err(e) = xce_agent::probe::process::become_subreaper() {
         tracing::debug!("cannot become a child subreaper: {e}");
     }
+    xce_agent::probe::cgroup::init();
 }
 
 /// For runs without builtin probes: no sampler is started.
@@ -208,6 +211,7 @@ async fn cmd_probe(common: &Common, name: &str) -> anyhow::Result<u8> {
     };
     let ctx = probe_context(&config, &host, builtin);
     let report = xce_agent::probe::debug::run(task, &ctx).await;
+    xce_agent::probe::cgroup::shut_down();
     print!("{}", report.text);
     Ok(if report.ok {
         EXIT_OK
@@ -302,6 +306,7 @@ async fn cmd_once(common: &Common, format: Format, only: &[String]) -> anyhow::R
     };
     let ctx = probe_context(&config, &host, builtin);
     let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel).await;
+    xce_agent::probe::cgroup::shut_down();
     let report = OnceReport::new(&host, &runs, &store);
     match format {
         Format::Table => print!("{}", report.table()),
@@ -430,6 +435,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
         let _ = server.await;
     }
     agent.stop(Duration::from_secs(3)).await;
+    xce_agent::probe::cgroup::shut_down();
     sampler_stop.cancel();
     tracing::info!("stopped");
     Ok(EXIT_OK)

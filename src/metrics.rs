@@ -121,6 +121,7 @@ impl Collector for Exposition {
         encode_resources(&mut enc, &self.0.store)?;
         let stats = self.0.probes.borrow().clone();
         encode_probes(&mut enc, &stats)?;
+        encode_probe_usage(&mut enc, &crate::probe::cgroup::usage_by_probe())?;
         encode_link(&mut enc, &self.0.link)
     }
 }
@@ -143,6 +144,7 @@ fn family<'a, const N: usize>(
             Sample::Flag(b) => m.encode_gauge(&u32::from(b))?,
             Sample::Int(v) => m.encode_gauge(&v)?,
             Sample::Counter(v) => m.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
+            Sample::CounterF(v) => m.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
         }
     }
     Ok(())
@@ -156,6 +158,8 @@ enum Sample {
     /// A whole-number gauge (seconds, bytes), written as an integer.
     Int(i64),
     Counter(u64),
+    /// A counter of a continuous quantity (seconds).
+    CounterF(f64),
 }
 
 fn encode_resources(enc: &mut DescriptorEncoder, store: &Store) -> fmt::Result {
@@ -273,6 +277,41 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
             )
         }),
     )
+}
+
+/// CPU and peak memory of each probe's cgroup (only where probes are contained).
+fn encode_probe_usage(
+    enc: &mut DescriptorEncoder,
+    usage: &[(String, crate::probe::cgroup::Usage)],
+) -> fmt::Result {
+    if usage.is_empty() {
+        return Ok(());
+    }
+    family(
+        enc,
+        "xce_probe_cpu_seconds",
+        "CPU time (user + system) used by the probe's runs and everything they started, from its cgroup.",
+        MetricType::Counter,
+        usage.iter().map(|(name, u)| {
+            (
+                [("probe", name.as_str())],
+                Sample::CounterF(u.cpu.as_secs_f64()),
+            )
+        }),
+    )?;
+    if usage.iter().any(|(_, u)| u.peak_memory.is_some()) {
+        family(
+            enc,
+            "xce_probe_memory_peak_bytes",
+            "Peak memory of the probe's cgroup (memory.peak).",
+            MetricType::Gauge,
+            usage.iter().filter_map(|(name, u)| {
+                u.peak_memory
+                    .map(|peak| ([("probe", name.as_str())], Sample::Int(peak as i64)))
+            }),
+        )?;
+    }
+    Ok(())
 }
 
 /// A histogram's sum, count and per-bucket (not cumulative) counts, the last at +Inf.

@@ -37,7 +37,7 @@ fn a_good_exec_probe_shows_everything_and_exits_0() {
         "cwd:       /".to_owned(),
         "SITE=x1".to_owned(),
         "XCE_RESOURCE=scratch".to_owned(),
-        "ended:     exit status 0".to_owned(),
+        "ended:     exited with status 0".to_owned(),
         "| 812".to_owned(),
         "| warming up".to_owned(),
         "scratch = 812".to_owned(),

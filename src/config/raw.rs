@@ -172,6 +172,7 @@ pub struct RawProbe {
     pub env: Option<Spanned<BTreeMap<String, String>>>,
     pub run_as: Option<Spanned<String>>,
     pub limits: Option<Spanned<RawLimits>>,
+    pub no_new_privs: Option<Spanned<bool>>,
     pub timeout: Option<Spanned<Scalar>>,
     pub provides: Option<Spanned<Vec<Spanned<String>>>>,
     // file
@@ -193,6 +194,8 @@ pub struct RawLimits {
     pub address_space: Option<Spanned<Scalar>>,
     pub open_files: Option<Spanned<Scalar>>,
     pub processes: Option<Spanned<Scalar>>,
+    pub memory: Option<Spanned<Scalar>>,
+    pub pids: Option<Spanned<Scalar>>,
 }
 
 /// The field names serde derives for struct `T`, so that lists of known fields are never

@@ -144,6 +144,9 @@ pub struct ExecSpec {
     pub env: BTreeMap<String, String>,
     pub run_as: Option<String>,
     pub limits: Limits,
+    /// `PR_SET_NO_NEW_PRIVS` for the child (default on; off only for a probe that needs a
+    /// setuid helper).
+    pub no_new_privs: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -152,6 +155,10 @@ pub struct Limits {
     pub address_space: Option<u64>,
     pub open_files: Option<u64>,
     pub processes: Option<u64>,
+    /// cgroup `memory.max` of the probe's cgroup (bytes), where containment is on.
+    pub memory: Option<u64>,
+    /// cgroup `pids.max` of the probe's cgroup.
+    pub pids: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -530,6 +537,7 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
             "env",
             "run_as",
             "limits",
+            "no_new_privs",
             "provides",
         ],
         "file" => &[
@@ -548,6 +556,7 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
             "env",
             "run_as",
             "limits",
+            "no_new_privs",
             "provides",
             "silence",
             "restart_on_silence",
@@ -577,7 +586,7 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
         return None;
     }
     let allowed = kind_fields(&kind.value);
-    let present: [(&str, Option<Pos>); 16] = [
+    let present: [(&str, Option<Pos>); 17] = [
         ("index", raw.index.as_ref().map(Pos::of)),
         ("command", raw.command.as_ref().map(Pos::of)),
         ("format", raw.format.as_ref().map(Pos::of)),
@@ -586,6 +595,7 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
         ("env", raw.env.as_ref().map(Pos::of)),
         ("run_as", raw.run_as.as_ref().map(Pos::of)),
         ("limits", raw.limits.as_ref().map(Pos::of)),
+        ("no_new_privs", raw.no_new_privs.as_ref().map(Pos::of)),
         ("provides", raw.provides.as_ref().map(Pos::of)),
         ("path", raw.path.as_ref().map(Pos::of)),
         ("regex", raw.regex.as_ref().map(Pos::of)),
@@ -700,6 +710,7 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -
         env,
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
         limits: limits(errs, raw.limits.as_ref()),
+        no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
     })
 }
 
@@ -740,11 +751,15 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
     let address_space = count(&l.address_space, true);
     let open_files = count(&l.open_files, false);
     let processes = count(&l.processes, false);
+    let memory = count(&l.memory, true);
+    let pids = count(&l.pids, false);
     Limits {
         cpu: duration_field(errs, &l.cpu, "cpu limit"),
         address_space,
         open_files,
         processes,
+        memory,
+        pids,
     }
 }
 

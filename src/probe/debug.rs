@@ -89,19 +89,17 @@ fn user_line(spec: &ExecSpec, ctx: &ProbeContext) -> (String, Option<nix::unistd
     }
 }
 
+/// How the child ended, in the engine's one wording (`Exit` and `Ending` display).
 fn exit_line(detail: &ExecDetail) -> String {
     let exit = match detail.exit {
         None => "not started".to_owned(),
-        Some(Exit::Code(c)) => format!("exit status {c}"),
-        Some(Exit::Signal(s)) => format!("killed by signal {}", exec::signal_name(s)),
         Some(Exit::Unreaped) => "did not exit (still in the kernel after SIGKILL)".to_owned(),
+        Some(e) => e.to_string(),
     };
     match &detail.ending {
-        Some(Ending::TimedOut { killed, .. }) => format!(
-            "{exit}; timed out (process group got SIGTERM{})",
-            if *killed { " then SIGKILL" } else { "" }
-        ),
-        Some(Ending::OutputOverflow { .. }) => format!("{exit}; output over the cap, ended"),
+        Some(ending @ (Ending::TimedOut { .. } | Ending::OutputOverflow { .. })) => {
+            format!("{exit}; {ending}")
+        }
         _ => exit,
     }
 }
@@ -156,7 +154,7 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  user:      {user}");
         let _ = writeln!(t, "  cwd:       /");
         let _ = writeln!(t, "  format:    {}", spec.format.as_str());
-        let verdict = match security::verdict(&program, &spec.command[0], &ctx.plugin_dir, uid) {
+        let verdict = match security::verdict(&program, &spec.command, &ctx.plugin_dir, uid) {
             security::Verdict::Ok => "ok".to_owned(),
             security::Verdict::Problem(e) => format!("PROBLEM: {e}"),
             security::Verdict::Refused(e) => format!("REFUSED: {e}"),
@@ -179,6 +177,9 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  ended:     {}", exit_line(d));
     }
     let _ = writeln!(t, "  duration:  {:.3}s", run.duration.as_secs_f64());
+    if exec_spec.is_some() {
+        let _ = writeln!(t, "  {}", containment_line(task));
+    }
     if let Some(d) = &run.exec {
         let _ = writeln!(t, "  stdout ({} bytes):", d.stdout.len());
         t.push_str(&shown(&d.stdout));
@@ -246,6 +247,27 @@ fn parsed_samples(spec: &ExecSpec, d: &ExecDetail, own: &str) -> String {
         let _ = writeln!(t, "    … ({} more)", parsed.samples.len() - SHOW_SAMPLES);
     }
     t
+}
+
+/// Where the run was contained and what its cgroup used.
+fn containment_line(task: &ProbeTask) -> String {
+    if super::cgroup::active().is_none() {
+        return "cgroup:    none (contained by process group only)".to_owned();
+    }
+    match super::cgroup::usage_of(&task.name) {
+        None => "cgroup:    none (the run did not start)".to_owned(),
+        Some((path, u)) => {
+            let peak = u.peak_memory.map_or_else(
+                || "peak memory not counted (no memory controller)".to_owned(),
+                |b| format!("peak memory {} KiB", b / 1024),
+            );
+            format!(
+                "cgroup:    {} (cpu {:.3}s, {peak})",
+                path.display(),
+                u.cpu.as_secs_f64()
+            )
+        }
+    }
 }
 
 /// argv as a shell would need it quoted, for copy-paste.

@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::process::{self, ChildSpec, Credentials, Ending, Exit};
+use super::child::{self as process, ChildSpec, Credentials, Ending, Exit};
 use super::{output, Outcome, ProbeContext, ProbeRun};
 use crate::config::ExecSpec;
 use crate::plan::ProbeTask;
@@ -127,8 +127,13 @@ pub fn child_spec(
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
     if super::security::enforced() {
-        super::security::check_program(&program, creds.as_ref().map(|c| c.uid))
-            .map_err(|e| e.to_string())?;
+        super::security::check_command(
+            &program,
+            &spec.command[1..],
+            &ctx.plugin_dir,
+            creds.as_ref().map(|c| c.uid),
+        )
+        .map_err(|e| e.to_string())?;
     }
     let user = creds
         .as_ref()
@@ -138,6 +143,13 @@ pub fn child_spec(
     child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     child.credentials = creds;
     child.limits = spec.limits.clone();
+    child.no_new_privs = spec.no_new_privs;
+    if let Some(tree) = super::cgroup::active() {
+        let cg = tree
+            .probe(&task.name, &spec.limits)
+            .map_err(|e| format!("cannot make the probe's cgroup: {e}"))?;
+        child.cgroup = Some(cg);
+    }
     Ok((child, user))
 }
 
@@ -182,7 +194,7 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
-            let failure = failure_message(task, &o, spec.format.def().exits);
+            let failure = failure_message(&o, spec.format.def().exits);
             let mut run = match failure {
                 Some((outcome, why)) => {
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
@@ -230,77 +242,47 @@ fn parse_output(
 }
 
 /// Why a finished child is a failed run, or `None` when its output should be parsed.
-fn failure_message(
-    task: &ProbeTask,
-    o: &process::ChildOutcome,
-    exits: output::Exits,
-) -> Option<(Outcome, String)> {
-    let stderr = o.stderr_text();
-    // A script that exits non-zero explaining itself on stdout (a Nagios plugin's status
-    // line) is heard too.
-    let first_stdout = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .map(|l| l.chars().take(200).collect::<String>())
-        .unwrap_or_default();
-    let with_stderr = |msg: String| {
-        if stderr.is_empty() {
-            msg
-        } else {
-            format!("{msg}: {}", last_line(&stderr))
+fn failure_message(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outcome, String)> {
+    // An exit code the format reads as an answer (a Nagios WARNING, a health check's verdict
+    // in ClassAd) is not a failure.
+    if let (Ending::Finished, Exit::Code(c)) = (&o.ending, o.exit) {
+        if exits.reads(c, &o.stdout) {
+            return None;
         }
-    };
-    let with_output = |msg: String| {
-        if stderr.is_empty() && !first_stdout.is_empty() {
-            format!("{msg}: {first_stdout}")
-        } else {
-            with_stderr(msg)
-        }
-    };
-    match &o.ending {
-        Ending::OutputOverflow { .. } => Some((
-            Outcome::Failed,
-            format!("output exceeds {} bytes", process::DEFAULT_STDOUT_CAP),
-        )),
-        Ending::TimedOut {
-            killed,
-            exited_before_deadline,
-        } => {
-            let how = if *killed {
-                "killed after SIGTERM grace"
-            } else {
-                "terminated"
-            };
-            let what = if *exited_before_deadline {
-                "exited, but a background process kept its output open"
-            } else {
-                "did not finish"
-            };
-            Some((
-                Outcome::TimedOut,
-                with_stderr(format!(
-                    "timed out after {}: {what}; process group {how}",
-                    humantime::format_duration(task.timeout)
-                )),
-            ))
-        }
-        Ending::Finished => match o.exit {
-            Exit::Code(c) if exits.reads(c, &o.stdout) => None,
-            Exit::Code(c) => Some((
-                Outcome::Failed,
-                with_output(match exits.meaning(c) {
-                    Some(m) => format!("exited with status {c} ({m})"),
-                    None => format!("exited with status {c}"),
-                }),
-            )),
-            Exit::Signal(s) => Some((
-                Outcome::Failed,
-                with_stderr(format!("killed by signal {}", signal_name(s))),
-            )),
-            Exit::Unreaped => Some((Outcome::Failed, "did not exit".to_owned())),
-        },
     }
+    let why = o.failure()?;
+    let outcome = if o.ending.is_timeout() {
+        Outcome::TimedOut
+    } else {
+        Outcome::Failed
+    };
+    let stderr = o.stderr_text();
+    let why = match (&o.ending, o.exit) {
+        (Ending::Finished, Exit::Code(c)) => {
+            let why = match exits.meaning(c) {
+                Some(m) => format!("{why} ({m})"),
+                None => why,
+            };
+            // A script that exits non-zero explaining itself on stdout (a Nagios plugin's
+            // status line) is heard too.
+            let first_stdout = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .map(|l| l.chars().take(200).collect::<String>());
+            match first_stdout {
+                _ if !stderr.is_empty() => format!("{why}: {}", last_line(&stderr)),
+                Some(line) => format!("{why}: {line}"),
+                None => why,
+            }
+        }
+        // The cap message stands alone: what the probe wrote to stderr is not why.
+        (Ending::OutputOverflow { .. }, _) => why,
+        _ if o.exit == Exit::Unreaped => why,
+        _ if stderr.is_empty() => why,
+        _ => format!("{why}: {}", last_line(&stderr)),
+    };
+    Some((outcome, why))
 }
 
 /// The last non-blank line: the one a failing script's stderr usually explains itself in.
@@ -312,10 +294,7 @@ pub fn last_line(s: &str) -> &str {
         .unwrap_or("")
 }
 
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
-}
+pub use process::signal_name;
 
 /// How often the same probe's stderr may be logged when its text does not change.
 pub const STDERR_LOG_EVERY: Duration = Duration::from_secs(60);

@@ -3,14 +3,18 @@
 //! needs to debug it.
 
 pub mod builtin;
+pub mod cgroup;
+pub mod child;
 pub mod debug;
 pub mod exec;
 pub mod file;
 pub mod output;
-pub mod process;
 pub mod reaper;
 pub mod security;
 pub mod stream;
+
+/// The child engine's former name, for callers not yet moved to `child`.
+pub use child as process;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -6,15 +6,15 @@
 //!
 //! tokio waits for the children it spawned by pid; a `waitpid(-1)` here would steal their exit
 //! statuses. So the reaper only reaps zombies that are *not* registered: every child the agent
-//! spawns goes through [`spawn_registered`], which holds the registry lock across the fork so
+//! spawns goes through [`start_registered`], which holds the registry lock across the fork so
 //! the reaper can never see an unregistered child of ours, and keeps the pid registered until
 //! the `Child` is gone (waited for, or handed to tokio's own orphan queue, where a reap by us
 //! is harmless). On SIGCHLD the reaper lists our zombie children from
 //! `/proc/self/task/*/children` and `waitpid`s the unregistered ones with `WNOHANG`.
 //!
-//! Limit: a grandchild that calls `setsid` leaves the probe's process group and is not killed
-//! with it (only a cgroup per probe would catch it). The agent never waits on its pipes past
-//! the deadline, and once it exits its zombie is reaped here.
+//! A grandchild that calls `setsid` leaves the probe's process group; where cgroups are
+//! writable it is still ended with its run (`cgroup.rs`), and once it exits its zombie is
+//! reaped here.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -47,14 +47,13 @@ impl Drop for Registered {
     }
 }
 
-/// Spawn `cmd` and register its pid atomically with respect to the reaper. Every child the
-/// agent starts must be spawned through here once the reaper runs.
-pub fn spawn_registered(
-    cmd: &mut tokio::process::Command,
-) -> io::Result<(tokio::process::Child, Registered)> {
+/// Start a child with `start` (which returns it and its pid) and register the pid atomically
+/// with respect to the reaper. Every child the agent starts goes through here.
+pub fn start_registered<T, E>(
+    start: impl FnOnce() -> Result<(T, i32), E>,
+) -> Result<(T, Registered), E> {
     let mut reg = registry();
-    let child = cmd.spawn()?;
-    let pid = child.id().map_or(0, |p| p as i32);
+    let (child, pid) = start()?;
     reg.insert(pid);
     Ok((child, Registered(pid)))
 }

@@ -45,8 +45,10 @@ impl fmt::Display for InsecureProgram {
         let p = self.path.display();
         let what = if self.path == self.program {
             format!("{p}")
-        } else {
+        } else if self.program.starts_with(&self.path) {
             format!("{p} (a directory above {})", self.program.display())
+        } else {
+            format!("{p} (the interpreter or script it runs, or a directory above it)")
         };
         match &self.problem {
             Problem::WritableByOthers { mode } => write!(
@@ -171,19 +173,22 @@ pub enum Verdict {
     Unenforced(String),
 }
 
-/// Check the program `command` (the first word of a probe's `command:`), resolved to
-/// `program`: it exists, is an executable regular file, and passes [`check_program`] (only
-/// enforced when the agent is root). `run_as_uid`: the user the probe runs as.
+/// Check a probe's `command:` (argv; the first word resolved to `program`): the program
+/// exists, is an executable regular file, and it, its `#!` interpreter and the scripts it is
+/// given pass [`check_command`] (only enforced when the agent is root). `run_as_uid`: the
+/// user the probe runs as.
 pub fn verdict(
     program: &Path,
-    command: &str,
+    command: &[String],
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
 ) -> Verdict {
-    if let Err(e) = check_runnable(program, command, plugin_dir) {
+    let name = command.first().map_or("", String::as_str);
+    if let Err(e) = check_runnable(program, name, plugin_dir) {
         return Verdict::Problem(e);
     }
-    match check_program(program, run_as_uid) {
+    let args = command.get(1..).unwrap_or_default();
+    match check_command(program, args, plugin_dir, run_as_uid) {
         Ok(()) => Verdict::Ok,
         Err(e) if enforced() => Verdict::Refused(e.to_string()),
         Err(e) => Verdict::Unenforced(e.to_string()),
@@ -218,6 +223,213 @@ pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Resul
             mode & 0o7777,
             p = program.display()
         ));
+    }
+    Ok(())
+}
+
+/// Interpreters whose first non-option argument is the script they run: that script gets the
+/// same rule as a program (`command: [/bin/sh, dir/evil.sh]` must not slip past the check).
+const INTERPRETERS: &[&str] = &[
+    "sh", "bash", "dash", "ksh", "mksh", "zsh", "csh", "tcsh", "fish", "perl", "python", "ruby",
+    "lua", "tclsh", "php", "node", "Rscript",
+];
+
+fn is_interpreter(program: &Path) -> bool {
+    let Some(name) = program.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    INTERPRETERS.contains(&name)
+        || name
+            .strip_prefix("python")
+            .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        || name
+            .strip_prefix("perl")
+            .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+}
+
+/// The script an interpreter is given: its first argument that is not an option, unless an
+/// option says the code is inline (`-c`, `-e`). Relative to `/`, the probe's cwd.
+fn interpreter_script(args: &[String]) -> Option<PathBuf> {
+    for a in args {
+        if a == "-c" || a == "-e" || a == "-E" {
+            return None;
+        }
+        if !a.starts_with('-') {
+            return Some(Path::new("/").join(a));
+        }
+    }
+    None
+}
+
+/// Every file a command runs or feeds to an interpreter, besides the program itself: the
+/// interpreter's script and any argument that is a path under `plugin_dir`.
+fn scripts_among_args(program: &Path, args: &[String], plugin_dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    if is_interpreter(program) {
+        files.extend(interpreter_script(args));
+    }
+    for a in args {
+        let p = Path::new(a);
+        // Only files that exist: an argument may name an output the probe will create.
+        if p.is_absolute()
+            && p.starts_with(plugin_dir)
+            && p.exists()
+            && !files.iter().any(|f| f == p)
+        {
+            files.push(p.to_owned());
+        }
+    }
+    files
+}
+
+/// The interpreter(s) a file's `#!` line names: the path, and for `#!/usr/bin/env NAME` also
+/// NAME as found on the probes' PATH.
+fn shebang_interpreters(file: &Path) -> Vec<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(file)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let Some(line) = head[..n].strip_prefix(b"#!") else {
+        return Vec::new();
+    };
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    let text = String::from_utf8_lossy(line);
+    let mut words = text.split_whitespace();
+    let Some(interp) = words.next() else {
+        return Vec::new();
+    };
+    let mut found = vec![PathBuf::from(interp)];
+    if Path::new(interp).file_name().is_some_and(|n| n == "env") {
+        if let Some(name) = words.find(|w| !w.starts_with('-')) {
+            let on_path = super::child::PROBE_PATH
+                .split(':')
+                .map(|d| Path::new(d).join(name))
+                .find(|p| p.is_file());
+            found.extend(on_path);
+        }
+    }
+    found
+}
+
+/// What a cached verdict was given for: the identity of a file and of its directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    uid: u32,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Identity {
+    fn of(path: &Path) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            mode: m.mode(),
+            uid: m.uid(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// A passed walk: the identities of the file and its directory when it passed, and the
+/// interpreters its `#!` names (read during the walk).
+#[derive(Debug, Clone)]
+struct PassedWalk {
+    file: Identity,
+    dir: Identity,
+    interpreters: Vec<PathBuf>,
+}
+
+type VerdictCache = std::collections::HashMap<(PathBuf, Option<u32>), PassedWalk>;
+
+fn verdicts() -> std::sync::MutexGuard<'static, VerdictCache> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<VerdictCache>> = std::sync::OnceLock::new();
+    CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn walk_counts() -> std::sync::MutexGuard<'static, std::collections::HashMap<PathBuf, u64>> {
+    static WALKS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<PathBuf, u64>>> =
+        std::sync::OnceLock::new();
+    WALKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// How many full walks `path` has had (tests see whether a run re-walked).
+pub fn full_walks(path: &Path) -> u64 {
+    walk_counts().get(path).copied().unwrap_or(0)
+}
+
+/// `check_program` once per file, not once per run: a passed verdict is reused while the file
+/// and its directory keep the identity (dev, ino, mode, owner, mtime, ctime) they had when it
+/// passed — two stat calls. Replacing the file, or swapping its directory for another (a
+/// rename, a new directory in its place), changes one of them and the full walk runs again;
+/// so does any chmod or chown of either (ctime). Returns the `#!` interpreters of the file.
+fn check_file_cached(
+    path: &Path,
+    run_as_uid: Option<Uid>,
+) -> Result<Vec<PathBuf>, InsecureProgram> {
+    let key = (path.to_owned(), run_as_uid.map(|u| u.as_raw()));
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let now = Identity::of(path).zip(Identity::of(dir));
+    if let (Some((file, dir_id)), Some(v)) = (&now, verdicts().get(&key)) {
+        if *file == v.file && *dir_id == v.dir {
+            return Ok(v.interpreters.clone());
+        }
+    }
+    *walk_counts().entry(path.to_owned()).or_default() += 1;
+    // Identities first, then the walk: a change between the two re-walks next run.
+    let before = Identity::of(path).zip(Identity::of(dir));
+    let walked = check_program(path, run_as_uid);
+    let mut cache = verdicts();
+    if walked.is_err() {
+        cache.remove(&key);
+    }
+    walked?;
+    let interpreters = shebang_interpreters(path);
+    if let Some((file, dir)) = before {
+        cache.insert(
+            key,
+            PassedWalk {
+                file,
+                dir,
+                interpreters: interpreters.clone(),
+            },
+        );
+    }
+    Ok(interpreters)
+}
+
+/// The whole rule for a command: the program, the interpreters its `#!` names, the script an
+/// interpreter is given, and any argument that is a path under `plugin_dir`.
+pub fn check_command(
+    program: &Path,
+    args: &[String],
+    plugin_dir: &Path,
+    run_as_uid: Option<Uid>,
+) -> Result<(), InsecureProgram> {
+    let interpreters = check_file_cached(program, run_as_uid)?;
+    for i in interpreters {
+        check_file_cached(&i, run_as_uid).map_err(|e| InsecureProgram {
+            program: program.to_owned(),
+            ..e
+        })?;
+    }
+    for script in scripts_among_args(program, args, plugin_dir) {
+        check_file_cached(&script, run_as_uid).map_err(|e| InsecureProgram {
+            program: program.to_owned(),
+            ..e
+        })?;
     }
     Ok(())
 }

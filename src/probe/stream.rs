@@ -14,12 +14,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::child::{self as process, Child, Exit, Got, Reader};
 use super::exec::{self, ExecDetail, OutputLog};
-use super::process::{self, signal_group, Exit, Spawned, Tail};
 use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
 use crate::config::{Format, StreamSpec};
 use crate::plan::ProbeTask;
@@ -35,8 +34,6 @@ pub const BACKOFF_START: Duration = Duration::from_secs(1);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// A child that ran this long (and said something) earns a fresh backoff.
 pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
-/// After the group is killed, how long pipes may still be drained.
-const AFTER_KILL_DRAIN: Duration = Duration::from_millis(200);
 
 /// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
 /// then the probe's `env:` (which may override them).
@@ -234,50 +231,11 @@ pub async fn supervise(
     }
 }
 
-async fn read_opt<R: AsyncRead + Unpin>(
-    r: &mut Option<R>,
-    buf: &mut [u8],
-) -> std::io::Result<usize> {
-    match r {
-        Some(r) => r.read(buf).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Stop a stream child: SIGTERM to the group, the grace period, SIGKILL, then reap the leader
-/// (off this task if the kernel holds it).
-async fn stop(mut s: Spawned, grace: Duration) -> Option<Exit> {
-    signal_group(s.pgid, nix::sys::signal::Signal::SIGTERM);
-    let status = match tokio::time::timeout(grace, s.child.wait()).await {
-        Ok(Ok(st)) => Some(st),
-        _ => None,
-    };
-    signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
-    let status = match status {
-        Some(st) => Some(st),
-        None => tokio::time::timeout(AFTER_KILL_DRAIN, s.child.wait())
-            .await
-            .ok()
-            .and_then(Result::ok),
-    };
-    match status {
-        Some(st) => Some(process::exit_of(st)),
-        None => {
-            tokio::spawn(async move {
-                let _ = s.child.wait().await;
-                drop(s.registered);
-            });
-            None
-        }
-    }
-}
-
-fn exit_text(exit: Exit) -> String {
-    match exit {
-        Exit::Code(c) => format!("exited with status {c}"),
-        Exit::Signal(s) => format!("killed by signal {}", exec::signal_name(s)),
-        Exit::Unreaped => "did not exit".into(),
-    }
+/// Stop a stream child with the engine's one termination routine; the exit, if it came.
+async fn stop(child: &mut Child, reader: &mut Reader, grace: Duration) -> Option<Exit> {
+    child.terminate(reader, grace).await;
+    child.end_rest();
+    child.exit()
 }
 
 /// Run the child once, applying its lines, until it exits, hangs or the probe is cancelled.
@@ -291,40 +249,36 @@ async fn run_child(
     said_something: &mut bool,
 ) -> End {
     let env = stream_env(task, spec, &ctx.host);
-    let (child_spec, _user) = match exec::child_spec(task, &spec.exec, ctx, env) {
+    let (mut child_spec, _user) = match exec::child_spec(task, &spec.exec, ctx, env) {
         Ok(c) => c,
         Err(e) => return End::Restart(e),
     };
-    let mut s = match process::spawn(&child_spec) {
-        Ok(s) => s,
+    // Lines are applied as they come; nothing of stdout needs keeping.
+    child_spec.stdout_cap = 0;
+    let (mut child, mut reader) = match Child::start(&child_spec) {
+        Ok(c) => c,
         Err(e) => return End::Restart(e.to_string()),
     };
-    let mut out_pipe = s.child.stdout.take();
-    let mut err_pipe = s.child.stderr.take();
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut err_lines = LineSplitter::new(4096);
-    let mut err_tail = Tail::new(process::DEFAULT_STDERR_TAIL);
-    let mut out_chunk = vec![0u8; 8192];
-    let mut err_chunk = vec![0u8; 4096];
     let mut batch = Vec::new();
     let mut silent_until = Instant::now() + task.stale_after;
     let mut marked_stale = false;
-    let mut exited: Option<Exit> = None;
-    let mut drain_until: Option<Instant> = None;
     loop {
-        if exited.is_some() && out_pipe.is_none() && err_pipe.is_none() {
+        if child.exited() {
+            // The rest of the group and cgroup goes with the leader; what they wrote is
+            // still read for a moment, but never waited on.
+            child.drain_after_exit(&mut reader).await;
             break;
         }
-        let wake = drain_until.unwrap_or(silent_until);
         tokio::select! {
             _ = cancel.cancelled() => {
-                stop(s, child_spec.grace).await;
+                stop(&mut child, &mut reader, child_spec.grace).await;
                 return End::Cancelled;
             }
-            r = read_opt(&mut out_pipe, &mut out_chunk) => match r {
-                Ok(0) | Err(_) => out_pipe = None,
-                Ok(n) => {
-                    lines.push(&out_chunk[..n], &mut batch);
+            got = reader.next(), if reader.open() => match got {
+                Got::Stdout(chunk) => {
+                    lines.push(&chunk, &mut batch);
                     for line in batch.drain(..) {
                         *said_something = true;
                         silent_until = Instant::now() + task.stale_after;
@@ -332,13 +286,9 @@ async fn run_child(
                         apply_line(task, spec, store, log, line);
                     }
                 }
-            },
-            r = read_opt(&mut err_pipe, &mut err_chunk) => match r {
-                Ok(0) | Err(_) => err_pipe = None,
-                Ok(n) => {
-                    err_tail.push(&err_chunk[..n]);
+                Got::Stderr(chunk) => {
                     let mut got = Vec::new();
-                    err_lines.push(&err_chunk[..n], &mut got);
+                    err_lines.push(&chunk, &mut got);
                     for l in got {
                         if let Line::Complete(l) = l {
                             let text = String::from_utf8_lossy(&l);
@@ -348,20 +298,12 @@ async fn run_child(
                         }
                     }
                 }
+                Got::Closed => {}
             },
-            st = s.child.wait(), if exited.is_none() => {
-                exited = Some(st.map_or(Exit::Code(-1), process::exit_of));
-                // The rest of the group goes with the leader; what they wrote is still read
-                // for a moment, but never waited on.
-                signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
-                drain_until = Some(Instant::now() + AFTER_KILL_DRAIN);
-            }
-            _ = sleep_until(wake) => {
-                if drain_until.is_some() {
-                    break;
-                }
+            _ = child.wait() => {}
+            _ = sleep_until(silent_until) => {
                 if spec.restart_on_silence {
-                    stop(s, child_spec.grace).await;
+                    stop(&mut child, &mut reader, child_spec.grace).await;
                     record_all(store, task, Reading::Stale(silence_text(task)));
                     return End::Hung;
                 }
@@ -377,9 +319,9 @@ async fn run_child(
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
     }
-    let exit = exited.unwrap_or(Exit::Unreaped);
-    let stderr = err_tail.text();
-    let mut why = exit_text(exit);
+    let exit = child.exit().unwrap_or(Exit::Unreaped);
+    let stderr = reader.stderr.text();
+    let mut why = exit.to_string();
     if let Some(last) = stderr.lines().rev().find(|l| !l.trim().is_empty()) {
         why = format!("{why}: {}", last.trim());
     }
@@ -430,6 +372,16 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
     }
 }
 
+/// How waiting for a stream's first values ended.
+enum FirstValues {
+    Got,
+    /// The deadline passed without a complete line of values.
+    TimedOut,
+    Bad(String),
+    /// The child ended (or could not be read) before reporting anything.
+    Ended,
+}
+
 /// `--once` / `probe NAME`: start the stream, take the first line that gives values (for kv:
 /// until every fed resource has one or a line that is not `name = value` ends the set), or
 /// fail at the task timeout; then stop the group.
@@ -458,131 +410,119 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     };
     detail.argv[0] = child_spec.program.display().to_string();
     detail.user = user;
-    let mut s = match process::spawn(&child_spec) {
-        Ok(s) => s,
+    let (mut child, mut reader) = match Child::start(&child_spec) {
+        Ok(c) => c,
         Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
     };
-    let mut out_pipe = s.child.stdout.take();
-    let mut err_pipe = s.child.stderr.take();
     let mut lines = LineSplitter::new(MAX_LINE);
-    let mut err_tail = Tail::new(process::DEFAULT_STDERR_TAIL);
-    let mut out_chunk = vec![0u8; 8192];
-    let mut err_chunk = vec![0u8; 4096];
     let mut batch = Vec::new();
     let mut pairs: Vec<output::Pair> = Vec::new();
     let deadline = t0 + task.timeout;
-    let mut exited: Option<Exit> = None;
-    let mut result: Option<Result<(), String>> = None;
     let mut wake = deadline;
+    let mut result: Option<FirstValues> = None;
     while result.is_none() {
-        if exited.is_some() && out_pipe.is_none() && err_pipe.is_none() {
+        if child.exited() && !reader.open() {
             break;
         }
         tokio::select! {
-            r = read_opt(&mut out_pipe, &mut out_chunk) => match r {
-                Ok(0) | Err(_) => out_pipe = None,
-                Ok(n) => {
-                    if detail.stdout.len() < process::DEFAULT_STDOUT_CAP {
-                        detail.stdout.extend_from_slice(&out_chunk[..n]);
+            got = reader.next(), if reader.open() => if let Got::Stdout(chunk) = got {
+                lines.push(&chunk, &mut batch);
+                for line in batch.drain(..) {
+                    if result.is_some() {
+                        break;
                     }
-                    lines.push(&out_chunk[..n], &mut batch);
-                    for line in batch.drain(..) {
-                        if result.is_some() {
+                    let bytes = match line {
+                        Line::TooLong => {
+                            result = Some(FirstValues::Bad(format!("line longer than {MAX_LINE} bytes")));
                             break;
                         }
-                        let bytes = match line {
-                            Line::TooLong => {
-                                result = Some(Err(format!("line longer than {MAX_LINE} bytes")));
-                                break;
-                            }
-                            Line::Complete(b) => b,
-                        };
-                        match parse_line(spec.exec.format, &bytes, &task.name) {
-                            LineValues::Nothing => {}
-                            LineValues::Error(e) => {
-                                result = Some(Err(format!("bad {} line: {e}", spec.exec.format.as_str())));
-                            }
-                            LineValues::Pairs(p) => {
-                                for (k, v) in p {
-                                    match pairs.iter_mut().find(|(n, _)| *n == k) {
-                                        Some(slot) => slot.1 = v,
-                                        None => pairs.push((k, v)),
-                                    }
+                        Line::Complete(b) => b,
+                    };
+                    match parse_line(spec.exec.format, &bytes, &task.name) {
+                        LineValues::Nothing => {}
+                        LineValues::Error(e) => {
+                            result = Some(FirstValues::Bad(format!("bad {} line: {e}", spec.exec.format.as_str())));
+                        }
+                        LineValues::Pairs(p) => {
+                            for (k, v) in p {
+                                match pairs.iter_mut().find(|(n, _)| *n == k) {
+                                    Some(slot) => slot.1 = v,
+                                    None => pairs.push((k, v)),
                                 }
-                                let complete = spec.exec.format != Format::Kv
-                                    || task.feeds.iter().all(|f| pairs.iter().any(|(n, _)| *n == f.name));
-                                if complete {
-                                    result = Some(Ok(()));
-                                }
+                            }
+                            let complete = spec.exec.format != Format::Kv
+                                || task.feeds.iter().all(|f| pairs.iter().any(|(n, _)| *n == f.name));
+                            if complete {
+                                result = Some(FirstValues::Got);
                             }
                         }
                     }
                 }
             },
-            r = read_opt(&mut err_pipe, &mut err_chunk) => match r {
-                Ok(0) | Err(_) => err_pipe = None,
-                Ok(n) => err_tail.push(&err_chunk[..n]),
-            },
-            st = s.child.wait(), if exited.is_none() => {
-                exited = Some(st.map_or(Exit::Code(-1), process::exit_of));
+            _ = child.wait(), if !child.exited() => {
                 // Lines already written are still read; a grandchild holding the pipe is not
                 // waited for.
-                signal_group(s.pgid, nix::sys::signal::Signal::SIGKILL);
-                wake = wake.min(Instant::now() + AFTER_KILL_DRAIN);
+                child.end_rest();
+                wake = wake.min(Instant::now() + process::AFTER_KILL_DRAIN);
             }
             _ = sleep_until(wake) => {
-                if exited.is_some() && pairs.is_empty() {
-                    // Exited; what it wrote has been read (or is held by an escaped child).
-                    break;
-                }
-                if !pairs.is_empty() {
+                result = Some(if !pairs.is_empty() {
                     // kv: the probe printed some of its values and then paused.
-                    result = Some(Ok(()));
+                    FirstValues::Got
+                } else if child.exited() {
+                    // Exited; what it wrote has been read (or is held by an escaped child).
+                    FirstValues::Ended
                 } else {
-                    result = Some(Err(format!(
-                        "timed out after {}: no complete line with values",
-                        humantime::format_duration(task.timeout)
-                    )));
-                }
+                    FirstValues::TimedOut
+                });
             }
         }
     }
     // The pipes stay open while the child is stopped: closing them first would turn a clean
     // TERM exit into SIGPIPE.
-    let exit = match exited {
-        Some(e) => Some(e),
-        None => stop(s, child_spec.grace).await,
+    let exit = match child.exit() {
+        Some(e) => {
+            child.end_rest();
+            Some(e)
+        }
+        None => stop(&mut child, &mut reader, child_spec.grace).await,
     };
-    drop((out_pipe, err_pipe));
     detail.exit = exit;
-    detail.stderr = err_tail.text();
+    detail.stderr = reader.stderr.text();
+    detail.stdout = std::mem::take(&mut reader.stdout);
+    drop(reader);
     let duration = t0.elapsed();
-    let result = match result {
-        Some(r) => r,
-        None => {
-            let ex = exit.map_or_else(|| "did not exit".to_owned(), exit_text);
-            Err(if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) {
-                format!("elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): nothing to report on this host")
-            } else {
-                format!("{ex} before reporting any values")
-            })
+    let (outcome, why) = match result.unwrap_or(FirstValues::Ended) {
+        FirstValues::Got => {
+            let mut run = ProbeRun::from_pairs(task, started, duration, pairs);
+            run.exec = Some(detail);
+            return run;
         }
+        FirstValues::TimedOut => (
+            Outcome::TimedOut,
+            format!(
+                "timed out after {}: no complete line with values",
+                humantime::format_duration(task.timeout)
+            ),
+        ),
+        FirstValues::Bad(why) => (Outcome::Failed, why),
+        FirstValues::Ended if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) => (
+            Outcome::Failed,
+            format!("elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): nothing to report on this host"),
+        ),
+        FirstValues::Ended => (
+            Outcome::Failed,
+            format!(
+                "{} before reporting any values",
+                exit.map_or_else(|| "did not exit".to_owned(), |e| e.to_string())
+            ),
+        ),
     };
-    let mut run = match result {
-        Err(why) => {
-            let why = match detail.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-                Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
-                _ => why,
-            };
-            let outcome = if why.starts_with("timed out") {
-                Outcome::TimedOut
-            } else {
-                Outcome::Failed
-            };
-            ProbeRun::all_failed(task, started, duration, outcome, why)
-        }
-        Ok(()) => ProbeRun::from_pairs(task, started, duration, pairs),
+    let why = match detail.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+        Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
+        _ => why,
     };
+    let mut run = ProbeRun::all_failed(task, started, duration, outcome, why);
     run.exec = Some(detail);
     run
 }

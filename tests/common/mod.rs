@@ -231,3 +231,17 @@ pub fn require_tool(program: &str, args: &[&str], install: &str) {
         .is_ok_and(|o| o.status.success());
     assert!(ok, "this test needs `{program}` (install: {install})");
 }
+
+/// Block until `path` exists (a file a probe writes: there is no event to wait on), with a
+/// hang guard, not a timing threshold.
+pub fn wait_for_file(path: &Path) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

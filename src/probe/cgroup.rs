@@ -1,0 +1,581 @@
+//! Containment with cgroup v2: each probe in its own cgroup, each run ended with `cgroup.kill`,
+//! so nothing a probe starts (a `setsid` daemon, a double fork) outlives its run.
+//!
+//! Layout, under the agent's own cgroup `<own>` on the writable v2 mount (found in
+//! `/proc/self/mountinfo`: `/sys/fs/cgroup` on a unified host, `/sys/fs/cgroup/unified` on a
+//! hybrid one):
+//!
+//! ```text
+//! <base>/agent/          the agent itself (a cgroup with children may not hold processes)
+//! <base>/probes/<name>/  one per probe; every run is cloned straight into it
+//! ```
+//!
+//! `<base>` is `<own>` when systemd started the agent as a service (`Delegate=yes` hands it
+//! that subtree), otherwise `<own>/xce-agent.<pid>`: several agents (or test processes) on one
+//! host never share a subtree, and one that died is cleaned up by the next one to start.
+//! Where no v2 hierarchy is writable (not root, v1-only host) probes are contained by process
+//! group only, and the log and `check` say so.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use nix::fcntl::{open, OFlag};
+use nix::sys::stat::Mode;
+
+use crate::config::Limits;
+
+/// Controllers the agent enables for its probes where the parent offers them.
+const WANTED: [&str; 3] = ["cpu", "memory", "pids"];
+
+/// Where probes are contained, or why they are not.
+#[derive(Debug)]
+pub enum Containment {
+    Cgroups(Tree),
+    ProcessGroups(String),
+}
+
+/// The agent's subtree.
+#[derive(Debug)]
+pub struct Tree {
+    pub base: PathBuf,
+    /// Controllers enabled for the probes' cgroups.
+    pub controllers: Vec<String>,
+    /// The cgroup the agent was in before it moved into `agent/`, to go back to at shutdown.
+    origin: PathBuf,
+    /// `<base>` was made by us (and is removed at shutdown), not handed over by systemd.
+    own_base: bool,
+    probes: Mutex<HashMap<String, Arc<ProbeCgroup>>>,
+}
+
+/// One probe's cgroup, held open.
+#[derive(Debug)]
+pub struct ProbeCgroup {
+    pub name: String,
+    pub path: PathBuf,
+    /// `O_PATH` directory, for clone3's `CLONE_INTO_CGROUP`.
+    pub dir: OwnedFd,
+    /// `cgroup.procs` open for writing, for the clone(2) fallback.
+    pub procs: OwnedFd,
+    /// `cgroup.events` and `cgroup.kill` (Linux 5.14+), held open: ending a run costs one
+    /// read, and one write when something is left.
+    events: Option<std::fs::File>,
+    kill_file: Option<std::fs::File>,
+    limits: Mutex<(Option<u64>, Option<u64>)>,
+}
+
+/// What the host offers, found without changing anything (for `check`).
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub mount: PathBuf,
+    pub own: PathBuf,
+    pub controllers: Vec<String>,
+}
+
+static STATE: OnceLock<Containment> = OnceLock::new();
+
+/// The v2 mount point and the agent's cgroup in it.
+pub fn detect() -> Result<Host, String> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let (mount, root) = v2_mount(&mountinfo).ok_or("no cgroup v2 hierarchy is mounted")?;
+    let cgroup = fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let path = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("the agent has no cgroup v2 path in /proc/self/cgroup")?;
+    let relative = Path::new(path)
+        .strip_prefix(&root)
+        .unwrap_or(Path::new(path))
+        .strip_prefix("/")
+        .unwrap_or(Path::new(""))
+        .to_owned();
+    let own = mount.join(relative);
+    let controllers = read_words(&own.join("cgroup.controllers"));
+    Ok(Host {
+        mount,
+        own,
+        controllers,
+    })
+}
+
+/// The first cgroup2 mount of `mountinfo`: (mount point, root within the hierarchy).
+fn v2_mount(mountinfo: &str) -> Option<(PathBuf, PathBuf)> {
+    mountinfo.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        if after.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let mut f = before.split_whitespace();
+        let root = f.nth(3)?;
+        let point = f.next()?;
+        Some((
+            PathBuf::from(unescape(point)),
+            PathBuf::from(unescape(root)),
+        ))
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes.
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+fn read_words(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .map(|s| s.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Set up containment once per process (daemon, `--once`, `probe NAME`) and log which.
+pub fn init() -> &'static Containment {
+    STATE.get_or_init(|| match set_up() {
+        Ok(tree) => {
+            tracing::info!(
+                cgroup = %tree.base.display(),
+                controllers = %tree.controllers.join(" "),
+                "probes are contained: each in its own cgroup, each run ended with cgroup.kill"
+            );
+            Containment::Cgroups(tree)
+        }
+        Err(why) => {
+            tracing::warn!("{}", fallback_text(&why));
+            Containment::ProcessGroups(why)
+        }
+    })
+}
+
+/// The sentence the log and `check` give when there is no containment.
+pub fn fallback_text(why: &str) -> String {
+    format!("no cgroup containment ({why}): probes are contained by process group only, so a descendant that calls setsid can outlive its run")
+}
+
+/// One line for `check`: what containment the agent would get here, without setting it up.
+pub fn check_text() -> String {
+    let host = match detect() {
+        Ok(h) => h,
+        Err(why) => return fallback_text(&why),
+    };
+    let controllers = if host.controllers.is_empty() {
+        "none".to_owned()
+    } else {
+        host.controllers.join(" ")
+    };
+    match nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK) {
+        Ok(()) => format!(
+            "containment: each probe in its own cgroup under {} (cgroup v2 at {}; controllers available: {controllers})",
+            host.own.display(),
+            host.mount.display()
+        ),
+        Err(e) => fallback_text(&format!(
+            "{} is not writable: {e}; controllers available: {controllers}",
+            host.own.display()
+        )),
+    }
+}
+
+/// The tree, if `init` set one up.
+pub fn active() -> Option<&'static Tree> {
+    match STATE.get() {
+        Some(Containment::Cgroups(t)) => Some(t),
+        _ => None,
+    }
+}
+
+fn set_up() -> Result<Tree, String> {
+    let host = detect()?;
+    let io = |what: &str, p: &Path, e: io::Error| format!("cannot {what} {}: {e}", p.display());
+    let delegated = std::env::var_os("INVOCATION_ID").is_some()
+        && host.own.extension().is_some_and(|e| e == "service");
+    let base = if delegated {
+        host.own.clone()
+    } else {
+        remove_dead_siblings(&host.own);
+        host.own.join(format!("xce-agent.{}", std::process::id()))
+    };
+    if !delegated {
+        fs::create_dir(&base).map_err(|e| io("create", &base, e))?;
+    }
+    let undo = |base: &Path| {
+        let _ = fs::remove_dir(base.join("agent"));
+        if !delegated {
+            let _ = fs::remove_dir(base);
+        }
+    };
+    let agent = base.join("agent");
+    if let Err(e) = fs::create_dir(&agent)
+        .or_else(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .and_then(|()| fs::write(agent.join("cgroup.procs"), "0"))
+    {
+        undo(&base);
+        return Err(io("move the agent into", &agent, e));
+    }
+    let probes = base.join("probes");
+    let made = fs::create_dir(&probes).or_else(|e| {
+        if e.kind() == io::ErrorKind::AlreadyExists {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    });
+    if let Err(e) = made {
+        let _ = fs::write(host.own.join("cgroup.procs"), "0");
+        undo(&base);
+        return Err(io("create", &probes, e));
+    }
+    let controllers = enable_controllers(&base, &probes);
+    Ok(Tree {
+        base,
+        controllers,
+        origin: host.own,
+        own_base: !delegated,
+        probes: Mutex::new(HashMap::new()),
+    })
+}
+
+/// Enable what the parent offers of [`WANTED`] on the way down to the probes' cgroups.
+fn enable_controllers(base: &Path, probes: &Path) -> Vec<String> {
+    let offered = read_words(&base.join("cgroup.controllers"));
+    for dir in [base, probes] {
+        for c in WANTED.iter().filter(|c| offered.iter().any(|o| o == *c)) {
+            if let Err(e) = fs::write(dir.join("cgroup.subtree_control"), format!("+{c}")) {
+                tracing::debug!(controller = c, "cannot enable in {}: {e}", dir.display());
+            }
+        }
+    }
+    read_words(&probes.join("cgroup.subtree_control"))
+}
+
+/// `xce-agent.<pid>` subtrees left by agents that died without cleaning up.
+fn remove_dead_siblings(own: &Path) {
+    let Ok(entries) = fs::read_dir(own) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("xce-agent."))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_tree(&e.path());
+        }
+    }
+}
+
+/// Kill whatever is in a cgroup subtree and remove it, deepest first.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    kill_path(dir);
+    remove_dir_patiently(dir);
+}
+
+/// A cgroup whose last processes are still exiting is busy for a moment.
+fn remove_dir_patiently(dir: &Path) {
+    for _ in 0..100 {
+        match fs::remove_dir(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!("cannot remove cgroup {}: {e}", dir.display());
+                return;
+            }
+            _ => return,
+        }
+    }
+    tracing::warn!("cannot remove cgroup {}: still busy", dir.display());
+}
+
+/// `cgroup.kill` (Linux 5.14); before it, SIGKILL to each process listed until none is left.
+fn kill_path(dir: &Path) {
+    if fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    for _ in 0..100 {
+        let pids = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let mut any = false;
+        for pid in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            any = true;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if !any {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A directory name for a probe: resource names are LSF names, but never trust a path.
+fn dir_name(probe: &str) -> String {
+    let s: String = probe
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() {
+        "_".into()
+    } else {
+        s
+    }
+}
+
+impl Tree {
+    /// The probe's cgroup, made on first use; `limits` (memory, pids) applied when changed.
+    pub fn probe(&self, name: &str, limits: &Limits) -> io::Result<Arc<ProbeCgroup>> {
+        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        let cg = match probes.get(name) {
+            Some(cg) => cg.clone(),
+            None => {
+                let path = self.base.join("probes").join(dir_name(name));
+                match fs::create_dir(&path) {
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                    _ => {}
+                }
+                let dir = open(
+                    &path,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                let procs = open(
+                    &path.join("cgroup.procs"),
+                    OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                let events = fs::File::open(path.join("cgroup.events")).ok();
+                let kill_file = fs::OpenOptions::new()
+                    .write(true)
+                    .open(path.join("cgroup.kill"))
+                    .ok();
+                let cg = Arc::new(ProbeCgroup {
+                    name: name.to_owned(),
+                    path,
+                    dir: super::child::spawn::above_stdio(dir)?,
+                    procs: super::child::spawn::above_stdio(procs)?,
+                    events,
+                    kill_file,
+                    limits: Mutex::new((None, None)),
+                });
+                probes.insert(name.to_owned(), cg.clone());
+                cg
+            }
+        };
+        drop(probes);
+        cg.apply(limits, &self.controllers);
+        Ok(cg)
+    }
+
+    /// Kill and remove the cgroups of probes not in `keep` (after a reload).
+    pub fn retain(&self, keep: &[&str]) {
+        let gone: Vec<Arc<ProbeCgroup>> = {
+            let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+            let names: Vec<String> = probes
+                .keys()
+                .filter(|n| !keep.contains(&n.as_str()))
+                .cloned()
+                .collect();
+            names.iter().filter_map(|n| probes.remove(n)).collect()
+        };
+        for cg in gone {
+            cg.kill();
+            remove_dir_patiently(&cg.path);
+        }
+    }
+
+    /// At shutdown: every probe's cgroup killed and removed, the agent back where it started,
+    /// its subtree removed.
+    pub fn shut_down(&self) {
+        self.retain(&[]);
+        let probes = self.base.join("probes");
+        remove_tree(&probes);
+        if fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
+            remove_dir_patiently(&self.base.join("agent"));
+            if self.own_base {
+                remove_dir_patiently(&self.base);
+            }
+        }
+    }
+}
+
+/// CPU and memory a probe's runs used, from its cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub cpu: Duration,
+    /// `memory.peak`, where the memory controller is enabled.
+    pub peak_memory: Option<u64>,
+}
+
+impl ProbeCgroup {
+    fn apply(&self, limits: &Limits, enabled: &[String]) {
+        let want = (limits.memory, limits.pids);
+        let mut applied = self.limits.lock().unwrap_or_else(|p| p.into_inner());
+        if *applied == want {
+            return;
+        }
+        for (controller, file, value) in [
+            ("memory", "memory.max", want.0),
+            ("pids", "pids.max", want.1),
+        ] {
+            let text = value.map_or_else(|| "max".to_owned(), |v| v.to_string());
+            if !enabled.iter().any(|c| c == controller) {
+                if value.is_some() {
+                    tracing::warn!(probe = %self.name, "limits: the {controller} controller is not enabled in this cgroup tree; {file} not set");
+                }
+                continue;
+            }
+            if let Err(e) = fs::write(self.path.join(file), &text) {
+                tracing::warn!(probe = %self.name, "cannot set {file} to {text}: {e}");
+            }
+        }
+        *applied = want;
+    }
+
+    /// End everything in the cgroup (the run's leftovers).
+    pub fn kill(&self) {
+        if !self.populated() {
+            return;
+        }
+        use std::io::Write;
+        match &self.kill_file {
+            Some(f) if (&*f).write_all(b"1").is_ok() => {}
+            _ => kill_path(&self.path),
+        }
+    }
+
+    /// Whether any process is in the cgroup (`cgroup.events`; unknown counts as yes).
+    pub fn populated(&self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let text = match &self.events {
+            Some(f) => match f.read_at(&mut buf, 0) {
+                Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+                Err(_) => return true,
+            },
+            None => match fs::read_to_string(self.path.join("cgroup.events")) {
+                Ok(s) => s,
+                Err(_) => return true,
+            },
+        };
+        !text.lines().any(|l| l == "populated 0")
+    }
+
+    pub fn usage(&self) -> Usage {
+        let cpu = fs::read_to_string(self.path.join("cpu.stat"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .map_or(Duration::ZERO, Duration::from_micros);
+        let peak_memory = fs::read_to_string(self.path.join("memory.peak"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        Usage { cpu, peak_memory }
+    }
+}
+
+/// Usage of every probe's cgroup, for `/metrics`.
+pub fn usage_by_probe() -> Vec<(String, Usage)> {
+    let Some(tree) = active() else {
+        return Vec::new();
+    };
+    let probes: Vec<Arc<ProbeCgroup>> = tree
+        .probes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    probes
+        .iter()
+        .map(|cg| (cg.name.clone(), cg.usage()))
+        .collect()
+}
+
+/// One probe's cgroup and its usage, if it has one.
+pub fn usage_of(probe: &str) -> Option<(PathBuf, Usage)> {
+    let cg = active()?
+        .probes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(probe)
+        .cloned()?;
+    Some((cg.path.clone(), cg.usage()))
+}
+
+/// Kill and remove cgroups of probes no longer configured.
+pub fn retain(keep: &[&str]) {
+    if let Some(t) = active() {
+        t.retain(keep);
+    }
+}
+
+/// At agent shutdown.
+pub fn shut_down() {
+    if let Some(t) = active() {
+        t.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_unified_mount_of_a_hybrid_host() {
+        let mi = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
+                  32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
+                  41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            v2_mount(mi),
+            Some(("/sys/fs/cgroup/unified".into(), "/".into()))
+        );
+    }
+
+    #[test]
+    fn a_v1_only_host_has_no_v2_mount() {
+        let mi = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
+        assert_eq!(v2_mount(mi), None);
+    }
+
+    #[test]
+    fn probe_names_never_make_paths() {
+        assert_eq!(dir_name("../etc"), "___etc");
+        assert_eq!(dir_name("gpu_free-1"), "gpu_free-1");
+    }
+}

@@ -1,0 +1,580 @@
+//! The one child engine for exec and stream probes: start a child (own process group, its
+//! probe's cgroup, credentials, limits, cleared environment, stdin /dev/null, stdout and stderr
+//! piped), read its output with one [`Reader`], end it with one termination routine, and say
+//! how it ended with one [`Ending`].
+//!
+//! Never waits on a pipe after the deadline: a backgrounded grandchild can hold it open
+//! forever. The deadline ends the whole group (SIGTERM, a grace period during which output is
+//! still drained, then SIGKILL and `cgroup.kill`).
+
+pub mod output;
+pub mod spawn;
+
+use std::ffi::{CString, OsString};
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::{Gid, Pid, Uid};
+use tokio::io::unix::AsyncFd;
+use tokio::time::{sleep_until, Instant};
+
+pub use output::{Got, Reader, Tail};
+
+use super::cgroup::ProbeCgroup;
+use super::reaper::{self, Registered};
+use crate::config::Limits;
+
+/// The fixed PATH probes get: the environment is cleared, so nothing of the agent's leaks in.
+pub const PROBE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
+pub const DEFAULT_STDOUT_CAP: usize = 64 * 1024;
+pub const DEFAULT_STDERR_TAIL: usize = 4 * 1024;
+/// After SIGKILL, how long pipes may still be drained before we stop waiting on them: only a
+/// process outside the group and the cgroup can still hold them, and we do not wait for it.
+pub const AFTER_KILL_DRAIN: Duration = Duration::from_millis(200);
+
+/// Who a child runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: String,
+    pub uid: Uid,
+    pub gid: Gid,
+    pub groups: Vec<Gid>,
+}
+
+impl Credentials {
+    /// Look a user up and collect its supplementary groups, as login would.
+    pub fn resolve(user: &str) -> Result<Self, String> {
+        let pw = nix::unistd::User::from_name(user)
+            .map_err(|e| format!("cannot look up user {user:?}: {e}"))?
+            .ok_or_else(|| format!("no such user {user:?}"))?;
+        let cname = CString::new(user).map_err(|_| format!("bad user name {user:?}"))?;
+        let groups = nix::unistd::getgrouplist(&cname, pw.gid)
+            .map_err(|e| format!("cannot list groups of {user:?}: {e}"))?;
+        Ok(Self {
+            user: user.to_owned(),
+            uid: pw.uid,
+            gid: pw.gid,
+            groups,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ChildSpec {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    pub cwd: PathBuf,
+    /// `None`: run as the agent's own user.
+    pub credentials: Option<Credentials>,
+    pub limits: Limits,
+    /// `PR_SET_NO_NEW_PRIVS`: setuid binaries do not raise the probe's privileges.
+    pub no_new_privs: bool,
+    /// The probe's cgroup, where containment is on.
+    pub cgroup: Option<Arc<ProbeCgroup>>,
+    pub timeout: Duration,
+    pub grace: Duration,
+    pub stdout_cap: usize,
+    pub stderr_tail: usize,
+}
+
+impl ChildSpec {
+    pub fn new(program: impl Into<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            program: program.into(),
+            args: Vec::new(),
+            env: vec![("PATH".into(), PROBE_PATH.into())],
+            cwd: PathBuf::from("/"),
+            credentials: None,
+            limits: Limits::default(),
+            no_new_privs: true,
+            cgroup: None,
+            timeout,
+            grace: DEFAULT_GRACE,
+            stdout_cap: DEFAULT_STDOUT_CAP,
+            stderr_tail: DEFAULT_STDERR_TAIL,
+        }
+    }
+}
+
+/// How the child process itself ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    /// Still not reaped after SIGKILL (uninterruptible sleep, e.g. a hung NFS mount); a
+    /// background task reaps it when the kernel lets it go.
+    Unreaped,
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exited with status {c}"),
+            Exit::Signal(s) => write!(f, "killed by signal {}", signal_name(*s)),
+            Exit::Unreaped => f.write_str("did not exit"),
+        }
+    }
+}
+
+pub fn signal_name(sig: i32) -> String {
+    Signal::try_from(sig).map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+}
+
+/// How a run ended, as the engine saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Exited and closed its output before the deadline.
+    Finished,
+    /// The deadline passed; the group got SIGTERM (and SIGKILL if `killed`).
+    TimedOut {
+        after: Duration,
+        killed: bool,
+        exited_before_deadline: bool,
+    },
+    /// Wrote more than the stdout cap; the group was ended at once.
+    OutputOverflow { cap: usize, killed: bool },
+}
+
+impl Ending {
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Ending::TimedOut { .. })
+    }
+}
+
+impl fmt::Display for Ending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ending::Finished => f.write_str("finished"),
+            Ending::TimedOut {
+                after,
+                killed,
+                exited_before_deadline,
+            } => {
+                let what = if *exited_before_deadline {
+                    "exited, but a background process kept its output open"
+                } else {
+                    "did not finish"
+                };
+                let how = if *killed {
+                    "killed after SIGTERM grace"
+                } else {
+                    "terminated"
+                };
+                write!(
+                    f,
+                    "timed out after {}: {what}; process group {how}",
+                    humantime::format_duration(*after)
+                )
+            }
+            Ending::OutputOverflow { cap, .. } => write!(f, "output exceeds {cap} bytes"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ChildOutcome {
+    pub pid: u32,
+    pub exit: Exit,
+    pub ending: Ending,
+    pub stdout: Vec<u8>,
+    /// The last `stderr_tail` bytes of stderr, and how many bytes it wrote in all.
+    pub stderr_tail: Vec<u8>,
+    pub stderr_total: u64,
+    pub duration: Duration,
+}
+
+impl ChildOutcome {
+    pub fn succeeded(&self) -> bool {
+        self.ending == Ending::Finished && self.exit == Exit::Code(0)
+    }
+
+    pub fn stderr_text(&self) -> String {
+        Tail {
+            buf: self.stderr_tail.clone(),
+            keep: self.stderr_tail.len(),
+            total: self.stderr_total,
+        }
+        .text()
+    }
+
+    /// Why the run failed (`None`: it succeeded), in the one wording the logs, `--once` and
+    /// `probe NAME` share.
+    pub fn failure(&self) -> Option<String> {
+        match (&self.ending, self.exit) {
+            (Ending::Finished, Exit::Code(0)) => None,
+            (Ending::Finished, exit) => Some(exit.to_string()),
+            (ending, _) => Some(ending.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start {program}: {}{source}", stage_prefix(*.stage))]
+pub struct SpawnError {
+    pub program: String,
+    pub stage: Option<spawn::Stage>,
+    #[source]
+    pub source: io::Error,
+}
+
+fn stage_prefix(stage: Option<spawn::Stage>) -> String {
+    match stage {
+        None | Some(spawn::Stage::Exec) => String::new(),
+        Some(s) => format!("{} failed: ", s.as_str()),
+    }
+}
+
+pub(crate) fn signal_group(pgid: Pid, sig: Signal) {
+    // Never 0 or 1: killpg(0) would signal the agent's own group.
+    if pgid.as_raw() > 1 {
+        // ESRCH: the group is already gone, which is what we wanted.
+        let _ = killpg(pgid, sig);
+    }
+}
+
+/// Make the agent the reaper of its probes' orphans: a probe's backgrounded grandchild whose
+/// parent exited is reparented to the agent (not to init), so it stays visible and is reaped
+/// here instead of piling up as a zombie under some other process. Call once, inside the
+/// tokio runtime, at daemon / `--once` / `probe` start. It also starts the orphan reaper task.
+pub fn become_subreaper() -> io::Result<()> {
+    reaper::become_subreaper()
+}
+
+/// How the exit of a child is noticed: its pidfd turns readable, or (kernels before 5.3)
+/// SIGCHLD arrives.
+enum ExitWatch {
+    Pidfd(AsyncFd<OwnedFd>),
+    Sigchld(tokio::signal::unix::Signal),
+}
+
+/// A started child. Its zombie is reaped only when the run ends: until then its pid and
+/// process group cannot be reused, so signalling the group can never hit a stranger.
+pub struct Child {
+    pub pid: u32,
+    pgid: Pid,
+    watch: ExitWatch,
+    exit: Option<Exit>,
+    reaped: bool,
+    cgroup: Option<Arc<ProbeCgroup>>,
+    registered: Option<Registered>,
+}
+
+fn dev_null() -> io::Result<&'static OwnedFd> {
+    static NULL: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = NULL.get() {
+        return Ok(fd);
+    }
+    let fd = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let fd = spawn::above_stdio(fd)?;
+    Ok(NULL.get_or_init(|| fd))
+}
+
+fn c_string(bytes: &[u8], what: &str) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} contains a NUL byte"),
+        )
+    })
+}
+
+fn rlimits(limits: &Limits) -> Vec<(libc::c_int, u64)> {
+    // A crashing probe must not fill the disk with cores.
+    let mut r = vec![(libc::RLIMIT_CORE as libc::c_int, 0)];
+    if let Some(cpu) = limits.cpu {
+        r.push((libc::RLIMIT_CPU as libc::c_int, cpu.as_secs().max(1)));
+    }
+    if let Some(bytes) = limits.address_space {
+        r.push((libc::RLIMIT_AS as libc::c_int, bytes));
+    }
+    if let Some(n) = limits.open_files {
+        r.push((libc::RLIMIT_NOFILE as libc::c_int, n));
+    }
+    if let Some(n) = limits.processes {
+        r.push((libc::RLIMIT_NPROC as libc::c_int, n));
+    }
+    r
+}
+
+fn nonblocking_receiver(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Receiver> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)
+}
+
+impl Child {
+    /// Start `spec`'s child; its output is read through the returned [`Reader`].
+    pub fn start(spec: &ChildSpec) -> Result<(Child, Reader), SpawnError> {
+        let fail = |stage, source| SpawnError {
+            program: spec.program.display().to_string(),
+            stage,
+            source,
+        };
+        let io_fail = |e: io::Error| fail(None, e);
+        let path = c_string(spec.program.as_os_str().as_bytes(), "the program").map_err(io_fail)?;
+        let mut argv = vec![path.clone()];
+        for a in &spec.args {
+            argv.push(c_string(a.as_bytes(), "an argument").map_err(io_fail)?);
+        }
+        let mut envp = Vec::with_capacity(spec.env.len());
+        for (k, v) in &spec.env {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            envp.push(c_string(&kv, "an environment variable").map_err(io_fail)?);
+        }
+        let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
+        let (out_read, out_write) = spawn::pipe().map_err(io_fail)?;
+        let (err_read, err_write) = spawn::pipe().map_err(io_fail)?;
+        let null = dev_null().map_err(io_fail)?;
+        let watch_sigchld =
+            || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());
+        let mut prepared = spawn::Prepared::new(spawn::Plan {
+            path,
+            argv,
+            envp,
+            cwd,
+            credentials: spec.credentials.as_ref().map(|c| {
+                (
+                    c.uid.as_raw(),
+                    c.gid.as_raw(),
+                    c.groups.iter().map(|g| g.as_raw()).collect(),
+                )
+            }),
+            rlimits: rlimits(&spec.limits),
+            no_new_privs: spec.no_new_privs,
+            stdio: [null, &out_write, &err_write],
+            cgroup: spec.cgroup.as_ref().map(|c| (&c.dir, &c.procs)),
+        });
+        let (started, registered) = reaper::start_registered(|| {
+            spawn::spawn(&mut prepared).map(|s| {
+                let pid = s.pid;
+                (s, pid)
+            })
+        })
+        .map_err(|e| fail(Some(e.stage), e.error))?;
+        drop((out_write, err_write));
+        let pid = Pid::from_raw(started.pid);
+        let watch = match started.pidfd {
+            Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
+            None => watch_sigchld().map(ExitWatch::Sigchld),
+        };
+        let reader = nonblocking_receiver(out_read).and_then(|out| {
+            let err = nonblocking_receiver(err_read)?;
+            Ok(Reader::new(out, err, spec.stdout_cap, spec.stderr_tail))
+        });
+        match (watch, reader) {
+            (Ok(watch), Ok(reader)) => Ok((
+                Child {
+                    pid: started.pid as u32,
+                    pgid: pid,
+                    watch,
+                    exit: None,
+                    reaped: false,
+                    cgroup: spec.cgroup.clone(),
+                    registered: Some(registered),
+                },
+                reader,
+            )),
+            (Err(e), _) | (_, Err(e)) => {
+                // Cannot supervise it: it must not run unsupervised.
+                signal_group(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                drop(registered);
+                Err(io_fail(e))
+            }
+        }
+    }
+
+    pub fn exited(&self) -> bool {
+        self.exit.is_some()
+    }
+
+    pub fn exit(&self) -> Option<Exit> {
+        self.exit
+    }
+
+    /// Look at the exit status without reaping (the zombie keeps the pid and group ours).
+    fn peek(&mut self) -> Option<Exit> {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        let exit = match waitid(Id::Pid(self.pgid), flags) {
+            Ok(WaitStatus::Exited(_, code)) => Exit::Code(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Exit::Signal(sig as i32),
+            Ok(_) => return None,
+            Err(nix::errno::Errno::EINTR) => return None,
+            // Nobody else may reap it; if it is gone all the same, nothing more is known.
+            Err(_) => {
+                self.reaped = true;
+                Exit::Code(-1)
+            }
+        };
+        self.exit = Some(exit);
+        Some(exit)
+    }
+
+    /// Wait until the child exits (cancel-safe).
+    pub async fn wait(&mut self) -> Exit {
+        loop {
+            if let Some(e) = self.exit {
+                return e;
+            }
+            if let Some(e) = self.peek() {
+                return e;
+            }
+            match &mut self.watch {
+                ExitWatch::Pidfd(fd) => match fd.readable().await {
+                    Ok(mut ready) => ready.clear_ready(),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                },
+                ExitWatch::Sigchld(s) => {
+                    s.recv().await;
+                }
+            }
+        }
+    }
+
+    pub fn signal_group(&self, sig: Signal) {
+        signal_group(self.pgid, sig);
+    }
+
+    /// Whatever is left of the run goes: SIGKILL to the group, `cgroup.kill` to the cgroup
+    /// (which catches what left the group). Then the leader is reaped if it has exited.
+    pub fn end_rest(&mut self) {
+        signal_group(self.pgid, Signal::SIGKILL);
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+        if self.exit.is_some() && !self.reaped {
+            let _ = waitpid(self.pgid, Some(WaitPidFlag::WNOHANG));
+            self.reaped = true;
+        }
+    }
+
+    /// Read output and wait for the exit until both are done or `within` passes; `true` if
+    /// both are done.
+    async fn settle(&mut self, reader: &mut Reader, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            if self.exit.is_some() && !reader.open() {
+                return true;
+            }
+            tokio::select! {
+                _ = reader.next(), if reader.open() => {}
+                _ = self.wait(), if self.exit.is_none() => {}
+                _ = sleep_until(until) => return false,
+            }
+        }
+    }
+
+    /// The one termination routine: SIGTERM to the group, output still read during `grace`,
+    /// then SIGKILL to the group and `cgroup.kill`, and a last short drain. Returns whether
+    /// the SIGKILL was needed. The rest of the run is ended with [`Child::end_rest`] after.
+    pub async fn terminate(&mut self, reader: &mut Reader, grace: Duration) -> bool {
+        self.signal_group(Signal::SIGTERM);
+        if self.settle(reader, grace).await {
+            return false;
+        }
+        self.end_rest();
+        self.settle(reader, AFTER_KILL_DRAIN).await;
+        true
+    }
+
+    /// After SIGKILL the leader is gone or stuck in the kernel: drain briefly, then give up on
+    /// the pipes (a process outside the group may hold them).
+    pub async fn drain_after_exit(&mut self, reader: &mut Reader) {
+        self.end_rest();
+        self.settle(reader, AFTER_KILL_DRAIN).await;
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.end_rest();
+        if self.reaped {
+            return;
+        }
+        // Killed above; reap it now if it is already gone, else whenever the kernel lets it.
+        if matches!(waitpid(self.pgid, Some(WaitPidFlag::WNOHANG)), Ok(s) if s != WaitStatus::StillAlive)
+        {
+            return;
+        }
+        let pid = self.pgid;
+        let registered = self.registered.take();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn_blocking(move || {
+                let _ = waitpid(pid, None);
+                drop(registered);
+            });
+        }
+        // Without a runtime the registration goes now and the orphan reaper reaps it.
+    }
+}
+
+/// Run the child to completion or to its deadline. Never waits on a pipe past
+/// deadline + grace + a short drain.
+pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
+    let start = Instant::now();
+    let (mut child, mut reader) = Child::start(spec)?;
+    let deadline = start + spec.timeout;
+    let mut exited_before_deadline = false;
+    let mut overflow = false;
+    let mut timed_out = false;
+    loop {
+        if child.exited() && !reader.open() {
+            break;
+        }
+        tokio::select! {
+            _ = reader.next(), if reader.open() => if reader.overflow {
+                overflow = true;
+                break;
+            },
+            _ = child.wait(), if !child.exited() => exited_before_deadline = true,
+            _ = sleep_until(deadline) => {
+                timed_out = true;
+                break;
+            }
+        }
+    }
+    let killed = if overflow || timed_out {
+        child.terminate(&mut reader, spec.grace).await
+    } else {
+        false
+    };
+    child.end_rest();
+    let ending = if overflow {
+        Ending::OutputOverflow {
+            cap: spec.stdout_cap,
+            killed,
+        }
+    } else if timed_out {
+        Ending::TimedOut {
+            after: spec.timeout,
+            killed,
+            exited_before_deadline,
+        }
+    } else {
+        Ending::Finished
+    };
+    Ok(ChildOutcome {
+        pid: child.pid,
+        exit: child.exit().unwrap_or(Exit::Unreaped),
+        ending,
+        stdout: std::mem::take(&mut reader.stdout),
+        stderr_tail: std::mem::take(&mut reader.stderr.buf),
+        stderr_total: reader.stderr.total,
+        duration: start.elapsed(),
+    })
+}
