@@ -83,6 +83,7 @@ fn main() {
         // As root, run probes as root so the comparison has no setuid in one side only.
         run_as: "root".into(),
         builtin: std::sync::Arc::new(NoBuiltins),
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     };
     // The daemon's runtime: multi-thread, 2 workers.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -70,6 +70,7 @@ pub fn probe_context(config: &Config, host: &str, builtin: Arc<dyn BuiltinSource
         plugin_dir: config.agent.plugin_dir.clone(),
         run_as: config.agent.run_as.clone(),
         builtin,
+        files: crate::probe::file_reader::FileReads::new(config.agent.max_stuck_reads),
     }
 }
 
@@ -315,7 +316,13 @@ impl Agent {
     /// (which flushes a last batch if connected), waiting at most `grace` for it.
     pub async fn stop(mut self, grace: Duration) {
         let link = self.link.take();
-        self.scheduler.stop().await;
+        // Bounded: the last values go out even if a probe will not stop.
+        if tokio::time::timeout(grace, self.scheduler.stop())
+            .await
+            .is_err()
+        {
+            tracing::warn!("probes did not stop within {grace:?}; sending the last values anyway");
+        }
         if let Some(link) = link {
             link.stop(grace).await;
         }

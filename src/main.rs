@@ -55,13 +55,25 @@ fn main() -> ExitCode {
             None => cmd_daemon(&cli.common).await,
         }
     });
-    match result {
-        Ok(code) => ExitCode::from(code),
+    let code = match result {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("xce-agent: {e:#}");
-            ExitCode::from(EXIT_CONFIG)
+            EXIT_CONFIG
         }
-    }
+    };
+    exit_now(code)
+}
+
+/// End the process now. Returning from `main` would drop the runtime, and that waits for
+/// every blocking task still in flight — a read stuck in a hung mount forever, a builtin
+/// sampler tick (GPU queries can take a second) for as long as it runs. Everything the
+/// command owes (output, the last batch to the controller) is done by the time it returns.
+fn exit_now(code: u8) -> ExitCode {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(i32::from(code))
 }
 
 fn init_logging(level: Option<&str>, interactive: bool) {

@@ -149,7 +149,9 @@ fn membership(res: &Resource, host: &str, assigned: &BTreeSet<Assignment>) -> Me
 }
 
 pub fn splay(host: &str, name: &str, interval: Duration) -> Duration {
-    let ms = interval.as_millis().max(1) as u64;
+    let ms = u64::try_from(interval.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
     let key = crate::config::hostlist::host_key(host);
     Duration::from_millis(fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % ms)
 }
@@ -160,7 +162,7 @@ pub fn default_timeout(interval: Duration) -> Duration {
 
 /// Values of a failed or silent probe are trusted for two intervals plus one timeout.
 pub fn default_stale_after(interval: Duration, timeout: Duration) -> Duration {
-    interval * 2 + timeout
+    interval.saturating_mul(2).saturating_add(timeout)
 }
 
 pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignment>) -> Plan {
@@ -227,7 +229,7 @@ fn task(
     let timeout = probe.timeout.unwrap_or_else(|| default_timeout(interval));
     let stale_after = match (&probe.kind, probe.stale_after) {
         (_, Some(s)) => s,
-        (ProbeKind::Stream(s), None) => s.silence.unwrap_or(interval * 3),
+        (ProbeKind::Stream(s), None) => s.silence.unwrap_or(interval.saturating_mul(3)),
         _ => default_stale_after(interval, timeout),
     };
     let feeds = probe

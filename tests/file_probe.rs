@@ -5,15 +5,21 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::task_from_yaml;
-use xce_agent::probe::{run_once, Outcome, ProbeRun};
+use xce_agent::plan::ProbeTask;
+use xce_agent::probe::{run_once, Outcome, ProbeContext, ProbeRun};
 use xce_agent::value::{Reading, Value};
 
-async fn probe(path: &std::path::Path, extra: &str, valtype: &str) -> ProbeRun {
+/// The task and context of a file probe on `path`; runs of one context share its reads.
+fn file_task(path: &std::path::Path, extra: &str, valtype: &str) -> (ProbeTask, ProbeContext) {
     let y = format!(
         "resources:\n  - name: f\n    valtype: {valtype}\n    interval: 30\n    probe: {{kind: file, path: '{}', timeout: 1s{extra}}}\n",
         path.display()
     );
-    let (task, ctx) = task_from_yaml(&y, "f", std::path::Path::new("/"));
+    task_from_yaml(&y, "f", std::path::Path::new("/"))
+}
+
+async fn probe(path: &std::path::Path, extra: &str, valtype: &str) -> ProbeRun {
+    let (task, ctx) = file_task(path, extra, valtype);
     run_once(&task, &ctx).await
 }
 
@@ -128,10 +134,11 @@ async fn blocking_path_times_out_without_piling_up() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("fifo");
     nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
-    let r = probe(&p, "", "numeric").await;
+    let (task, ctx) = file_task(&p, "", "numeric");
+    let r = run_once(&task, &ctx).await;
     assert_eq!(r.outcome, Outcome::TimedOut);
     assert!(failure(&r).starts_with(&format!("read of {} timed out", p.display())));
-    let again = probe(&p, "", "numeric").await;
+    let again = run_once(&task, &ctx).await;
     assert!(
         failure(&again).contains("is still blocked"),
         "{}",

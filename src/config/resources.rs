@@ -10,6 +10,7 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
+use super::limits::Bounds;
 use super::raw::{near_miss, RawLimits, RawProbe, RawResource, RawResourcesFile, RESOURCE_FIELDS};
 use crate::value::Valtype;
 
@@ -174,6 +175,8 @@ pub struct FileSpec {
     pub regex: Option<Arc<Regex>>,
     pub max_age: Option<Duration>,
     pub max_bytes: u64,
+    /// Who reads the file when the agent is root (default: agent.yaml's `run_as`).
+    pub run_as: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -212,8 +215,12 @@ pub fn check_resource_name(name: &str) -> Result<(), String> {
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
-    let raw: RawResourcesFile =
-        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, &e))?;
+    parse_with(path, text, &Bounds::default())
+}
+
+/// Parse with the bounds agent.yaml sets (the longest interval).
+pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources, ConfigErrors> {
+    let raw: RawResourcesFile = super::limits::parse_yaml(path, text)?;
     let mut errs = Errors::new(path);
     let mut out = Resources {
         path: path.to_owned(),
@@ -237,7 +244,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
             }
             first_pos.insert(name.value.clone(), Pos::of(name));
         }
-        if let Some(res) = resource(&mut errs, entry, &mut out.ignored_fields) {
+        if let Some(res) = resource(&mut errs, entry, &mut out.ignored_fields, bounds) {
             raw_probes.push(entry.value.probe.as_ref());
             out.resources.push(res);
         }
@@ -252,6 +259,7 @@ fn resource(
     errs: &mut Errors,
     entry: &Spanned<RawResource>,
     ignored: &mut Vec<(String, String, Pos)>,
+    bounds: &Bounds,
 ) -> Option<Resource> {
     let raw = &entry.value;
     let pos = Pos::of(entry);
@@ -326,7 +334,9 @@ fn resource(
                 errs.at(Pos::of(i), "interval must be at least 1s");
                 None
             }
-            Ok(d) => Some(d),
+            Ok(d) => super::limits::check_interval(d, bounds)
+                .map_err(|e| errs.at(Pos::of(i), e))
+                .ok(),
             Err(e) => {
                 errs.at(Pos::of(i), format!("bad interval: {e}"));
                 None
@@ -487,7 +497,9 @@ fn duration_field(
             errs.at(Pos::of(f), format!("{what} must be greater than 0"));
             None
         }
-        Ok(d) => Some(d),
+        Ok(d) => super::limits::check_duration(what, d, super::limits::duration_bound(what))
+            .map_err(|e| errs.at(Pos::of(f), e))
+            .ok(),
         Err(e) => {
             errs.at(Pos::of(f), format!("bad {what}: {e}"));
             None
@@ -500,7 +512,7 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
     match kind {
         "builtin" => &["index"],
         "exec" => &["command", "format", "env", "run_as", "limits", "provides"],
-        "file" => &["path", "regex", "max_age", "max_bytes"],
+        "file" => &["path", "regex", "max_age", "max_bytes", "run_as"],
         "stream" => &[
             "command",
             "format",
@@ -673,18 +685,25 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
         return Limits::default();
     };
     let l = &raw.value;
-    let mut count = |f: &Option<Spanned<super::scalar::Scalar>>, bytes: bool| {
+    let mut count = |f: &Option<Spanned<super::scalar::Scalar>>, field: &str| {
         let f = f.as_ref()?;
-        let r = if bytes {
+        let r = if field == "address_space" {
             f.value.to_bytes()
         } else {
             f.value.to_count()
         };
-        r.map_err(|e| errs.at(Pos::of(f), e)).ok()
+        let bound = super::limits::count_bound(field);
+        r.and_then(|n| {
+            (n <= bound)
+                .then_some(n)
+                .ok_or_else(|| format!("{field} {n} is larger than the limit of {bound}"))
+        })
+        .map_err(|e| errs.at(Pos::of(f), e))
+        .ok()
     };
-    let address_space = count(&l.address_space, true);
-    let open_files = count(&l.open_files, false);
-    let processes = count(&l.processes, false);
+    let address_space = count(&l.address_space, "address_space");
+    let open_files = count(&l.open_files, "open_files");
+    let processes = count(&l.processes, "processes");
     Limits {
         cpu: duration_field(errs, &l.cpu, "cpu limit"),
         address_space,
@@ -753,6 +772,7 @@ fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<FileSpec> {
         regex,
         max_age: duration_field(errs, &raw.max_age, "max_age"),
         max_bytes,
+        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
     })
 }
 

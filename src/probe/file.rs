@@ -1,84 +1,15 @@
 //! The file probe: a bounded read of one file (sysfs, or a file a cron job writes), an
 //! optional regex capture, and `max_age` on its mtime so a dead writer shows up as stale.
-//! The read runs on a blocking thread under a timeout: a hung NFS mount must not freeze the
-//! agent, and while one read is stuck no second one is started on the same path.
+//! The read itself runs in `file_reader` (a thread of its own, with the probe user's rights
+//! when the agent is root, under a timeout, and bounded when the filesystem hangs).
 
-use std::collections::HashSet;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use super::{Outcome, ProbeRun};
+use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
+use super::{Outcome, ProbeContext, ProbeRun};
 use crate::config::FileSpec;
 use crate::plan::ProbeTask;
 use crate::value::Reading;
-
-/// Paths whose read outlived its timeout and is still blocked in the kernel. Only those:
-/// two resources reading one path at the same moment is normal and both get their value.
-fn stuck() -> &'static Mutex<HashSet<PathBuf>> {
-    static STUCK: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
-    STUCK.get_or_init(Default::default)
-}
-
-fn lock_stuck() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
-    stuck().lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One read's state, decided under the `stuck` lock so that "finished" and "timed out"
-/// cannot both miss each other: whichever comes second sees the other.
-#[derive(Default)]
-struct ReadState {
-    finished: bool,
-    timed_out: bool,
-}
-
-#[derive(Debug)]
-enum ReadOutcome {
-    Text(String),
-    TooOld(Duration),
-}
-
-fn read_bounded(
-    path: &Path,
-    max_bytes: u64,
-    max_age: Option<Duration>,
-) -> Result<ReadOutcome, String> {
-    let f =
-        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
-    if meta.is_dir() {
-        return Err(format!("{} is a directory", path.display()));
-    }
-    if let Some(max_age) = max_age {
-        let mtime = meta
-            .modified()
-            .map_err(|e| format!("no mtime for {}: {e}", path.display()))?;
-        // A future mtime (clock skew) counts as fresh.
-        let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
-        if age > max_age {
-            return Ok(ReadOutcome::TooOld(age));
-        }
-    }
-    let mut buf = Vec::new();
-    f.take(max_bytes + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if buf.len() as u64 > max_bytes {
-        return Err(format!(
-            "{} is larger than max_bytes ({max_bytes})",
-            path.display()
-        ));
-    }
-    if buf.contains(&0) {
-        return Err(format!("{} contains NUL bytes", path.display()));
-    }
-    String::from_utf8(buf)
-        .map(ReadOutcome::Text)
-        .map_err(|_| format!("{} is not valid UTF-8", path.display()))
-}
 
 /// The value's text: the regex's first group (or whole match), else the first non-blank line.
 fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
@@ -103,68 +34,54 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
     }
 }
 
-pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> ProbeRun {
+/// Who a file probe reads as: the probe's `run_as`, else the agent's, when the agent is
+/// root; `root` (or a non-root agent) reads with the agent's own rights.
+pub fn reader_credentials(
+    spec: &FileSpec,
+    ctx: &ProbeContext,
+) -> Result<Option<super::process::Credentials>, String> {
+    super::exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as)
+}
+
+pub async fn run(
+    task: &ProbeTask,
+    spec: &FileSpec,
+    ctx: &ProbeContext,
+    started: SystemTime,
+) -> ProbeRun {
     let t0 = std::time::Instant::now();
     let fail =
         |why: String, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
-    if lock_stuck().contains(&spec.path) {
-        return fail(
-            format!(
-                "an earlier read of {} is still blocked (hung filesystem?)",
-                spec.path.display()
-            ),
-            Outcome::TimedOut,
-        );
-    }
-    let state = Arc::new(Mutex::new(ReadState::default()));
-    let (path, max_bytes, max_age) = (spec.path.clone(), spec.max_bytes, spec.max_age);
-    let read_state = state.clone();
-    let read = tokio::task::spawn_blocking(move || {
-        let r = read_bounded(&path, max_bytes, max_age);
-        let mut stuck = lock_stuck();
-        let mut st = read_state.lock().unwrap_or_else(|p| p.into_inner());
-        st.finished = true;
-        if st.timed_out {
-            stuck.remove(&path);
-        }
-        r
-    });
-    let result = match tokio::time::timeout(task.timeout, read).await {
-        Err(_) => {
-            {
-                let mut stuck = lock_stuck();
-                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-                if !st.finished {
-                    st.timed_out = true;
-                    stuck.insert(spec.path.clone());
-                }
-            }
-            return fail(
-                format!(
-                    "read of {} timed out after {}",
-                    spec.path.display(),
-                    humantime::format_duration(task.timeout)
-                ),
-                Outcome::TimedOut,
-            );
-        }
-        Ok(Err(join)) => Err(format!("read task failed: {join}")),
-        Ok(Ok(r)) => r,
+    let creds = match reader_credentials(spec, ctx) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("run_as: {e}"), Outcome::Failed),
     };
-    let reading = match result {
+    let request = ReadRequest {
+        path: spec.path.clone(),
+        max_bytes: spec.max_bytes,
+        max_age: spec.max_age,
+        timeout: task.timeout,
+        creds,
+    };
+    let text = match ctx.files.read(request).await {
+        Err(ReadError::TimedOut(e)) => return fail(e, Outcome::TimedOut),
+        Err(ReadError::Refused(e) | ReadError::Failed(e)) => return fail(e, Outcome::Failed),
+        Ok(ReadOutcome::TooOld(age)) => {
+            let stale = Reading::Stale(format!(
+                "{} not modified for {} (max_age {})",
+                spec.path.display(),
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                humantime::format_duration(spec.max_age.unwrap_or_default())
+            ));
+            return ProbeRun::single(task, started, t0.elapsed(), stale);
+        }
+        Ok(ReadOutcome::Text(text)) => text,
+    };
+    let reading = match extract(spec, &text) {
         Err(e) => return fail(e, Outcome::Failed),
-        Ok(ReadOutcome::TooOld(age)) => Reading::Stale(format!(
-            "{} not modified for {} (max_age {})",
-            spec.path.display(),
-            humantime::format_duration(Duration::from_secs(age.as_secs())),
-            humantime::format_duration(spec.max_age.unwrap_or_default())
-        )),
-        Ok(ReadOutcome::Text(text)) => match extract(spec, &text) {
-            Err(e) => return fail(e, Outcome::Failed),
-            Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
-                Ok(v) => Reading::Ok(v),
-                Err(e) => return fail(e.to_string(), Outcome::Failed),
-            },
+        Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
+            Ok(v) => Reading::Ok(v),
+            Err(e) => return fail(e.to_string(), Outcome::Failed),
         },
     };
     ProbeRun::single(task, started, t0.elapsed(), reading)
