@@ -129,6 +129,8 @@ pub struct Reloaded {
 pub enum ReloadError {
     #[error("host name changed from {old:?} to {new:?}; restart the agent to change it")]
     HostChanged { old: String, new: String },
+    #[error("the new configuration could not be planned (a bug: please report it)")]
+    Unplannable,
 }
 
 impl Agent {
@@ -243,6 +245,13 @@ impl Agent {
                 new: host.to_owned(),
             });
         }
+        // Planned first, before anything is stopped: a plan that cannot be made leaves the
+        // running one untouched (a panic here must not end the daemon).
+        let assigned = self.assigned_rx.borrow().clone();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            make_plan(&config.resources, host, &assigned)
+        }))
+        .map_err(|_| ReloadError::Unplannable)?;
         let old = &self.config.agent;
         let new = &config.agent;
         let probes_restarted = old.plugin_dir != new.plugin_dir

@@ -289,7 +289,14 @@ async fn cmd_check(common: &Common) -> anyhow::Result<u8> {
     };
     let host = host_name(common, &config)?;
     let plan = make_plan(&config.resources, &host, &BTreeSet::new());
-    let (problems, mut notes) = plan_checks(&config, &plan);
+    let (mut problems, mut notes) = plan_checks(&config, &plan);
+    let (file_problems, file_notes) = xce_agent::probe::file::check_notes(
+        &plan,
+        &config.agent.run_as,
+        config.agent.max_stuck_reads,
+    );
+    problems.extend(file_problems);
+    notes.extend(file_notes);
     if uses_builtins(&plan) {
         let snapshot = builtin::sample_once(builtin::Roots::host(), Duration::ZERO).await;
         for t in &plan.tasks {

@@ -12,7 +12,7 @@ const DAY: Duration = Duration::from_secs(86_400);
 /// Default for agent.yaml's `max_interval`: a probe that runs less than daily is a cron job.
 pub const DEFAULT_MAX_INTERVAL: Duration = DAY;
 /// What `max_interval` itself may be raised to.
-pub const MAX_INTERVAL_CEILING: Duration = Duration::from_secs(366 * 86_400);
+pub const MAX_INTERVAL_CEILING: Duration = Duration::from_secs(31_557_600); // humantime's year
 
 /// Bounds on durations other than `interval`, by field.
 pub fn duration_bound(field: &str) -> Duration {
@@ -81,19 +81,18 @@ pub fn check_interval(d: Duration, bounds: &Bounds) -> Result<Duration, String> 
 /// `check` at 100,000). Honest files scale with these; an alias bomb is stopped by the
 /// alias limits below, which honest files (no or few aliases) never approach.
 pub const MAX_YAML_NODES: usize = 8_000_000;
-const MAX_YAML_EVENTS: usize = 16_000_000;
 /// A config file's size cap: a wrong path pointing at a log must not eat memory.
 pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 /// Events that aliases may replay in one file, in all: the alias-bomb guard.
 pub const MAX_ALIAS_REPLAY: usize = 1_000_000;
 
-fn yaml_options() -> serde_saphyr::Options {
+fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
     let mut alias_limits = serde_saphyr::options::AliasLimits::default();
     alias_limits.max_total_replayed_events = MAX_ALIAS_REPLAY;
     serde_saphyr::options! {
         budget: serde_saphyr::budget! {
-            max_nodes: MAX_YAML_NODES,
-            max_events: MAX_YAML_EVENTS,
+            max_nodes: max_nodes,
+            max_events: max_nodes.saturating_mul(2),
             max_recorded_anchor_events: MAX_ALIAS_REPLAY,
         },
         alias_limits: alias_limits,
@@ -106,17 +105,34 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     path: &Path,
     text: &str,
 ) -> Result<T, ConfigError> {
-    serde_saphyr::from_str_with_options(text, yaml_options()).map_err(|e| {
+    parse_yaml_limited(path, text, MAX_YAML_NODES)
+}
+
+fn parse_yaml_limited<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    max_nodes: usize,
+) -> Result<T, ConfigError> {
+    serde_saphyr::from_str_with_options(text, yaml_options(max_nodes)).map_err(|e| {
         let whole = |message: String| ConfigError::new(path, Pos::default(), message);
-        if let serde_saphyr::Error::Budget { breach, .. } = &e {
-            return whole(budget_message(breach));
+        if let serde_saphyr::Error::Budget { breach, .. } = innermost(&e) {
+            return whole(budget_message(breach, max_nodes));
         }
         let raw = e.to_string();
-        if raw.contains("alias") && (raw.contains("limit") || raw.contains("exceed")) {
+        if raw.contains("alias") && raw.contains("replay") {
             return whole(alias_message());
         }
         super::error::from_yaml(path, &e)
     })
+}
+
+/// The error under the parser's wrappers (alias locations, snippets).
+fn innermost(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    use serde_saphyr::Error as E;
+    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = e {
+        e = error;
+    }
+    e
 }
 
 fn alias_message() -> String {
@@ -125,11 +141,11 @@ fn alias_message() -> String {
     )
 }
 
-fn budget_message(breach: &serde_saphyr::budget::BudgetBreach) -> String {
+fn budget_message(breach: &serde_saphyr::budget::BudgetBreach, max_nodes: usize) -> String {
     use serde_saphyr::budget::BudgetBreach as B;
     match breach {
         B::Nodes { .. } | B::Events { .. } => format!(
-            "the file has more than {MAX_YAML_NODES} YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file"
+            "the file has more than {max_nodes} YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file"
         ),
         B::Aliases { .. }
         | B::Anchors { .. }
@@ -155,5 +171,14 @@ mod tests {
         assert!(e.contains("2days") && e.contains("limit of 1day"), "{e}");
         assert!(e.contains("max_interval"), "{e}");
         assert_eq!(check_interval(DAY, &Bounds::default()), Ok(DAY));
+    }
+
+    #[test]
+    fn past_the_node_limit_the_message_names_it_and_what_to_do() {
+        let text = format!("x: [{}]\n", vec!["1"; 2000].join(","));
+        let e = parse_yaml_limited::<serde::de::IgnoredAny>(Path::new("r.yaml"), &text, 1000)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "r.yaml: the file has more than 1000 YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file");
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
 use super::{Outcome, ProbeContext, ProbeRun};
-use crate::config::FileSpec;
+use crate::config::{FileSpec, ProbeKind};
 use crate::plan::ProbeTask;
 use crate::value::Reading;
 
@@ -85,4 +85,45 @@ pub async fn run(
         },
     };
     ProbeRun::single(task, started, t0.elapsed(), reading)
+}
+
+/// What `check` says about file probes: who each one reads as, and the stuck-read bound.
+/// (resource, text) pairs: problems (the probe cannot run here) and notes.
+pub fn check_notes(
+    plan: &crate::plan::Plan,
+    default_run_as: &str,
+    max_stuck_reads: usize,
+) -> (Vec<(String, String)>, Vec<(String, String)>) {
+    let (mut problems, mut notes) = (Vec::new(), Vec::new());
+    let root = nix::unistd::geteuid().is_root();
+    for t in &plan.tasks {
+        let ProbeKind::File(spec) = &t.kind else {
+            continue;
+        };
+        let user = spec.run_as.as_deref().unwrap_or(default_run_as);
+        let who = match super::exec::credentials_for(spec.run_as.as_deref(), default_run_as) {
+            Err(e) => {
+                problems.push((t.name.clone(), format!("run_as: {e}")));
+                continue;
+            }
+            Ok(Some(c)) => format!("reads {} as {} (run_as)", spec.path.display(), c.user),
+            Ok(None) if root => format!(
+                "reads {} as root (`run_as: {user}`): root's rights, every file readable",
+                spec.path.display()
+            ),
+            Ok(None) => format!(
+                "reads {} as {} (the agent is not root)",
+                spec.path.display(),
+                super::exec::current_user_name()
+            ),
+        };
+        notes.push((t.name.clone(), who));
+    }
+    if notes.iter().chain(&problems).next().is_some() {
+        notes.push((
+            "-".to_owned(),
+            format!("file reads: at most {max_stuck_reads} may be stuck in the kernel (max_stuck_reads) before reads of paths that never answered fail at once; reads on the mount of a stuck read fail at once until it returns"),
+        ));
+    }
+    (problems, notes)
 }
