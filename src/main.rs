@@ -410,6 +410,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
             store: agent.store.clone(),
             link: agent.link_stats.clone(),
             probes: agent.stats(),
+            files: agent.scheduler.context().files.clone(),
         };
         tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
     }

@@ -38,6 +38,8 @@ pub struct Sources {
     pub link: Arc<LinkStats>,
     /// Follows a scheduler rebuilt by a reload.
     pub probes: watch::Receiver<Arc<Stats>>,
+    /// File reads, for the stuck-read gauge.
+    pub files: Arc<crate::probe::file_reader::FileReads>,
 }
 
 /// Render the whole exposition.
@@ -47,7 +49,25 @@ pub fn render(src: &Sources) -> String {
     let stats = src.probes.borrow().clone();
     render_probes(&mut out, &stats);
     render_link(&mut out, &src.link);
+    render_file_reads(&mut out, &src.files);
     out
+}
+
+fn render_file_reads(out: &mut String, files: &crate::probe::file_reader::FileReads) {
+    header(
+        out,
+        "xce_file_reads_stuck",
+        "gauge",
+        "File reads that outlived their timeout and are still blocked in the kernel (hung filesystem).",
+    );
+    let _ = writeln!(out, "xce_file_reads_stuck {}", files.stuck_count());
+    header(
+        out,
+        "xce_file_reads_stuck_limit",
+        "gauge",
+        "max_stuck_reads: past it, reads of paths that never answered fail at once.",
+    );
+    let _ = writeln!(out, "xce_file_reads_stuck_limit {}", files.max_stuck());
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -287,9 +287,21 @@ async fn sigterm_with_a_blocked_read_exits_after_sending_the_last_values() {
         ),
     )
     .unwrap();
+    let agent_yaml = std::fs::read_to_string(site.agent_yaml()).unwrap();
+    std::fs::write(
+        site.agent_yaml(),
+        format!("{agent_yaml}metrics: 127.0.0.1:0\n"),
+    )
+    .unwrap();
     let mut agent = site.spawn_agent();
     agent.wait_log("a read is stuck in the kernel", 1).await;
     site.wait_runs("count", 2).await;
+    let metrics = scrape(&agent.log_text()).await;
+    assert!(metrics.contains("\nxce_file_reads_stuck 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("\nxce_file_reads_stuck_limit 32\n"),
+        "{metrics}"
+    );
     let status = agent.terminate().await;
     assert!(status.success(), "{status}");
     let runs = site.runs("count");
@@ -307,6 +319,28 @@ async fn sigterm_with_a_blocked_read_exits_after_sending_the_last_values() {
     assert_eq!(count.value, Value::Numeric(runs as f64), "{count:?}");
     assert_eq!(view.values["hung"].status, Status::Failed);
     assert!(agent.log_text().contains("stopped"));
+}
+
+/// GET /metrics from the address the agent logged (the server closes after answering).
+async fn scrape(log: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = regex::Regex::new(r"metrics endpoint listening addr=(\S+)")
+        .unwrap()
+        .captures(log)
+        .map(|c| c[1].to_owned())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+    guard("a metrics answer", async {
+        let mut s = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
 }
 
 fn once_site(blocked: &Path) -> Site {
