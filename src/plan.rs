@@ -177,6 +177,12 @@ pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignme
         .filter_map(|r| r.probe.as_ref())
         .flat_map(|p| p.provides.iter().skip(1).map(String::as_str))
         .collect();
+    // By name: a linear lookup per task made planning 100,000 resources quadratic.
+    let by_name: std::collections::HashMap<&str, &Resource> = resources
+        .resources
+        .iter()
+        .map(|r| (r.name.as_str(), r))
+        .collect();
     for res in &resources.resources {
         let skip = |reason| Skipped {
             name: res.name.clone(),
@@ -213,13 +219,13 @@ pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignme
             continue;
         };
         plan.tasks
-            .push(task(resources, res, probe, interval, instance, host));
+            .push(task(&by_name, res, probe, interval, instance, host));
     }
     plan
 }
 
 fn task(
-    resources: &Resources,
+    by_name: &std::collections::HashMap<&str, &Resource>,
     res: &Resource,
     probe: &ProbeSpec,
     interval: Duration,
@@ -235,7 +241,7 @@ fn task(
     let feeds = probe
         .provides
         .iter()
-        .filter_map(|n| resources.get(n))
+        .filter_map(|n| by_name.get(n.as_str()))
         .map(|r| Feed {
             name: r.name.clone(),
             valtype: r.valtype,
