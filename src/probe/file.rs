@@ -87,13 +87,16 @@ pub async fn run(
     ProbeRun::single(task, started, t0.elapsed(), reading)
 }
 
+/// (resource, text) lines for `check`.
+pub type Findings = Vec<(String, String)>;
+
 /// What `check` says about file probes: who each one reads as, and the stuck-read bound.
-/// (resource, text) pairs: problems (the probe cannot run here) and notes.
+/// Problems (the probe cannot run here) and notes.
 pub fn check_notes(
     plan: &crate::plan::Plan,
     default_run_as: &str,
     max_stuck_reads: usize,
-) -> (Vec<(String, String)>, Vec<(String, String)>) {
+) -> (Findings, Findings) {
     let (mut problems, mut notes) = (Vec::new(), Vec::new());
     let root = nix::unistd::geteuid().is_root();
     for t in &plan.tasks {
