@@ -190,6 +190,7 @@ fn agent_runner(script: &Path, run_as: &str) -> impl FnMut() {
         plugin_dir: script.parent().expect("dir").to_owned(),
         run_as: run_as.into(),
         builtin: std::sync::Arc::new(NoBuiltins),
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     };
     // The daemon's runtime: multi-thread, 2 workers.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -106,6 +106,7 @@ async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
         plugin_dir: dir.path().to_owned(),
         run_as: std::env::var("RUN_AS").unwrap_or_else(|_| "nobody".into()),
         builtin: Arc::new(NoBuiltins),
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     };
     let cpu0 = cpu_self();
     let t0 = now_ns();

@@ -76,6 +76,7 @@ pub fn probe_context(config: &Config, host: &str, builtin: Arc<dyn BuiltinSource
         plugin_dir: config.agent.plugin_dir.clone(),
         run_as: config.agent.run_as.clone(),
         builtin,
+        files: crate::probe::file_reader::FileReads::new(config.agent.max_stuck_reads),
     }
 }
 
@@ -146,6 +147,8 @@ pub enum ReloadError {
     Checks(crate::checks::Findings),
     #[error("{0}")]
     Tls(String),
+    #[error("the new configuration could not be planned (a bug: please report it)")]
+    Unplannable,
 }
 
 impl Agent {
@@ -329,9 +332,14 @@ impl Agent {
                 new: host.to_owned(),
             });
         }
-        let assigned = self.assignment.applied();
-        let (problems, _) =
-            crate::checks::plan_checks(&config, &make_plan(&config.resources, host, assigned));
+        // Planned first, before anything is stopped: a plan that cannot be made leaves the
+        // running one untouched (a panic here must not end the daemon).
+        let assigned = self.assignment.applied().clone();
+        let plan = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            make_plan(&config.resources, host, &assigned)
+        }))
+        .map_err(|_| ReloadError::Unplannable)?;
+        let (problems, _) = crate::checks::plan_checks(&config, &plan);
         if !problems.is_empty() {
             return Err(ReloadError::Checks(problems));
         }
@@ -432,10 +440,54 @@ impl Agent {
     /// (which flushes a last batch if connected), waiting at most `grace` for it.
     pub async fn stop(mut self, grace: Duration) {
         let link = self.link.take();
-        self.scheduler.stop().await;
+        // Bounded: the last values go out even if a probe will not stop.
+        if tokio::time::timeout(PROBES_STOP_DEADLINE, self.scheduler.stop())
+            .await
+            .is_err()
+        {
+            tracing::warn!("probes did not stop within {PROBES_STOP_DEADLINE:?}; sending the last values anyway");
+        }
         if let Some(link) = link {
             link.stop(grace).await;
         }
         self.shutdown.cancel();
+        // The process exits right after this, without destructors: let the probe trees
+        // just killed finish dying, so none outlives the agent (bounded: a child stuck in
+        // the kernel does not hold the exit).
+        let deadline = tokio::time::Instant::now() + CHILDREN_EXIT_DEADLINE;
+        while live_children() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
+}
+
+/// A stop waits this long for the probes (their kill grace is 2 s) before it sends the last
+/// values anyway.
+const PROBES_STOP_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a stop waits for killed children to be gone.
+const CHILDREN_EXIT_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Children of the agent that are still running (zombies count as gone).
+fn live_children() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                let state = stat
+                    .rsplit(')')
+                    .next()
+                    .and_then(|s| s.split_whitespace().next());
+                !matches!(state, Some("Z" | "X"))
+            })
+        })
+        .count()
 }

@@ -69,16 +69,25 @@ fn main() -> ExitCode {
             None => cmd_daemon(&cli.common).await,
         }
     });
-    // The command is done: whatever a task is still doing (a link task decoding, a file read
-    // stuck on a hung mount) must not keep the process alive past a short grace.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    match result {
-        Ok(code) => ExitCode::from(code),
+    let code = match result {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("xce-agent: {e:#}");
-            ExitCode::from(EXIT_CONFIG)
+            EXIT_CONFIG
         }
-    }
+    };
+    exit_now(code)
+}
+
+/// End the process now. Returning from `main` would drop the runtime, and that waits for
+/// every blocking task still in flight — a read stuck in a hung mount forever, a builtin
+/// sampler tick (GPU queries can take a second) for as long as it runs. Everything the
+/// command owes (output, the last batch to the controller) is done by the time it returns.
+fn exit_now(code: u8) -> ExitCode {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(i32::from(code))
 }
 
 fn init_logging(level: Option<&str>, interactive: bool) {
@@ -226,7 +235,14 @@ async fn cmd_check(common: &Common) -> anyhow::Result<u8> {
     };
     let host = host_name(common, &config)?;
     let plan = make_plan(&config.resources, &host, &BTreeSet::new());
-    let (problems, mut notes) = plan_checks(&config, &plan);
+    let (mut problems, mut notes) = plan_checks(&config, &plan);
+    let (file_problems, file_notes) = xce_agent::probe::file::check_notes(
+        &plan,
+        &config.agent.run_as,
+        config.agent.max_stuck_reads,
+    );
+    problems.extend(file_problems);
+    notes.extend(file_notes);
     if uses_builtins(&plan) {
         let snapshot = builtin::sample_once(builtin::Roots::host(), Duration::ZERO).await;
         for t in &plan.tasks {
@@ -370,6 +386,7 @@ async fn cmd_daemon(common: &Common) -> anyhow::Result<u8> {
             store: agent.store.clone(),
             link: agent.link_stats.clone(),
             probes: agent.stats(),
+            files: agent.scheduler.context().files.clone(),
         };
         tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
     }

@@ -56,6 +56,8 @@ pub struct Sources {
     pub link: Arc<LinkStats>,
     /// Follows a scheduler rebuilt by a reload.
     pub probes: watch::Receiver<Arc<Stats>>,
+    /// File reads, for the stuck-read gauge.
+    pub files: Arc<crate::probe::file_reader::FileReads>,
 }
 
 impl fmt::Debug for Sources {
@@ -122,8 +124,29 @@ impl Collector for Exposition {
         let stats = self.0.probes.borrow().clone();
         encode_probes(&mut enc, &stats)?;
         encode_probe_usage(&mut enc, &crate::probe::cgroup::usage_by_probe())?;
-        encode_link(&mut enc, &self.0.link)
+        encode_link(&mut enc, &self.0.link)?;
+        encode_file_reads(&mut enc, &self.0.files)
     }
+}
+
+fn encode_file_reads(
+    enc: &mut DescriptorEncoder,
+    files: &crate::probe::file_reader::FileReads,
+) -> fmt::Result {
+    family::<0>(
+        enc,
+        "xce_file_reads_stuck",
+        "File reads that outlived their timeout and are still blocked in the kernel (hung filesystem).",
+        MetricType::Gauge,
+        [([], Sample::Int(files.stuck_count() as i64))],
+    )?;
+    family::<0>(
+        enc,
+        "xce_file_reads_stuck_limit",
+        "max_stuck_reads: past it, reads of paths that never answered fail at once.",
+        MetricType::Gauge,
+        [([], Sample::Int(files.max_stuck() as i64))],
+    )
 }
 
 type Labels<'a, const N: usize> = [(&'static str, &'a str); N];

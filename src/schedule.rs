@@ -48,10 +48,11 @@ fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
 
 /// The next wall-clock slot of a probe: the first t > now with (t - splay) % interval == 0.
 pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Duration {
-    let interval_ms = interval.as_millis().max(1) as u64;
-    let now_ms = crate::value::unix_ms(now);
-    let phase = (now_ms + interval_ms - splay.as_millis() as u64 % interval_ms) % interval_ms;
-    Duration::from_millis(interval_ms - phase)
+    // In u128: no interval, however long, can overflow this.
+    let interval_ms = interval.as_millis().max(1);
+    let now_ms = u128::from(crate::value::unix_ms(now));
+    let phase = (now_ms + interval_ms - splay.as_millis() % interval_ms) % interval_ms;
+    Duration::from_millis(u64::try_from(interval_ms - phase).unwrap_or(u64::MAX))
 }
 
 /// Record a run's readings and say what went wrong, once per change of error.
@@ -191,11 +192,12 @@ async fn probe_loop(
         return;
     }
     let spread = task.interval.min(STARTUP_SPREAD);
-    let first =
-        Duration::from_millis(task.splay.as_millis() as u64 % spread.as_millis().max(1) as u64);
-    let mut next = Instant::now() + first;
+    let first = Duration::from_millis((task.splay.as_millis() % spread.as_millis().max(1)) as u64);
+    let mut next = later(first);
     let due = |after: Duration| {
-        let at = crate::value::unix_ms(SystemTime::now() + after);
+        let at = SystemTime::now()
+            .checked_add(after)
+            .map_or(u64::MAX, crate::value::unix_ms);
         stats
             .probe(&task.name)
             .next_due_ms
@@ -205,22 +207,27 @@ async fn probe_loop(
     let mut inflight: Option<JoinHandle<()>> = None;
     // What this probe already logged, so a misbehaving probe does not repeat itself.
     let output_log = Arc::new(Mutex::new(OutputLog::default()));
+    // Skipped ticks are logged once per streak, not once per tick.
+    let mut skipping = false;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = sleep_until(next) => {}
         }
         let after = next_slot(SystemTime::now(), task.interval, task.splay);
-        next = Instant::now() + after;
+        next = later(after);
         due(after);
         if inflight.as_ref().is_some_and(|h| !h.is_finished()) {
             stats
                 .probe(&task.name)
                 .skipped_overlap
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(probe = %task.name, "still running at its next tick; this run is skipped");
+            if !std::mem::replace(&mut skipping, true) {
+                tracing::warn!(probe = %task.name, "still running at its next tick; this run is skipped (and later ones, until it ends)");
+            }
             continue;
         }
+        skipping = false;
         let (task, ctx, store, budget, stats, cancel, output_log) = (
             task.clone(),
             ctx.clone(),
@@ -247,6 +254,14 @@ async fn probe_loop(
     }
 }
 
+/// `now + after`, saturating at a year out (the config bounds intervals well below that).
+fn later(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after)
+        .or_else(|| now.checked_add(Duration::from_secs(366 * 86_400)))
+        .unwrap_or(now)
+}
+
 async fn run_one(
     task: &ProbeTask,
     ctx: &ProbeContext,
@@ -255,8 +270,12 @@ async fn run_one(
     stats: &Stats,
     output_log: &Mutex<OutputLog>,
 ) {
-    let Ok(_permit) = budget.acquire().await else {
-        return;
+    let _permit = match uses_budget(task) {
+        true => match budget.acquire().await {
+            Ok(p) => Some(p),
+            Err(_) => return,
+        },
+        false => None,
     };
     let run = probe::run_once(task, ctx).await;
     count_run(stats, &task.name, &run);
@@ -266,6 +285,12 @@ async fn run_one(
         .log_run(&task.name, &run);
     log_run(task, &run, store);
     record_run(store, task, &run);
+}
+
+/// File reads have their own capacity (`file_reader`): a hung filesystem must not take the
+/// budget that exec probes and the builtins run on.
+fn uses_budget(task: &ProbeTask) -> bool {
+    !matches!(task.kind, ProbeKind::File(_))
 }
 
 /// Log a failure when it is new (the resource was not already failing with the same error),
@@ -295,7 +320,10 @@ pub async fn run_all_once(
     for task in plan.tasks.iter().cloned() {
         let (ctx, budget) = (ctx.clone(), budget.clone());
         handles.push(tokio::spawn(async move {
-            let _permit = budget.acquire_owned().await;
+            let _permit = match uses_budget(&task) {
+                true => budget.acquire_owned().await.ok(),
+                false => None,
+            };
             let run = match &task.kind {
                 ProbeKind::Stream(_) => probe::stream::first_values(&task, &ctx).await,
                 _ => probe::run_once(&task, &ctx).await,

@@ -5,15 +5,21 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use common::task_from_yaml;
-use xce_agent::probe::{run_once, Outcome, ProbeRun};
+use xce_agent::plan::ProbeTask;
+use xce_agent::probe::{run_once, Outcome, ProbeContext, ProbeRun};
 use xce_agent::value::{Reading, Value};
 
-async fn probe(path: &std::path::Path, extra: &str, valtype: &str) -> ProbeRun {
+/// The task and context of a file probe on `path`; runs of one context share its reads.
+fn file_task(path: &std::path::Path, extra: &str, valtype: &str) -> (ProbeTask, ProbeContext) {
     let y = format!(
         "resources:\n  - name: f\n    valtype: {valtype}\n    interval: 30\n    probe: {{kind: file, path: '{}', timeout: 1s{extra}}}\n",
         path.display()
     );
-    let (task, ctx) = task_from_yaml(&y, "f", std::path::Path::new("/"));
+    task_from_yaml(&y, "f", std::path::Path::new("/"))
+}
+
+async fn probe(path: &std::path::Path, extra: &str, valtype: &str) -> ProbeRun {
+    let (task, ctx) = file_task(path, extra, valtype);
     run_once(&task, &ctx).await
 }
 
@@ -128,10 +134,11 @@ async fn blocking_path_times_out_without_piling_up() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("fifo");
     nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
-    let r = probe(&p, "", "numeric").await;
+    let (task, ctx) = file_task(&p, "", "numeric");
+    let r = run_once(&task, &ctx).await;
     assert_eq!(r.outcome, Outcome::TimedOut);
     assert!(failure(&r).starts_with(&format!("read of {} timed out", p.display())));
-    let again = probe(&p, "", "numeric").await;
+    let again = run_once(&task, &ctx).await;
     assert!(
         failure(&again).contains("is still blocked"),
         "{}",
@@ -152,4 +159,89 @@ async fn concurrent_reads_of_one_path_both_succeed() {
     for r in runs {
         assert_eq!(r.readings[0].1, Reading::Ok(Value::Numeric(9.0)));
     }
+}
+
+/// A root agent's file probe reads with its run_as user's rights: an /etc/shadow-like file
+/// (0600, root's) fails for `nobody` with the fix; `run_as: root` on the probe reads it; the
+/// switch is the reader thread's alone (the agent keeps its groups).
+#[tokio::test]
+async fn a_root_agent_reads_files_with_the_probe_users_rights() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP a_root_agent_reads_files_with_the_probe_users_rights: needs root (file probes read as run_as only when the agent is root)");
+        return;
+    }
+    let groups_before = nix::unistd::getgroups().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shadow = dir.path().join("shadow");
+    std::fs::write(&shadow, "root:*:19000:0:99999:7:::\n").unwrap();
+    std::fs::set_permissions(&shadow, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let public = dir.path().join("public");
+    std::fs::write(&public, "12\n").unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let as_nobody = |path: &std::path::Path, extra: &str| {
+        let (task, mut ctx) = file_task(path, extra, "string");
+        ctx.run_as = "nobody".into();
+        async move { run_once(&task, &ctx).await }
+    };
+    let denied = as_nobody(&shadow, ", regex: '^(\\w+):'").await;
+    assert_eq!(
+        failure(&denied),
+        format!(
+            "cannot open {}: permission denied for nobody (file probes read as run_as); make it readable by nobody (e.g. chgrp a group of nobody and chmod g+r), or set `run_as: root` on this probe",
+            shadow.display()
+        )
+    );
+    assert_eq!(
+        as_nobody(&public, "").await.readings[0].1,
+        Reading::Ok(Value::String("12".into()))
+    );
+    let as_root = as_nobody(&shadow, ", regex: '^(\\w+):', run_as: root").await;
+    assert_eq!(
+        as_root.readings[0].1,
+        Reading::Ok(Value::String("root".into()))
+    );
+    assert_eq!(nix::unistd::getgroups().unwrap(), groups_before);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let fsuid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        fsuid.split_whitespace().skip(1).all(|u| u == "0"),
+        "{fsuid}"
+    );
+}
+
+/// `check` says who each file probe reads as, and the bound on stuck reads.
+#[test]
+fn check_says_who_each_file_probe_reads_as() {
+    let setup = common::Setup::with_agent(
+        "resources:\n  - name: up\n    interval: 30\n    probe: {kind: file, path: /proc/uptime}\n  - name: secret\n    interval: 30\n    probe: {kind: file, path: /etc/shadow, run_as: root}\n",
+        "run_as: nobody\nmax_stuck_reads: 7\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+        .arg("--config")
+        .arg(setup.agent_yaml())
+        .arg("check")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    if nix::unistd::geteuid().is_root() {
+        assert!(
+            stdout.contains("up: reads /proc/uptime as nobody (run_as)"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("secret: reads /etc/shadow as root (`run_as: root`)"),
+            "{stdout}"
+        );
+    } else {
+        assert!(stdout.contains("up: reads /proc/uptime as "), "{stdout}");
+        assert!(stdout.contains("(the agent is not root)"), "{stdout}");
+    }
+    assert!(
+        stdout.contains("file reads: at most 7 may be stuck in the kernel (max_stuck_reads)"),
+        "{stdout}"
+    );
 }

@@ -134,7 +134,7 @@ fn gen_resource() -> impl Strategy<Value = GenResource> {
     (
         res_name(),
         prop_oneof![Just("numeric"), Just("string"), Just("boolean")],
-        1u32..100_000,
+        1u32..=86_400, // valid intervals: up to max_interval's default, a day
         0u8..3,
     )
         .prop_map(|(name, valtype, interval, kind)| GenResource {

@@ -279,6 +279,7 @@ fn exposition_of_every_kind(format: xce_agent::metrics::Format) -> String {
         store,
         link: Default::default(),
         probes,
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     });
     xce_agent::metrics::render(&registry, format)
 }

@@ -482,6 +482,7 @@ fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires
         store: Arc::new(xce_agent::store::Store::new()),
         link,
         probes,
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     });
     let text = xce_agent::metrics::render(&registry, xce_agent::metrics::Format::PrometheusText);
     assert!(

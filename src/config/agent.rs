@@ -30,6 +30,8 @@ struct RawAgent {
     status_group: Option<Spanned<String>>,
     tls: Option<Spanned<RawTls>>,
     insecure_plaintext: Option<Spanned<bool>>,
+    max_stuck_reads: Option<Spanned<i64>>,
+    max_interval: Option<Spanned<super::scalar::Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +79,10 @@ pub struct AgentConfig {
     pub tls: Option<TlsPaths>,
     /// Plaintext to the controllers, chosen in words.
     pub insecure_plaintext: bool,
+    /// File reads stuck in the kernel (hung filesystem) before new reads are refused.
+    pub max_stuck_reads: usize,
+    /// The longest `interval` resources.yaml may give.
+    pub max_interval: std::time::Duration,
 }
 
 impl AgentConfig {
@@ -85,13 +91,20 @@ impl AgentConfig {
             .as_deref()
             .unwrap_or(Path::new(DEFAULT_STATUS_SOCKET))
     }
+
+    /// What resources.yaml is validated against.
+    pub fn bounds(&self) -> super::limits::Bounds {
+        super::limits::Bounds {
+            max_interval: self.max_interval,
+        }
+    }
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     let raw: RawAgent = if text.trim().is_empty() {
         RawAgent::default()
     } else {
-        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, text, &e))?
+        super::limits::parse_yaml(path, text)?
     };
     let mut errs = Errors::new(path);
     // Children run in `/`, so every path must be absolute, whatever the agent's cwd.
@@ -124,6 +137,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             DEFAULT_MAX_PARALLEL
         }
     };
+    let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
     if let Some(m) = &raw.metrics {
         if m.value.parse::<std::net::SocketAddr>().is_err() {
             errs.at(
@@ -200,7 +214,50 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             crl: t.value.crl.as_deref().map(resolve),
         }),
         insecure_plaintext,
+        max_stuck_reads,
+        max_interval,
     })
+}
+
+/// `max_stuck_reads` and `max_interval`, range-checked (the bounds in the messages).
+fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::Duration) {
+    use super::limits::{
+        DEFAULT_MAX_INTERVAL, DEFAULT_MAX_STUCK_READS, MAX_INTERVAL_CEILING, MAX_STUCK_READS_RANGE,
+    };
+    let stuck = match &raw.max_stuck_reads {
+        None => DEFAULT_MAX_STUCK_READS,
+        Some(m) if MAX_STUCK_READS_RANGE.contains(&m.value) => m.value as usize,
+        Some(m) => {
+            errs.at(
+                Pos::of(m),
+                format!(
+                    "max_stuck_reads must be between {} and {}, got {}",
+                    MAX_STUCK_READS_RANGE.start(),
+                    MAX_STUCK_READS_RANGE.end(),
+                    m.value
+                ),
+            );
+            DEFAULT_MAX_STUCK_READS
+        }
+    };
+    let interval =
+        match &raw.max_interval {
+            None => DEFAULT_MAX_INTERVAL,
+            Some(m) => match m.value.to_duration().and_then(|d| {
+                super::limits::check_duration("max_interval", d, MAX_INTERVAL_CEILING)
+            }) {
+                Ok(d) if d >= std::time::Duration::from_secs(1) => d,
+                Ok(_) => {
+                    errs.at(Pos::of(m), "max_interval must be at least 1s");
+                    DEFAULT_MAX_INTERVAL
+                }
+                Err(e) => {
+                    errs.at(Pos::of(m), e);
+                    DEFAULT_MAX_INTERVAL
+                }
+            },
+        };
+    (stuck, interval)
 }
 
 /// `host`, `host:port`, `[v6]:port` -> `host:port` with the default port filled in.

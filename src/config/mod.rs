@@ -4,6 +4,7 @@ pub mod agent;
 pub mod error;
 pub mod hostlist;
 mod probe_output;
+pub mod limits;
 mod raw;
 pub mod resources;
 pub mod scalar;
@@ -27,8 +28,7 @@ pub struct Config {
     pub digest: String,
 }
 
-/// Cap on a config file's size: a wrong path pointing at a log must not eat memory.
-const MAX_CONFIG_BYTES: u64 = 16 << 20;
+use limits::MAX_CONFIG_BYTES;
 
 fn read(path: &Path) -> Result<String, ConfigError> {
     let whole = || ConfigError::new(path, Pos::default(), "");
@@ -69,8 +69,15 @@ pub fn load_agent(path: &Path) -> Result<(AgentConfig, String), ConfigErrors> {
 }
 
 pub fn load_resources(path: &Path) -> Result<(Resources, String), ConfigErrors> {
+    load_resources_with(path, &limits::Bounds::default())
+}
+
+pub fn load_resources_with(
+    path: &Path,
+    bounds: &limits::Bounds,
+) -> Result<(Resources, String), ConfigErrors> {
     let text = read(path)?;
-    Ok((resources::parse(path, &text)?, text))
+    Ok((resources::parse_with(path, &text, bounds)?, text))
 }
 
 /// Load agent.yaml and the resources.yaml it names (or `resources_override`).
@@ -79,7 +86,7 @@ pub fn load(agent_path: &Path, resources_override: Option<&Path>) -> Result<Conf
     if let Some(r) = resources_override {
         agent.resources = PathBuf::from(r);
     }
-    let (resources, res_text) = load_resources(&agent.resources)?;
+    let (resources, res_text) = load_resources_with(&agent.resources, &agent.bounds())?;
     let digest = format!(
         "{:016x}",
         fnv1a(&[agent_text.as_bytes(), b"\0", res_text.as_bytes()])

@@ -10,6 +10,7 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
+use super::limits::Bounds;
 use super::probe_output;
 use super::raw::{
     near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, INSTANCE_FIELDS,
@@ -173,6 +174,8 @@ pub struct FileSpec {
     /// directory as `path`, its `*.prom` files.
     pub format: Option<Format>,
     pub select: crate::probe::output::Selection,
+    /// Who reads the file when the agent is root (default: agent.yaml's `run_as`).
+    pub run_as: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -210,8 +213,12 @@ pub fn check_resource_name(name: &str) -> Result<(), String> {
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
-    let raw: RawResourcesFile =
-        serde_saphyr::from_str(text).map_err(|e| super::error::from_yaml(path, text, &e))?;
+    parse_with(path, text, &Bounds::default())
+}
+
+/// Parse with the bounds agent.yaml sets (the longest interval).
+pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources, ConfigErrors> {
+    let raw: RawResourcesFile = super::limits::parse_yaml(path, text)?;
     let mut errs = Errors::new(path);
     for key in &raw.other_sections {
         if near_miss(&key.value, &["resources"]).is_some() {
@@ -243,7 +250,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
             }
             first_pos.insert(name.value.clone(), Pos::of(name));
         }
-        if let Some(res) = resource(&mut errs, entry, &mut out.ignored_fields) {
+        if let Some(res) = resource(&mut errs, entry, &mut out.ignored_fields, bounds) {
             raw_probes.push(entry.value.probe.as_ref());
             out.resources.push(res);
         }
@@ -258,6 +265,7 @@ fn resource(
     errs: &mut Errors,
     entry: &Spanned<RawResource>,
     ignored: &mut Vec<(String, String, Pos)>,
+    bounds: &Bounds,
 ) -> Option<Resource> {
     let raw = &entry.value;
     let pos = Pos::of(entry);
@@ -343,7 +351,9 @@ fn resource(
                 errs.at(Pos::of(i), "interval must be at least 1s");
                 None
             }
-            Ok(d) => Some(d),
+            Ok(d) => super::limits::check_interval(d, bounds)
+                .map_err(|e| errs.at(Pos::of(i), e))
+                .ok(),
             Err(e) => {
                 errs.at(Pos::of(i), format!("bad interval: {e}"));
                 None
@@ -517,7 +527,9 @@ fn duration_field(
             errs.at(Pos::of(f), format!("{what} must be greater than 0"));
             None
         }
-        Ok(d) => Some(d),
+        Ok(d) => super::limits::check_duration(what, d, super::limits::duration_bound(what))
+            .map_err(|e| errs.at(Pos::of(f), e))
+            .ok(),
         Err(e) => {
             errs.at(Pos::of(f), format!("bad {what}: {e}"));
             None
@@ -545,6 +557,7 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
             "regex",
             "max_age",
             "max_bytes",
+            "run_as",
             "format",
             "select",
             "aggregate",
@@ -739,20 +752,27 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
         return Limits::default();
     };
     let l = &raw.value;
-    let mut count = |f: &Option<Spanned<super::scalar::Scalar>>, bytes: bool| {
+    let mut count = |f: &Option<Spanned<super::scalar::Scalar>>, field: &str| {
         let f = f.as_ref()?;
-        let r = if bytes {
+        let r = if field == "address_space" || field == "memory" {
             f.value.to_bytes()
         } else {
             f.value.to_count()
         };
-        r.map_err(|e| errs.at(Pos::of(f), e)).ok()
+        let bound = super::limits::count_bound(field);
+        r.and_then(|n| {
+            (n <= bound)
+                .then_some(n)
+                .ok_or_else(|| format!("{field} {n} is larger than the limit of {bound}"))
+        })
+        .map_err(|e| errs.at(Pos::of(f), e))
+        .ok()
     };
-    let address_space = count(&l.address_space, true);
-    let open_files = count(&l.open_files, false);
-    let processes = count(&l.processes, false);
-    let memory = count(&l.memory, true);
-    let pids = count(&l.pids, false);
+    let address_space = count(&l.address_space, "address_space");
+    let open_files = count(&l.open_files, "open_files");
+    let processes = count(&l.processes, "processes");
+    let memory = count(&l.memory, "memory");
+    let pids = count(&l.pids, "pids");
     Limits {
         cpu: duration_field(errs, &l.cpu, "cpu limit"),
         address_space,
@@ -826,6 +846,7 @@ fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -
         select,
         max_age: duration_field(errs, &raw.max_age, "max_age"),
         max_bytes,
+        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
     })
 }
 

@@ -66,6 +66,10 @@ impl Scalar {
             Scalar::Float(x) if x.is_finite() && *x >= 0.0 && *x < 1e12 => {
                 Ok(Duration::from_secs_f64(*x))
             }
+            // Past i64 (YAML gives it as a float) or past any bound a config uses.
+            Scalar::Float(x) if x.is_finite() && *x >= 1e12 => Err(format!(
+                "{x:.0} seconds is too large (a duration is at most a year or less; see the field's limit)"
+            )),
             Scalar::Text(s) => {
                 let t = s.trim();
                 if let Ok(secs) = t.parse::<u64>() {
@@ -109,6 +113,9 @@ impl Scalar {
             Scalar::Int(i) if *i >= 0 => Ok(*i as u64),
             Scalar::Text(s) if s.trim().parse::<u64>().is_ok() => {
                 Ok(s.trim().parse::<u64>().unwrap_or_default())
+            }
+            Scalar::Float(x) if x.is_finite() && x.fract() == 0.0 && *x > 0.0 => {
+                Err(format!("{x:.0} is too large for a count"))
             }
             other => Err(format!("expected a non-negative whole number; got {other}")),
         }

@@ -1,85 +1,16 @@
 //! The file probe: a bounded read of one file (sysfs, or a file a cron job writes), an
 //! optional regex capture, and `max_age` on its mtime so a dead writer shows up as stale.
-//! The read runs on a blocking thread under a timeout: a hung NFS mount must not freeze the
-//! agent, and while one read is stuck no second one is started on the same path.
+//! The read itself runs in `file_reader` (a thread of its own, with the probe user's rights
+//! when the agent is root, under a timeout, and bounded when the filesystem hangs).
 
-use std::collections::HashSet;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use super::{Outcome, ProbeRun};
-use crate::config::FileSpec;
+use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
+use super::{Outcome, ProbeContext, ProbeRun};
+use crate::config::{FileSpec, ProbeKind};
 use crate::plan::ProbeTask;
 use crate::value::Reading;
-
-/// Paths whose read outlived its timeout and is still blocked in the kernel. Only those:
-/// two resources reading one path at the same moment is normal and both get their value.
-fn stuck() -> &'static Mutex<HashSet<PathBuf>> {
-    static STUCK: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
-    STUCK.get_or_init(Default::default)
-}
-
-fn lock_stuck() -> std::sync::MutexGuard<'static, HashSet<PathBuf>> {
-    stuck().lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One read's state, decided under the `stuck` lock so that "finished" and "timed out"
-/// cannot both miss each other: whichever comes second sees the other.
-#[derive(Default)]
-struct ReadState {
-    finished: bool,
-    timed_out: bool,
-}
-
-#[derive(Debug)]
-enum ReadOutcome {
-    Text(String),
-    /// This file (the probe's path, or one `*.prom` file of its directory) is this old.
-    TooOld(PathBuf, Duration),
-}
-
-fn read_bounded(
-    path: &Path,
-    max_bytes: u64,
-    max_age: Option<Duration>,
-) -> Result<ReadOutcome, String> {
-    let f =
-        std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
-    if meta.is_dir() {
-        return Err(format!("{} is a directory", path.display()));
-    }
-    if let Some(max_age) = max_age {
-        let mtime = meta
-            .modified()
-            .map_err(|e| format!("no mtime for {}: {e}", path.display()))?;
-        // A future mtime (clock skew) counts as fresh.
-        let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
-        if age > max_age {
-            return Ok(ReadOutcome::TooOld(path.to_owned(), age));
-        }
-    }
-    let mut buf = Vec::new();
-    f.take(max_bytes + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if buf.len() as u64 > max_bytes {
-        return Err(format!(
-            "{} is larger than max_bytes ({max_bytes})",
-            path.display()
-        ));
-    }
-    if buf.contains(&0) {
-        return Err(format!("{} contains NUL bytes", path.display()));
-    }
-    String::from_utf8(buf)
-        .map(ReadOutcome::Text)
-        .map_err(|_| format!("{} is not valid UTF-8", path.display()))
-}
 
 /// The value's text: the regex's first group (or whole match), else the first non-blank line.
 fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
@@ -104,35 +35,62 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
     }
 }
 
-/// The files a node_exporter textfile collector reads: `*.prom` in `dir`, in name order,
-/// joined; `max_bytes` bounds them all together, `max_age` each.
-fn read_textfile_dir(
-    dir: &Path,
-    max_bytes: u64,
-    max_age: Option<Duration>,
-) -> Result<ReadOutcome, String> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "prom") && p.is_file())
-        .collect();
-    files.sort();
-    let mut all = String::new();
-    for f in files {
-        let left = max_bytes.saturating_sub(all.len() as u64);
-        match read_bounded(&f, left, max_age)? {
-            old @ ReadOutcome::TooOld(..) => return Ok(old),
-            ReadOutcome::Text(t) => {
-                all.push_str(&t);
-                if !all.ends_with('\n') {
-                    all.push('\n');
-                }
-            }
-        }
+/// Who a file probe reads as: the probe's `run_as`, else the agent's, when the agent is
+/// root; `root` (or a non-root agent) reads with the agent's own rights.
+pub fn reader_credentials(
+    spec: &FileSpec,
+    ctx: &ProbeContext,
+) -> Result<Option<super::process::Credentials>, String> {
+    super::exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as)
+}
+
+pub async fn run(
+    task: &ProbeTask,
+    spec: &FileSpec,
+    ctx: &ProbeContext,
+    started: SystemTime,
+) -> ProbeRun {
+    let t0 = std::time::Instant::now();
+    let fail =
+        |why: String, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
+    let creds = match reader_credentials(spec, ctx) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("run_as: {e}"), Outcome::Failed),
+    };
+    let request = ReadRequest {
+        path: spec.path.clone(),
+        max_bytes: spec.max_bytes,
+        max_age: spec.max_age,
+        timeout: task.timeout,
+        creds,
+        // A probe output format reads a node_exporter textfile directory's `*.prom` files.
+        textfiles: spec.format.is_some(),
+    };
+    let result = match ctx.files.read(request).await {
+        Err(ReadError::TimedOut(e)) => return fail(e, Outcome::TimedOut),
+        Err(ReadError::Refused(e)) => return fail(e, Outcome::Failed),
+        Err(ReadError::Failed(e)) => Err(e),
+        Ok(r) => Ok(r),
+    };
+    if let Some(format) = spec.format {
+        return in_format(task, spec, format, result, started, t0.elapsed());
     }
-    Ok(ReadOutcome::Text(all))
+    let text = match result {
+        Err(e) => return fail(e, Outcome::Failed),
+        Ok(ReadOutcome::TooOld(path, age)) => {
+            let stale = Reading::Stale(too_old(&path, age, spec));
+            return ProbeRun::single(task, started, t0.elapsed(), stale);
+        }
+        Ok(ReadOutcome::Text(text)) => text,
+    };
+    let reading = match extract(spec, &text) {
+        Err(e) => return fail(e, Outcome::Failed),
+        Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
+            Ok(v) => Reading::Ok(v),
+            Err(e) => return fail(e.to_string(), Outcome::Failed),
+        },
+    };
+    ProbeRun::single(task, started, t0.elapsed(), reading)
 }
 
 fn too_old(path: &Path, age: Duration, spec: &FileSpec) -> String {
@@ -186,72 +144,46 @@ fn in_format(
     }
 }
 
-pub async fn run(task: &ProbeTask, spec: &FileSpec, started: SystemTime) -> ProbeRun {
-    let t0 = std::time::Instant::now();
-    let fail =
-        |why: String, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
-    if lock_stuck().contains(&spec.path) {
-        return fail(
-            format!(
-                "an earlier read of {} is still blocked (hung filesystem?)",
+/// (resource, text) lines for `check`.
+pub type Findings = Vec<(String, String)>;
+
+/// What `check` says about file probes: who each one reads as, and the stuck-read bound.
+/// Problems (the probe cannot run here) and notes.
+pub fn check_notes(
+    plan: &crate::plan::Plan,
+    default_run_as: &str,
+    max_stuck_reads: usize,
+) -> (Findings, Findings) {
+    let (mut problems, mut notes) = (Vec::new(), Vec::new());
+    let root = nix::unistd::geteuid().is_root();
+    for t in &plan.tasks {
+        let ProbeKind::File(spec) = &t.kind else {
+            continue;
+        };
+        let user = spec.run_as.as_deref().unwrap_or(default_run_as);
+        let who = match super::exec::credentials_for(spec.run_as.as_deref(), default_run_as) {
+            Err(e) => {
+                problems.push((t.name.clone(), format!("run_as: {e}")));
+                continue;
+            }
+            Ok(Some(c)) => format!("reads {} as {} (run_as)", spec.path.display(), c.user),
+            Ok(None) if root => format!(
+                "reads {} as root (`run_as: {user}`): root's rights, every file readable",
                 spec.path.display()
             ),
-            Outcome::TimedOut,
-        );
-    }
-    let state = Arc::new(Mutex::new(ReadState::default()));
-    let (path, max_bytes, max_age) = (spec.path.clone(), spec.max_bytes, spec.max_age);
-    let textfiles = spec.format.is_some();
-    let read_state = state.clone();
-    let read = tokio::task::spawn_blocking(move || {
-        let r = if textfiles && path.is_dir() {
-            read_textfile_dir(&path, max_bytes, max_age)
-        } else {
-            read_bounded(&path, max_bytes, max_age)
+            Ok(None) => format!(
+                "reads {} as {} (the agent is not root)",
+                spec.path.display(),
+                super::exec::current_user_name()
+            ),
         };
-        let mut stuck = lock_stuck();
-        let mut st = read_state.lock().unwrap_or_else(|p| p.into_inner());
-        st.finished = true;
-        if st.timed_out {
-            stuck.remove(&path);
-        }
-        r
-    });
-    let result = match tokio::time::timeout(task.timeout, read).await {
-        Err(_) => {
-            {
-                let mut stuck = lock_stuck();
-                let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-                if !st.finished {
-                    st.timed_out = true;
-                    stuck.insert(spec.path.clone());
-                }
-            }
-            return fail(
-                format!(
-                    "read of {} timed out after {}",
-                    spec.path.display(),
-                    humantime::format_duration(task.timeout)
-                ),
-                Outcome::TimedOut,
-            );
-        }
-        Ok(Err(join)) => Err(format!("read task failed: {join}")),
-        Ok(Ok(r)) => r,
-    };
-    if let Some(format) = spec.format {
-        return in_format(task, spec, format, result, started, t0.elapsed());
+        notes.push((t.name.clone(), who));
     }
-    let reading = match result {
-        Err(e) => return fail(e, Outcome::Failed),
-        Ok(ReadOutcome::TooOld(path, age)) => Reading::Stale(too_old(&path, age, spec)),
-        Ok(ReadOutcome::Text(text)) => match extract(spec, &text) {
-            Err(e) => return fail(e, Outcome::Failed),
-            Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
-                Ok(v) => Reading::Ok(v),
-                Err(e) => return fail(e.to_string(), Outcome::Failed),
-            },
-        },
-    };
-    ProbeRun::single(task, started, t0.elapsed(), reading)
+    if notes.iter().chain(&problems).next().is_some() {
+        notes.push((
+            "-".to_owned(),
+            format!("file reads: at most {max_stuck_reads} may be stuck in the kernel (max_stuck_reads) before reads of paths that never answered fail at once; reads on the mount of a stuck read fail at once until it returns"),
+        ));
+    }
+    (problems, notes)
 }

@@ -8,7 +8,9 @@ pub mod child;
 pub mod debug;
 pub mod exec;
 pub mod file;
+pub mod file_reader;
 pub mod output;
+pub mod reader_creds;
 pub mod reaper;
 pub mod security;
 pub mod stream;
@@ -38,6 +40,8 @@ pub struct ProbeContext {
     /// Default user for exec/stream probes when the agent runs as root.
     pub run_as: String,
     pub builtin: Arc<dyn BuiltinSource>,
+    /// File reads: their own threads, and the bound on reads stuck in the kernel.
+    pub files: Arc<file_reader::FileReads>,
 }
 
 /// How a run went, for counters and the `--once` table.
@@ -268,7 +272,7 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             ProbeRun::single(task, started, t0.elapsed(), reading)
         }
         ProbeKind::Exec(spec) => exec::run(task, spec, ctx, started).await,
-        ProbeKind::File(spec) => file::run(task, spec, started).await,
+        ProbeKind::File(spec) => file::run(task, spec, ctx, started).await,
         ProbeKind::Stream(_) => ProbeRun::all_failed(
             task,
             started,

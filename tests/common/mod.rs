@@ -101,6 +101,7 @@ pub fn task_from_yaml(
         // Tests may run as root (CI): run probes as root there so temp files stay readable.
         run_as: "root".into(),
         builtin: std::sync::Arc::new(NoBuiltins),
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     };
     (task, ctx)
 }
@@ -133,6 +134,7 @@ pub fn load_task(
         plugin_dir: config.agent.plugin_dir.clone(),
         run_as: config.agent.run_as.clone(),
         builtin: std::sync::Arc::new(NoBuiltins),
+        files: xce_agent::probe::file_reader::FileReads::new(32),
     };
     (task, ctx)
 }

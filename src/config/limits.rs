@@ -1,0 +1,186 @@
+//! The bounds on every number a config may hold, in one table, and the YAML parser's budget.
+//! A value past its bound is a config error that names the bound, so nothing later (plans,
+//! timers, deadlines) can overflow on it; the arithmetic on config values saturates anyway.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::error::{ConfigError, Pos};
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Default for agent.yaml's `max_interval`: a probe that runs less than daily is a cron job.
+pub const DEFAULT_MAX_INTERVAL: Duration = DAY;
+/// What `max_interval` itself may be raised to.
+pub const MAX_INTERVAL_CEILING: Duration = Duration::from_secs(31_557_600); // humantime's year
+
+/// Bounds on durations other than `interval`, by field.
+pub fn duration_bound(field: &str) -> Duration {
+    match field {
+        // A file written weekly by a cron job may legitimately be weeks old.
+        "max_age" => MAX_INTERVAL_CEILING,
+        // stale_after and silence are a few intervals; the default interval bound is a day.
+        "stale_after" | "silence" => DAY * 30,
+        // timeout, cpu limit: a probe run longer than a day is not a probe.
+        _ => DAY,
+    }
+}
+
+/// Bounds on counts and sizes, by field: (largest accepted, what it means).
+pub fn count_bound(field: &str) -> u64 {
+    match field {
+        "address_space" => 1 << 50, // 1 PiB: larger means "no limit"; leave it out
+        "open_files" => 1 << 20,    // the kernel's default nr_open
+        "processes" => 1 << 22,     // the kernel's pid_max ceiling
+        "pids" => 1 << 22,          // pids.max of a probe's cgroup: the same ceiling
+        "memory" => 1 << 50,        // memory.max of a probe's cgroup: 1 PiB, as address_space
+        _ => u64::MAX,
+    }
+}
+
+/// agent.yaml's `max_stuck_reads`: default and range.
+pub const DEFAULT_MAX_STUCK_READS: usize = 32;
+pub const MAX_STUCK_READS_RANGE: std::ops::RangeInclusive<i64> = 1..=1024;
+
+/// The bounds resources.yaml is validated against (from agent.yaml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_interval: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_interval: DEFAULT_MAX_INTERVAL,
+        }
+    }
+}
+
+/// Check a duration field against its bound; the message names the bound.
+pub fn check_duration(field: &str, d: Duration, bound: Duration) -> Result<Duration, String> {
+    if d > bound {
+        Err(format!(
+            "{field} {} is longer than the limit of {}",
+            humantime::format_duration(d),
+            humantime::format_duration(bound)
+        ))
+    } else {
+        Ok(d)
+    }
+}
+
+/// The interval check, with what to do about it.
+pub fn check_interval(d: Duration, bounds: &Bounds) -> Result<Duration, String> {
+    check_duration("interval", d, bounds.max_interval).map_err(|e| {
+        format!(
+            "{e} (agent.yaml's max_interval; raise it there, up to {}, if the probe really runs that rarely)",
+            humantime::format_duration(MAX_INTERVAL_CEILING)
+        )
+    })
+}
+
+/// Room for about 100,000 resources of a few dozen fields each (BENCHMARKS.md measures
+/// `check` at 100,000). Honest files scale with these; an alias bomb is stopped by the
+/// alias limits below, which honest files (no or few aliases) never approach.
+pub const MAX_YAML_NODES: usize = 8_000_000;
+/// A config file's size cap: a wrong path pointing at a log must not eat memory.
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
+/// Events that aliases may replay in one file, in all: the alias-bomb guard.
+pub const MAX_ALIAS_REPLAY: usize = 1_000_000;
+
+fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
+    let mut alias_limits = serde_saphyr::options::AliasLimits::default();
+    alias_limits.max_total_replayed_events = MAX_ALIAS_REPLAY;
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_nodes: max_nodes,
+            max_events: max_nodes.saturating_mul(2),
+            max_recorded_anchor_events: MAX_ALIAS_REPLAY,
+        },
+        alias_limits: alias_limits,
+    }
+}
+
+/// Parse a config file's YAML under the agent's budget. A breach names the limit and what
+/// to do; any other error is the parser's, positioned.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, ConfigError> {
+    parse_yaml_limited(path, text, MAX_YAML_NODES)
+}
+
+fn parse_yaml_limited<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+    max_nodes: usize,
+) -> Result<T, ConfigError> {
+    serde_saphyr::from_str_with_options(text, yaml_options(max_nodes)).map_err(|e| {
+        let whole = |message: String| ConfigError::new(path, Pos::default(), message);
+        if let serde_saphyr::Error::Budget { breach, .. } = innermost(&e) {
+            return whole(budget_message(breach, max_nodes));
+        }
+        let raw = e.to_string();
+        if raw.contains("alias") && raw.contains("replay") {
+            return whole(alias_message());
+        }
+        super::error::from_yaml(path, text, &e)
+    })
+}
+
+/// The error under the parser's wrappers (alias locations, snippets).
+fn innermost(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    use serde_saphyr::Error as E;
+    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = e {
+        e = error;
+    }
+    e
+}
+
+fn alias_message() -> String {
+    format!(
+        "the file's aliases (*name) expand to more than {MAX_ALIAS_REPLAY} YAML events, the agent's limit against alias bombs; write the repeated parts out instead of aliasing them"
+    )
+}
+
+fn budget_message(breach: &serde_saphyr::budget::BudgetBreach, max_nodes: usize) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    match breach {
+        B::Nodes { .. } | B::Events { .. } => format!(
+            "the file has more than {max_nodes} YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file"
+        ),
+        B::Aliases { .. }
+        | B::Anchors { .. }
+        | B::AliasAnchorRatio { .. }
+        | B::RecordedAnchorEvents { .. }
+        | B::RecordedAnchorBytes { .. } => alias_message(),
+        B::Depth { depth } => format!(
+            "the file nests {depth} levels deep, past the YAML parser's limit; a resources file needs fewer than 10 (look for a runaway indentation or [[[...]]])"
+        ),
+        other => format!(
+            "the file exceeds a YAML parser limit ({other:?}); it is not a config file the agent can load"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_named_in_the_message() {
+        let e = check_interval(DAY * 2, &Bounds::default()).unwrap_err();
+        assert!(e.contains("2days") && e.contains("limit of 1day"), "{e}");
+        assert!(e.contains("max_interval"), "{e}");
+        assert_eq!(check_interval(DAY, &Bounds::default()), Ok(DAY));
+    }
+
+    #[test]
+    fn past_the_node_limit_the_message_names_it_and_what_to_do() {
+        let text = format!("x: [{}]\n", vec!["1"; 2000].join(","));
+        let e = parse_yaml_limited::<serde::de::IgnoredAny>(Path::new("r.yaml"), &text, 1000)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "r.yaml: the file has more than 1000 YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file");
+    }
+}
