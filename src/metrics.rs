@@ -441,7 +441,12 @@ fn encode_tls(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
         "xce_link_tls_failures",
         "TLS handshakes or sessions with a controller that failed, by reason.",
         MetricType::Counter,
-        Failure::ALL.map(|why| ([("reason", why.as_str())], Sample::Counter(link.tls_failures(why)))),
+        Failure::ALL.map(|why| {
+            (
+                [("reason", why.as_str())],
+                Sample::Counter(link.tls_failures(why)),
+            )
+        }),
     )?;
     let not_after = link.cert_not_after.load(Ordering::Relaxed);
     if not_after != 0 {

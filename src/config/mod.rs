@@ -3,8 +3,8 @@
 pub mod agent;
 pub mod error;
 pub mod hostlist;
-mod probe_output;
 pub mod limits;
+mod probe_output;
 mod raw;
 pub mod resources;
 pub mod scalar;
