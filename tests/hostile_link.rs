@@ -56,22 +56,29 @@ fn wait_event(listen: &mut ListenProc, event: &str, host: &str) -> serde_json::V
 #[tokio::test]
 async fn amplification_batches_cost_listen_one_log_line_per_connection_and_no_resval() {
     let mut listen = ListenProc::spawn();
-    let mut frames = hello("node001", &["gpu".to_owned()]);
-    for seq in 1..=12 {
-        frames.extend(zero_sized_batch(seq, 1_000_000));
-    }
+    // Eight hosts, one connection each (a second live connection for one host would replace
+    // the first: that rule has its own tests).
+    let hosts: Vec<String> = (1..=8).map(|i| format!("node10{i}")).collect();
     let mut conns = Vec::new();
-    for _ in 0..8 {
+    for host in &hosts {
+        let mut frames = hello(host, &["gpu".to_owned()]);
+        for seq in 1..=12 {
+            frames.extend(zero_sized_batch(seq, 1_000_000));
+        }
         conns.push(send(listen.addr, &frames).await);
     }
-    for _ in 0..8 {
-        let dropped = wait_event(&mut listen, "dropped", "node001");
+    // The eight drops, in whatever order the connections end.
+    let mut dropped_hosts = std::collections::BTreeSet::new();
+    while dropped_hosts.len() < hosts.len() {
+        let dropped = listen.next_json(|v| v["event"] == "dropped");
         let error = dropped["error"].as_str().unwrap_or_default();
         assert!(
             error.contains("Batch.resvals holds 1000000 entries, more than the 1"),
             "{dropped}"
         );
+        dropped_hosts.insert(dropped["host"].as_str().unwrap_or_default().to_owned());
     }
+    assert_eq!(dropped_hosts, hosts.iter().cloned().collect());
     // A well-behaved agent afterwards still gets through.
     let mut good = hello("node002", &["gpu".to_owned()]);
     good.extend(batch(1, true, vec![resval("gpu", Value::Numeric(3.0))]));
@@ -83,7 +90,7 @@ async fn amplification_batches_cost_listen_one_log_line_per_connection_and_no_re
     let (stdout, stderr) = listen.terminate_and_collect();
     let accepted = stdout
         .iter()
-        .filter(|l| l.contains("\"resval\"") && l.contains("node001"))
+        .filter(|l| l.contains("\"resval\"") && hosts.iter().any(|h| l.contains(h.as_str())))
         .count();
     assert_eq!(
         accepted, 0,
@@ -135,7 +142,7 @@ async fn a_flood_of_rejected_resvals_makes_one_warning_and_a_summary() {
 
 #[tokio::test]
 async fn forged_names_cannot_forge_lines_in_listens_text_output() {
-    let mut listen = ListenProc::spawn_format("table");
+    let mut listen = ListenProc::spawn_format("text");
     let forged_host = "evil\nnode042 gpu_free ok 8 last_report=never seq=1 full\nnode042";
     let mut forged = hello(forged_host, &["gpu_free".to_owned()]);
     forged.extend(batch(

@@ -284,6 +284,6 @@ mod tests {
             fields.contains(&"kind") && fields.contains(&"stale_after"),
             "{fields:?}"
         );
-        assert_eq!(field_names::<RawLimits>().len(), 4);
+        assert_eq!(field_names::<RawLimits>().len(), 6);
     }
 }
