@@ -109,6 +109,17 @@ impl ProbeRun {
         pairs: Vec<output::Pair>,
     ) -> Self {
         let (readings, unexpected) = readings_from_pairs(task, pairs);
+        Self::parsed(started, duration, readings, unexpected, Vec::new())
+    }
+
+    /// A run whose output was read: failed if any reading failed, else ok.
+    fn parsed(
+        started: SystemTime,
+        duration: Duration,
+        readings: Vec<(String, Reading)>,
+        unexpected: Vec<String>,
+        bad_lines: Vec<String>,
+    ) -> Self {
         let any_failed = readings
             .iter()
             .any(|(_, r)| matches!(r, Reading::Failed(_)));
@@ -123,7 +134,7 @@ impl ProbeRun {
             readings,
             unexpected,
             exec: None,
-            bad_lines: Vec::new(),
+            bad_lines,
         }
     }
 
@@ -186,9 +197,6 @@ impl ProbeRun {
                 }
             }
         }
-        let any_failed = readings
-            .iter()
-            .any(|(_, r)| matches!(r, Reading::Failed(_)));
         let unexpected = if format.selectable() {
             Vec::new()
         } else {
@@ -199,19 +207,8 @@ impl ProbeRun {
                 .map(|s| s.name.clone())
                 .collect()
         };
-        Self {
-            started,
-            duration,
-            outcome: if any_failed {
-                Outcome::Failed
-            } else {
-                Outcome::Ok
-            },
-            readings,
-            unexpected,
-            exec: None,
-            bad_lines: parsed.bad_lines.iter().map(ToString::to_string).collect(),
-        }
+        let bad_lines = parsed.bad_lines.iter().map(ToString::to_string).collect();
+        Self::parsed(started, duration, readings, unexpected, bad_lines)
     }
 
     /// Whether the run counts as ok: what `--once` and `probe NAME` both exit by.
