@@ -14,6 +14,8 @@
 //!
 //! Run: `cargo bench --bench tls` (env CONNECTS=500 DELTAS=20000 STORM=1000).
 
+mod proc_stats;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -82,21 +84,6 @@ fn batch(seq: u64, full: bool, n: usize) -> Vec<u8> {
     wire::encode_envelope(&env).expect("encode")
 }
 
-/// utime + stime of a process, from /proc/PID/stat.
-fn proc_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let f: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .expect("fields")
-        .split_whitespace()
-        .collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let ticks: f64 = f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
-    Duration::from_secs_f64(ticks / hz)
-}
-
 /// `xce-agent listen` on `addr`, counting its output lines and hellos.
 struct Listen {
     child: Child,
@@ -154,7 +141,7 @@ impl Listen {
     }
 
     fn cpu(&self) -> Duration {
-        proc_cpu(self.child.id())
+        Duration::from_secs_f64(proc_stats::proc_cpu(self.child.id()))
     }
 
     fn wait(&self, counter: &AtomicU64, n: u64) {
