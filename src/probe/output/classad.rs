@@ -190,14 +190,7 @@ mod tests {
     fn malformed_lines_are_named_and_the_rest_kept() {
         let p = run("A = 1\nnot an attribute\n2x = 3\nB =\nC = ERROR\nD = 4\n");
         assert_eq!(p.samples.len(), 2);
-        let lines: Vec<usize> = p
-            .bad_lines
-            .iter()
-            .map(|e| match e {
-                OutputError::Line { line, .. } => *line,
-                _ => 0,
-            })
-            .collect();
+        let lines = super::super::test_support::bad_line_numbers(&p);
         assert_eq!(lines, vec![2, 3, 4, 5]);
     }
 }

@@ -160,12 +160,7 @@ mod tests {
     use super::*;
 
     fn run(text: &str) -> Parsed {
-        parse(&Input {
-            text,
-            exit: Some(0),
-            own: "x",
-        })
-        .unwrap()
+        super::super::test_support::parse_ok(parse, text)
     }
 
     #[test]
@@ -201,14 +196,7 @@ mod tests {
         let p =
             run("a x=1\nnofields\nb y=\ncc z=\"open\nd w=1 notatime\ne v=12x\nf,t u=1\nok k=2\n");
         assert_eq!(p.samples.len(), 2, "{:?}", p.samples);
-        let lines: Vec<usize> = p
-            .bad_lines
-            .iter()
-            .map(|e| match e {
-                OutputError::Line { line, .. } => *line,
-                _ => 0,
-            })
-            .collect();
+        let lines = super::super::test_support::bad_line_numbers(&p);
         assert_eq!(lines, vec![2, 3, 4, 5, 6, 7]);
     }
 }

@@ -292,6 +292,32 @@ fn clip(s: &str) -> String {
     s.chars().take(40).collect()
 }
 
+/// What the parsers' own tests share: a run of one parser on text that exited 0, and the
+/// numbers of the lines it named as malformed.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::{Input, OutputError, Parsed};
+
+    pub fn parse_ok(parse: fn(&Input) -> Result<Parsed, OutputError>, text: &str) -> Parsed {
+        parse(&Input {
+            text,
+            exit: Some(0),
+            own: "x",
+        })
+        .expect("parses")
+    }
+
+    pub fn bad_line_numbers(p: &Parsed) -> Vec<usize> {
+        p.bad_lines
+            .iter()
+            .map(|e| match e {
+                OutputError::Line { line, .. } => *line,
+                _ => 0,
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

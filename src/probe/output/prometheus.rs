@@ -155,12 +155,7 @@ mod tests {
     use super::*;
 
     fn run(text: &str) -> Parsed {
-        parse(&Input {
-            text,
-            exit: Some(0),
-            own: "x",
-        })
-        .unwrap()
+        super::super::test_support::parse_ok(parse, text)
     }
 
     #[test]
@@ -198,14 +193,7 @@ mod tests {
     fn malformed_lines_are_named_and_the_rest_kept() {
         let p = run("good 1\n{x=\"1\"} 2\nm{a=1} 3\nm{a=\"1\" 4\nn\nv abc\nw 1 2 3\nalso_good 2\n");
         assert_eq!(p.samples.len(), 2);
-        let lines: Vec<usize> = p
-            .bad_lines
-            .iter()
-            .map(|e| match e {
-                OutputError::Line { line, .. } => *line,
-                _ => 0,
-            })
-            .collect();
+        let lines = super::super::test_support::bad_line_numbers(&p);
         assert_eq!(lines, vec![2, 3, 4, 5, 6, 7]);
     }
 }
