@@ -349,11 +349,10 @@ fn readme_configuration_snippet_works_when_pasted() {
         .and_then(|s| s.split("```").next())
         .expect("a yaml block in README's Configuration section");
     let s = Setup::with_agent(snippet, "");
-    std::fs::write(
-        s.agent_yaml(),
-        format!("host: node001\nresources: resources.yaml\nplugin_dir: {root}/plugins\n"),
-    )
-    .unwrap();
+    // The shipped plugin, copied into the site's plugin_dir: the checkout itself may sit under
+    // a directory its probe user (nobody) cannot enter.
+    let shipped = std::fs::read_to_string(format!("{root}/plugins/scratch_free")).unwrap();
+    s.script("scratch_free", &shipped);
     let out = agent(&s).arg("check").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
