@@ -18,7 +18,7 @@
 //! is this build's `xce-agent`, or `XCE_AGENT_BIN` (e.g. a release build driven from
 //! `cargo test --bench hostile`: only the measured processes need to be optimised).
 
-#[path = "../tests/link_common/mod.rs"]
+#[path = "../tests/it/support/frames.rs"]
 mod link_common;
 mod proc_stats;
 

@@ -1,0 +1,284 @@
+//! Limits that say their name: every duration, size and count in a config is range-checked
+//! with the bound in the message, nothing from parse to plan panics on an extreme number,
+//! 100,000 honest resources load, and an alias bomb does not.
+
+use crate::support as common;
+use crate::support as e2e_common;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use proptest::prelude::*;
+use xce_agent::config::{self, agent, resources, Config};
+use xce_agent::plan::make_plan;
+
+fn errors(yaml: &str) -> String {
+    match resources::parse(Path::new("resources.yaml"), yaml) {
+        Ok(_) => panic!("accepted:\n{yaml}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn with_probe(interval: &str, probe: &str) -> String {
+    format!(
+        "resources:\n  - name: x\n    interval: {interval}\n    probe: {{kind: file, path: /proc/uptime{probe}}}\n"
+    )
+}
+
+#[test]
+fn an_interval_over_a_day_is_refused_with_the_bound_and_the_fix() {
+    let e = errors(&with_probe("100y", ""));
+    assert!(
+        e.contains("resources.yaml:3:15: interval 100years is longer than the limit of 1day (agent.yaml's max_interval; raise it there"),
+        "{e}"
+    );
+    for extreme in [
+        "300000000000years",
+        "18446744073709551615s",
+        "18446744073709551615",
+    ] {
+        let e = errors(&with_probe(extreme, ""));
+        assert!(e.contains("resources.yaml:3:15:"), "{extreme}: {e}");
+    }
+}
+
+#[test]
+fn max_interval_in_agent_yaml_moves_the_bound_up_to_a_year() {
+    let site = common::Setup::with_agent(&with_probe("2d", ""), "max_interval: 3d\n");
+    let c = config::load(&site.agent_yaml(), None).expect("2d under a 3d bound");
+    assert_eq!(
+        c.resources.resources[0].interval,
+        Some(Duration::from_secs(2 * 86_400))
+    );
+    let e = agent::parse(Path::new("agent.yaml"), "max_interval: 2years\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("agent.yaml:1:15: max_interval 2years is longer than the limit of 1year"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_other_duration_size_and_count_names_its_bound() {
+    let cases = [
+        (
+            ", timeout: 2d",
+            "timeout 2days is longer than the limit of 1day",
+        ),
+        (", stale_after: 40d", "is longer than the limit of 30days"),
+        (
+            ", max_age: 3y",
+            "max_age 3years is longer than the limit of 1year",
+        ),
+    ];
+    for (probe, want) in cases {
+        let e = errors(&with_probe("30", probe));
+        assert!(e.contains(want), "{probe}: {e}");
+    }
+    let exec = |limits: &str| {
+        format!("resources:\n  - name: x\n    interval: 30\n    probe: {{kind: exec, command: [p], limits: {{{limits}}}}}\n")
+    };
+    for (limits, want) in [
+        ("cpu: 9999999999999s", "cpu limit 316880years"),
+        (
+            "open_files: 99999999999",
+            "open_files 99999999999 is larger than the limit of 1048576",
+        ),
+        (
+            "processes: 18446744073709551615",
+            "18446744073709551616 is too large for a count",
+        ),
+        ("address_space: 99999999TiB", "too large"),
+    ] {
+        let e = errors(&exec(limits));
+        assert!(e.contains(want), "{limits}: {e}");
+    }
+    for (agent_yaml, want) in [
+        (
+            "max_stuck_reads: 0\n",
+            "max_stuck_reads must be between 1 and 1024, got 0",
+        ),
+        (
+            "max_stuck_reads: 99999999999\n",
+            "max_stuck_reads must be between 1 and 1024",
+        ),
+        (
+            "max_parallel: -1\n",
+            "max_parallel must be between 1 and 1024",
+        ),
+    ] {
+        let e = agent::parse(Path::new("agent.yaml"), agent_yaml)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{agent_yaml}: {e}");
+    }
+}
+
+/// The whole path from the files to what the daemon computes from them: plan, store slots,
+/// hello, splay and the next slot.
+fn parse_to_plan(agent_yaml: &str, resources_yaml: &str) {
+    let site = common::Setup::with_agent(resources_yaml, agent_yaml);
+    let Ok(config): Result<Config, _> = config::load(&site.agent_yaml(), None) else {
+        return;
+    };
+    let plan = make_plan(&config.resources, "node001", &Default::default());
+    let store = xce_agent::store::Store::new();
+    store.declare(xce_agent::daemon::declared(&plan));
+    let _ = xce_agent::daemon::hello(&config, &plan, "boot");
+    for t in &plan.tasks {
+        assert!(t.splay < t.interval, "{t:?}");
+        let next = xce_agent::schedule::next_slot(SystemTime::now(), t.interval, t.splay);
+        assert!(next <= t.interval, "{t:?}");
+    }
+    store.sweep(SystemTime::now() + Duration::from_secs(400 * 86_400));
+}
+
+fn extreme_duration() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("300000000000years".to_owned()),
+        Just("18446744073709551615s".to_owned()),
+        Just("18446744073709551615".to_owned()),
+        Just("9223372036854775807".to_owned()),
+        Just("1e308".to_owned()),
+        Just("-1".to_owned()),
+        Just("0.0000001".to_owned()),
+        (
+            any::<u64>(),
+            prop::sample::select(vec!["ns", "ms", "s", "m", "h", "d", "w", "years", ""])
+        )
+            .prop_map(|(n, u)| format!("{n}{u}")),
+        (
+            0u64..100_000,
+            prop::sample::select(vec!["s", "m", "h", "d"])
+        )
+            .prop_map(|(n, u)| format!("{n}{u}")),
+    ]
+}
+
+fn extreme_count() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<u64>().prop_map(|n| n.to_string()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        (
+            any::<u64>(),
+            prop::sample::select(vec!["KiB", "MiB", "GiB", "TiB"])
+        )
+            .prop_map(|(n, u)| format!("{n}{u}")),
+    ]
+}
+
+proptest! {
+    #![proptest_config(crate::support::proptest_config(64))]
+
+    #[test]
+    fn no_extreme_number_panics_from_parse_to_plan(
+        interval in extreme_duration(),
+        timeout in extreme_duration(),
+        stale in extreme_duration(),
+        silence in extreme_duration(),
+        max_age in extreme_duration(),
+        cpu in extreme_duration(),
+        max_interval in extreme_duration(),
+        count in extreme_count(),
+        stuck in extreme_count(),
+    ) {
+        let agent_yaml = format!("max_interval: {max_interval}\nmax_stuck_reads: {stuck}\n");
+        let file = format!(
+            "resources:\n  - name: f\n    interval: {interval}\n    probe: {{kind: file, path: /proc/uptime, timeout: {timeout}, stale_after: {stale}, max_age: {max_age}, max_bytes: {count}}}\n\
+             \x20 - name: s\n    interval: {interval}\n    probe: {{kind: stream, command: [p], silence: {silence}, limits: {{cpu: {cpu}, open_files: {count}, address_space: {count}}}}}\n"
+        );
+        parse_to_plan(&agent_yaml, &file);
+        parse_to_plan("", &file);
+    }
+}
+
+/// Valid resources as an admin writes them (name, desc, valtype, interval, resourcemap,
+/// probe), `n` of them.
+pub fn honest_resources(n: usize) -> String {
+    let mut s = String::with_capacity(n * 200);
+    s.push_str("resources:\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "  - name: res_{i}\n    desc: resource number {i}\n    valtype: numeric\n    interval: 60s\n    resourcemap:\n      - location: [default]\n    probe:\n      kind: file\n      path: /sys/class/x/{i}\n"
+        ));
+    }
+    s
+}
+
+#[test]
+fn a_hundred_thousand_honest_resources_load() {
+    let text = honest_resources(100_000);
+    let r = resources::parse(Path::new("resources.yaml"), &text).expect("100,000 resources load");
+    assert_eq!(r.resources.len(), 100_000);
+}
+
+#[test]
+fn an_alias_bomb_is_refused_with_the_limit_named() {
+    let mut bomb = String::from("a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for i in 1..10 {
+        let refs = vec![format!("*a{}", i - 1); 10].join(", ");
+        bomb.push_str(&format!("a{i}: &a{i} [{refs}]\n"));
+    }
+    bomb.push_str("resources: []\n");
+    let e = errors(&bomb);
+    assert!(
+        e.starts_with("resources.yaml: the file's aliases (*name) expand to more than 1000000 YAML events, the agent's limit against alias bombs; write the repeated parts out"),
+        "{e}"
+    );
+}
+
+/// `check` (and so `--once` and the daemon) exits 2 on the issue's numbers, never 101.
+#[test]
+fn check_refuses_the_overflowing_interval_without_a_panic() {
+    for extreme in ["300000000000years", "18446744073709551615s"] {
+        let site = common::Setup::new(&with_probe(extreme, ""));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+            .arg("--config")
+            .arg(site.agent_yaml())
+            .arg("check")
+            .output()
+            .expect("run check");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("is longer than the limit of 1day"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// SIGHUP with the overflowing interval: the reload is refused with the bound, and the
+/// daemon goes on running the old plan (its counter probe keeps counting).
+#[tokio::test]
+async fn sighup_with_an_overflowing_interval_keeps_the_running_plan() {
+    let site = e2e_common::Site::new(
+        &[],
+        "resources:\n  - name: count\n    valtype: numeric\n    interval: 1\n    probe: {kind: exec, command: [count.sh]}\n",
+    );
+    site.counter_script("count");
+    let mut agent = site.spawn_agent();
+    site.wait_runs("count", 1).await;
+    std::fs::write(
+        site.file("resources.yaml"),
+        "resources:\n  - name: count\n    valtype: numeric\n    interval: 300000000000years\n    probe: {kind: exec, command: [count.sh]}\n",
+    )
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    agent
+        .wait_log("reload failed; still running the previous configuration", 1)
+        .await;
+    assert!(
+        agent
+            .log_text()
+            .contains("interval 300000000000years is longer than the limit of 1day"),
+        "{}",
+        agent.log_text()
+    );
+    let runs = site.runs("count");
+    site.wait_runs("count", runs + 2).await;
+    agent.assert_alive();
+    assert!(agent.terminate().await.success());
+}

@@ -1,0 +1,469 @@
+//! The daemon through the real binary: SIGHUP reload (diff, refused broken config), SIGTERM
+//! (probe trees killed, exit 0), systemd notifications on a fake NOTIFY_SOCKET. The
+//! controller is the reference receiver, in-process on 127.0.0.1.
+
+use crate::support as common;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::support::{alive, read_pid, Setup};
+use crate::support::{guard, Controller};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use xce_agent::link::receiver::{EventKind, ListenOpts};
+use xce_agent::link::wire::{Batch, Hello};
+use xce_agent::value::Value;
+
+/// Probes write their pids into the test's temp dir: run them as the test's own user (the
+/// agent drops to `nobody` by default when it is root, as in CI containers; when it is not
+/// root, probes run as the agent anyway).
+const AS_ME: &str = "run_as: root\n";
+
+/// A daemon child process with its stderr in a file.
+struct Daemon {
+    child: tokio::process::Child,
+    stderr: PathBuf,
+}
+
+impl Daemon {
+    fn start(setup: &Setup, env: &[(&str, &str)]) -> Self {
+        let stderr = setup.path().join("daemon.stderr");
+        let file = std::fs::File::create(&stderr).expect("stderr file");
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"));
+        cmd.arg("--config")
+            .arg(setup.agent_yaml())
+            .arg("--log-level")
+            .arg("info")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove("JOURNAL_STREAM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn xce-agent");
+        Self { child, stderr }
+    }
+
+    fn signal(&self, sig: Signal) {
+        let pid = self.child.id().expect("daemon still running") as i32;
+        kill(Pid::from_raw(pid), sig).expect("send signal");
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait for the exit status.
+    async fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        self.signal(Signal::SIGTERM);
+        let status = guard("the daemon to exit after SIGTERM", self.child.wait())
+            .await
+            .expect("wait for the daemon");
+        let stderr = self.stderr();
+        (status, stderr)
+    }
+}
+
+/// Poll a condition that has no event to wait on (a file a probe writes, a process that
+/// goes away). The guard only keeps a broken run from hanging the suite.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    guard(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A probe that records each start (its pid, one line per run) and then sleeps, holding
+/// its run open: the scheduler skips its ticks instead of starting another.
+fn long_probe(setup: &Setup, name: &str) -> PathBuf {
+    let starts = setup.path().join(format!("{name}.starts"));
+    setup.script(
+        name,
+        &format!(
+            "#!/bin/sh\necho $$ >> {}\nexec sleep 100000\n",
+            starts.display()
+        ),
+    );
+    starts
+}
+
+fn resource(name: &str, interval: &str, timeout: &str) -> String {
+    format!(
+        "  - name: {name}\n    valtype: numeric\n    interval: {interval}\n    resourcemap:\n      - location: [default]\n    probe:\n      kind: exec\n      command: [{name}]\n      timeout: {timeout}\n"
+    )
+}
+
+/// Skip deltas of the running config until the next hello; return it and the full
+/// snapshot that must follow it.
+async fn next_hello(ctl: &mut Controller) -> (Hello, Batch) {
+    let hello = loop {
+        match ctl.next().await.kind {
+            EventKind::Hello(h) => break h,
+            EventKind::Closed(why) => panic!("connection closed: {why:?}"),
+            _ => {}
+        }
+    };
+    let batch = ctl.next_batch().await;
+    assert!(batch.full, "the batch after hello must be full: {batch:?}");
+    (hello, batch)
+}
+
+/// Batches until one carries a numeric value for `name` satisfying `pred`.
+async fn until_value(ctl: &mut Controller, name: &str, pred: impl Fn(f64) -> bool) -> f64 {
+    loop {
+        let batch = ctl.next_batch().await;
+        for r in batch.resvals {
+            if r.name == name {
+                if let Value::Numeric(v) = r.value {
+                    if pred(v) {
+                        return v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
+    let mut ctl = Controller::bind(ListenOpts::default()).await;
+    let v1 = format!(
+        "resources:\n{}{}{}",
+        resource("long", "10s", "100s"),
+        resource("gone", "10s", "100s"),
+        resource("counter", "1s", "1s"),
+    );
+    let setup = Setup::with_agent(
+        &v1,
+        &format!("{AS_ME}controllers: [\"127.0.0.1:{}\"]\n", ctl.addr.port()),
+    );
+    let long_starts = long_probe(&setup, "long");
+    let gone_starts = long_probe(&setup, "gone");
+    let count_file = setup.path().join("count");
+    setup.script(
+        "counter",
+        &format!(
+            "#!/bin/sh\nn=$(cat {f} 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > {f}\necho $n\n",
+            f = count_file.display()
+        ),
+    );
+    setup.script("added", "#!/bin/sh\necho 42\n");
+    let daemon = Daemon::start(&setup, &[]);
+
+    let (hello1, _) = next_hello(&mut ctl).await;
+    let mut names1: Vec<_> = hello1.resources.iter().map(|d| d.name.as_str()).collect();
+    names1.sort();
+    assert_eq!(names1, ["counter", "gone", "long"], "{hello1:?}");
+    until_value(&mut ctl, "counter", |v| v >= 1.0).await;
+    until("both long probes to start", || {
+        lines(&long_starts).len() == 1 && lines(&gone_starts).len() == 1
+    })
+    .await;
+    let long_pid = read_pid(&long_starts);
+    let gone_pid = read_pid(&gone_starts);
+    assert!(alive(long_pid) && alive(gone_pid));
+
+    // Reload: `long` unchanged, `gone` removed, `added` new, `counter` unchanged.
+    let v2 = format!(
+        "resources:\n{}{}{}",
+        resource("long", "10s", "100s"),
+        resource("counter", "1s", "1s"),
+        resource("added", "1s", "1s"),
+    );
+    std::fs::write(setup.path().join("resources.yaml"), &v2).expect("write v2");
+    daemon.signal(Signal::SIGHUP);
+    let (hello2, snapshot) = next_hello(&mut ctl).await;
+    assert_ne!(hello2.config_digest, hello1.config_digest);
+    assert_eq!(hello2.boot_id, hello1.boot_id, "a reload is not a restart");
+    let mut names2: Vec<_> = hello2.resources.iter().map(|d| d.name.as_str()).collect();
+    names2.sort();
+    assert_eq!(names2, ["added", "counter", "long"]);
+    let mut snap_names: Vec<_> = snapshot.resvals.iter().map(|r| r.name.as_str()).collect();
+    snap_names.sort();
+    assert_eq!(snap_names, ["added", "counter", "long"]);
+    // The kept counter did not restart from pending: its value survived the reload.
+    let counter = snapshot
+        .resvals
+        .iter()
+        .find(|r| r.name == "counter")
+        .expect("counter in snapshot");
+    assert!(matches!(counter.value, Value::Numeric(_)), "{counter:?}");
+
+    until_value(&mut ctl, "added", |v| v == 42.0).await;
+    until("the removed probe's process to be killed", || {
+        !alive(gone_pid)
+    })
+    .await;
+    // The unchanged probe's run was neither killed nor restarted.
+    assert!(alive(long_pid), "unchanged probe was killed by the reload");
+    assert_eq!(
+        lines(&long_starts).len(),
+        1,
+        "unchanged probe was restarted"
+    );
+
+    // A broken file: the error is logged with its position and the old config keeps going.
+    let broken = v2.replace(
+        "valtype: numeric\n    interval: 1s",
+        "valtype: numberic\n    interval: 1s",
+    );
+    std::fs::write(setup.path().join("resources.yaml"), broken).expect("write broken");
+    daemon.signal(Signal::SIGHUP);
+    let position = regex::Regex::new(r"resources\.yaml:\d+:\d+: .*numberic").expect("regex");
+    until("the reload error in the log", || {
+        position.is_match(&daemon.stderr()) && daemon.stderr().contains("reload failed")
+    })
+    .await;
+    counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
+    assert!(alive(long_pid));
+
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}\n{stderr}");
+    until("the long probe to be killed at shutdown", || {
+        !alive(long_pid)
+    })
+    .await;
+    ctl.stop().await;
+}
+
+/// After a refused reload: values still arrive, from the same plan (no new hello), and the
+/// `counter` probe (a script counting its runs in `count_file`) keeps running.
+async fn counter_goes_on_without_a_hello(ctl: &mut Controller, count_file: &Path) {
+    let before = std::fs::read_to_string(count_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .expect("counter file");
+    loop {
+        match ctl.next().await.kind {
+            EventKind::Hello(h) => panic!("a refused reload sent a hello: {h:?}"),
+            EventKind::Batch { batch, .. } => {
+                let newer = batch.resvals.iter().any(|r| {
+                    r.name == "counter" && matches!(r.value, Value::Numeric(v) if v > before)
+                });
+                if newer {
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn sighup_refuses_what_check_calls_a_problem_and_keeps_the_old_plan() {
+    let mut ctl = Controller::bind(ListenOpts::default()).await;
+    let v1 = format!("resources:\n{}", resource("counter", "1s", "1s"));
+    let setup = Setup::with_agent(
+        &v1,
+        &format!("{AS_ME}controllers: [\"127.0.0.1:{}\"]\n", ctl.addr.port()),
+    );
+    let count_file = setup.path().join("count");
+    setup.script(
+        "counter",
+        &format!(
+            "#!/bin/sh\nn=$(cat {f} 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > {f}\necho $n\n",
+            f = count_file.display()
+        ),
+    );
+    let daemon = Daemon::start(&setup, &[]);
+    next_hello(&mut ctl).await;
+    until_value(&mut ctl, "counter", |v| v >= 1.0).await;
+    let refusals = |daemon: &Daemon| daemon.stderr().matches("reload refused").count();
+
+    // A program that is not there: `check` says "not found", and so does the reload.
+    let missing = format!("{v1}{}", resource("absent", "1s", "1s"));
+    std::fs::write(setup.path().join("resources.yaml"), missing).expect("write");
+    daemon.signal(Signal::SIGHUP);
+    until("the refused reload in the log", || refusals(&daemon) == 1).await;
+    let log = daemon.stderr();
+    let wanted = format!(
+        "absent: {} not found",
+        setup.path().join("absent").display()
+    );
+    assert!(log.contains(&wanted), "{log}");
+    counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
+
+    // An unknown run_as user (only a root agent switches users, so only it can tell).
+    if nix::unistd::geteuid().is_root() {
+        let nosuchuser = v1.replace("timeout: 1s", "timeout: 1s\n      run_as: nosuchuser");
+        std::fs::write(setup.path().join("resources.yaml"), nosuchuser).expect("write");
+        daemon.signal(Signal::SIGHUP);
+        until("the second refused reload", || refusals(&daemon) == 2).await;
+        let log = daemon.stderr();
+        assert!(
+            log.contains("counter: run_as: no such user \"nosuchuser\""),
+            "{log}"
+        );
+        counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
+    } else {
+        eprintln!("skipped: the run_as half needs root (CI runs the tests as root)");
+    }
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}\n{stderr}");
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn sigterm_kills_the_whole_probe_tree_and_exits_zero() {
+    let setup = Setup::with_agent(
+        &format!("resources:\n{}", resource("tree", "10s", "100s")),
+        AS_ME,
+    );
+    let pids = setup.path().join("pids");
+    // A shell with a background child and a grandchild in a subshell: the whole process
+    // group must go, not just the direct child.
+    setup.script(
+        "tree",
+        &format!(
+            "#!/bin/sh\nsleep 100000 &\necho $! >> {p}\n(sleep 100000 & echo $! >> {p}; wait) &\necho $! >> {p}\necho $$ >> {p}\nwait\n",
+            p = pids.display()
+        ),
+    );
+    let daemon = Daemon::start(&setup, &[]);
+    until("the probe tree to start", || lines(&pids).len() == 4).await;
+    let tree: Vec<i32> = lines(&pids)
+        .iter()
+        .map(|l| l.trim().parse().expect("pid"))
+        .collect();
+    assert!(tree.iter().all(|p| alive(*p)));
+
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}\n{stderr}");
+    // The agent waits for its probe groups before exiting, so they are gone already; a
+    // zombie waiting for init to reap it counts as gone.
+    let left: Vec<_> = tree.iter().filter(|p| alive(**p)).collect();
+    assert!(left.is_empty(), "still running after exit: {left:?}");
+}
+
+/// Notifications read from the fake systemd socket, one datagram each.
+struct NotifySocket {
+    sock: tokio::net::UnixDatagram,
+    path: PathBuf,
+}
+
+impl NotifySocket {
+    fn bind(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let std_sock = UnixDatagram::bind(&path).expect("bind notify socket");
+        std_sock.set_nonblocking(true).expect("nonblocking");
+        let sock = tokio::net::UnixDatagram::from_std(std_sock).expect("tokio socket");
+        Self { sock, path }
+    }
+
+    async fn next(&self) -> String {
+        let mut buf = vec![0u8; 4096];
+        let n = guard("a systemd notification", self.sock.recv(&mut buf))
+            .await
+            .expect("recv");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// Skip notifications until one has the line `line`; returns that datagram.
+    async fn until(&self, line: &str) -> String {
+        loop {
+            let msg = self.next().await;
+            if msg.lines().any(|l| l == line) {
+                return msg;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn systemd_ready_reloading_watchdog_stopping() {
+    let setup = Setup::new(&format!("resources:\n{}", resource("one", "1s", "1s")));
+    setup.script("one", "#!/bin/sh\necho 1\n");
+    let notify = NotifySocket::bind(setup.path());
+    let socket = notify.path.to_string_lossy().into_owned();
+    // 200 ms: small, so pings come during the test; pings are sent at half of it.
+    let daemon = Daemon::start(
+        &setup,
+        &[("NOTIFY_SOCKET", &socket), ("WATCHDOG_USEC", "200000")],
+    );
+
+    let ready = notify.until("READY=1").await;
+    assert!(
+        ready.lines().any(|l| l.starts_with("STATUS=1 probes")),
+        "{ready:?}"
+    );
+    notify.until("WATCHDOG=1").await;
+
+    std::fs::write(
+        setup.path().join("resources.yaml"),
+        format!("resources:\n{}", resource("one", "2s", "1s")),
+    )
+    .expect("rewrite");
+    daemon.signal(Signal::SIGHUP);
+    let reloading = notify.until("RELOADING=1").await;
+    assert!(
+        reloading.lines().any(|l| l.starts_with("MONOTONIC_USEC=")),
+        "systemd >= 253 needs MONOTONIC_USEC with RELOADING=1: {reloading:?}"
+    );
+    notify.until("READY=1").await;
+    notify.until("WATCHDOG=1").await;
+
+    let mut daemon = daemon;
+    daemon.signal(Signal::SIGTERM);
+    notify.until("STOPPING=1").await;
+    let status = guard("the daemon to exit", daemon.child.wait())
+        .await
+        .expect("wait");
+    assert!(status.success(), "{status:?}\n{}", daemon.stderr());
+}
+
+/// Reloading agent.yaml itself: a new controller list moves the stream to the new controller
+/// (hello + full snapshot there), and a new plugin_dir restarts the probes from it.
+#[tokio::test]
+async fn sighup_applies_new_controllers_and_plugin_dir() {
+    let mut old_ctl = Controller::bind(ListenOpts::default()).await;
+    let mut new_ctl = Controller::bind(ListenOpts::default()).await;
+    let setup = Setup::new(&format!("resources:\n{}", resource("which", "1s", "5s")));
+    let other = setup.path().join("other-plugins");
+    std::fs::create_dir(&other).unwrap();
+    setup.script("which", "#!/bin/sh\necho 1\n");
+    common::script(&other, "which", "#!/bin/sh\necho 2\n");
+    let agent_yaml = |controller: &str, plugin_dir: &Path| {
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\n{AS_ME}controllers: [\"{controller}\"]\ninsecure_plaintext: true\n",
+            plugin_dir.display()
+        )
+    };
+    std::fs::write(
+        setup.agent_yaml(),
+        agent_yaml(&old_ctl.addr.to_string(), setup.path()),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&setup, &[]);
+    old_ctl.next_hello_and_snapshot().await;
+    until_value(&mut old_ctl, "which", |v| v == 1.0).await;
+
+    std::fs::write(
+        setup.agent_yaml(),
+        agent_yaml(&new_ctl.addr.to_string(), &other),
+    )
+    .unwrap();
+    daemon.signal(Signal::SIGHUP);
+    let (hello, _) = new_ctl.next_hello_and_snapshot().await;
+    assert!(hello.resources.iter().any(|d| d.name == "which"));
+    until_value(&mut new_ctl, "which", |v| v == 2.0).await;
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "{stderr}");
+}

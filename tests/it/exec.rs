@@ -1,0 +1,202 @@
+//! Exec probes: real child processes, every way a script can go wrong.
+
+use crate::support::{in_own_process, read_pid, script, task_from_yaml, wait_gone};
+use xce_agent::probe::{run_once, Outcome};
+use xce_agent::value::{Reading, Value};
+
+fn yaml(command: &str, extra: &str) -> String {
+    format!(
+        "resources:\n  - name: p\n    interval: 30\n    probe: {{kind: exec, command: {command}{extra}}}\n  - name: q\n    valtype: string\n    interval: 30\n"
+    )
+}
+
+async fn run(dir: &std::path::Path, body: &str, extra: &str) -> xce_agent::probe::ProbeRun {
+    script(dir, "probe.sh", body);
+    let (task, ctx) = task_from_yaml(&yaml("[probe.sh]", extra), "p", dir);
+    run_once(&task, &ctx).await
+}
+
+fn failed_with(run: &xce_agent::probe::ProbeRun) -> String {
+    match &run.readings[0].1 {
+        Reading::Failed(e) => e.clone(),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn value_output_is_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\necho '  42.5 '\necho ignored\n", "").await;
+    assert_eq!(r.outcome, Outcome::Ok);
+    assert_eq!(
+        r.readings,
+        vec![("p".into(), Reading::Ok(Value::Numeric(42.5)))]
+    );
+}
+
+#[tokio::test]
+async fn environment_is_cleared_and_documented() {
+    if !in_own_process!("environment_is_cleared_and_documented") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("XCE_TEST_LEAK", "1");
+    let r = run(
+        dir.path(),
+        "#!/bin/sh\n[ -z \"${XCE_TEST_LEAK:-}\" ] || exit 3\n[ \"$XCE_HOST\" = node001 ] || exit 4\n[ \"$XCE_RESOURCE\" = p ] || exit 5\n[ \"$XCE_INTERVAL\" = 30 ] || exit 6\n[ \"$SITE\" = x ] || exit 7\nread line && exit 8\necho 1\n",
+        ", env: {SITE: x}",
+    )
+    .await;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
+}
+
+#[tokio::test]
+async fn non_zero_exit_fails_with_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        dir.path(),
+        "#!/bin/sh\necho 5\necho 'disk not mounted' >&2\nexit 3\n",
+        "",
+    )
+    .await;
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert_eq!(failed_with(&r), "exited with status 3: disk not mounted");
+}
+
+#[tokio::test]
+async fn garbage_output_is_a_failure_not_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\necho 'N/A'\n", "").await;
+    assert_eq!(
+        failed_with(&r),
+        "cannot parse \"N/A\" as numeric: not a number"
+    );
+    let r = run(dir.path(), "#!/bin/sh\nprintf '4\\0002'\n", "").await;
+    assert_eq!(
+        failed_with(&r),
+        "bad value output: output contains a NUL byte"
+    );
+    let r = run(dir.path(), "#!/bin/sh\nprintf '\\377\\376'\n", "").await;
+    assert_eq!(
+        failed_with(&r),
+        "bad value output: output is not valid UTF-8 (at byte 0)"
+    );
+    let r = run(dir.path(), "#!/bin/sh\ntrue\n", "").await;
+    assert_eq!(failed_with(&r), "bad value output: empty output");
+}
+
+#[tokio::test]
+async fn killed_by_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\nkill -SEGV $$\n", "").await;
+    assert_eq!(failed_with(&r), "killed by signal SIGSEGV");
+}
+
+#[tokio::test]
+async fn missing_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let (task, ctx) = task_from_yaml(&yaml("[nope.sh]", ""), "p", dir.path());
+    let r = run_once(&task, &ctx).await;
+    let e = failed_with(&r);
+    let wanted = format!(
+        "{} not found (`nope.sh` is not an absolute path, so it is looked up in plugin_dir {})",
+        dir.path().join("nope.sh").display(),
+        dir.path().display()
+    );
+    assert_eq!(e, wanted);
+}
+
+/// A run gives the verdict `check` gives, with the fix, instead of the kernel's EACCES.
+#[tokio::test]
+async fn a_program_without_the_exec_bit_fails_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = script(dir.path(), "probe.sh", "#!/bin/sh\necho 1\n");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let (task, ctx) = task_from_yaml(&yaml("[probe.sh]", ""), "p", dir.path());
+    let e = failed_with(&run_once(&task, &ctx).await);
+    let wanted = format!(
+        "{p} is not executable (mode 0640); fix: chmod 755 {p}",
+        p = p.display()
+    );
+    assert_eq!(e, wanted);
+}
+
+/// The probe prints its value and exits, but a backgrounded grandchild keeps stdout open:
+/// the run must end at the timeout and leave nothing running.
+#[tokio::test]
+async fn grandchild_holding_stdout_ends_at_timeout_and_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("grandchild.pid");
+    let body = format!(
+        "#!/bin/sh\nsh -c 'echo $$ > {}; exec sleep 1000' &\necho 7\n",
+        pidfile.display()
+    );
+    let r = run(dir.path(), &body, ", timeout: 1s").await;
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    let e = failed_with(&r);
+    assert!(
+        e.starts_with("timed out after 1s: exited, but a background process kept its output open"),
+        "{e}"
+    );
+    wait_gone(read_pid(&pidfile));
+}
+
+#[tokio::test]
+async fn hung_probe_is_terminated_then_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("p.pid");
+    let body = format!(
+        "#!/bin/sh\ntrap '' TERM\necho $$ > {}\nwhile :; do sleep 1; done\n",
+        pidfile.display()
+    );
+    let r = run(dir.path(), &body, ", timeout: 1s").await;
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    assert!(failed_with(&r).contains("did not finish; process group killed after SIGTERM grace"));
+    wait_gone(read_pid(&pidfile));
+}
+
+#[tokio::test]
+async fn huge_output_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\nexec yes 12345\n", ", timeout: 20s").await;
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert_eq!(failed_with(&r), "output exceeds 65536 bytes");
+    let detail = r.exec.unwrap();
+    assert_eq!(detail.stdout.len(), 65536);
+}
+
+#[tokio::test]
+async fn kv_feeds_provided_resources_and_types_each() {
+    let dir = tempfile::tempdir().unwrap();
+    script(
+        dir.path(),
+        "multi.sh",
+        "#!/bin/sh\necho 'p = 3'\necho 'q = \"a b\"'\necho 'stray = 1'\n",
+    );
+    let y = "resources:\n  - name: p\n    interval: 30\n    probe: {kind: exec, command: [multi.sh], format: kv, provides: [q]}\n  - name: q\n    valtype: string\n    interval: 30\n";
+    let (task, ctx) = task_from_yaml(y, "p", dir.path());
+    let r = run_once(&task, &ctx).await;
+    assert_eq!(
+        r.readings,
+        vec![
+            ("p".into(), Reading::Ok(Value::Numeric(3.0))),
+            ("q".into(), Reading::Ok(Value::String("a b".into())))
+        ]
+    );
+    assert_eq!(r.unexpected, vec!["stray".to_string()]);
+}
+
+#[tokio::test]
+async fn elim_line_with_wrong_count_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    script(dir.path(), "elim.sh", "#!/bin/sh\necho '2 p 3'\n");
+    let y = "resources:\n  - name: p\n    interval: 30\n    probe: {kind: exec, command: [elim.sh], format: elim}\n";
+    let (task, ctx) = task_from_yaml(y, "p", dir.path());
+    let r = run_once(&task, &ctx).await;
+    assert_eq!(
+        failed_with(&r),
+        "bad elim output: line 1: count says 2 pairs but 2 words follow"
+    );
+    assert_eq!(r.outcome, Outcome::Failed);
+}

@@ -1,0 +1,370 @@
+//! Property tests of every probe output parser: arbitrary bytes never panic; generated
+//! output parses back to exactly what was printed; a malformed line is named by its number
+//! and the other lines still count.
+
+use proptest::prelude::*;
+use xce_agent::config::Format;
+use xce_agent::probe::output::{self, OutputError, Pair, Parsed};
+
+const FORMATS: &[Format] = Format::ALL;
+
+fn parse(f: Format, bytes: &[u8]) -> Result<Vec<Pair>, OutputError> {
+    output::parse(f, bytes, Some(0), "own").map(|p| p.pairs())
+}
+
+fn parsed(f: Format, text: &str) -> Parsed {
+    output::parse(f, text.as_bytes(), Some(0), "own").unwrap()
+}
+
+fn bad_line_numbers(p: &Parsed) -> Vec<usize> {
+    p.bad_lines
+        .iter()
+        .map(|e| match e {
+            OutputError::Line { line, .. } => *line,
+            other => panic!("not a line error: {other:?}"),
+        })
+        .collect()
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[A-Za-z_][A-Za-z0-9_.-]{0,15}"
+}
+
+/// A kv value: printable, no surrounding blanks, not wrapped in double quotes (those are
+/// stripped, by design).
+fn kv_value() -> impl Strategy<Value = String> {
+    "[!-~]([ -~]{0,20}[!-~])?".prop_filter("quoted", |v| !(v.starts_with('"') && v.ends_with('"')))
+}
+
+fn unique(pairs: Vec<(String, String)>) -> Vec<Pair> {
+    let mut seen = std::collections::BTreeSet::new();
+    pairs
+        .into_iter()
+        .filter(|(k, _)| seen.insert(k.clone()))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(crate::support::proptest_config(256))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        for &f in FORMATS {
+            if let Ok(pairs) = parse(f, &bytes) {
+                // Whatever parses came from valid UTF-8 without NUL.
+                prop_assert!(!bytes.contains(&0));
+                prop_assert!(std::str::from_utf8(&bytes).is_ok());
+                // Only the selectable formats call an empty answer an answer.
+                prop_assert!(!pairs.is_empty() || f.selectable());
+            }
+        }
+    }
+
+    #[test]
+    fn line_shaped_text_never_panics(text in "([0-9]{1,2}|[a-z]{1,4}|=| |\"|'|#|\n|\r|\t|\u{0}|é|\\\\|[{}]|,|;|[|]|-|[iuT.]|NaN|Inf){0,80}") {
+        for &f in FORMATS {
+            let r = parse(f, text.as_bytes());
+            if text.contains('\0') {
+                prop_assert_eq!(r, Err(OutputError::Nul));
+            }
+        }
+    }
+
+    #[test]
+    fn kv_round_trips(
+        pairs in proptest::collection::vec((name(), kv_value()), 1..20),
+        pad in proptest::collection::vec(("[ \t]{0,2}", "[ \t]{0,2}"), 20),
+        comments in any::<bool>(),
+    ) {
+        let pairs = unique(pairs);
+        let mut text = String::new();
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            if comments {
+                text.push_str("# a comment = not a value\n\n");
+            }
+            let (a, b) = &pad[i % pad.len()];
+            text.push_str(&format!("{a}{k}{b}={a}{v}{b}\n"));
+        }
+        prop_assert_eq!(parse(Format::Kv, text.as_bytes()), Ok(pairs));
+    }
+
+    #[test]
+    fn kv_quoted_values_lose_their_quotes(k in name(), v in "[ -!#-~]{0,20}") {
+        let text = format!("{k} = \"{v}\"\n");
+        prop_assert_eq!(parse(Format::Kv, text.as_bytes()), Ok(vec![(k, v)]));
+    }
+
+    #[test]
+    fn elim_round_trips(
+        pairs in proptest::collection::vec((name(), "[!-~]{1,12}"), 1..20),
+        split in 1usize..6,
+    ) {
+        let pairs = unique(pairs);
+        // The same pairs spread over several lines (each line its own count).
+        let text: String = pairs
+            .chunks(split)
+            .map(|c| {
+                let words: Vec<String> = c.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                format!("{} {}\n", c.len(), words.join(" "))
+            })
+            .collect();
+        prop_assert_eq!(parse(Format::Elim, text.as_bytes()), Ok(pairs));
+    }
+
+    #[test]
+    fn elim_last_line_wins(k in name(), v1 in "[!-~]{1,8}", v2 in "[!-~]{1,8}") {
+        let text = format!("1 {k} {v1}\n1 {k} {v2}\n");
+        prop_assert_eq!(parse(Format::Elim, text.as_bytes()), Ok(vec![(k, v2)]));
+    }
+
+    #[test]
+    fn elim_wrong_count_is_an_error_with_its_line(k in name(), v in "[!-~]{1,8}", n in 2usize..9) {
+        let text = format!("1 {k} {v}\n{n} {k} {v}\n");
+        let r = parse(Format::Elim, text.as_bytes());
+        prop_assert!(matches!(r, Err(OutputError::Line { line: 2, .. })), "{:?}", r);
+    }
+
+    #[test]
+    fn value_is_the_first_non_blank_line(blank in "[ \t\n]{0,6}", v in "[!-~]([ -~]{0,20}[!-~])?", rest in "[ -~\n]{0,40}") {
+        let text = format!("{blank}{v}\n{rest}");
+        prop_assert_eq!(parse(Format::Value, text.as_bytes()), Ok(vec![("own".to_owned(), v)]));
+    }
+}
+
+/// A finite number as a probe prints it.
+fn number() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        (-1_000_000i64..1_000_000).prop_map(|i| i as f64),
+        (-1e12f64..1e12),
+        (0f64..1.0),
+    ]
+}
+
+fn same_number(printed: f64, parsed: &str) -> bool {
+    parsed
+        .parse::<f64>()
+        .is_ok_and(|v| (v - printed).abs() <= 1e-9 * printed.abs().max(1.0))
+}
+
+fn prom_escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn influx_escape(v: &str, also: &[char]) -> String {
+    let mut out = String::new();
+    for c in v.chars() {
+        if c == '\\' || also.contains(&c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// (name, labels, value) of a parsed sample.
+type FlatSample = (String, Vec<(String, String)>, String);
+
+type PromSample = (String, Vec<(String, String)>, f64);
+
+fn prom_sample() -> impl Strategy<Value = PromSample> {
+    (
+        "[a-zA-Z_:][a-zA-Z0-9_:]{0,15}",
+        proptest::collection::btree_map("[a-zA-Z_][a-zA-Z0-9_]{0,8}", "[ -~\n]{0,12}", 0..4)
+            .prop_map(|m| m.into_iter().collect::<Vec<_>>()),
+        number(),
+    )
+}
+
+/// (measurement, tags, fields): a field value is printed text and what it parses to.
+type InfluxPoint = (String, Vec<(String, String)>, Vec<(String, String, String)>);
+
+fn influx_field() -> impl Strategy<Value = (String, String)> {
+    prop_oneof![
+        any::<i64>().prop_map(|i| (format!("{i}i"), i.to_string())),
+        any::<u32>().prop_map(|u| (format!("{u}u"), u.to_string())),
+        number().prop_map(|x| (format!("{x:?}"), format!("{x:?}"))),
+        prop_oneof![
+            Just(("t", "true")),
+            Just(("FALSE", "false")),
+            Just(("True", "true"))
+        ]
+        .prop_map(|(a, b)| (a.to_owned(), b.to_owned())),
+        "[ -~]{0,12}".prop_map(|s| (format!("\"{}\"", influx_escape(&s, &['"'])), s)),
+    ]
+}
+
+fn influx_point() -> impl Strategy<Value = InfluxPoint> {
+    (
+        "[a-z][a-z0-9_ ,=]{0,10}",
+        proptest::collection::btree_map("[a-z][a-z0-9 ,=]{0,6}", "[a-z0-9 ,=]{1,6}", 0..3)
+            .prop_map(|m| m.into_iter().collect::<Vec<_>>()),
+        proptest::collection::btree_map("[a-z][a-z0-9_ ,=]{0,6}", influx_field(), 1..4).prop_map(
+            |m| {
+                m.into_iter()
+                    .map(|(k, (p, v))| (k, p, v))
+                    .collect::<Vec<_>>()
+            },
+        ),
+    )
+}
+
+fn influx_line((m, tags, fields): &InfluxPoint, ts: Option<i64>) -> String {
+    let mut line = influx_escape(m, &[',', ' ']);
+    for (k, v) in tags {
+        line.push_str(&format!(
+            ",{}={}",
+            influx_escape(k, &[',', '=', ' ']),
+            influx_escape(v, &[',', '=', ' '])
+        ));
+    }
+    let fields: Vec<String> = fields
+        .iter()
+        .map(|(k, printed, _)| format!("{}={printed}", influx_escape(k, &[',', '=', ' '])))
+        .collect();
+    line.push(' ');
+    line.push_str(&fields.join(","));
+    if let Some(ts) = ts {
+        line.push_str(&format!(" {ts}"));
+    }
+    line
+}
+
+/// A ClassAd literal as printed and as the parser gives it back.
+fn classad_value() -> impl Strategy<Value = (String, String)> {
+    prop_oneof![
+        any::<i64>().prop_map(|i| (i.to_string(), i.to_string())),
+        number().prop_map(|x| (format!("{x:?}"), format!("{x:?}"))),
+        prop_oneof![
+            Just(("True", "true")),
+            Just(("false", "false")),
+            Just(("FALSE", "false"))
+        ]
+        .prop_map(|(a, b)| (a.to_owned(), b.to_owned())),
+        "[ -~]{0,16}".prop_map(|s| (
+            format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")),
+            s
+        )),
+    ]
+}
+
+fn insert_line(lines: &mut Vec<String>, at: usize, garbage: &str) -> usize {
+    let at = at % (lines.len() + 1);
+    lines.insert(at, garbage.to_owned());
+    at + 1
+}
+
+proptest! {
+    #![proptest_config(crate::support::proptest_config(256))]
+
+    #[test]
+    fn prometheus_round_trips_and_names_a_bad_line(
+        samples in proptest::collection::vec(prom_sample(), 0..12),
+        comments in any::<bool>(),
+        garbage in prop_oneof![Just("9bad 1"), Just("m{a=1} 2"), Just("m 1 2 3"), Just("m abc"), Just("m{a=\"1\" 2")],
+        at in any::<usize>(),
+    ) {
+        let mut lines = Vec::new();
+        for (name, labels, v) in &samples {
+            if comments {
+                lines.push(format!("# HELP {name} some help\n# TYPE {name} gauge"));
+            }
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", prom_escape(v))).collect();
+            let set = if labels.is_empty() { String::new() } else { format!("{{{}}}", labels.join(",")) };
+            lines.push(format!("{name}{set} {v:?}"));
+        }
+        let text = lines.join("\n");
+        let p = parsed(Format::Prometheus, &text);
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        prop_assert_eq!(p.samples.len(), samples.len());
+        for (s, (name, labels, v)) in p.samples.iter().zip(&samples) {
+            prop_assert_eq!(&s.name, name);
+            prop_assert_eq!(&s.labels, labels);
+            prop_assert!(same_number(*v, &s.value), "{} vs {}", v, s.value);
+        }
+        // One malformed line: named by its number, every other sample still there.
+        let mut flat: Vec<String> = text.lines().map(str::to_owned).collect();
+        let bad = insert_line(&mut flat, at, garbage);
+        let p = parsed(Format::Prometheus, &flat.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+        prop_assert_eq!(p.samples.len(), samples.len());
+    }
+
+    #[test]
+    fn influx_round_trips_and_names_a_bad_line(
+        points in proptest::collection::vec((influx_point(), proptest::option::of(any::<i64>())), 0..8),
+        garbage in prop_oneof![Just("nofields"), Just("m x="), Just("m x=\"open"), Just("m x=1 notatime"), Just("m x=12x"), Just("m,t x=1")],
+        at in any::<usize>(),
+    ) {
+        let mut lines: Vec<String> = points.iter().map(|(p, ts)| influx_line(p, *ts)).collect();
+        let p = parsed(Format::Influx, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?} in {:?}", p.bad_lines, lines);
+        let want: Vec<FlatSample> = points
+            .iter()
+            .flat_map(|((m, tags, fields), _)| {
+                fields.iter().map(move |(k, _, v)| (format!("{m}.{k}"), tags.clone(), v.clone()))
+            })
+            .collect();
+        let got: Vec<FlatSample> =
+            p.samples.iter().map(|s| (s.name.clone(), s.labels.clone(), s.value.clone())).collect();
+        prop_assert_eq!(got, want.clone());
+        let bad = insert_line(&mut lines, at, garbage);
+        let p = parsed(Format::Influx, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+        prop_assert_eq!(p.samples.len(), want.len());
+    }
+
+    #[test]
+    fn classad_round_trips_and_names_a_bad_line(
+        attrs in proptest::collection::btree_map("[A-Z][a-z0-9_]{0,12}", classad_value(), 0..10),
+        garbage in prop_oneof![Just("no equals here"), Just("2x = 3"), Just("B ="), Just("C = ERROR")],
+        at in any::<usize>(),
+    ) {
+        // Attribute names are case-insensitive: keep one spelling of each.
+        let mut seen = std::collections::BTreeSet::new();
+        let attrs: Vec<(String, (String, String))> =
+            attrs.into_iter().filter(|(k, _)| seen.insert(k.to_ascii_lowercase())).collect();
+        let mut lines: Vec<String> = attrs.iter().map(|(k, (printed, _))| format!("{k} = {printed}")).collect();
+        let p = parsed(Format::Classad, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let got: Vec<(String, String)> = p.samples.iter().map(|s| (s.name.clone(), s.value.clone())).collect();
+        let want: Vec<(String, String)> = attrs.iter().map(|(k, (_, v))| (k.clone(), v.clone())).collect();
+        prop_assert_eq!(got, want);
+        let bad = insert_line(&mut lines, at, garbage);
+        let p = parsed(Format::Classad, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+        prop_assert_eq!(p.samples.len(), attrs.len());
+    }
+
+    #[test]
+    fn nagios_perfdata_round_trips_in_base_units(
+        items in proptest::collection::btree_map(
+            "[a-zA-Z][a-zA-Z0-9_ /']{0,10}",
+            (0f64..1e6, prop_oneof![Just(("", 1.0)), Just(("s", 1.0)), Just(("ms", 1e-3)), Just(("us", 1e-6)), Just(("%", 1.0)), Just(("B", 1.0)), Just(("KB", 1024.0)), Just(("MB", 1048576.0)), Just(("GB", 1073741824.0)), Just(("c", 1.0))]),
+            1..8,
+        ),
+        exit in 0i32..3,
+        second_line in any::<bool>(),
+    ) {
+        let items: Vec<(String, f64, &str, f64)> = items.into_iter().map(|(k, (v, (u, f)))| (k, v, u, f)).collect();
+        let printed: Vec<String> = items
+            .iter()
+            .map(|(k, v, u, _)| format!("'{}'={v}{u};1;2;0;", k.replace('\'', "''")))
+            .collect();
+        let text = if second_line && printed.len() > 1 {
+            format!("CHECK OK - fine | {}\nlong text\n| {}\n", printed[0], printed[1..].join(" "))
+        } else {
+            format!("CHECK OK - fine | {}\n", printed.join(" "))
+        };
+        let p = output::parse(Format::Nagios, text.as_bytes(), Some(exit), "own").unwrap();
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        for (k, v, _, factor) in &items {
+            let s = p.samples.iter().find(|s| &s.name == k);
+            prop_assert!(s.is_some(), "{} missing", k);
+            prop_assert!(same_number(v * factor, &s.unwrap().value));
+        }
+        let exit_sample = p.samples.iter().find(|s| s.name == "exit").map(|s| s.value.clone());
+        prop_assert_eq!(exit_sample, Some(exit.to_string()));
+    }
+}

@@ -1,0 +1,51 @@
+//! The integration tests, one binary (`cargo test --test it`; a module's tests:
+//! `cargo test --test it exec::`). One module per file, and `support` for what they share.
+//!
+//! One process runs them all, so what a process has once is handled here, not per file:
+//! a test that makes the process a child subreaper, moves it into a cgroup, switches the
+//! spawn path, sets an environment variable or leaves an inheritable descriptor open runs in
+//! a copy of this binary of its own (`support::in_own_process!`); `fuzz_wire`'s counting
+//! allocator is the binary's global allocator, and counts per thread, so each test sees only
+//! its own allocations.
+
+mod support;
+
+mod builtin;
+mod cli;
+mod config_errors;
+mod config_limits;
+mod containment;
+mod daemon;
+mod daemon_flush;
+mod daemon_link;
+mod daemon_welcome;
+mod disk_full;
+mod exec;
+mod exec_output_log;
+mod exec_privileges;
+mod exec_reaper;
+mod exec_supervision;
+mod file_probe;
+mod formats;
+mod fuzz_config;
+mod fuzz_names;
+mod fuzz_output;
+mod fuzz_wire;
+mod hostile_link;
+mod hung_reads;
+mod link;
+mod link_receiver;
+mod metrics;
+mod packaging;
+mod plan;
+mod plugins;
+mod probe_cmd;
+mod schedule;
+mod script_rule;
+mod security_checks;
+mod spawn;
+mod spawn_legacy;
+mod status;
+mod stream;
+mod tls;
+mod tls_cli;

@@ -1,0 +1,353 @@
+//! The Prometheus endpoint through the real binary: a real HTTP scrape over 127.0.0.1,
+//! the values and counters it must show, the text checked by a Prometheus parser, and the
+//! answers to requests that are not a scrape.
+
+use crate::support as common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::support::guard;
+use crate::support::Setup;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const RESOURCES: &str = "resources:
+  - name: num
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [num]}
+  - name: broken
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [broken]}
+  - name: label
+    valtype: string
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [label]}
+";
+
+/// One request, the whole answer (the server closes after it).
+async fn request(addr: &str, raw: &[u8]) -> String {
+    guard("an HTTP answer", async {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(raw).await.expect("write request");
+        let mut out = Vec::new();
+        // The server may close before reading all of an oversized request: a reset
+        // then ends the read, and what arrived before it is the answer.
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
+}
+
+fn body(resp: &str) -> &str {
+    resp.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+}
+
+#[tokio::test]
+async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
+    let setup = Setup::with_agent(
+        RESOURCES,
+        // A controller that refuses connections: the link counters move.
+        "run_as: root\nmetrics: 127.0.0.1:0\ncontrollers: [\"127.0.0.1:1\"]\n",
+    );
+    setup.script("num", "#!/bin/sh\necho 7\n");
+    setup.script("broken", "#!/bin/sh\necho oops >&2\nexit 3\n");
+    setup.script("label", "#!/bin/sh\necho \"a \\\"quoted\\\" label\"\n");
+    let (mut daemon, addr) = start(&setup).await;
+
+    let scrape = || request(&addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let want = [
+        "xce_resource_value{name=\"num\",instance=\"\"} 7.0\n",
+        "xce_resource_status{name=\"broken\",instance=\"\",status=\"failed\"} 1\n",
+        "xce_probe_runs_total{probe=\"broken\",outcome=\"failed\"} ",
+        "xce_probe_duration_seconds_bucket{probe=\"num\",le=\"+Inf\"} ",
+        "xce_probe_last_success_seconds{probe=\"num\"} ",
+        "xce_link_connect_failures_total ",
+        "xce_link_state{state=\"",
+        "xce_resource_status{name=\"label\",instance=\"\",status=\"ok\"} 1\n",
+    ];
+    // Values appear once the probes have run (within their first interval).
+    let text = guard("the probes' values in a scrape", async {
+        loop {
+            let resp = scrape().await;
+            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+            assert!(
+                resp.to_ascii_lowercase()
+                    .contains("content-type: text/plain; version=0.0.4"),
+                "{resp}"
+            );
+            let text = body(&resp).to_owned();
+            if want.iter().all(|w| text.contains(w)) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // A string value has a status but no numeric sample.
+    assert!(
+        !text.contains("xce_resource_value{name=\"label\""),
+        "{text}"
+    );
+    assert!(text.contains("xce_probe_runs_total{probe=\"num\",outcome=\"ok\"} "));
+    assert!(text.contains("xce_link_bytes_sent_total 0\n"), "{text}");
+
+    // Not a scrape.
+    let r = request(&addr, b"GET / HTTP/1.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 404 "), "{r}");
+    let r = request(&addr, b"POST /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 405 "), "{r}");
+    let r = request(&addr, b"\x00\x01garbage\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 400 "), "{r}");
+    let mut huge = b"GET /metrics HTTP/1.1\r\nX-Pad: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 64 * 1024));
+    huge.extend_from_slice(b"\r\n\r\n");
+    let r = request(&addr, &huge).await;
+    assert!(r.starts_with("HTTP/1.1 431 "), "{r}");
+    // HEAD: headers only.
+    let r = request(&addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200 ") && body(&r).is_empty(), "{r}");
+    // The endpoint still serves after all that.
+    assert!(scrape().await.starts_with("HTTP/1.1 200 OK"));
+
+    stop(&mut daemon).await;
+}
+
+/// Start the daemon of `setup`; returns it and the metrics address it logged.
+async fn start(setup: &Setup) -> (tokio::process::Child, String) {
+    let stderr_path = setup.path().join("daemon.stderr");
+    let daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"))
+        .arg("--config")
+        .arg(setup.agent_yaml())
+        .arg("--log-level")
+        .arg("info")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+
+    // The port was 0: the daemon logs the one it got.
+    let listening = regex::Regex::new(r"metrics endpoint listening addr=(\S+)").expect("re");
+    let addr = guard("the metrics address in the log", async {
+        loop {
+            let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            if let Some(c) = listening.captures(&log) {
+                return c[1].to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    (daemon, addr)
+}
+
+/// SIGTERM, and the daemon exits cleanly.
+async fn stop(daemon: &mut tokio::process::Child) {
+    let pid = daemon.id().expect("running") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let status = guard("the daemon to exit", daemon.wait())
+        .await
+        .expect("wait");
+    assert!(status.success());
+}
+
+/// Hundreds of connections that never send a request (a local user's, or a broken scraper's)
+/// do not delay a real scrape: it is answered while every one of them is still open, i.e.
+/// before the server has timed any of them out.
+#[tokio::test]
+async fn idle_connections_do_not_delay_a_scrape() {
+    let setup = Setup::with_agent(RESOURCES, "run_as: root\nmetrics: 127.0.0.1:0\n");
+    for name in ["num", "broken", "label"] {
+        setup.script(name, "#!/bin/sh\necho 1\n");
+    }
+    let (mut daemon, addr) = start(&setup).await;
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(&addr).await.expect("idle connect");
+        // Half a request head: the server must wait for the rest.
+        s.write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .expect("half head");
+        idle.push(s);
+    }
+    let resp = request(&addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    for (i, s) in idle.iter().enumerate() {
+        let mut buf = [0u8; 1];
+        match s.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => {
+                panic!("idle connection {i} was closed before the scrape was answered: {other:?}")
+            }
+        }
+    }
+    drop(idle);
+    stop(&mut daemon).await;
+}
+
+/// A scraper that asks for OpenMetrics gets it, `# EOF` and all; one that does not ask gets
+/// the Prometheus text format. (The reference parsers read both below.)
+#[tokio::test]
+async fn openmetrics_is_served_when_the_scraper_asks_for_it() {
+    let setup = Setup::with_agent(RESOURCES, "run_as: root\nmetrics: 127.0.0.1:0\n");
+    setup.script("num", "#!/bin/sh\necho 7\n");
+    setup.script("broken", "#!/bin/sh\nexit 3\n");
+    setup.script("label", "#!/bin/sh\necho x\n");
+    let (mut daemon, addr) = start(&setup).await;
+    let ask = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
+    let text = guard("a value in an OpenMetrics scrape", async {
+        loop {
+            let resp = request(&addr, ask).await;
+            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+            assert!(
+                resp.to_ascii_lowercase()
+                    .contains("content-type: application/openmetrics-text; version=1.0.0"),
+                "{resp}"
+            );
+            let text = body(&resp).to_owned();
+            if text.contains("xce_resource_value{name=\"num\",instance=\"\"} 7.0\n") {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    // OpenMetrics names the counter family without `_total`; the sample keeps it.
+    assert!(text.contains("# TYPE xce_probe_runs counter\n"), "{text}");
+    assert!(text.contains("xce_probe_runs_total{probe=\"num\",outcome=\"ok\"} "));
+    let plain = request(&addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(!body(&plain).contains("# EOF"), "{plain}");
+    assert!(body(&plain).contains("# TYPE xce_probe_runs_total counter\n"));
+    stop(&mut daemon).await;
+}
+
+/// Which of the reference client's parsers reads the text.
+#[derive(Clone, Copy)]
+enum Parser {
+    Prometheus,
+    OpenMetrics,
+}
+
+/// The exposition, rendered as a scrape renders it, for values of every kind: ok, failed,
+/// a string with quotes, probe counters with a duration, the link counters.
+fn exposition_of_every_kind(format: xce_agent::metrics::Format) -> String {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+    use xce_agent::store::{Declared, Store};
+    use xce_agent::value::{Reading, Valtype, Value};
+    let store = Arc::new(Store::new());
+    let declare = |name: &str, valtype| Declared {
+        name: name.into(),
+        instance: String::new(),
+        valtype,
+        stale_after: Duration::from_secs(60),
+    };
+    store.declare([
+        declare("num", Valtype::Numeric),
+        declare("broken", Valtype::Numeric),
+        declare("label", Valtype::String),
+    ]);
+    let now = SystemTime::now();
+    store.record("num", "", Reading::Ok(Value::Numeric(7.0)), now);
+    store.record("broken", "", Reading::Failed("exit 3".into()), now);
+    let label = Value::String("a \"quoted\" label\\".into());
+    store.record("label", "", Reading::Ok(label), now);
+    let stats = Arc::new(xce_agent::stats::Stats::default());
+    let num = stats.probe("num");
+    num.ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    num.duration.observe(Duration::from_millis(3));
+    let (_, probes) = tokio::sync::watch::channel(stats);
+    let registry = xce_agent::metrics::registry(xce_agent::metrics::Sources {
+        store,
+        link: Default::default(),
+        probes,
+        files: xce_agent::probe::file_reader::FileReads::new(32),
+    });
+    xce_agent::metrics::render(&registry, format)
+}
+
+#[test]
+#[ignore = "needs python3 with prometheus_client; CI runs it with `cargo test -- --ignored`"]
+fn the_exposition_parses_with_the_reference_python_parser() {
+    common::require_tool(
+        "python3",
+        &["-c", "import prometheus_client"],
+        "pip install prometheus-client",
+    );
+    let text = exposition_of_every_kind(xce_agent::metrics::Format::PrometheusText);
+    check_with_python_parser(&text, Parser::Prometheus);
+}
+
+#[test]
+#[ignore = "needs python3 with prometheus_client; CI runs it with `cargo test -- --ignored`"]
+fn the_openmetrics_exposition_parses_with_the_reference_openmetrics_parser() {
+    common::require_tool(
+        "python3",
+        &["-c", "import prometheus_client"],
+        "pip install prometheus-client",
+    );
+    let text = exposition_of_every_kind(xce_agent::metrics::Format::OpenMetrics);
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    check_with_python_parser(&text, Parser::OpenMetrics);
+}
+
+/// Parse the exposition with the reference Python client's parser (Prometheus text or
+/// OpenMetrics), which rejects malformed lines, bad escapes and inconsistent histograms.
+fn check_with_python_parser(text: &str, parser: Parser) {
+    const SCRIPT: &str = r#"
+import sys
+if sys.argv[1] == "openmetrics":
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+else:
+    from prometheus_client.parser import text_string_to_metric_families
+fams = {f.name: f for f in text_string_to_metric_families(sys.stdin.read())}
+for f in fams.values():
+    if f.type == "histogram":
+        for s in f.samples:
+            if s.name.endswith("_bucket") and s.value < 0:
+                raise SystemExit("negative bucket")
+need = ["xce_resource_value", "xce_resource_status", "xce_probe_runs", "xce_probe_duration_seconds", "xce_link_bytes_sent", "xce_link_state"]
+missing = [n for n in need if n not in fams]
+if missing:
+    raise SystemExit("missing families: %s" % missing)
+print(len(fams))
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", SCRIPT])
+        .arg(match parser {
+            Parser::Prometheus => "prometheus",
+            Parser::OpenMetrics => "openmetrics",
+        })
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(text.as_bytes()).expect("write to python");
+    }
+    let out = child.wait_with_output().expect("python output");
+    assert!(
+        out.status.success(),
+        "prometheus_client rejected the exposition: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,171 @@
+//! The spawn itself (clone with CLONE_VM | CLONE_VFORK, raw system calls in the child): what
+//! a child starts with — its own process group, only descriptors 0-2, an empty signal mask,
+//! default dispositions, no_new_privs — and exec failures reported with their errno and path.
+
+use crate::support as common;
+use crate::support::in_own_process;
+
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use xce_agent::probe::child::{self, ChildSpec, Exit};
+
+fn sh(script: &str) -> ChildSpec {
+    let mut spec = ChildSpec::new("/bin/sh", Duration::from_secs(30));
+    spec.args = vec![OsString::from("-c"), OsString::from(script)];
+    spec
+}
+
+async fn output(spec: &ChildSpec) -> (child::ChildOutcome, String) {
+    let o = child::run(spec).await.expect("spawn");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    (o, text)
+}
+
+fn status_field(out: &str, key: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in {out}"))
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_child_leads_its_own_process_group() {
+    let (o, out) = output(&sh("awk '{print $5}' /proc/$$/stat")).await;
+    assert_eq!(o.exit, Exit::Code(0));
+    assert_eq!(out.trim(), o.pid.to_string());
+}
+
+#[tokio::test]
+async fn only_descriptors_0_to_2_reach_the_child() {
+    if !in_own_process!("only_descriptors_0_to_2_reach_the_child") {
+        return;
+    }
+    // A descriptor the agent inherited or opened without close-on-exec.
+    let stray = std::fs::File::open("/etc/hostname").unwrap();
+    let inheritable = nix::unistd::dup(&stray).unwrap();
+    assert!(inheritable.as_raw_fd() > 2);
+    let (o, out) = output(&sh("ls /proc/$$/fd")).await;
+    assert_eq!(o.exit, Exit::Code(0));
+    let fds: Vec<&str> = out.lines().collect();
+    assert_eq!(fds, ["0", "1", "2"], "the child saw {fds:?}");
+}
+
+#[tokio::test]
+async fn the_child_starts_with_an_empty_mask_and_default_dispositions() {
+    use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+    // Blocked in the spawning thread; the agent (Rust's runtime) also ignores SIGPIPE.
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGUSR1);
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).unwrap();
+    let (o, out) = output(&sh("cat /proc/self/status")).await;
+    pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&set), None).unwrap();
+    assert_eq!(o.exit, Exit::Code(0));
+    assert_eq!(status_field(&out, "SigBlk"), "0000000000000000");
+    assert_eq!(status_field(&out, "SigIgn"), "0000000000000000");
+}
+
+#[tokio::test]
+async fn no_new_privs_is_set_unless_the_probe_opts_out() {
+    let mut spec = sh("cat /proc/self/status");
+    let (_, out) = output(&spec).await;
+    assert_eq!(status_field(&out, "NoNewPrivs"), "1");
+    spec.no_new_privs = false;
+    let (_, out) = output(&spec).await;
+    assert_eq!(status_field(&out, "NoNewPrivs"), "0");
+}
+
+async fn spawn_error(program: &Path) -> String {
+    let spec = ChildSpec::new(program, Duration::from_secs(5));
+    match child::run(&spec).await {
+        Ok(o) => panic!("{} started: {o:?}", program.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn exec_failures_carry_their_errno_and_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let e = spawn_error(&missing).await;
+    assert_eq!(
+        e,
+        format!(
+            "cannot start {}: No such file or directory (os error 2)",
+            missing.display()
+        )
+    );
+
+    let not_executable = dir.path().join("plain");
+    std::fs::write(&not_executable, "#!/bin/sh\necho 1\n").unwrap();
+    let e = spawn_error(&not_executable).await;
+    assert_eq!(
+        e,
+        format!(
+            "cannot start {}: Permission denied (os error 13)",
+            not_executable.display()
+        )
+    );
+
+    // Executable, but neither a #! script nor a binary: no silent fallback to a shell.
+    let garbage = common::script(dir.path(), "garbage", "echo no shebang\n");
+    let e = spawn_error(&garbage).await;
+    assert_eq!(
+        e,
+        format!(
+            "cannot start {}: Exec format error (os error 8)",
+            garbage.display()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_failed_credential_switch_names_its_stage() {
+    if nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: as root every switch succeeds; the test needs an unprivileged agent");
+        return;
+    }
+    let mut spec = sh("true");
+    spec.credentials = Some(child::Credentials {
+        user: "root".into(),
+        uid: nix::unistd::Uid::from_raw(0),
+        gid: nix::unistd::Gid::from_raw(0),
+        groups: vec![],
+    });
+    let e = child::run(&spec).await.unwrap_err().to_string();
+    assert!(
+        e.contains("setgroups failed: Operation not permitted"),
+        "{e}"
+    );
+}
+
+/// The agent binary started with a stray descriptor open (as a launching shell leaves them):
+/// the probe, run as `nobody` when the agent is root, does not see it.
+#[test]
+fn a_probe_cannot_see_a_descriptor_the_agent_inherited() {
+    let s = common::Setup::new(&format!(
+        "resources:\n{}",
+        common::resource("fds", "{kind: exec, command: [fds], format: kv}")
+    ));
+    s.script(
+        "fds",
+        "#!/bin/sh\nfor f in $(ls /proc/$$/fd); do echo \"fd$f = 1\"; done\necho \"fds = 1\"\n",
+    );
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "exec 7</etc/hostname 9</etc/hostname; exec {} --config {} probe fds",
+            env!("CARGO_BIN_EXE_xce-agent"),
+            s.agent_yaml().display()
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("fd2 = 1"), "{text}{stderr}");
+    assert!(!text.contains("fd7 = 1"), "{text}");
+    assert!(!text.contains("fd9 = 1"), "{text}");
+}

@@ -1,0 +1,57 @@
+//! The clone(2) path, taken on kernels without clone3 (or where a seccomp filter refuses it):
+//! the same child as clone3 gives — descriptors 0-2 only, errors with their errno, and, with
+//! containment, the child joining its probe's cgroup by writing to `cgroup.procs`.
+
+use crate::support::in_own_process;
+use std::ffi::OsString;
+use std::time::Duration;
+
+use xce_agent::probe::cgroup::{self, Containment};
+use xce_agent::probe::child::{self, spawn, ChildSpec, Exit};
+
+fn legacy() {
+    spawn::use_legacy_clone();
+}
+
+#[tokio::test]
+async fn clone2_children_see_only_0_to_2_and_report_exec_errors() {
+    if !in_own_process!("clone2_children_see_only_0_to_2_and_report_exec_errors") {
+        return;
+    }
+    legacy();
+    let mut spec = ChildSpec::new("/bin/sh", Duration::from_secs(30));
+    spec.args = vec![OsString::from("-c"), OsString::from("ls /proc/$$/fd")];
+    let o = child::run(&spec).await.unwrap();
+    assert_eq!(o.exit, Exit::Code(0));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n1\n2\n");
+    let missing = ChildSpec::new("/nonexistent/xce", Duration::from_secs(5));
+    let e = child::run(&missing).await.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "cannot start /nonexistent/xce: No such file or directory (os error 2)"
+    );
+}
+
+#[tokio::test]
+async fn clone2_children_join_their_cgroup() {
+    if !in_own_process!("clone2_children_join_their_cgroup") {
+        return;
+    }
+    legacy();
+    xce_agent::probe::child::become_subreaper().unwrap();
+    let Containment::Cgroups(tree) = cgroup::init() else {
+        eprintln!(
+            "skipped: no writable cgroup v2 hierarchy here; CI runs as root on a host with one"
+        );
+        return;
+    };
+    let mut spec = ChildSpec::new("/bin/cat", Duration::from_secs(30));
+    spec.args = vec![OsString::from("/proc/self/cgroup")];
+    spec.cgroup = Some(
+        tree.probe("legacy", &xce_agent::config::Limits::default())
+            .unwrap(),
+    );
+    let o = child::run(&spec).await.unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.trim_end().ends_with("/probes/legacy"), "{out}");
+}

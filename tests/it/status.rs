@@ -1,0 +1,610 @@
+//! `xce-agent status` against a real daemon, and `listen --format table` against real agents:
+//! the socket, its permissions, its bounds, a stale socket file, and state that changes.
+
+use crate::support as e2e_common;
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use crate::support::{agent_bin, wait_until, ListenProc, Site};
+use xce_agent::status::StatusReport;
+
+const RESOURCES: &str = r#"
+resources:
+  - name: scratch
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [scratch.sh]}
+  - name: mode
+    valtype: string
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [mode.sh]}
+"#;
+
+/// A site whose agent serves its status socket in the site's directory. `mode.sh` prints
+/// the content of `mode` and fails when it is `fail`.
+fn status_site(controllers: &[String], extra: &str) -> Site {
+    let site = Site::new(controllers, RESOURCES);
+    site.counter_script("scratch");
+    let d = site.path().display();
+    site.script(
+        "mode.sh",
+        &format!("#!/bin/sh\nm=$(cat {d}/mode)\n[ \"$m\" = fail ] && {{ echo broken >&2; exit 3; }}\necho $m\n"),
+    );
+    site.write_atomic("mode", "fine\n");
+    let mut agent = std::fs::OpenOptions::new()
+        .append(true)
+        .open(site.agent_yaml())
+        .expect("open agent.yaml");
+    write!(agent, "status_socket: status.sock\n{extra}").expect("append to agent.yaml");
+    site
+}
+
+fn socket(site: &Site) -> PathBuf {
+    site.file("status.sock")
+}
+
+fn status_cmd(site: &Site, args: &[&str]) -> Command {
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("status")
+        .arg("--config")
+        .arg(site.agent_yaml())
+        .args(args)
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run(mut cmd: Command) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("run xce-agent status");
+    (
+        status.code().expect("exit code"),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+fn status(site: &Site, args: &[&str]) -> (i32, String, String) {
+    run(status_cmd(site, args))
+}
+
+/// `status --format json` until `pred` holds; returns that answer and the exit code.
+async fn wait_status(
+    site: &Site,
+    what: &str,
+    mut pred: impl FnMut(&StatusReport) -> bool,
+) -> (StatusReport, i32) {
+    let mut last = None;
+    wait_until(what, || {
+        let (code, out, _) = status(site, &["--format", "json"]);
+        let Ok(report) = serde_json::from_str::<StatusReport>(&out) else {
+            return false;
+        };
+        let done = pred(&report);
+        last = Some((report, code));
+        done
+    })
+    .await;
+    last.expect("an answer")
+}
+
+fn resource<'a>(r: &'a StatusReport, name: &str) -> &'a xce_agent::status::ResourceInfo {
+    r.resources
+        .iter()
+        .find(|x| x.name == name)
+        .unwrap_or_else(|| panic!("no {name} in {r:?}"))
+}
+
+#[tokio::test]
+async fn status_shows_the_daemons_values_and_link_as_table_and_json() {
+    let listen = ListenProc::spawn_with(&["--format", "json", "--ack"]);
+    let controller = listen.addr.to_string();
+    let site = status_site(std::slice::from_ref(&controller), "");
+    let mut agent = site.spawn_agent();
+    let (report, code) = wait_status(&site, "values sent and acknowledged", |r| {
+        r.link.state == "connected"
+            && r.link.last_ack_ms.is_some()
+            && r.resources.iter().all(|x| x.status.as_str() == "ok")
+    })
+    .await;
+    assert_eq!(code, 0, "all ok: exit 0");
+    assert_eq!(report.agent.host, "node001");
+    assert_eq!(report.agent.pid, agent.pid());
+    assert_eq!(report.config.generation, 1);
+    assert_eq!(report.link.controller.as_deref(), Some(controller.as_str()));
+    assert_eq!(resource(&report, "mode").value.to_string(), "fine");
+    assert_eq!(resource(&report, "mode").probe, "mode");
+    assert!(resource(&report, "scratch").next_run_ms.is_some());
+    let probe = report
+        .probes
+        .iter()
+        .find(|p| p.name == "scratch")
+        .expect("scratch probe");
+    assert!(probe.runs_ok >= 1, "{probe:?}");
+
+    let (code, table, _) = status(&site, &[]);
+    assert_eq!(code, 0, "{table}");
+    assert!(
+        table.contains(&format!("connected to {controller}")),
+        "{table}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("mode "))
+        .unwrap_or_else(|| panic!("no mode row in\n{table}"));
+    assert_eq!(
+        row.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["mode", "fine", "ok"]
+    );
+
+    // Only agent.yaml is read: a resources.yaml broken after the start does not matter.
+    std::fs::write(site.file("resources.yaml"), "resources: [").expect("break resources.yaml");
+    let (code, _, err) = status(&site, &[]);
+    assert_eq!(code, 0, "{err}");
+
+    // NAME... limits the answer.
+    let (_, json, _) = status(&site, &["--format", "json", "mode"]);
+    let only: StatusReport = serde_json::from_str(&json).expect("json answer");
+    let names: Vec<&str> = only.resources.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["mode"]);
+    agent.assert_alive();
+}
+
+#[tokio::test]
+async fn a_failing_probe_and_a_vanished_controller_show_in_status() {
+    let listen = ListenProc::spawn_with(&["--format", "json"]);
+    let site = status_site(&[listen.addr.to_string()], "");
+    let _agent = site.spawn_agent();
+    wait_status(&site, "the link up and mode ok", |r| {
+        r.link.state == "connected" && resource(r, "mode").status.as_str() == "ok"
+    })
+    .await;
+
+    site.write_atomic("mode", "fail\n");
+    let (report, code) = wait_status(&site, "mode to fail", |r| {
+        resource(r, "mode").status.as_str() == "failed"
+    })
+    .await;
+    assert_eq!(code, 1, "a failed resource: exit 1");
+    let mode = resource(&report, "mode");
+    assert!(
+        mode.error.as_deref().is_some_and(|e| e.contains("exit")),
+        "{mode:?}"
+    );
+    assert!(report
+        .probes
+        .iter()
+        .any(|p| p.name == "mode" && p.runs_failed >= 1));
+    let (code, table, _) = status(&site, &[]);
+    assert_eq!(code, 1);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("mode ") && l.contains("failed")),
+        "{table}"
+    );
+
+    site.write_atomic("mode", "fine\n");
+    wait_status(&site, "mode to recover", |r| {
+        resource(r, "mode").status.as_str() == "ok"
+    })
+    .await;
+
+    drop(listen);
+    let (report, code) = wait_status(&site, "the link to go down", |r| {
+        r.link.state != "connected"
+    })
+    .await;
+    assert_eq!(code, 1, "link down: exit 1");
+    assert!(report.link.controller.is_none());
+    assert_eq!(
+        report.link.resvals_waiting, 2,
+        "everything waits for the next snapshot"
+    );
+    assert!(report.link.disconnects >= 1 || report.link.connect_failures >= 1);
+}
+
+#[tokio::test]
+async fn watch_redraws_every_second() {
+    let site = status_site(&[], "");
+    let _agent = site.spawn_agent();
+    wait_status(&site, "the daemon to answer", |_| true).await;
+    let mut child = status_cmd(&site, &["--watch"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn status --watch");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    while text.matches("HOST  node001").count() < 2 {
+        let n = out.read(&mut buf).expect("read status --watch");
+        assert!(n > 0, "status --watch ended early:\n{text}");
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(text.contains("LINK  no controllers configured"), "{text}");
+}
+
+#[tokio::test]
+async fn no_daemon_exits_3_with_what_to_do() {
+    let site = status_site(&[], "");
+    let (code, _, err) = status(&site, &[]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains(&socket(&site).display().to_string()), "{err}");
+    assert!(err.contains("systemctl status xce-agent"), "{err}");
+}
+
+#[tokio::test]
+async fn a_stale_socket_is_replaced_and_a_live_one_is_not_stolen() {
+    let site = status_site(&[], "");
+    // What a daemon killed with SIGKILL leaves: a socket file nobody listens on.
+    drop(UnixListener::bind(socket(&site)).expect("bind"));
+    assert!(socket(&site).exists());
+    let (code, _, _) = status(&site, &[]);
+    assert_eq!(code, 3, "a stale socket is not a running daemon");
+
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+    assert!(agent.log_text().contains("replacing the status socket"));
+    let (code, _, err) = status(&site, &[]);
+    assert_eq!(code, 0, "{err}");
+    let mode = std::fs::metadata(socket(&site))
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let second = Command::new(agent_bin())
+        .arg("--config")
+        .arg(site.agent_yaml())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a second agent");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{err}");
+    assert!(err.contains("another xce-agent is running"), "{err}");
+    let (code, _, _) = status(&site, &[]);
+    assert_eq!(code, 0, "the first daemon still answers");
+
+    agent.terminate().await;
+    assert!(!socket(&site).exists(), "a clean stop removes the socket");
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+const NOBODY: u32 = 65534;
+
+/// `status` as uid/gid nobody (no supplementary groups: std drops them with the uid).
+fn status_as_nobody(site: &Site, gid: u32) -> (i32, String, String) {
+    let mut cmd = status_cmd(site, &[]);
+    cmd.uid(NOBODY).gid(gid);
+    run(cmd)
+}
+
+#[tokio::test]
+async fn an_unprivileged_user_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the command as nobody");
+        return;
+    }
+    let site = status_site(&[], "");
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+    let (code, _, err) = status_as_nobody(&site, NOBODY);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("permission denied: run as root or as a member of status_group"),
+        "{err}"
+    );
+
+    // Made world-writable by hand, the socket still refuses: the daemon checks the peer.
+    std::fs::set_permissions(socket(&site), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let (code, _, err) = status_as_nobody(&site, NOBODY);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("permission denied: run as root or as a member of status_group"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn members_of_status_group_may_read() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the command as nobody");
+        return;
+    }
+    let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(NOBODY))
+        .ok()
+        .flatten()
+        .expect("a group with gid 65534");
+    let site = status_site(&[], &format!("status_group: {}\n", group.name));
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+    let meta = std::fs::metadata(socket(&site)).expect("socket");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    let (code, out, err) = status_as_nobody(&site, NOBODY);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("HOST  node001"), "{out}");
+    // Another group is refused.
+    let (code, _, err) = status_as_nobody(&site, 1);
+    assert_eq!(code, 2, "{err}");
+}
+
+/// One raw exchange on the socket.
+fn exchange(site: &Site, request: &[u8]) -> serde_json::Value {
+    let mut s = UnixStream::connect(socket(site)).expect("connect");
+    let _ = s.write_all(request);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read answer");
+    serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"))
+}
+
+#[tokio::test]
+async fn bad_requests_get_an_error_and_idle_clients_do_not_stall_the_daemon() {
+    let site = status_site(&[], "");
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+
+    let refused = |request: &[u8], needle: &str| {
+        let v = exchange(&site, request);
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(error.contains(needle), "{v}");
+    };
+    refused(b"{\"version\": 2}\n", "version 2 not supported");
+    refused(b"not json\n", "not JSON");
+    refused(&[b' '; 8 * 1024], "longer than");
+    // No request at all is the default request.
+    let v = exchange(&site, b"");
+    assert_eq!(v["version"], 1, "{v}");
+    assert!(v["resources"].is_array(), "{v}");
+
+    // Clients that connect and neither write nor read take every slot...
+    let idle: Vec<UnixStream> = (0..xce_agent::status::server::MAX_CONNECTIONS + 4)
+        .map(|_| UnixStream::connect(socket(&site)).expect("connect"))
+        .collect();
+    // ...and the daemon goes on probing meanwhile.
+    let runs = site.runs("scratch");
+    site.wait_runs("scratch", runs + 2).await;
+    // Each is answered and dropped after the read timeout; then the command gets through.
+    let (code, out, err) = status(&site, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("HOST  node001"));
+    for mut s in idle {
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).expect("read");
+        assert!(answer.contains("no request received in time"), "{answer}");
+    }
+    agent.assert_alive();
+}
+
+/// `listen --format table` with frames every 100 ms into a pipe.
+fn table_listener(only: &str) -> ListenProc {
+    ListenProc::spawn_with(&["--format", "table", "--refresh", "100ms", "--only", only])
+}
+
+#[tokio::test]
+async fn listen_shows_several_agents_as_one_table() {
+    let mut listen = table_listener("mode,scratch");
+    let controller = listen.addr.to_string();
+    let one = status_site(std::slice::from_ref(&controller), "");
+    let two = status_site(std::slice::from_ref(&controller), "");
+    let yaml = std::fs::read_to_string(two.agent_yaml()).expect("read");
+    std::fs::write(
+        two.agent_yaml(),
+        yaml.replace("host: node001", "host: node002"),
+    )
+    .expect("write");
+    two.write_atomic("mode", "busy\n");
+    let _a = one.spawn_agent();
+    let _b = two.spawn_agent();
+    // Frames arrive as lines; read until one frame shows both hosts with their values.
+    let mut frame: Vec<String> = Vec::new();
+    let rows = loop {
+        let line = listen
+            .stdout
+            .recv_timeout(e2e_common::HANG_GUARD)
+            .expect("a table line from listen");
+        if line.starts_with("--- ") {
+            let rows: Vec<Vec<String>> = frame
+                .iter()
+                .map(|l| l.split_whitespace().map(str::to_owned).collect())
+                .collect();
+            let values_in = |host: &str, mode: &str| {
+                rows.iter().any(|r| {
+                    r.len() == 5 && r[0] == host && r[1] == "up" && r[3] == mode && r[4] != "?"
+                })
+            };
+            if values_in("node001", "fine") && values_in("node002", "busy") {
+                break rows;
+            }
+            frame.clear();
+        } else {
+            frame.push(line);
+        }
+    };
+    assert_eq!(rows[0], ["HOST", "LINK", "AGE", "mode", "scratch"]);
+    listen.assert_alive();
+}
+
+#[test]
+fn status_socket_and_group_in_agent_yaml() {
+    use xce_agent::config;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("agent.yaml");
+    std::fs::write(&p, "run_as: nobody\n").expect("write");
+    let (agent, _) = config::load_agent(&p).expect("valid");
+    assert_eq!(
+        agent.status_socket_path(),
+        std::path::Path::new("/run/xce-agent/status.sock")
+    );
+    std::fs::write(&p, "status_socket: run/s.sock\nstatus_group: adm\n").expect("write");
+    let (agent, _) = config::load_agent(&p).expect("valid");
+    assert_eq!(agent.status_socket_path(), dir.path().join("run/s.sock"));
+    assert_eq!(agent.status_group.as_deref(), Some("adm"));
+    std::fs::write(&p, "status_socket: \"\"\nstatus_group: \" \"\n").expect("write");
+    let e = config::load_agent(&p).expect_err("empty").0;
+    assert!(
+        e[0].to_string()
+            .ends_with("agent.yaml:1:16: status_socket is empty"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].to_string()
+            .ends_with("agent.yaml:2:15: status_group is empty"),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_explicit_status_socket_that_cannot_be_bound_stops_the_start() {
+    let site = status_site(&[], "");
+    let text = std::fs::read_to_string(site.agent_yaml()).expect("read");
+    let text = text.replace(
+        "status_socket: status.sock",
+        "status_socket: no/such/dir/s.sock",
+    );
+    std::fs::write(site.agent_yaml(), text).expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--config")
+        .arg(site.agent_yaml())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("directory does not exist"), "{err}");
+    // A regular file where the socket goes is never removed.
+    let other = status_site(&[], "");
+    std::fs::write(socket(&other), "precious").expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--config")
+        .arg(other.agent_yaml())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the agent");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is not a socket"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(socket(&other)).expect("kept"),
+        "precious"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_shows_as_a_new_config_generation() {
+    let site = status_site(&[], "");
+    let mut agent = site.spawn_agent();
+    let (before, _) = wait_status(&site, "the first answer", |_| true).await;
+    assert_eq!(before.config.generation, 1);
+    let more = format!(
+        "{RESOURCES}  - name: extra\n    valtype: numeric\n    interval: 1s\n    \
+         resourcemap: [{{location: [default]}}]\n    probe: {{kind: exec, command: [scratch.sh]}}\n"
+    );
+    site.write_atomic("resources.yaml", &more);
+    let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    let (after, _) = wait_status(&site, "generation 2", |r| r.config.generation == 2).await;
+    assert_ne!(after.config.digest, before.config.digest);
+    assert!(after.config.loaded_ms >= before.config.loaded_ms);
+    assert!(
+        after.resources.iter().any(|r| r.name == "extra"),
+        "{after:?}"
+    );
+    agent.assert_alive();
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_read_a_large_answer_is_dropped_and_stalls_nothing() {
+    // 8,000 resources fed by 8 kv probes: an answer of megabytes, more than a unix socket
+    // buffers, so a client that does not read leaves the daemon's write blocked.
+    const PROBES: usize = 8;
+    const EACH: usize = 1000;
+    let mut yaml = String::from("resources:\n");
+    for p in 0..PROBES {
+        let provides: Vec<String> = (1..EACH).map(|i| format!("big{p}_{i}")).collect();
+        yaml.push_str(&format!(
+            "  - name: big{p}_0\n    interval: 2s\n    resourcemap: [{{location: [default]}}]\n    \
+             probe: {{kind: exec, command: [big.sh, \"{p}\"], format: kv, provides: [{}]}}\n",
+            provides.join(", ")
+        ));
+        for name in &provides {
+            yaml.push_str(&format!("  - name: {name}\n    interval: 2s\n"));
+        }
+    }
+    let site = Site::new(&[], &yaml);
+    let d = site.path().display();
+    site.script(
+        "big.sh",
+        &format!("#!/bin/sh\necho run >> {d}/big.runs\ni=0\nwhile [ $i -lt {EACH} ]; do echo \"big$1_$i = $i\"; i=$((i+1)); done\n"),
+    );
+    let mut agent = std::fs::OpenOptions::new()
+        .append(true)
+        .open(site.agent_yaml())
+        .expect("open agent.yaml");
+    writeln!(agent, "status_socket: status.sock").expect("append");
+    let mut agent = site.spawn_agent();
+    wait_status(&site, "every value ok", |r| {
+        r.resources.len() == PROBES * EACH && r.resources.iter().all(|x| x.status.as_str() == "ok")
+    })
+    .await;
+
+    let mut stuck = UnixStream::connect(socket(&site)).expect("connect");
+    stuck.write_all(b"{}\n").expect("request");
+    // The daemon answers others meanwhile and goes on probing.
+    let (code, out, err) = status(&site, &["big0_0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("big0_0"), "{out}");
+    site.wait_runs("big", site.runs("big") + 2).await;
+    // The stuck client is dropped (its peer hangs up while the answer is still unread)...
+    {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd as _;
+        // No events asked for: poll wakes on POLLHUP alone, which a unix socket reports
+        // once its peer is gone (data still unread or not).
+        let mut fds = [PollFd::new(stuck.as_fd(), PollFlags::empty())];
+        let guard = PollTimeout::try_from(e2e_common::HANG_GUARD).expect("timeout");
+        poll(&mut fds, guard).expect("poll");
+        let hung_up = fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+        assert!(
+            hung_up,
+            "the daemon never dropped the client that does not read"
+        );
+    }
+    // ...and what it finally reads is a cut-off answer.
+    stuck
+        .set_read_timeout(Some(e2e_common::HANG_GUARD))
+        .expect("read timeout");
+    let mut body = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    loop {
+        match stuck.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading the stuck client's answer: {e}"),
+        }
+    }
+    assert!(!body.is_empty(), "the answer had started");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&body).is_err(),
+        "a whole answer of {} bytes: the daemon was not stuck on this client",
+        body.len()
+    );
+    agent.assert_alive();
+}

@@ -1,0 +1,315 @@
+//! Stream probes end to end: a real long-running child, values observed through the store's
+//! watch (no sleeps), restarts, the abort value, partial and overlong lines, silence.
+
+use crate::support as common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::support::{declare, load_task, resource, wait_for, Setup};
+use tokio_util::sync::CancellationToken;
+use xce_agent::probe::stream::{self, Line, LineSplitter};
+use xce_agent::probe::{run_once, Outcome};
+use xce_agent::stats::Stats;
+use xce_agent::store::Store;
+use xce_agent::value::{Status, Value};
+
+/// A setup whose resources are `a` (the stream, providing a and b) and `b`, with `pids/`
+/// writable by the probe user; `DIR` in `probe` becomes that directory.
+fn setup(probe: &str, body: &str) -> Setup {
+    let s = Setup::new("resources: []\n");
+    let pids = common::pids_dir(&s);
+    let probe = probe.replace("DIR", &pids.display().to_string());
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        format!(
+            "resources:\n{}{}",
+            resource("a", &probe),
+            "  - {name: b, valtype: numeric, interval: 60s, resourcemap: [{location: [default]}]}\n"
+        ),
+    )
+    .unwrap();
+    s.script("el", body);
+    s
+}
+
+struct Running {
+    store: Arc<Store>,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+fn start(s: &Setup) -> Running {
+    let (task, ctx) = load_task(s, "a");
+    let store = Arc::new(Store::new());
+    declare(&store, &task);
+    let stats = Arc::new(Stats::default());
+    let cancel = CancellationToken::new();
+    let handle = tokio::spawn(stream::supervise(
+        Arc::new(task),
+        ctx,
+        store.clone(),
+        stats.clone(),
+        cancel.clone(),
+    ));
+    Running {
+        store,
+        stats,
+        cancel,
+        handle,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.handle.await.unwrap();
+    }
+    fn restarts(&self) -> u64 {
+        self.stats.probe("a").restarts.load(Ordering::Relaxed)
+    }
+}
+
+const ELIM: &str = "{kind: stream, command: [el], format: elim, provides: [a, b], env: {D: DIR}}";
+
+fn num(v: f64) -> impl Fn(&xce_agent::value::Resval) -> bool {
+    move |r| r.status == Status::Ok && r.value == Value::Numeric(v)
+}
+
+#[tokio::test]
+async fn values_arrive_as_lines_are_written_and_the_group_dies_on_cancel() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\necho $$ > \"$D/el.pid\"\necho \"2 a 5 b 7\"\necho \"1 b 8\"\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(5.0)).await;
+    wait_for(&r.store, "b", num(8.0)).await;
+    let pid = common::read_pid(&s.path().join("pids/el.pid"));
+    r.stop().await;
+    common::wait_gone(pid);
+    assert!(!common::alive(pid));
+}
+
+#[tokio::test]
+async fn environment_has_lsf_resources_and_elim_abort_value() {
+    let s = setup(
+        "{kind: stream, command: [el], format: kv, provides: [a, b]}",
+        "#!/bin/sh\n[ \"$LSF_RESOURCES\" = \"a b\" ] && [ \"$ELIM_ABORT_VALUE\" = 97 ] && echo 'a = 1'\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(1.0)).await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_crash_is_restarted_and_counted() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\nn=$(cat \"$D/n\" 2>/dev/null || echo 0)\nn=$((n + 1))\necho $n > \"$D/n\"\necho \"1 a $n\"\n[ $n -ge 2 ] && exec sleep 1000\necho crashing >&2\nexit 3\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", |v| {
+        v.status == Status::Failed
+            && v.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("exited with status 3: crashing; restarting in 1s")
+    })
+    .await;
+    wait_for(&r.store, "a", num(2.0)).await;
+    assert_eq!(r.restarts(), 1);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn the_abort_value_stops_restarts() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\necho \"nothing to do here\" >&2\nexit \"$ELIM_ABORT_VALUE\"\n",
+    );
+    let r = start(&s);
+    let v = wait_for(&r.store, "a", |v| v.status == Status::Failed).await;
+    let err = v.error.unwrap();
+    assert!(err.starts_with("elim aborted (exit 97"), "{err}");
+    assert!(err.contains("nothing to do here"), "{err}");
+    // The supervisor records the abort and then only waits for cancellation.
+    assert_eq!(r.restarts(), 0);
+    assert!(!r.handle.is_finished());
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_partial_line_waits_for_its_newline_and_blocks_nothing() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\necho \"1 a 5\"\nprintf '1 a'\nread x < \"$D/fifo\"\necho \" 9\"\nexec sleep 1000\n",
+    );
+    let fifo = s.path().join("pids/fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let r = start(&s);
+    wait_for(&r.store, "a", num(5.0)).await;
+    // Another probe runs to completion while the stream sits inside a line.
+    let other = Setup::new(&format!(
+        "resources:\n{}",
+        resource("o", "{kind: exec, command: [o]}")
+    ));
+    other.script("o", "#!/bin/sh\necho 3\n");
+    let (task, ctx) = load_task(&other, "o");
+    assert_eq!(run_once(&task, &ctx).await.outcome, Outcome::Ok);
+    let a = r.store.get("a", "").unwrap();
+    assert_eq!((a.status, a.value), (Status::Ok, Value::Numeric(5.0)));
+    // Complete the line: now it is applied.
+    tokio::task::spawn_blocking(move || std::fs::write(fifo, "go\n").unwrap())
+        .await
+        .unwrap();
+    wait_for(&r.store, "a", num(9.0)).await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn an_overlong_line_is_skipped_and_later_lines_apply() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\nhead -c 70000 /dev/zero | tr '\\0' x\necho\necho \"1 a 4\"\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    let v = wait_for(&r.store, "a", num(4.0)).await;
+    assert_eq!(v.error, None);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn silence_marks_values_stale() {
+    let s = setup(
+        "{kind: stream, command: [el], format: elim, provides: [a, b], silence: 1s}",
+        "#!/bin/sh\necho \"1 a 5\"\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(5.0)).await;
+    let v = wait_for(&r.store, "a", |v| v.status == Status::Stale).await;
+    assert_eq!(v.value, Value::Unknown);
+    assert!(v.error.unwrap().contains("stream silent for 1s"));
+    assert_eq!(r.restarts(), 0, "no hang restart unless asked");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn restart_on_silence_restarts_a_hung_stream() {
+    let s = setup(
+        "{kind: stream, command: [el], format: elim, provides: [a, b], silence: 1s, restart_on_silence: true, env: {D: DIR}}",
+        "#!/bin/sh\nn=$(cat \"$D/n\" 2>/dev/null || echo 0)\nn=$((n + 1))\necho $n > \"$D/n\"\necho \"1 a $n\"\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(1.0)).await;
+    wait_for(&r.store, "a", |v| v.status == Status::Stale).await;
+    wait_for(&r.store, "a", num(2.0)).await;
+    assert!(r.restarts() >= 1);
+    r.stop().await;
+}
+
+fn elim_example_setup(provides: &str) -> Setup {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/plugins/elim_proc"
+    );
+    let probe = format!(
+        "{{kind: stream, command: [elim.example], format: elim, provides: [{provides}], env: {{ELIM_PROC_ROOT: {fixture}, ELIM_INTERVAL: \"1\"}}}}"
+    );
+    let mut yaml = String::from("resources:\n");
+    for (i, name) in provides.split(", ").enumerate() {
+        if i == 0 {
+            yaml.push_str(&resource(name, &probe));
+        } else {
+            yaml.push_str(&format!(
+                "  - {{name: {name}, valtype: numeric, interval: 60s, resourcemap: [{{location: [default]}}]}}\n"
+            ));
+        }
+    }
+    let s = Setup::new(&yaml);
+    let body =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/elim.example"))
+            .unwrap();
+    s.script("elim.example", &body);
+    s
+}
+
+#[tokio::test]
+async fn an_unmodified_lsf_elim_works() {
+    let s = elim_example_setup("nprocs, nzombies, oom_kills");
+    let (task, ctx) = load_task(&s, "nprocs");
+    let store = Arc::new(Store::new());
+    declare(&store, &task);
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(stream::supervise(
+        Arc::new(task),
+        ctx,
+        store.clone(),
+        Arc::new(Stats::default()),
+        cancel.clone(),
+    ));
+    wait_for(&store, "nprocs", num(4.0)).await;
+    wait_for(&store, "nzombies", num(1.0)).await;
+    wait_for(&store, "oom_kills", num(2.0)).await;
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unmodified_lsf_elim_that_has_nothing_to_report_aborts() {
+    let s = elim_example_setup("mem");
+    let (task, ctx) = load_task(&s, "mem");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Failed);
+    let err = run.error().unwrap();
+    assert!(err.starts_with("elim aborted (exit 97"), "{err}");
+    assert!(err.contains("none of LSF_RESOURCES (mem)"), "{err}");
+}
+
+#[tokio::test]
+async fn first_values_takes_the_first_line_then_stops_the_group() {
+    let s = elim_example_setup("nprocs, nzombies, oom_kills");
+    let (task, ctx) = load_task(&s, "nprocs");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
+    let vals: Vec<String> = run
+        .readings
+        .iter()
+        .map(|(n, r)| format!("{n}={r:?}"))
+        .collect();
+    assert_eq!(
+        vals,
+        [
+            "nprocs=Ok(Numeric(4.0))",
+            "nzombies=Ok(Numeric(1.0))",
+            "oom_kills=Ok(Numeric(2.0))"
+        ]
+    );
+    // TERM trap: elim.example exits 0 when stopped.
+    let exit = run.exec.unwrap().exit;
+    assert_eq!(exit, Some(xce_agent::probe::process::Exit::Code(0)));
+}
+
+#[test]
+fn line_splitter_buffers_partials_and_rejects_overlong_lines() {
+    let mut sp = LineSplitter::new(8);
+    let mut out = Vec::new();
+    sp.push(b"1 a 5\n1 a", &mut out);
+    assert_eq!(out, vec![Line::Complete(b"1 a 5".to_vec())]);
+    assert_eq!(sp.pending(), 3);
+    out.clear();
+    sp.push(b" 6\n", &mut out);
+    assert_eq!(out, vec![Line::Complete(b"1 a 6".to_vec())]);
+    out.clear();
+    // Over the limit before its newline: reported once, skipped to the next newline.
+    sp.push(b"123456789", &mut out);
+    sp.push(b"abc", &mut out);
+    sp.push(b"def\nok\n", &mut out);
+    assert_eq!(out, vec![Line::TooLong, Line::Complete(b"ok".to_vec())]);
+    out.clear();
+    sp.push(b"123456789\n", &mut out);
+    assert_eq!(out, vec![Line::TooLong]);
+}

@@ -1,0 +1,347 @@
+//! Processes: the real `xce-agent` binary as a child that is always killed on drop, the
+//! state of other processes read from /proc, and tests that run in a process of their own.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+
+use super::wait::{wait_until, HANG_GUARD};
+
+pub fn agent_bin() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("xce-agent")
+}
+
+/// The real agent binary; killed (by its PID, through the Child) and reaped on drop.
+pub struct AgentProc {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl AgentProc {
+    pub fn spawn(config: &Path, log: &Path) -> Self {
+        let err = File::create(log).expect("create log");
+        let child = Command::new(agent_bin())
+            .arg("--config")
+            .arg(config)
+            .env("XCE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("spawn xce-agent");
+        Self {
+            child,
+            log: log.to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The agent must still be running (a crash would otherwise look like a hang).
+    pub fn assert_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("xce-agent exited ({status}); log:\n{}", self.log_text());
+        }
+    }
+
+    /// SIGTERM (to this PID only) and wait for the exit, bounded by the hang guard.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let mut status = None;
+        wait_until("the agent to exit after SIGTERM", || {
+            status = self.child.try_wait().expect("try_wait");
+            status.is_some()
+        })
+        .await;
+        status.expect("exited")
+    }
+
+    /// Resident set size in KiB, from /proc/PID/status.
+    pub fn rss_kib(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
+    /// Wait until the log contains `needle` at least `n` times.
+    pub async fn wait_log(&mut self, needle: &str, n: usize) {
+        let log = self.log.clone();
+        let what = format!("{n} x {needle:?} in the agent log");
+        wait_until(&what, || {
+            std::fs::read_to_string(&log)
+                .map(|s| s.matches(needle).count() >= n)
+                .unwrap_or(false)
+        })
+        .await;
+        self.assert_alive();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!("--- agent log (last 40 lines) ---\n{}", tail.join("\n"));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `xce-agent listen 127.0.0.1:0 --format json`: its stdout and stderr lines arrive on
+/// channels (reader threads), so waits are bounded with `recv_timeout`.
+pub struct ListenProc {
+    child: Child,
+    pub addr: SocketAddr,
+    pub stdout: mpsc::Receiver<String>,
+    pub stderr: mpsc::Receiver<String>,
+}
+
+fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl ListenProc {
+    /// A plaintext receiver, said in words.
+    pub fn spawn() -> Self {
+        Self::spawn_format("json")
+    }
+
+    /// `xce-agent listen 127.0.0.1:0 --format FORMAT`, plaintext (`--insecure`).
+    pub fn spawn_format(format: &str) -> Self {
+        Self::spawn_with(&["--format", format])
+    }
+
+    /// `xce-agent listen 127.0.0.1:0` with these options; `--insecure` unless they give the
+    /// `--tls-*` files, and `--format json` unless they name a format.
+    pub fn spawn_with(options: &[&str]) -> Self {
+        let mut args = vec!["listen", "127.0.0.1:0"];
+        if !options.contains(&"--tls-ca") && !options.contains(&"--insecure") {
+            args.push("--insecure");
+        }
+        if !options.contains(&"--format") {
+            args.extend(["--format", "json"]);
+        }
+        let mut child = Command::new(agent_bin())
+            .args(args)
+            .args(options)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn xce-agent listen");
+        let out: ChildStdout = child.stdout.take().expect("stdout piped");
+        let err: ChildStderr = child.stderr.take().expect("stderr piped");
+        let stdout = lines_of(out);
+        let stderr = lines_of(err);
+        let mut me = Self {
+            child,
+            addr: "0.0.0.0:0".parse().expect("addr"),
+            stdout,
+            stderr,
+        };
+        let line = me.next_err_matching("listening on");
+        me.addr = line
+            .rsplit(' ')
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        me
+    }
+
+    /// The next stderr line containing `needle` (earlier lines are skipped).
+    pub fn next_err_matching(&mut self, needle: &str) -> String {
+        loop {
+            match self.stderr.recv_timeout(HANG_GUARD) {
+                Ok(l) if l.contains(needle) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no stderr line with {needle:?} from listen: {e}"),
+            }
+        }
+    }
+
+    /// The next stdout JSON line for which `pred` holds.
+    pub fn next_json(
+        &mut self,
+        mut pred: impl FnMut(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        loop {
+            let line = match self.stdout.recv_timeout(HANG_GUARD) {
+                Ok(l) => l,
+                Err(e) => panic!("listen printed no expected line: {e}"),
+            };
+            let v: serde_json::Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("listen printed a non-JSON line {line:?}: {e}"));
+            if pred(&v) {
+                return v;
+            }
+        }
+    }
+
+    pub fn assert_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("xce-agent listen exited: {status}");
+        }
+    }
+
+    /// SIGTERM (to this PID only), then every stdout and stderr line not read yet, up to
+    /// the end of both streams: what a test counts once listen has said all it will.
+    pub fn terminate_and_collect(&mut self) -> (Vec<String>, Vec<String>) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let rest = |rx: &mpsc::Receiver<String>| {
+            let mut lines = Vec::new();
+            loop {
+                match rx.recv_timeout(HANG_GUARD) {
+                    Ok(l) => lines.push(l),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
+                    Err(e) => panic!("listen did not end its output after SIGTERM: {e}"),
+                }
+            }
+        };
+        (rest(&self.stdout), rest(&self.stderr))
+    }
+}
+
+impl Drop for ListenProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Field 3 (state) and 4 (ppid) of `/proc/PID/stat`. The state follows the last ')': the
+/// command name may contain anything.
+fn state_and_parent(pid: i32) -> Option<(String, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit(')').next()?.split_whitespace();
+    let state = fields.next()?.to_owned();
+    let ppid = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    Some((state, ppid))
+}
+
+/// Whether a process is still running (a zombie waiting for its reaper counts as gone).
+pub fn alive(pid: i32) -> bool {
+    state_and_parent(pid).is_some_and(|(state, _)| state != "Z" && state != "X")
+}
+
+/// Whether `pid` is a zombie child of this test process (nobody reaped it).
+pub fn our_zombie(pid: i32) -> bool {
+    state_and_parent(pid)
+        .is_some_and(|(state, ppid)| state == "Z" && ppid == std::process::id() as i32)
+}
+
+/// The pid a probe wrote to `path`.
+pub fn read_pid(path: &Path) -> i32 {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no pid in {}: {e}", path.display()));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {text:?} is not a pid: {e}", path.display()))
+}
+
+/// Block until process `pid` has exited (pidfd readiness; no polling), with the hang guard.
+pub fn wait_gone(pid: i32) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    if fd < 0 {
+        return; // already gone (ESRCH)
+    }
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let guard_ms = HANG_GUARD.as_millis() as i32;
+    // SAFETY: one valid pollfd; fd is closed right after.
+    let n = unsafe { libc::poll(&mut pfd, 1, guard_ms) };
+    // SAFETY: fd came from pidfd_open above and nothing else owns it.
+    unsafe { libc::close(fd) };
+    assert!(n == 1, "process {pid} still running after {HANG_GUARD:?}");
+}
+
+/// Where a test needs a tool that not every build machine has, the test is marked
+/// `#[ignore = "needs TOOL ..."]`: plain `cargo test` lists it as ignored with that reason
+/// instead of passing it silently, and CI (which installs the tools) runs the ignored tests
+/// with `cargo test -- --ignored`. Run that way, a missing tool fails the test.
+pub fn require_tool(program: &str, args: &[&str], install: &str) {
+    let ok = Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "this test needs `{program}` (install: {install})");
+}
+
+/// Names the one test a copy of this binary started by [`in_own_process!`] runs.
+const OWN_PROCESS: &str = "XCE_IT_OWN_PROCESS";
+
+/// For a test that changes what a process has only once — it makes the process a child
+/// subreaper whose reaper would reap other tests' children, moves it into a cgroup, switches
+/// the spawn path, sets an environment variable, or leaves an inheritable descriptor open.
+/// All tests share this process, so such a test runs alone in a fresh copy of the test
+/// binary: `if !in_own_process!("fn_name") { return; }` as its first line. The macro is true
+/// in that copy (run the test); in the caller it runs the copy, fails if the test failed there
+/// or did not run, and is false (the test is done).
+macro_rules! in_own_process {
+    ($test:literal) => {
+        $crate::support::run_in_own_process(module_path!(), $test)
+    };
+}
+pub(crate) use in_own_process;
+
+/// See [`in_own_process!`]: `module` is the test's `module_path!()`, `test` its fn name.
+pub fn run_in_own_process(module: &str, test: &str) -> bool {
+    // module_path!() starts with the crate (`it::`); libtest names tests without it.
+    let module = module.split_once("::").map_or("", |(_, m)| m);
+    let name = format!("{module}::{test}");
+    if std::env::var_os(OWN_PROCESS).is_some_and(|v| v == name.as_str()) {
+        return true;
+    }
+    let binary = std::env::current_exe().expect("the test binary's path");
+    let out = Command::new(binary)
+        .args([&name, "--exact", "--include-ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(OWN_PROCESS, &name)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // What the test says (a skip's reason) reaches this test's output.
+    eprint!("{stderr}");
+    assert!(
+        out.status.success(),
+        "{name} failed in its own process ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(" 1 passed;"),
+        "{name} did not run in its own process (no test of that name?):\n{stdout}"
+    );
+    false
+}

@@ -1,0 +1,500 @@
+//! Mutual TLS on the link, through the library: the agent's link task and the reference
+//! receiver on 127.0.0.1, with certificates from a test CA. Each bad input is refused with
+//! its reason counted (agent) or reported (receiver), and nothing crashes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::tls::*;
+use crate::support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use xce_agent::link::client::LinkConfig;
+use xce_agent::link::receiver::{EventKind, ListenOpts};
+use xce_agent::link::tls::{self, Failure};
+use xce_agent::value::{Valtype, Value};
+
+fn tls_config(controller: String, client: Arc<rustls::ClientConfig>) -> LinkConfig {
+    LinkConfig {
+        tls: Some(client),
+        ..fast_config(vec![controller])
+    }
+}
+
+fn tls_listen(server: Arc<rustls::ServerConfig>) -> ListenOpts {
+    ListenOpts {
+        tls: Some(server),
+        ..ListenOpts::default()
+    }
+}
+
+/// A CA, a controller certificate for 127.0.0.1 and a node001 certificate.
+struct Site {
+    pki: Pki,
+    ctl: Files,
+    node: Files,
+}
+
+impl Site {
+    fn new() -> Self {
+        let mut pki = Pki::new("cluster-ca");
+        let ctl = pki.issue(&["127.0.0.1", "ctl1"]);
+        let node = pki.issue(&["node001", "node001.cluster.example"]);
+        Self { pki, ctl, node }
+    }
+
+    fn server(&self) -> Arc<rustls::ServerConfig> {
+        server(&self.pki.paths(&self.ctl))
+    }
+
+    fn client(&self) -> Arc<rustls::ClientConfig> {
+        client(&self.pki.paths(&self.node))
+    }
+}
+
+/// The next `Closed(Some(..))` the receiver reports; its reason.
+async fn next_refusal(ctl: &mut Controller) -> String {
+    loop {
+        match ctl.next().await.kind {
+            EventKind::Closed(Some(e)) => return e,
+            EventKind::Batch { batch, .. } => panic!("accepted a batch: {batch:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// Wait until the agent has counted `why` at least twice: refused, backed off, retried.
+async fn wait_failures(agent: &Agent, why: Failure) {
+    let stats = Arc::clone(&agent.stats);
+    guard(&format!("two {} failures", why.as_str()), async move {
+        while stats.tls_failures(why) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(!agent.task.is_finished(), "the link task ended");
+}
+
+#[tokio::test]
+async fn an_agent_with_its_own_certificate_streams_and_no_name_is_readable_on_the_wire() {
+    let site = Site::new();
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    // A relay in between records what crosses the wire.
+    let relay = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+    let relay_addr = relay.local_addr().expect("addr");
+    let upstream = ctl.addr;
+    let wire = tokio::spawn(async move {
+        let (mut agent_side, _) = relay.accept().await.expect("accept");
+        let mut ctl_side = TcpStream::connect(upstream).await.expect("connect");
+        let mut seen = Vec::new();
+        let (mut up, mut down) = ([0u8; 4096], [0u8; 4096]);
+        loop {
+            tokio::select! {
+                r = agent_side.read(&mut up) => {
+                    let n = r.unwrap_or(0);
+                    if n == 0 { break; }
+                    seen.extend_from_slice(&up[..n]);
+                    if ctl_side.write_all(&up[..n]).await.is_err() { break; }
+                }
+                r = ctl_side.read(&mut down) => {
+                    let n = r.unwrap_or(0);
+                    if n == 0 || agent_side.write_all(&down[..n]).await.is_err() { break; }
+                }
+            }
+        }
+        seen
+    });
+    let store = store_with(&[("scratch_free_gb", "", Valtype::Numeric)]);
+    record(&store, "scratch_free_gb", Value::Numeric(41.0));
+    let cfg = tls_config(format!("127.0.0.1:{}", relay_addr.port()), site.client());
+    let agent = Agent::start(cfg, Arc::clone(&store));
+    let (hello, snapshot) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(hello.host, "node001");
+    assert_eq!(snapshot.resvals[0].value, Value::Numeric(41.0));
+    record(&store, "scratch_free_gb", Value::Numeric(40.0));
+    assert_eq!(
+        ctl.next_batch().await.resvals[0].value,
+        Value::Numeric(40.0)
+    );
+    agent.stop().await;
+    let seen = guard("the relay to finish", wire).await.expect("relay");
+    assert!(seen.len() > 200, "too few bytes relayed: {}", seen.len());
+    for needle in [&b"scratch_free_gb"[..], b"node001", b"boot-1"] {
+        assert!(
+            !seen.windows(needle.len()).any(|w| w == needle),
+            "{:?} readable on the wire",
+            String::from_utf8_lossy(needle)
+        );
+    }
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_certificate_for_another_host_is_refused_before_any_value() {
+    let mut site = Site::new();
+    let other = site.pki.issue(&["node002"]);
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let store = store_with(&[("x", "", Valtype::Numeric)]);
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&other)));
+    // The hello says node001 (link_common's hello); the certificate says node002.
+    let agent = Agent::start(cfg, store);
+    let why = next_refusal(&mut ctl).await;
+    assert!(
+        why.contains("node002") && why.contains("\"node001\""),
+        "{why}"
+    );
+    assert!(why.contains("does not name"), "{why}");
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn the_receiver_refuses_a_client_certificate_from_another_ca() {
+    let site = Site::new();
+    let mut rogue = Pki::new("rogue-ca");
+    let node = rogue.issue(&["node001"]);
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    // The rogue trusts the real CA, so it gets as far as presenting its certificate.
+    let mut paths = rogue.paths(&node);
+    paths.ca = site.pki.ca.clone();
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), client(&paths)),
+        store_with(&[]),
+    );
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("unknown_ca"), "{why}");
+    wait_failures(&agent, Failure::PeerRefused).await;
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn the_agent_refuses_a_controller_from_another_ca() {
+    let site = Site::new();
+    let mut rogue = Pki::new("rogue-ca");
+    let fake = rogue.issue(&["127.0.0.1"]);
+    let mut paths = rogue.paths(&fake);
+    paths.ca = site.pki.ca.clone();
+    let ctl = Controller::bind(tls_listen(server(&paths))).await;
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[]),
+    );
+    wait_failures(&agent, Failure::UnknownCa).await;
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn the_agent_refuses_a_controller_certificate_for_another_name() {
+    let mut site = Site::new();
+    let elsewhere = site.pki.issue(&["ctl9.example", "10.9.9.9"]);
+    let ctl = Controller::bind(tls_listen(server(&site.pki.paths(&elsewhere)))).await;
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[]),
+    );
+    wait_failures(&agent, Failure::WrongName).await;
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn expired_certificates_are_refused_on_both_ends() {
+    let mut site = Site::new();
+    let old_ctl = site.pki.issue_valid(&["127.0.0.1"], -60, -1);
+    let ctl = Controller::bind(tls_listen(server(&site.pki.paths(&old_ctl)))).await;
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[]),
+    );
+    wait_failures(&agent, Failure::Expired).await;
+    agent.stop().await;
+    ctl.stop().await;
+
+    let old_node = site.pki.issue_valid(&["node001"], -60, -1);
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&old_node)));
+    let agent = Agent::start(cfg, store_with(&[]));
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("expired"), "{why}");
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn revoked_certificates_are_refused_on_both_ends() {
+    let mut site = Site::new();
+    let revoked_node = site.pki.issue(&["node001"]);
+    let revoked_ctl = site.pki.issue(&["127.0.0.1"]);
+    let crl = site
+        .pki
+        .crl(&[site.pki.next_serial() - 2, site.pki.next_serial() - 1]);
+
+    let mut ctl_paths = site.pki.paths(&site.ctl);
+    ctl_paths.crl = Some(crl.clone());
+    let mut ctl = Controller::bind(tls_listen(server(&ctl_paths))).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&revoked_node)));
+    let agent = Agent::start(cfg, store_with(&[]));
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("revoked"), "{why}");
+    agent.stop().await;
+    ctl.stop().await;
+
+    let ctl = Controller::bind(tls_listen(server(&site.pki.paths(&revoked_ctl)))).await;
+    let mut node_paths = site.pki.paths(&site.node);
+    node_paths.crl = Some(crl);
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), client(&node_paths)),
+        store_with(&[]),
+    );
+    wait_failures(&agent, Failure::Revoked).await;
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_plaintext_agent_is_refused_by_a_tls_receiver() {
+    let site = Site::new();
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let agent = Agent::start(fast_config(vec![ctl.addr.to_string()]), store_with(&[]));
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("TLS handshake failed (not_tls)"), "{why}");
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_tls_agent_is_refused_by_a_plaintext_receiver_and_says_why() {
+    let site = Site::new();
+    let mut ctl = Controller::bind(ListenOpts::default()).await;
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[]),
+    );
+    // The receiver reads the ClientHello as a frame and drops it.
+    next_refusal(&mut ctl).await;
+    wait_failures(&agent, Failure::Truncated).await;
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+/// A fake controller: accepts, lets `serve` do something to the connection, repeats.
+async fn fake_controller<F, Fut>(serve: F) -> std::net::SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            serve(s).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_agent_counts_garbage_truncated_and_stalled_handshakes_and_keeps_trying() {
+    let site = Site::new();
+    let garbage = fake_controller(|mut s| async move {
+        let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf).await;
+    })
+    .await;
+    let agent = Agent::start(
+        tls_config(garbage.to_string(), site.client()),
+        store_with(&[]),
+    );
+    wait_failures(&agent, Failure::NotTls).await;
+    agent.stop().await;
+
+    // Reads the ClientHello, answers half of a real ServerHello record header, and closes.
+    let truncated = fake_controller(|mut s| async move {
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf).await;
+        let _ = s.write_all(&[0x16, 0x03, 0x03, 0x00, 0x7a, 0x02]).await;
+    })
+    .await;
+    let agent = Agent::start(
+        tls_config(truncated.to_string(), site.client()),
+        store_with(&[]),
+    );
+    wait_failures(&agent, Failure::Truncated).await;
+    agent.stop().await;
+
+    // Accepts and never answers: the handshake bound ends each attempt.
+    let (hold_tx, hold_rx) = tokio::sync::mpsc::unbounded_channel::<TcpStream>();
+    let stalled = fake_controller(move |s| {
+        let hold = hold_tx.clone();
+        async move {
+            let _ = hold.send(s);
+        }
+    })
+    .await;
+    let cfg = LinkConfig {
+        handshake_timeout: Duration::from_millis(50),
+        ..tls_config(stalled.to_string(), site.client())
+    };
+    let agent = Agent::start(cfg, store_with(&[]));
+    wait_failures(&agent, Failure::Timeout).await;
+    agent.stop().await;
+    drop(hold_rx);
+}
+
+#[tokio::test]
+async fn the_receiver_drops_garbage_truncated_and_stalled_handshakes_and_serves_others() {
+    let site = Site::new();
+    let opts = ListenOpts {
+        handshake_timeout: Some(Duration::from_millis(50)),
+        ..tls_listen(site.server())
+    };
+    let mut ctl = Controller::bind(opts).await;
+
+    let mut s = TcpStream::connect(ctl.addr).await.expect("connect");
+    s.write_all(&[0xde, 0xad, 0xbe, 0xef].repeat(64))
+        .await
+        .expect("write");
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("(not_tls)"), "{why}");
+
+    // The first bytes of a TLS record header, then the end of the connection.
+    let mut s = TcpStream::connect(ctl.addr).await.expect("connect");
+    s.write_all(&[0x16, 0x03, 0x01, 0x01]).await.expect("write");
+    s.shutdown().await.expect("shutdown");
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("(truncated)"), "{why}");
+
+    let stalled = TcpStream::connect(ctl.addr).await.expect("connect");
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("(timeout)"), "{why}");
+    drop(stalled);
+
+    // A good agent is served after all of that.
+    let store = store_with(&[("x", "", Valtype::Numeric)]);
+    let agent = Agent::start(tls_config(ctl.addr.to_string(), site.client()), store);
+    let (hello, _) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(hello.host, "node001");
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_connection_for_the_same_host_replaces_the_first() {
+    let site = Site::new();
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let first = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[("x", "", Valtype::Numeric)]),
+    );
+    ctl.next_hello_and_snapshot().await;
+    let second = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[("x", "", Valtype::Numeric)]),
+    );
+    let mut replaced = false;
+    let mut second_hello = false;
+    while !(replaced && second_hello) {
+        match ctl.next().await.kind {
+            EventKind::Closed(Some(e)) => {
+                assert!(e.contains("newer connection"), "{e}");
+                replaced = true;
+            }
+            EventKind::Hello(_) => second_hello = true,
+            _ => {}
+        }
+    }
+    first.stop().await;
+    second.stop().await;
+    ctl.stop().await;
+}
+
+#[test]
+fn key_material_problems_are_named_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut site = Site::new();
+    let paths = site.pki.paths(&site.node);
+
+    std::fs::set_permissions(&paths.key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let e = tls::Material::load(&paths).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("chmod 600 {}", paths.key.display())),
+        "{e}"
+    );
+    std::fs::set_permissions(&paths.key, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let other = site.pki.issue(&["node002"]);
+    let mismatched = xce_agent::config::agent::TlsPaths {
+        key: other.key.clone(),
+        ..paths.clone()
+    };
+    let e = tls::Material::load(&mismatched).unwrap_err().to_string();
+    assert!(e.contains("does not match the certificate"), "{e}");
+
+    let not_pem = xce_agent::config::agent::TlsPaths {
+        cert: site.pki.dir.path().join("not.pem"),
+        ..paths.clone()
+    };
+    std::fs::write(&not_pem.cert, "hello\n").unwrap();
+    let e = tls::Material::load(&not_pem).unwrap_err().to_string();
+    assert!(e.contains("no certificate"), "{e}");
+
+    let missing = xce_agent::config::agent::TlsPaths {
+        ca: site.pki.dir.path().join("absent.pem"),
+        ..paths.clone()
+    };
+    let e = tls::Material::load(&missing).unwrap_err().to_string();
+    assert!(
+        e.contains("absent.pem") && e.contains("No such file"),
+        "{e}"
+    );
+
+    let bad_crl = xce_agent::config::agent::TlsPaths {
+        crl: Some(site.pki.dir.path().join("bad.crl")),
+        ..paths.clone()
+    };
+    std::fs::write(
+        bad_crl.crl.as_ref().unwrap(),
+        "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    )
+    .unwrap();
+    let e = tls::Material::load(&bad_crl).unwrap_err().to_string();
+    assert!(e.contains("bad.crl"), "{e}");
+}
+
+#[test]
+fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires() {
+    use std::sync::atomic::Ordering;
+    let site = Site::new();
+    let link = Arc::new(xce_agent::link::client::LinkStats::default());
+    let not_after = material(&site.pki.paths(&site.node))
+        .leaf_not_after()
+        .expect("not_after");
+    link.cert_not_after.store(not_after, Ordering::Relaxed);
+    link.tls_failures[Failure::Revoked.index()].fetch_add(3, Ordering::Relaxed);
+    let (_tx, probes) = tokio::sync::watch::channel(Arc::new(xce_agent::stats::Stats::default()));
+    let registry = xce_agent::metrics::registry(xce_agent::metrics::Sources {
+        store: Arc::new(xce_agent::store::Store::new()),
+        link,
+        probes,
+        files: xce_agent::probe::file_reader::FileReads::new(32),
+    });
+    let text = xce_agent::metrics::render(&registry, xce_agent::metrics::Format::PrometheusText);
+    assert!(
+        text.contains("xce_link_tls_failures_total{reason=\"revoked\"} 3\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("xce_link_tls_failures_total{reason=\"unknown_ca\"} 0\n"),
+        "{text}"
+    );
+    let expiry: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("xce_tls_cert_expiry_seconds "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no expiry gauge in {text}"));
+    // The test certificate is valid for 30 days from now.
+    assert!((29 * 86_400..=30 * 86_400).contains(&expiry), "{expiry}");
+}
