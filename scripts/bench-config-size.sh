@@ -1,6 +1,6 @@
 #!/bin/sh
 # `xce-agent check` on resources.yaml files of 10,000 / 50,000 / 100,000 honest resources
-# (name, desc, valtype, interval, resourcemap, file probe: the shape tests/config_limits.rs
+# (name, desc, valtype, interval, resourcemap, file probe: the shape tests/it/config_limits.rs
 # loads): wall time, CPU (user+sys) and peak RSS, against the floor of reading the same file
 # (`cat`). Run as root, as nodes run the agent. Usage: scripts/bench-config-size.sh [BIN]
 set -eu
