@@ -541,7 +541,9 @@ fn log_settings(
             names(Effect::RestartProbes)
         );
     }
-    if changes.reconnects() {
+    if changes.settings.contains(&reload::Setting::Tls) {
+        tracing::info!("TLS key material changed: reconnecting with it");
+    } else if changes.reconnects() {
         tracing::info!(controllers = ?new.controllers, "{} changed: reconnecting to the controller", names(Effect::Reconnect));
     }
     for setting in changes.with_effect(Effect::AgentRestart) {
