@@ -111,7 +111,7 @@ async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
     let cpu0 = cpu_self();
     let t0 = now_ns();
     let mut sched = Scheduler::new(store.clone(), ctx, max_parallel, CancellationToken::new());
-    sched.apply(&plan);
+    sched.start(&plan);
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let stats = sched.stats.clone();
     sched.stop().await;

@@ -20,6 +20,7 @@ use crate::link::tls::Material;
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
 use crate::probe::{BuiltinSource, ProbeContext};
+use crate::reload::{self, Changes, Effect, State};
 use crate::schedule::Scheduler;
 use crate::stats::Stats;
 use crate::status::Loaded;
@@ -124,17 +125,43 @@ impl Link {
     }
 }
 
-/// What a reload changed.
+/// What a reload changed, counted (the whole of it is logged by the reload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reloaded {
     pub kept: usize,
+    /// Removed from the plan.
     pub stopped: usize,
+    /// New in the plan.
     pub started: usize,
+    /// In both plans, stopped and started again.
+    pub restarted: usize,
     /// plugin_dir, run_as or max_parallel changed: every probe was restarted.
     pub probes_restarted: bool,
-    /// The controller list changed: the link was re-made.
+    /// The controller list or the key material changed: the link was re-made.
     pub link_restarted: bool,
 }
+
+impl Reloaded {
+    fn of(changes: &Changes) -> Self {
+        Self {
+            kept: changes.keep.len(),
+            stopped: changes.stop.len(),
+            started: changes.start.len(),
+            restarted: changes.restart.len(),
+            probes_restarted: changes.restarts_every_probe(),
+            link_restarted: changes.reconnects(),
+        }
+    }
+}
+
+/// The agent settings and key material a plan change moves from.
+struct Was {
+    agent: crate::config::AgentConfig,
+    keys: Option<Material>,
+}
+
+/// Per-probe lines a change logs at info; the rest go to the debug log.
+const PROBE_LINES: usize = 10;
 
 /// Why a reload was refused (the running config stays).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,7 +200,7 @@ impl Agent {
             config.agent.max_parallel,
             shutdown.child_token(),
         );
-        scheduler.apply(&plan);
+        scheduler.start(&plan);
         let (stats_tx, _) = watch::channel(scheduler.stats.clone());
         let link_stats = Arc::new(LinkStats::default());
         let (_, assigned_rx) = watch::channel(Assigned::new());
@@ -267,43 +294,81 @@ impl Agent {
         self.loaded_tx.subscribe()
     }
 
-    /// Move to a new config and/or assignment: the hello first, then the store's slots (the
-    /// link sends hello + full snapshot on the generation change, both of the new set), then
-    /// the probes (unchanged ones keep running).
-    pub fn replan(&mut self, config: Config) -> (usize, usize, usize) {
-        let digest = config.digest.clone();
-        let (kept, stopped, started) = self.apply_plan(config);
-        tracing::info!(kept, stopped, started, %digest, "plan applied");
-        (kept, stopped, started)
+    fn was(&self) -> Was {
+        Was {
+            agent: self.config.agent.clone(),
+            keys: self.tls.clone(),
+        }
     }
 
-    /// `replan` without its log line. A plan whose hello is the one already sent (the same
-    /// config and declared set) sends nothing: no hello, no new store generation, no snapshot.
-    fn apply_plan(&mut self, config: Config) -> (usize, usize, usize) {
+    /// Move to a new config (the agent settings unchanged, or already acted on): the diff's
+    /// probe changes, one line per probe change and a summary.
+    pub fn replan(&mut self, config: Config) -> Changes {
+        let was = self.was();
+        self.replan_from(config, &was)
+    }
+
+    fn replan_from(&mut self, config: Config, was: &Was) -> Changes {
+        let digest = config.digest.clone();
+        let changes = self.apply_plan(config, was);
+        log_probe_changes(&changes, true);
+        tracing::info!(
+            kept = changes.keep.len(),
+            stopped = changes.stop.len(),
+            started = changes.start.len(),
+            restarted = changes.restart.len(),
+            %digest,
+            "plan applied"
+        );
+        changes
+    }
+
+    /// Plan `config` with the controller's latest assignment and move to it from `was` and
+    /// the current plan: the hello first, then the store's slots (the link sends hello + full
+    /// snapshot on the generation change, both of the new set), then the probes (unchanged
+    /// ones keep running). A plan whose hello is the one already sent (the same config and
+    /// declared set) sends nothing: no hello, no new store generation, no snapshot.
+    fn apply_plan(&mut self, config: Config, was: &Was) -> Changes {
         let assigned = self.assignment.take();
         self.welcomes_applied = self.link_stats.welcomes.load(Ordering::Relaxed);
         let plan = make_plan(&config.resources, &self.host, &assigned);
+        let changes = reload::diff(
+            &State {
+                agent: &was.agent,
+                plan: &self.plan,
+                keys: was.keys.as_ref(),
+            },
+            &State {
+                agent: &config.agent,
+                plan: &plan,
+                keys: self.tls.as_ref(),
+            },
+        );
         let new_hello = hello(&config, &plan, &self.boot_id);
         if **self.hello_tx.borrow() != new_hello {
             self.hello_tx.send_replace(Arc::new(new_hello));
             self.store.declare(declared(&plan));
         }
-        let (kept, stopped, started) = self.scheduler.apply(&plan);
+        self.scheduler.apply(&changes, &plan);
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
         crate::probe::cgroup::retain(&names);
         self.loaded_tx
             .send_modify(|l| *l = Arc::new(l.next(&config, &plan)));
         self.config = config;
         self.plan = plan;
-        (kept, stopped, started)
+        changes
     }
 
     /// Move the plan to the controller's latest assignment (after `assignment_changed`),
-    /// with one log line that also counts the welcomes coalesced into this change.
-    pub fn apply_assignment(&mut self) -> (usize, usize, usize) {
+    /// with one log line that also counts the welcomes coalesced into this change (the
+    /// probes it started and stopped go to the debug log: a flapping controller must not
+    /// fill the journal).
+    pub fn apply_assignment(&mut self) -> Changes {
         let welcomes_before = self.welcomes_applied;
         let config = self.config.clone();
-        let (kept, stopped, started) = self.apply_plan(config);
+        let was = self.was();
+        let changes = self.apply_plan(config, &was);
+        log_probe_changes(&changes, false);
         let coalesced = self.welcomes_applied.saturating_sub(welcomes_before);
         tracing::info!(
             shared = self
@@ -312,19 +377,21 @@ impl Agent {
                 .iter()
                 .filter(|t| !t.instance.is_empty())
                 .count(),
-            kept,
-            stopped,
-            started,
+            kept = changes.keep.len(),
+            stopped = changes.stop.len(),
+            started = changes.start.len(),
             welcomes_since_last_change = coalesced,
             "controller changed this host's shared-instance assignment; plan applied"
         );
-        (kept, stopped, started)
+        changes
     }
 
-    /// SIGHUP: move to a freshly loaded config (already validated) resolved for `host`.
-    /// Probe changes are a diff (see `replan`); a change of plugin_dir, run_as or
-    /// max_parallel restarts every probe (they are part of how each one runs); a change of
-    /// the controller list re-makes the link. A different host is refused.
+    /// SIGHUP: move to a freshly loaded config (already validated) resolved for `host`, as
+    /// `reload::diff` says: probes start, stop, restart or keep running by what changed in
+    /// their task; a change of plugin_dir, run_as or max_parallel restarts every probe (they
+    /// are part of how each one runs); a change of the controllers or the key material
+    /// re-makes the link; the listeners change only at the next restart, and the log says
+    /// so. A different host is refused.
     pub async fn reload(&mut self, config: Config, host: &str) -> Result<Reloaded, ReloadError> {
         if host != self.host {
             return Err(ReloadError::HostChanged {
@@ -335,66 +402,59 @@ impl Agent {
         // Planned first, before anything is stopped: a plan that cannot be made leaves the
         // running one untouched (a panic here must not end the daemon).
         let assigned = self.assignment.applied().clone();
-        let plan = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             make_plan(&config.resources, host, &assigned)
         }))
         .map_err(|_| ReloadError::Unplannable)?;
-        let (problems, _) = crate::checks::plan_checks(&config, &plan);
+        let (problems, _) = crate::checks::plan_checks(&config, &checked);
         if !problems.is_empty() {
             return Err(ReloadError::Checks(problems));
         }
-        let old = &self.config.agent;
-        let new = &config.agent;
-        let probes_restarted = old.plugin_dir != new.plugin_dir
-            || old.run_as != new.run_as
-            || old.max_parallel != new.max_parallel;
-        let tls = match new.tls.as_ref().map(Material::load).transpose() {
+        let tls = match config.agent.tls.as_ref().map(Material::load).transpose() {
             Ok(m) => m,
             Err(e) => return Err(ReloadError::Tls(e.to_string())),
         };
-        // New key material is used from the next handshake: reconnect once to get there.
-        let tls_rotated = tls != self.tls;
-        let link_restarted = old.controllers != new.controllers || tls_rotated;
-        if old.status_socket != new.status_socket || old.status_group != new.status_group {
-            tracing::warn!("the status socket changes at the next restart");
-        }
-        if old.metrics != new.metrics {
-            tracing::warn!(old = ?old.metrics, new = ?new.metrics, "the metrics address changes at the next restart");
-        }
-        if probes_restarted {
-            tracing::info!("plugin_dir, run_as or max_parallel changed: restarting every probe");
+        // The settings are acted on first: the link's restart forgets the controller's
+        // assignment, and the plan (so the probes' part of the diff) is made after it.
+        let settings = Changes {
+            settings: reload::changed_settings(
+                &State {
+                    agent: &self.config.agent,
+                    plan: &self.plan,
+                    keys: self.tls.as_ref(),
+                },
+                &State {
+                    agent: &config.agent,
+                    plan: &checked,
+                    keys: tls.as_ref(),
+                },
+            ),
+            ..Changes::default()
+        };
+        log_settings(&settings, &self.config.agent, &config.agent);
+        let was = self.was();
+        if settings.restarts_every_probe() {
             let mut ctx = self.scheduler.context().clone();
-            ctx.plugin_dir = new.plugin_dir.clone();
-            ctx.run_as = new.run_as.clone();
+            ctx.plugin_dir = config.agent.plugin_dir.clone();
+            ctx.run_as = config.agent.run_as.clone();
             let fresh = Scheduler::new(
                 self.store.clone(),
                 ctx,
-                new.max_parallel,
+                config.agent.max_parallel,
                 self.shutdown.child_token(),
             );
             std::mem::replace(&mut self.scheduler, fresh).stop().await;
             self.stats_tx.send_replace(self.scheduler.stats.clone());
         }
-        if link_restarted {
-            if tls_rotated {
-                tracing::info!("TLS key material changed: reconnecting with it");
-            } else {
-                tracing::info!(controllers = ?new.controllers, "controller list changed: reconnecting");
-            }
+        if settings.reconnects() {
             self.stop_link(Duration::from_secs(3)).await;
-            self.config.agent.controllers = new.controllers.clone();
-            self.config.agent.tls = new.tls.clone();
+            self.config.agent.controllers = config.agent.controllers.clone();
+            self.config.agent.tls = config.agent.tls.clone();
             self.tls = tls;
             self.start_link();
         }
-        let (kept, stopped, started) = self.replan(config);
-        Ok(Reloaded {
-            kept,
-            stopped,
-            started,
-            probes_restarted,
-            link_restarted,
-        })
+        let changes = self.replan_from(config, &was);
+        Ok(Reloaded::of(&changes))
     }
 
     /// Whether the key material on disk differs from what the link uses (a rotation, or a
@@ -458,6 +518,84 @@ impl Agent {
         while live_children() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+}
+
+/// What a reload does about each changed setting, one line each: a setting that changes
+/// only at the next restart is a warning, since the admin expects it to apply now.
+fn log_settings(
+    changes: &Changes,
+    old: &crate::config::AgentConfig,
+    new: &crate::config::AgentConfig,
+) {
+    let names = |effect| {
+        changes
+            .with_effect(effect)
+            .map(reload::Setting::name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if changes.restarts_every_probe() {
+        tracing::info!(
+            "{} changed: restarting every probe",
+            names(Effect::RestartProbes)
+        );
+    }
+    if changes.settings.contains(&reload::Setting::Tls) {
+        tracing::info!("TLS key material changed: reconnecting with it");
+    } else if changes.reconnects() {
+        tracing::info!(controllers = ?new.controllers, "{} changed: reconnecting to the controller", names(Effect::Reconnect));
+    }
+    for setting in changes.with_effect(Effect::AgentRestart) {
+        let name = setting.name();
+        match setting {
+            reload::Setting::Metrics => {
+                tracing::warn!(old = ?old.metrics, new = ?new.metrics, "{name} changed: it takes effect at the next restart of the agent")
+            }
+            _ => tracing::warn!("{name} changed: it takes effect at the next restart of the agent"),
+        }
+    }
+    let loaded = names(Effect::Loaded);
+    if !loaded.is_empty() {
+        tracing::debug!("{loaded} changed: in effect since the files were loaded");
+    }
+}
+
+/// One line per probe started, stopped or restarted (with what changed in it); the first
+/// [`PROBE_LINES`] at info when `at_info`, the rest at debug.
+fn log_probe_changes(changes: &Changes, at_info: bool) {
+    let every = changes.restarts_every_probe();
+    let lines = changes
+        .start
+        .iter()
+        .map(|p| format!("probe {p} started (new in the plan)"))
+        .chain(
+            changes
+                .stop
+                .iter()
+                .map(|p| format!("probe {p} stopped (gone from the plan)")),
+        )
+        .chain(
+            changes
+                .restart
+                .iter()
+                .filter(|r| !(every && r.fields.is_empty()))
+                .map(|r| {
+                    let fields: Vec<&str> = r.fields.iter().map(|f| f.as_str()).collect();
+                    format!("probe {} restarted: {} changed", r.probe, fields.join(", "))
+                }),
+        );
+    let mut hidden = 0usize;
+    for (n, line) in lines.enumerate() {
+        if at_info && n < PROBE_LINES {
+            tracing::info!("{line}");
+        } else {
+            hidden += usize::from(at_info);
+            tracing::debug!("{line}");
+        }
+    }
+    if hidden > 0 {
+        tracing::info!("{hidden} more probe change(s) in the debug log");
     }
 }
 

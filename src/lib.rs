@@ -1,7 +1,7 @@
 //! xce-agent: the worker-side dynamic resource agent of the xce cluster scheduler.
 //!
 //! Layers, each importing only those below it:
-//! `value`, `text` -> `config` -> `plan` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
+//! `value`, `text` -> `config` -> `plan`, `reload` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
 //! `checks`, `status`, `daemon`, `metrics`, `report`, `cluster_table` -> `cli` and the binary.
 
 pub mod checks;
@@ -13,6 +13,7 @@ pub mod link;
 pub mod metrics;
 pub mod plan;
 pub mod probe;
+pub mod reload;
 pub mod report;
 pub mod schedule;
 pub mod stats;

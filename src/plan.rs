@@ -15,15 +15,15 @@ pub const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(30);
 /// (resource, instance label): a shared instance the controller asked this host to report.
 pub type Assignment = (String, String);
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub host: String,
     pub tasks: Vec<ProbeTask>,
     pub skipped: Vec<Skipped>,
 }
 
-/// One probe this host runs.
-#[derive(Debug, Clone)]
+/// One probe this host runs. Compared by value: a reload keeps a probe whose task is equal.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProbeTask {
     /// The resource the probe is declared on; also the probe's name (`probe NAME`).
     pub name: String,

@@ -3,7 +3,7 @@
 //! their slots across restarts. A probe still running at its next tick is skipped and counted,
 //! never overlapped; a global budget caps how many run at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -17,6 +17,7 @@ use crate::config::ProbeKind;
 use crate::plan::{Plan, ProbeTask};
 use crate::probe::exec::OutputLog;
 use crate::probe::{self, Outcome, ProbeContext, ProbeRun};
+use crate::reload::{probe_changes, Changes, ProbeKey};
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::Reading;
@@ -64,7 +65,6 @@ pub fn record_run(store: &Store, task: &ProbeTask, run: &ProbeRun) {
 }
 
 struct Running {
-    task: ProbeTask,
     cancel: CancellationToken,
     handle: JoinHandle<()>,
 }
@@ -75,7 +75,7 @@ pub struct Scheduler {
     ctx: ProbeContext,
     budget: Arc<Semaphore>,
     pub stats: Arc<Stats>,
-    running: BTreeMap<(String, String), Running>,
+    running: BTreeMap<ProbeKey, Running>,
     shutdown: CancellationToken,
     sweeper: JoinHandle<()>,
 }
@@ -103,50 +103,46 @@ impl Scheduler {
         &self.ctx
     }
 
-    /// Move to `plan`: probes whose task is unchanged keep their timers and running
-    /// children; removed or changed ones are stopped (their process groups killed); new ones
-    /// start at their slot. Returns (kept, stopped, started).
-    pub fn apply(&mut self, plan: &Plan) -> (usize, usize, usize) {
-        let mut next: BTreeMap<(String, String), ProbeTask> = plan
-            .tasks
-            .iter()
-            .map(|t| ((t.name.clone(), t.instance.clone()), t.clone()))
-            .collect();
-        let mut stopped = 0;
-        let keys: Vec<_> = self.running.keys().cloned().collect();
-        for key in keys {
-            let same = next
-                .get(&key)
-                .is_some_and(|t| same_task(t, &self.running[&key].task));
-            if same {
-                next.remove(&key);
-            } else if let Some(r) = self.running.remove(&key) {
+    /// Start every probe of `plan` (on a scheduler that runs none yet).
+    pub fn start(&mut self, plan: &Plan) {
+        self.apply(&probe_changes(&[], &plan.tasks, false), plan);
+    }
+
+    /// Execute the probes' part of `changes` (see `reload::diff`), whose new tasks are
+    /// `plan`'s: stopped and restarted probes are cancelled (their process groups killed),
+    /// started and restarted ones begin at their slot, kept ones are not touched.
+    pub fn apply(&mut self, changes: &Changes, plan: &Plan) {
+        for probe in changes.to_stop() {
+            if let Some(r) = self.running.remove(probe) {
                 r.cancel.cancel();
-                stopped += 1;
             }
         }
-        let kept = self.running.len();
-        let started = next.len();
-        for (key, task) in next {
+        let mut starting = changes.to_start().peekable();
+        if starting.peek().is_none() {
+            return;
+        }
+        let tasks: HashMap<(&str, &str), &ProbeTask> = plan
+            .tasks
+            .iter()
+            .map(|t| ((t.name.as_str(), t.instance.as_str()), t))
+            .collect();
+        for probe in starting {
+            let Some(task) = tasks.get(&(probe.name.as_str(), probe.instance.as_str())) else {
+                tracing::error!(%probe, "a change starts a probe its plan does not have (a bug: please report it)");
+                continue;
+            };
             let cancel = self.shutdown.child_token();
             let handle = tokio::spawn(probe_loop(
-                Arc::new(task.clone()),
+                Arc::new((*task).clone()),
                 self.ctx.clone(),
                 self.store.clone(),
                 self.budget.clone(),
                 self.stats.clone(),
                 cancel.clone(),
             ));
-            self.running.insert(
-                key,
-                Running {
-                    task,
-                    cancel,
-                    handle,
-                },
-            );
+            self.running
+                .insert(probe.clone(), Running { cancel, handle });
         }
-        (kept, stopped, started)
     }
 
     /// Stop every probe and wait for their loops (and so their children) to end.
@@ -158,12 +154,6 @@ impl Scheduler {
         }
         let _ = (&mut self.sweeper).await;
     }
-}
-
-/// Tasks compare by their debug form: `Regex` has no `PartialEq`, and the debug form covers
-/// every field that changes what the probe does.
-fn same_task(a: &ProbeTask, b: &ProbeTask) -> bool {
-    format!("{a:?}") == format!("{b:?}")
 }
 
 async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {

@@ -8,6 +8,7 @@ use serde_saphyr::Spanned;
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 
+/// The controller's port when a `controllers:` entry gives none.
 pub const DEFAULT_PORT: u16 = 6870;
 pub const DEFAULT_PLUGIN_DIR: &str = "/usr/libexec/xce-agent/plugins";
 pub const DEFAULT_RUN_AS: &str = "nobody";
@@ -260,7 +261,8 @@ fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::D
     (stuck, interval)
 }
 
-/// `host`, `host:port`, `[v6]:port` -> `host:port` with the default port filled in.
+/// `host`, `host:port`, `v4`, `v6`, `[v6]`, `[v6]:port` -> `host:port` (`[v6]:port`) with
+/// the default port filled in: the one place a controller address gets its port.
 pub fn normalize_controller(s: &str) -> Result<String, String> {
     let s = s.trim();
     let bad = || format!("controller {s:?} is not host[:port]");
@@ -270,7 +272,15 @@ pub fn normalize_controller(s: &str) -> Result<String, String> {
     if s.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(s.to_owned());
     }
-    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+    let unbracketed = s.strip_prefix('[').and_then(|v6| v6.strip_suffix(']'));
+    let bare_ip = match unbracketed {
+        Some(v6) => v6
+            .parse::<std::net::Ipv6Addr>()
+            .map(std::net::IpAddr::V6)
+            .ok(),
+        None => s.parse::<std::net::IpAddr>().ok(),
+    };
+    if let Some(ip) = bare_ip {
         return Ok(std::net::SocketAddr::new(ip, DEFAULT_PORT).to_string());
     }
     match s.rsplit_once(':') {
@@ -282,6 +292,49 @@ pub fn normalize_controller(s: &str) -> Result<String, String> {
         None => {
             hostlist::validate_host_name(s).map_err(|_| bad())?;
             Ok(format!("{s}:{DEFAULT_PORT}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize_controller;
+
+    #[test]
+    fn the_default_port_is_added_only_where_an_entry_gives_none() {
+        let table = [
+            ("ctl1", "ctl1:6870"),
+            ("ctl1:7000", "ctl1:7000"),
+            (" ctl1.example.org ", "ctl1.example.org:6870"),
+            ("10.0.0.1", "10.0.0.1:6870"),
+            ("10.0.0.1:7000", "10.0.0.1:7000"),
+            ("fe80::1", "[fe80::1]:6870"),
+            ("[::1]", "[::1]:6870"),
+            ("[::1]:7000", "[::1]:7000"),
+        ];
+        for (entry, dialled) in table {
+            assert_eq!(
+                normalize_controller(entry).as_deref(),
+                Ok(dialled),
+                "{entry:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_entry_that_is_not_host_and_port_is_refused() {
+        for entry in [
+            "",
+            "ctl1:",
+            "ctl1:99999",
+            "ctl1:x",
+            "[ctl1]",
+            "[::1]:",
+            "[::g]",
+            "bad name",
+        ] {
+            let err = normalize_controller(entry).expect_err(entry);
+            assert!(err.contains("is not host[:port]"), "{entry:?}: {err}");
         }
     }
 }

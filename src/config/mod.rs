@@ -4,6 +4,7 @@ pub mod agent;
 pub mod error;
 pub mod hostlist;
 pub mod limits;
+pub mod pattern;
 mod probe_output;
 mod raw;
 pub mod resources;

@@ -2,15 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use regex::Regex;
 use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 use super::limits::Bounds;
+use super::pattern::Pattern;
 use super::probe_output;
 use super::raw::{
     near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, INSTANCE_FIELDS,
@@ -115,7 +114,8 @@ pub struct ProbeSpec {
     pub stale_after: Option<Duration>,
 }
 
-#[derive(Debug, Clone)]
+/// Compared by value: a reload restarts a probe only when its task changed.
+#[derive(Debug, Clone, PartialEq)]
 pub enum ProbeKind {
     Builtin { index: String },
     Exec(ExecSpec),
@@ -162,12 +162,10 @@ pub struct Limits {
     pub pids: Option<u64>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FileSpec {
     pub path: PathBuf,
-    /// Shared, not cloned: a `Regex` clone gets its own match cache (kilobytes each), and a
-    /// file with thousands of resources often repeats one pattern.
-    pub regex: Option<Arc<Regex>>,
+    pub regex: Option<Pattern>,
     pub max_age: Option<Duration>,
     pub max_bytes: u64,
     /// The file's text in a probe output format (a node_exporter textfile); with a
@@ -786,15 +784,15 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
 thread_local! {
     /// Patterns compiled during one `parse`: a compiled regex with its match cache costs
     /// tens of KiB, and a file with thousands of resources often repeats one pattern.
-    static REGEXES: std::cell::RefCell<BTreeMap<String, Arc<Regex>>> = Default::default();
+    static REGEXES: std::cell::RefCell<BTreeMap<String, Pattern>> = Default::default();
 }
 
-fn compile_shared(pattern: &str) -> Result<Arc<Regex>, regex::Error> {
+fn compile_shared(pattern: &str) -> Result<Pattern, regex::Error> {
     REGEXES.with(|cache| {
         if let Some(re) = cache.borrow().get(pattern) {
             return Ok(re.clone());
         }
-        let re = Arc::new(Regex::new(pattern)?);
+        let re = Pattern::new(pattern)?;
         cache.borrow_mut().insert(pattern.to_owned(), re.clone());
         Ok(re)
     })

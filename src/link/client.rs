@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use super::limits::{self, Pace, Warnings, WARN_INTERVAL};
 use super::tls::{self, LinkStream};
 use super::wire::{self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError};
-use super::DEFAULT_PORT;
+use crate::config::agent::normalize_controller;
 use crate::store::{Store, Versions};
 use crate::text::escape;
 use crate::value::unix_ms;
@@ -292,20 +292,11 @@ pub async fn run(
     stats.set_state(LinkState::Stopped);
 }
 
-/// "host:port" as given, or with the default port added.
-pub fn with_default_port(addr: &str) -> String {
-    if addr.parse::<std::net::SocketAddr>().is_ok() {
-        return addr.to_owned();
-    }
-    if addr.starts_with('[') && addr.ends_with(']') {
-        return format!("{addr}:{DEFAULT_PORT}");
-    }
-    match addr.matches(':').count() {
-        0 => format!("{addr}:{DEFAULT_PORT}"),
-        1 => addr.to_owned(),
-        // A bare IPv6 address.
-        _ => format!("[{addr}]:{DEFAULT_PORT}"),
-    }
+/// The address to dial for a `controllers:` entry, the default port added where it gives
+/// none (agent.yaml's entries are already in this form; a `LinkConfig` built in code may not be).
+fn dial_address(addr: &str) -> std::io::Result<String> {
+    normalize_controller(addr)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
 }
 
 enum ConnectError {
@@ -314,12 +305,13 @@ enum ConnectError {
 }
 
 async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Box<dyn LinkStream>, ConnectError> {
-    let stream = connect_tcp(addr, cfg).await.map_err(ConnectError::Tcp)?;
+    let target = dial_address(addr).map_err(ConnectError::Tcp)?;
+    let stream = connect_tcp(&target, cfg).await.map_err(ConnectError::Tcp)?;
     let Some(tls_cfg) = &cfg.tls else {
         return Ok(Box::new(stream));
     };
-    let name = tls::server_name(&with_default_port(addr))
-        .map_err(|e| ConnectError::Tls(tls::Failure::WrongName, e))?;
+    let name =
+        tls::server_name(&target).map_err(|e| ConnectError::Tls(tls::Failure::WrongName, e))?;
     let handshake = tokio_rustls::TlsConnector::from(Arc::clone(tls_cfg)).connect(name, stream);
     match tokio::time::timeout(cfg.handshake_timeout, handshake).await {
         Ok(Ok(s)) => Ok(Box::new(s)),
@@ -334,9 +326,8 @@ async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Box<dyn LinkStream>, Co
     }
 }
 
-async fn connect_tcp(addr: &str, cfg: &LinkConfig) -> std::io::Result<TcpStream> {
-    let target = with_default_port(addr);
-    let stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(&target))
+async fn connect_tcp(target: &str, cfg: &LinkConfig) -> std::io::Result<TcpStream> {
+    let stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(target))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
     // Batches are already coalesced; waiting for Nagle only adds latency.
@@ -760,13 +751,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_port_is_added_only_when_missing() {
-        assert_eq!(with_default_port("ctl1"), "ctl1:6870");
-        assert_eq!(with_default_port("ctl1:7000"), "ctl1:7000");
-        assert_eq!(with_default_port("10.0.0.1"), "10.0.0.1:6870");
-        assert_eq!(with_default_port("[::1]:7000"), "[::1]:7000");
-        assert_eq!(with_default_port("[::1]"), "[::1]:6870");
-        assert_eq!(with_default_port("fe80::1"), "[fe80::1]:6870");
+    fn an_address_that_is_no_controller_entry_is_not_dialled() {
+        assert_eq!(dial_address("ctl1").ok().as_deref(), Some("ctl1:6870"));
+        let err = dial_address("ctl1:99999").expect_err("port out of range");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("ctl1:99999"), "{err}");
     }
 
     #[test]

@@ -20,6 +20,3 @@ pub mod limits;
 pub mod receiver;
 pub mod tls;
 pub mod wire;
-
-/// The controller's port when a `controllers:` entry gives none.
-pub const DEFAULT_PORT: u16 = 6870;

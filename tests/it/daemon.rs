@@ -219,6 +219,16 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
         1,
         "unchanged probe was restarted"
     );
+    let log = daemon.stderr();
+    assert!(
+        log.contains("probe gone stopped (gone from the plan)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("probe added started (new in the plan)"),
+        "{log}"
+    );
+    assert!(!log.contains("probe long "), "{log}");
 
     // A broken file: the error is logged with its position and the old config keeps going.
     let broken = v2.replace(
@@ -242,6 +252,68 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
     })
     .await;
     ctl.stop().await;
+}
+
+/// A probe whose task changed is restarted (its running child killed) and the reload says
+/// what changed in it; settings that apply only at the next restart say
+/// so instead of being silently ignored.
+#[tokio::test]
+async fn a_changed_probe_restarts_and_the_reload_says_what_changed() {
+    let v1 = format!(
+        "resources:\n{}{}",
+        resource("long", "10s", "100s"),
+        resource("steady", "10s", "100s"),
+    );
+    let setup = Setup::with_agent(&v1, AS_ME);
+    let long_starts = long_probe(&setup, "long");
+    let steady_starts = long_probe(&setup, "steady");
+    let daemon = Daemon::start(&setup, &[]);
+    until("both probes to start", || {
+        lines(&long_starts).len() == 1 && lines(&steady_starts).len() == 1
+    })
+    .await;
+    let (long_pid, steady_pid) = (read_pid(&long_starts), read_pid(&steady_starts));
+
+    let v2 = format!(
+        "resources:\n{}{}",
+        resource("long", "10s", "200s"),
+        resource("steady", "10s", "100s"),
+    );
+    std::fs::write(setup.path().join("resources.yaml"), v2).expect("write v2");
+    let agent = std::fs::read_to_string(setup.agent_yaml()).expect("agent.yaml");
+    std::fs::write(
+        setup.agent_yaml(),
+        format!("{agent}metrics: 127.0.0.1:1\nmax_stuck_reads: 4\n"),
+    )
+    .expect("write agent.yaml");
+    daemon.signal(Signal::SIGHUP);
+    until("the reload's summary", || {
+        daemon.stderr().contains("plan applied")
+    })
+    .await;
+    until("the changed probe's old run to be killed", || {
+        !alive(long_pid)
+    })
+    .await;
+    assert!(alive(steady_pid), "the unchanged probe was killed");
+    assert_eq!(
+        lines(&steady_starts).len(),
+        1,
+        "the unchanged probe restarted"
+    );
+    let log = daemon.stderr();
+    assert!(
+        log.contains("probe long restarted: timeout, stale_after changed"),
+        "{log}"
+    );
+    for setting in ["metrics", "max_stuck_reads"] {
+        let line = format!("{setting} changed: it takes effect at the next restart of the agent");
+        assert!(log.contains(&line), "{line:?} not in\n{log}");
+    }
+    assert!(!log.contains("probe steady"), "{log}");
+
+    let (status, stderr) = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}\n{stderr}");
 }
 
 /// After a refused reload: values still arrive, from the same plan (no new hello), and the

@@ -69,7 +69,7 @@ fn start(s: &Setup, max_parallel: usize) -> (Scheduler, Arc<Store>) {
     store.declare(xce_agent::daemon::declared(&plan));
     let (_, ctx) = common::task_from_yaml(&text, &plan.tasks[0].name, s.path());
     let mut sched = Scheduler::new(store.clone(), ctx, max_parallel, CancellationToken::new());
-    sched.apply(&plan);
+    sched.start(&plan);
     (sched, store)
 }
 
