@@ -8,6 +8,7 @@ mod probe_output;
 mod raw;
 pub mod resources;
 pub mod scalar;
+pub mod stdio;
 mod yaml_hint;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ pub use resources::{
     ExecSpec, FileSpec, Format, Instance, Limits, Location, ProbeKind, ProbeSpec, Resource,
     Resources, StreamSpec,
 };
+pub use stdio::{StdinMode, StdoutMode};
 
 /// Both files, validated together.
 #[derive(Debug, Clone)]
