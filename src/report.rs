@@ -174,7 +174,13 @@ fn describe_kind(kind: &ProbeKind) -> String {
             Some(format) => format!("file {} ({})", f.path.display(), format.as_str()),
             None => format!("file {}", f.path.display()),
         },
-        ProbeKind::Stream(s) => format!("stream {}", describe_exec(&s.exec)),
+        ProbeKind::Stream(s) => {
+            let mut out = format!("stream {}", describe_exec(&s.exec));
+            if s.stdin != crate::config::StdinMode::None {
+                let _ = write!(out, " stdin {}", s.stdin.as_str());
+            }
+            out
+        }
     }
 }
 
@@ -182,6 +188,9 @@ fn describe_kind(kind: &ProbeKind) -> String {
 /// what `select:` picks.
 fn describe_exec(e: &crate::config::ExecSpec) -> String {
     let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
+    if e.stdout != crate::config::StdoutMode::Pipe {
+        let _ = write!(out, " stdout {}", e.stdout.as_str());
+    }
     for (resource, pick) in &e.select.picks {
         if let Some(sel) = &pick.selector {
             let _ = write!(out, " {resource}<-{sel}");
@@ -256,10 +265,11 @@ pub fn plan_text(
                 t.instance.clone()
             },
             secs(t.interval),
-            if matches!(t.kind, ProbeKind::Builtin { .. }) {
-                "-".into()
-            } else {
-                secs(t.timeout)
+            match t.kind {
+                ProbeKind::Builtin { .. } => "-".into(),
+                // A stream runs on; its timeout bounds the wait for its first values.
+                ProbeKind::Stream(_) => format!("{} (first values)", secs(t.timeout)),
+                _ => secs(t.timeout),
             },
             secs(t.splay),
             t.feeds

@@ -9,6 +9,7 @@ mod probe_output;
 mod raw;
 pub mod resources;
 pub mod scalar;
+pub mod stdio;
 mod yaml_hint;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ pub use resources::{
     ExecSpec, FileSpec, Format, Instance, Limits, Location, ProbeKind, ProbeSpec, Resource,
     Resources, StreamSpec,
 };
+pub use stdio::{StdinMode, StdoutMode};
 
 /// Both files, validated together.
 #[derive(Debug, Clone)]

@@ -173,6 +173,7 @@ pub struct RawProbe {
     pub run_as: Option<Spanned<String>>,
     pub limits: Option<Spanned<RawLimits>>,
     pub no_new_privs: Option<Spanned<bool>>,
+    pub stdout: Option<Spanned<String>>,
     pub timeout: Option<Spanned<Scalar>>,
     pub provides: Option<Spanned<Vec<Spanned<String>>>>,
     // file
@@ -183,6 +184,7 @@ pub struct RawProbe {
     // stream
     pub silence: Option<Spanned<Scalar>>,
     pub restart_on_silence: Option<Spanned<bool>>,
+    pub stdin: Option<Spanned<String>>,
     // every kind
     pub stale_after: Option<Spanned<Scalar>>,
 }

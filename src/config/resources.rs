@@ -148,6 +148,8 @@ pub struct ExecSpec {
     /// `PR_SET_NO_NEW_PRIVS` for the child (default on; off only for a probe that needs a
     /// setuid helper).
     pub no_new_privs: bool,
+    /// `stdout: pty` for a program that block-buffers a pipe.
+    pub stdout: super::StdoutMode,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -182,6 +184,8 @@ pub struct StreamSpec {
     /// Values go stale after this long without a line; default 3 intervals.
     pub silence: Option<Duration>,
     pub restart_on_silence: bool,
+    /// `stdin: signal`: a newline at each interval asks the child for a batch.
+    pub stdin: super::StdinMode,
 }
 
 pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;
@@ -549,6 +553,7 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
             "limits",
             "no_new_privs",
             "provides",
+            "stdout",
         ],
         "file" => &[
             "path",
@@ -571,6 +576,8 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
             "provides",
             "silence",
             "restart_on_silence",
+            "stdout",
+            "stdin",
         ],
         _ => &[],
     }
@@ -597,7 +604,7 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
         return None;
     }
     let allowed = kind_fields(&kind.value);
-    let present: [(&str, Option<Pos>); 17] = [
+    let present: [(&str, Option<Pos>); 19] = [
         ("index", raw.index.as_ref().map(Pos::of)),
         ("command", raw.command.as_ref().map(Pos::of)),
         ("format", raw.format.as_ref().map(Pos::of)),
@@ -617,6 +624,8 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
             "restart_on_silence",
             raw.restart_on_silence.as_ref().map(Pos::of),
         ),
+        ("stdout", raw.stdout.as_ref().map(Pos::of)),
+        ("stdin", raw.stdin.as_ref().map(Pos::of)),
         ("timeout", None), // every kind
     ];
     let before = errs.list.len();
@@ -653,6 +662,7 @@ fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSp
             exec: stream_exec_spec(errs, raw, pos, &provides)?,
             silence: duration_field(errs, &raw.silence, "silence"),
             restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
+            stdin: super::stdio::stdin(errs, raw.stdin.as_ref()),
         }),
         _ => ProbeKind::File(file_spec(errs, raw, pos, &provides)?),
     };
@@ -722,6 +732,7 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
         limits: limits(errs, raw.limits.as_ref()),
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
+        stdout: super::stdio::stdout(errs, raw.stdout.as_ref()),
     })
 }
 

@@ -123,9 +123,13 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         .map(|f| format!("{} ({})", f.name, f.valtype.as_str()))
         .collect();
     let _ = writeln!(t, "  feeds:     {}", feeds.join(", "));
+    let timeout_is = match task.kind {
+        ProbeKind::Stream(_) => "first values within",
+        _ => "timeout",
+    };
     let _ = writeln!(
         t,
-        "  interval:  {}   timeout: {}   stale after: {}",
+        "  interval:  {}   {timeout_is}: {}   stale after: {}",
         humantime::format_duration(task.interval),
         humantime::format_duration(task.timeout),
         humantime::format_duration(task.stale_after)
@@ -154,6 +158,11 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         let _ = writeln!(t, "  user:      {user}");
         let _ = writeln!(t, "  cwd:       /");
         let _ = writeln!(t, "  format:    {}", spec.format.as_str());
+        let stdin = match &task.kind {
+            ProbeKind::Stream(s) => s.stdin.as_str(),
+            _ => "none",
+        };
+        let _ = writeln!(t, "  stdout:    {}   stdin: {stdin}", spec.stdout.as_str());
         let verdict = match security::verdict(&program, &spec.command, &ctx.plugin_dir, uid) {
             security::Verdict::Ok => "ok".to_owned(),
             security::Verdict::Problem(e) => format!("PROBLEM: {e}"),

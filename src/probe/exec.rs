@@ -144,6 +144,7 @@ pub fn child_spec(
     child.credentials = creds;
     child.limits = spec.limits.clone();
     child.no_new_privs = spec.no_new_privs;
+    child.stdout = spec.stdout;
     if let Some(tree) = super::cgroup::active() {
         let cg = tree
             .probe(&task.name, &spec.limits)
@@ -194,7 +195,8 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
-            let failure = failure_message(&o, spec.format.def().exits);
+            let failure = failure_message(&o, spec.format.def().exits)
+                .map(|(outcome, why)| (outcome, with_stream_hint(spec, &o, why)));
             let mut run = match failure {
                 Some((outcome, why)) => {
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
@@ -283,6 +285,26 @@ fn failure_message(o: &process::ChildOutcome, exits: output::Exits) -> Option<(O
         _ => format!("{why}: {}", last_line(&stderr)),
     };
     Some((outcome, why))
+}
+
+/// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is
+/// lost with the run. Its timeout says what to declare instead.
+fn with_stream_hint(spec: &ExecSpec, o: &process::ChildOutcome, why: String) -> String {
+    if spec.format != output::Format::Elim || !o.ending.is_timeout() {
+        return why;
+    }
+    let printed = if o.stdout.contains(&b'\n') {
+        "an LSF elim prints its lines and keeps running"
+    } else {
+        "no complete line came; an LSF elim keeps running"
+    };
+    let pty = match spec.stdout {
+        crate::config::StdoutMode::Pipe => {
+            " (and `stdout: pty` if it does not flush its output to a pipe)"
+        }
+        crate::config::StdoutMode::Pty => "",
+    };
+    format!("{why} ({printed}: declare it `kind: stream`{pty})")
 }
 
 /// The last non-blank line: the one a failing script's stderr usually explains itself in.

@@ -1,7 +1,10 @@
 //! Stream probes: a long-running process read line by line; an unmodified LSF elim works.
 //!
 //! The child runs like an exec probe (own process group, run_as, limits, cleared env, stdin
-//! /dev/null) and also gets `LSF_RESOURCES` and `ELIM_ABORT_VALUE`. Each complete stdout line
+//! /dev/null, stdout a pipe or with `stdout: pty` a terminal) and also gets `LSF_RESOURCES`
+//! and `ELIM_ABORT_VALUE`. With `stdin: signal` its stdin is a pipe that gets a newline when
+//! the child starts and at every interval after; a tick the child has not read room for is
+//! dropped and counted as an overlap skip, never waited on. Each complete stdout line
 //! is parsed and its values applied at once; a partial line waits for its newline and a line
 //! longer than [`MAX_LINE`] is skipped, never blocking. When the child exits it is restarted
 //! after a backoff (1 s doubling to [`BACKOFF_CAP`], reset after a good long run); exit
@@ -17,10 +20,10 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::child::{self as process, Child, Exit, Got, Reader};
+use super::child::{self as process, Child, Exit, Got, Reader, Tick};
 use super::exec::{self, ExecDetail, OutputLog};
 use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
-use crate::config::{Format, StreamSpec};
+use crate::config::{Format, StdinMode, StreamSpec};
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
@@ -188,7 +191,7 @@ pub async fn supervise(
             &task,
             &spec,
             &ctx,
-            &store,
+            (&store, &stats),
             &mut log,
             &cancel,
             &mut said_something,
@@ -231,6 +234,18 @@ pub async fn supervise(
     }
 }
 
+/// The exec probe's child spec, with the stream's stdin.
+fn stream_child_spec(
+    task: &ProbeTask,
+    spec: &StreamSpec,
+    ctx: &ProbeContext,
+    env: Vec<(String, String)>,
+) -> Result<(process::ChildSpec, String), String> {
+    let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
+    child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;
+    Ok((child_spec, user))
+}
+
 /// Stop a stream child with the engine's one termination routine; the exit, if it came.
 async fn stop(child: &mut Child, reader: &mut Reader, grace: Duration) -> Option<Exit> {
     child.terminate(reader, grace).await;
@@ -243,13 +258,13 @@ async fn run_child(
     task: &ProbeTask,
     spec: &StreamSpec,
     ctx: &ProbeContext,
-    store: &Store,
+    (store, stats): (&Store, &Stats),
     log: &mut OutputLog,
     cancel: &CancellationToken,
     said_something: &mut bool,
 ) -> End {
     let env = stream_env(task, spec, &ctx.host);
-    let (mut child_spec, _user) = match exec::child_spec(task, &spec.exec, ctx, env) {
+    let (mut child_spec, _user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
         Err(e) => return End::Restart(e),
     };
@@ -264,11 +279,15 @@ async fn run_child(
     let mut batch = Vec::new();
     let mut silent_until = Instant::now() + task.stale_after;
     let mut marked_stale = false;
+    // The first tick is at once: a child started (or restarted) is asked for values now.
+    let mut ticks = tokio::time::interval(task.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let signalled = spec.stdin == StdinMode::Signal;
+    let mut dropped_ticks = 0u64;
+    // Set when the leader exits: until then its last lines are still read and applied.
+    let mut drain_until = Instant::now();
     loop {
-        if child.exited() {
-            // The rest of the group and cgroup goes with the leader; what they wrote is
-            // still read for a moment, but never waited on.
-            child.drain_after_exit(&mut reader).await;
+        if child.exited() && !reader.open() {
             break;
         }
         tokio::select! {
@@ -300,7 +319,24 @@ async fn run_child(
                 }
                 Got::Closed => {}
             },
-            _ = child.wait() => {}
+            _ = child.wait(), if !child.exited() => {
+                // The rest of the group and cgroup goes with the leader; what they wrote is
+                // still read for a moment, but never waited on.
+                child.end_rest();
+                drain_until = Instant::now() + process::AFTER_KILL_DRAIN;
+            }
+            _ = sleep_until(drain_until), if child.exited() => break,
+            _ = ticks.tick(), if signalled => {
+                if child.tick() == Tick::Dropped {
+                    dropped_ticks += 1;
+                    stats.probe(&task.name).skipped_overlap.fetch_add(1, Ordering::Relaxed);
+                    // Once per run, and again at each power of two: a stuck child is heard
+                    // without a line per interval.
+                    if dropped_ticks.is_power_of_two() {
+                        tracing::warn!(probe = %task.name, dropped = dropped_ticks, "stdin signal dropped: the stream child is not reading its stdin");
+                    }
+                }
+            }
             _ = sleep_until(silent_until) => {
                 if spec.restart_on_silence {
                     stop(&mut child, &mut reader, child_spec.grace).await;
@@ -384,7 +420,8 @@ enum FirstValues {
 
 /// `--once` / `probe NAME`: start the stream, take the first line that gives values (for kv:
 /// until every fed resource has one or a line that is not `name = value` ends the set), or
-/// fail at the task timeout; then stop the group.
+/// fail at the task timeout (for a stream, by default one interval plus grace:
+/// [`crate::plan::default_stream_timeout`]); then stop the group.
 pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     let started = SystemTime::now();
     let t0 = Instant::now();
@@ -404,7 +441,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         run.exec = Some(detail);
         run
     };
-    let (child_spec, user) = match exec::child_spec(task, &spec.exec, ctx, env) {
+    let (child_spec, user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
         Err(e) => return failed(detail, Outcome::Failed, e),
     };
@@ -414,6 +451,10 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         Ok(c) => c,
         Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
     };
+    if spec.stdin == StdinMode::Signal {
+        // Ask once; a child that exited at once is found by the loop below.
+        child.tick();
+    }
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
     let mut pairs: Vec<output::Pair> = Vec::new();

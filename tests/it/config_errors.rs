@@ -373,3 +373,14 @@ fn a_location_that_is_no_wire_instance_name_is_an_error() {
         "{e}"
     );
 }
+
+#[test]
+fn stdout_and_stdin_take_their_names_and_stdin_is_for_streams() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: stream, command: [x], stdout: tty}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:49: unknown stdout \"tty\"; expected one of pipe, pty"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: exec, command: [x], stdin: signal}\n");
+    assert!(e.contains("`stdin` is not a field of exec probes"), "{e}");
+}

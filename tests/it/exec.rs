@@ -200,3 +200,33 @@ async fn elim_line_with_wrong_count_fails() {
     );
     assert_eq!(r.outcome, Outcome::Failed);
 }
+
+#[tokio::test]
+async fn an_elim_declared_exec_that_times_out_is_told_to_use_kind_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        dir.path(),
+        "#!/bin/sh\nprintf '1 p'\nexec sleep 1000\n",
+        ", format: elim, timeout: 1s",
+    )
+    .await;
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    let err = failed_with(&r);
+    assert!(
+        err.ends_with("(no complete line came; an LSF elim keeps running: declare it `kind: stream` (and `stdout: pty` if it does not flush its output to a pipe))"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn stdout_pty_gives_an_exec_probe_a_terminal_and_plain_newlines() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "#!/bin/sh\n[ -t 1 ] && echo 7\n";
+    let r = run(dir.path(), body, ", stdout: pty").await;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
+    assert_eq!(r.readings[0].1, Reading::Ok(Value::Numeric(7.0)));
+    assert_eq!(r.exec.unwrap().stdout, b"7\n");
+    // The same script with a pipe prints nothing: the terminal is what made the value.
+    let r = run(dir.path(), body, "").await;
+    assert_eq!(r.outcome, Outcome::Failed);
+}

@@ -169,3 +169,86 @@ fn a_probe_cannot_see_a_descriptor_the_agent_inherited() {
     assert!(!text.contains("fd7 = 1"), "{text}");
     assert!(!text.contains("fd9 = 1"), "{text}");
 }
+
+/// Field 7 of /proc/PID/stat, the controlling terminal's device number (0: none).
+fn tty_nr(stat: &str) -> String {
+    let after_comm = &stat[stat.rfind(')').expect("stat has a comm") + 2..];
+    after_comm.split(' ').nth(4).expect("tty_nr").to_owned()
+}
+
+#[tokio::test]
+async fn a_pty_stdout_is_a_terminal_without_crlf_and_not_the_controlling_one() {
+    let mut spec = sh("[ -t 1 ] && echo tty; [ -t 2 ] || echo 'stderr pipe'; cat /proc/$$/stat");
+    spec.stdout = xce_agent::config::StdoutMode::Pty;
+    let (o, out) = output(&spec).await;
+    // The end of the terminal's output (EIO on the master) is the end of stdout.
+    assert_eq!(
+        (o.exit, &o.ending),
+        (Exit::Code(0), &child::Ending::Finished)
+    );
+    let mut lines = out.split('\n');
+    assert_eq!(lines.next(), Some("tty"), "{out:?}");
+    assert_eq!(lines.next(), Some("stderr pipe"), "{out:?}");
+    assert!(
+        !out.contains('\r'),
+        "terminal output processing is off: {out:?}"
+    );
+    // The child stays in the agent's session, with the agent's controlling terminal (or
+    // none), not its stdout's.
+    let ours = std::fs::read_to_string("/proc/self/stat").unwrap();
+    assert_eq!(tty_nr(lines.next().unwrap()), tty_nr(&ours));
+}
+
+#[tokio::test]
+async fn a_pty_leaves_no_descriptor_behind_in_the_agent_or_the_child() {
+    // The child names its terminal and looks for it among its parent's (this process's)
+    // descriptors: a slave the agent kept would also keep the master from ever ending.
+    let mut spec = sh(concat!(
+        "me=$(readlink /proc/$$/fd/1); echo \"$me\"\n",
+        "for f in /proc/$PPID/fd/*; do [ \"$(readlink \"$f\")\" = \"$me\" ] && echo \"agent holds $f\"; done\n",
+        "ls -1 /proc/$$/fd"
+    ));
+    spec.stdout = xce_agent::config::StdoutMode::Pty;
+    let (o, out) = output(&spec).await;
+    assert_eq!(o.exit, Exit::Code(0));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("/dev/pts/"), "{out}");
+    assert_eq!(lines[1..], ["0", "1", "2"], "{out}");
+}
+
+#[tokio::test]
+async fn a_pty_stdout_is_capped_like_a_pipe() {
+    let mut spec = sh("head -c 100000 /dev/zero; exec sleep 1000");
+    spec.stdout = xce_agent::config::StdoutMode::Pty;
+    spec.stdout_cap = 1000;
+    let o = child::run(&spec).await.expect("spawn");
+    assert!(
+        matches!(o.ending, child::Ending::OutputOverflow { cap: 1000, .. }),
+        "{:?}",
+        o.ending
+    );
+    assert_eq!(o.stdout.len(), 1000);
+}
+
+#[tokio::test]
+async fn stdin_ticks_never_block_on_a_child_that_does_not_read() {
+    let mut spec = sh("exec sleep 1000");
+    spec.stdin_pipe = true;
+    let (mut started, mut reader) = child::Child::start(&spec).expect("spawn");
+    // A pipe holds 64 KiB of ticks; past that each tick is dropped, never waited on.
+    let sent = (0..1 << 20)
+        .take_while(|_| started.tick() == child::Tick::Sent)
+        .count();
+    assert!((1..1 << 20).contains(&sent), "{sent} ticks sent");
+    assert_eq!(started.tick(), child::Tick::Dropped);
+    started.terminate(&mut reader, Duration::from_secs(5)).await;
+    started.wait().await;
+    // Its reader gone, the next tick is EPIPE: reported as closed, not an error.
+    assert_eq!(started.tick(), child::Tick::Closed);
+}
+
+#[tokio::test]
+async fn without_a_stdin_pipe_a_tick_reports_closed() {
+    let (started, _reader) = child::Child::start(&sh("exec sleep 1000")).expect("spawn");
+    assert_eq!(started.tick(), child::Tick::Closed);
+}

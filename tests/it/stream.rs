@@ -18,6 +18,11 @@ use xce_agent::value::{Status, Value};
 /// A setup whose resources are `a` (the stream, providing a and b) and `b`, with `pids/`
 /// writable by the probe user; `DIR` in `probe` becomes that directory.
 fn setup(probe: &str, body: &str) -> Setup {
+    setup_every("60s", probe, body)
+}
+
+/// [`setup`] with `a`'s interval (a stream's stdin ticks and first-values deadline).
+fn setup_every(interval: &str, probe: &str, body: &str) -> Setup {
     let s = Setup::new("resources: []\n");
     let pids = common::pids_dir(&s);
     let probe = probe.replace("DIR", &pids.display().to_string());
@@ -25,7 +30,7 @@ fn setup(probe: &str, body: &str) -> Setup {
         s.path().join("resources.yaml"),
         format!(
             "resources:\n{}{}",
-            resource("a", &probe),
+            resource("a", &probe).replace("interval: 60s", &format!("interval: {interval}")),
             "  - {name: b, valtype: numeric, interval: 60s, resourcemap: [{location: [default]}]}\n"
         ),
     )
@@ -291,6 +296,160 @@ async fn first_values_takes_the_first_line_then_stops_the_group() {
     // TERM trap: elim.example exits 0 when stopped.
     let exit = run.exec.unwrap().exit;
     assert_eq!(exit, Some(xce_agent::probe::process::Exit::Code(0)));
+}
+
+/// IBM's elim.uptime.pl in miniature: a Perl elim that prints without flushing. Perl
+/// block-buffers a pipe and line-buffers a terminal. The `syswrite` after the `print` goes to
+/// fd 1 at once, past Perl's buffer: when its line `1 b 1` has been applied, the `print`'s
+/// line `1 a 5` has been applied before it if (and only if) Perl wrote it out.
+const BUFFERED_PERL_ELIM: &str =
+    "#!/usr/bin/perl\nprint \"1 a 5\\n\";\nsyswrite(STDOUT, \"1 b 1\\n\");\nsleep 1000;\n";
+
+#[tokio::test]
+async fn a_block_buffering_elim_holds_its_lines_back_from_a_pipe() {
+    let s = setup(ELIM, BUFFERED_PERL_ELIM);
+    let r = start(&s);
+    wait_for(&r.store, "b", num(1.0)).await;
+    let a = r.store.get("a", "").unwrap();
+    assert_eq!(a.status, Status::Pending, "{a:?}");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn stdout_pty_delivers_each_line_of_a_block_buffering_elim() {
+    let s = setup(
+        "{kind: stream, command: [el], format: elim, provides: [a, b], stdout: pty}",
+        BUFFERED_PERL_ELIM,
+    );
+    let r = start(&s);
+    wait_for(&r.store, "b", num(1.0)).await;
+    let a = r.store.get("a", "").unwrap();
+    assert_eq!((a.status, a.value), (Status::Ok, Value::Numeric(5.0)));
+    r.stop().await;
+    // `--once` and `probe NAME` read the same terminal: the first line is the print's.
+    let (task, ctx) = load_task(&s, "a");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
+    assert_eq!(
+        run.readings[0].1,
+        xce_agent::value::Reading::Ok(Value::Numeric(5.0))
+    );
+    // No terminal `\r\n`: the line reached the agent as it was printed.
+    let stdout = run.exec.unwrap().stdout;
+    assert!(
+        stdout.starts_with(b"1 a 5\n"),
+        "{:?}",
+        String::from_utf8_lossy(&stdout)
+    );
+}
+
+/// influxdata's execd example `count.sh`, as an elim: one batch per line read from stdin.
+const COUNT_SH: &str = "#!/bin/sh\ni=1\nwhile read line; do echo \"1 a $i\"; i=$((i + 1)); done\n";
+
+#[tokio::test]
+async fn stdin_signal_asks_a_count_script_for_one_batch_per_interval() {
+    let s = setup_every(
+        "1s",
+        "{kind: stream, command: [el], format: elim, provides: [a, b], stdin: signal}",
+        COUNT_SH,
+    );
+    let r = start(&s);
+    // One batch at the start, one per interval after; the script never ends, so it was
+    // never restarted (with stdin /dev/null it reads EOF and exits at once).
+    wait_for(&r.store, "a", num(1.0)).await;
+    wait_for(&r.store, "a", num(2.0)).await;
+    wait_for(&r.store, "a", num(3.0)).await;
+    assert_eq!(r.restarts(), 0);
+    let probe = r.stats.probe("a");
+    assert_eq!(probe.skipped_overlap.load(Ordering::Relaxed), 0);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn without_stdin_signal_a_count_script_reads_end_of_file_and_exits() {
+    let s = setup(ELIM, COUNT_SH);
+    let (task, ctx) = load_task(&s, "a");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Failed);
+    let err = run.error().unwrap();
+    assert_eq!(err, "exited with status 0 before reporting any values");
+}
+
+#[tokio::test]
+async fn stdin_signal_asks_once_for_first_values() {
+    let s = setup(
+        "{kind: stream, command: [el], format: elim, provides: [a, b], stdin: signal}",
+        COUNT_SH,
+    );
+    let (task, ctx) = load_task(&s, "a");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
+    assert_eq!(
+        run.readings[0].1,
+        xce_agent::value::Reading::Ok(Value::Numeric(1.0))
+    );
+}
+
+#[tokio::test]
+async fn a_stream_answering_one_signal_and_exiting_is_restarted_and_asked_again() {
+    // EPIPE on the next tick is normal: the exit is what the supervisor acts on.
+    let s = setup_every(
+        "1s",
+        "{kind: stream, command: [el], format: elim, provides: [a, b], stdin: signal, env: {D: DIR}}",
+        "#!/bin/sh\nn=$(cat \"$D/n\" 2>/dev/null || echo 0)\nn=$((n + 1))\necho $n > \"$D/n\"\nread line\necho \"1 a $n\"\n",
+    );
+    let r = start(&s);
+    // Each value is followed at once by the exit's failure, which keeps it: match the value.
+    let value = |n: f64| move |v: &xce_agent::value::Resval| v.value == Value::Numeric(n);
+    wait_for(&r.store, "a", value(1.0)).await;
+    wait_for(&r.store, "a", value(2.0)).await;
+    assert!(r.restarts() >= 1);
+    r.stop().await;
+}
+
+#[test]
+fn a_streams_first_values_deadline_defaults_from_its_interval() {
+    let yaml = |interval: &str, probe: &str| {
+        format!(
+            "resources:\n  - {{name: a, valtype: numeric, interval: {interval}, resourcemap: [{{location: [default]}}], probe: {probe}}}\n"
+        )
+    };
+    let timeout = |interval: &str, probe: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        common::task_from_yaml(&yaml(interval, probe), "a", dir.path())
+            .0
+            .timeout
+    };
+    let secs = std::time::Duration::from_secs;
+    let stream = "{kind: stream, command: [el], format: elim}";
+    // An elim reporting every 60 s (IBM's elim.css) is waited for 60 s + 30 s.
+    assert_eq!(timeout("60s", stream), secs(90));
+    assert_eq!(timeout("10s", stream), secs(20));
+    assert_eq!(timeout("5m", stream), secs(330));
+    // An explicit timeout is the deadline; an exec probe's default stays min(interval, 30 s).
+    assert_eq!(
+        timeout(
+            "60s",
+            "{kind: stream, command: [el], format: elim, timeout: 5s}"
+        ),
+        secs(5)
+    );
+    assert_eq!(timeout("60s", "{kind: exec, command: [el]}"), secs(30));
+}
+
+#[tokio::test]
+async fn a_stream_silent_past_its_first_values_deadline_says_which_deadline() {
+    let s = setup(
+        "{kind: stream, command: [el], format: elim, provides: [a, b], timeout: 1s}",
+        "#!/bin/sh\necho 0\nexec sleep 1000\n",
+    );
+    let (task, ctx) = load_task(&s, "a");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::TimedOut);
+    assert_eq!(
+        run.error().unwrap(),
+        "timed out after 1s: no complete line with values"
+    );
 }
 
 #[test]

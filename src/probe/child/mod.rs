@@ -1,6 +1,6 @@
 //! The one child engine for exec and stream probes: start a child (own process group, its
-//! probe's cgroup, credentials, limits, cleared environment, stdin /dev/null, stdout and stderr
-//! piped), read its output with one [`Reader`], end it with one termination routine, and say
+//! probe's cgroup, credentials, limits, cleared environment, stdin /dev/null or a pipe for
+//! [`stdin`] ticks, stdout a pipe or a [`pty`], stderr a pipe), read its output with one [`Reader`], end it with one termination routine, and say
 //! how it ended with one [`Ending`].
 //!
 //! Never waits on a pipe after the deadline: a backgrounded grandchild can hold it open
@@ -8,7 +8,9 @@
 //! still drained, then SIGKILL and `cgroup.kill`).
 
 pub mod output;
+pub mod pty;
 pub mod spawn;
+pub mod stdin;
 
 use std::ffi::{CString, OsString};
 use std::fmt;
@@ -26,10 +28,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::time::{sleep_until, Instant};
 
 pub use output::{Got, Reader, Tail};
+pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::ProbeCgroup;
 use super::reaper::{self, Registered};
-use crate::config::Limits;
+use crate::config::{Limits, StdoutMode};
 
 /// The fixed PATH probes get: the environment is cleared, so nothing of the agent's leaks in.
 pub const PROBE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -84,6 +87,10 @@ pub struct ChildSpec {
     pub grace: Duration,
     pub stdout_cap: usize,
     pub stderr_tail: usize,
+    /// A pipe (the default) or a pseudo-terminal.
+    pub stdout: StdoutMode,
+    /// A pipe the agent writes ticks to ([`Child::tick`]); else /dev/null.
+    pub stdin_pipe: bool,
 }
 
 impl ChildSpec {
@@ -101,6 +108,8 @@ impl ChildSpec {
             grace: DEFAULT_GRACE,
             stdout_cap: DEFAULT_STDOUT_CAP,
             stderr_tail: DEFAULT_STDERR_TAIL,
+            stdout: StdoutMode::Pipe,
+            stdin_pipe: false,
         }
     }
 }
@@ -266,6 +275,8 @@ pub struct Child {
     reaped: bool,
     cgroup: Option<Arc<ProbeCgroup>>,
     registered: Option<Registered>,
+    /// The agent's end of the child's stdin, with `stdin_pipe`.
+    stdin: Option<TickWriter>,
 }
 
 fn dev_null() -> io::Result<&'static OwnedFd> {
@@ -337,9 +348,20 @@ impl Child {
             envp.push(c_string(&kv, "an environment variable").map_err(io_fail)?);
         }
         let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
-        let (out_read, out_write) = spawn::pipe().map_err(io_fail)?;
+        let (out_read, out_write) = match spec.stdout {
+            StdoutMode::Pipe => spawn::pipe(),
+            StdoutMode::Pty => pty::open(),
+        }
+        .map_err(io_fail)?;
         let (err_read, err_write) = spawn::pipe().map_err(io_fail)?;
+        let stdin = if spec.stdin_pipe {
+            let (read, write) = spawn::pipe().map_err(io_fail)?;
+            Some((read, TickWriter::new(write).map_err(io_fail)?))
+        } else {
+            None
+        };
         let null = dev_null().map_err(io_fail)?;
+        let child_stdin = stdin.as_ref().map_or(null, |(read, _)| read);
         let watch_sigchld =
             || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());
         let mut prepared = spawn::Prepared::new(spawn::Plan {
@@ -356,7 +378,7 @@ impl Child {
             }),
             rlimits: rlimits(&spec.limits),
             no_new_privs: spec.no_new_privs,
-            stdio: [null, &out_write, &err_write],
+            stdio: [child_stdin, &out_write, &err_write],
             cgroup: spec.cgroup.as_ref().map(|c| (&c.dir, &c.procs)),
         });
         let (started, registered) = reaper::start_registered(|| {
@@ -366,6 +388,11 @@ impl Child {
             })
         })
         .map_err(|e| fail(Some(e.stage), e.error))?;
+        // The child's ends: held here, a pipe (or the pty) would never report its end.
+        let stdin = stdin.map(|(read, writer)| {
+            drop(read);
+            writer
+        });
         drop((out_write, err_write));
         let pid = Pid::from_raw(started.pid);
         let watch = match started.pidfd {
@@ -386,6 +413,7 @@ impl Child {
                     reaped: false,
                     cgroup: spec.cgroup.clone(),
                     registered: Some(registered),
+                    stdin,
                 },
                 reader,
             )),
@@ -446,6 +474,11 @@ impl Child {
         }
     }
 
+    /// Send one `stdin: signal` tick; [`Tick::Closed`] where the child has no stdin pipe.
+    pub fn tick(&self) -> Tick {
+        self.stdin.as_ref().map_or(Tick::Closed, TickWriter::send)
+    }
+
     pub fn signal_group(&self, sig: Signal) {
         signal_group(self.pgid, sig);
     }
@@ -490,13 +523,6 @@ impl Child {
         self.end_rest();
         self.settle(reader, AFTER_KILL_DRAIN).await;
         true
-    }
-
-    /// After SIGKILL the leader is gone or stuck in the kernel: drain briefly, then give up on
-    /// the pipes (a process outside the group may hold them).
-    pub async fn drain_after_exit(&mut self, reader: &mut Reader) {
-        self.end_rest();
-        self.settle(reader, AFTER_KILL_DRAIN).await;
     }
 }
 
