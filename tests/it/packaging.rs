@@ -89,11 +89,79 @@ fn build_deb_without_cargo_deb_says_how_to_install_it_before_building() {
     assert_eq!(asked.trim(), "deb --version", "nothing was built");
 }
 
-/// Builds the .deb from a debug build (a release build would take minutes; what is checked
-/// is the package's layout and that the packaged binary and configs work together).
+/// Without rpmbuild the script says how to install it before building anything: PATH holds
+/// only `dirname` and a stand-in `cargo` that records what it is asked to do.
 #[test]
-#[ignore = "needs cargo-deb and dpkg-deb; CI runs it with `cargo test -- --ignored`"]
-fn deb_installs_into_a_throwaway_root_and_check_passes() {
+fn build_rpm_without_rpmbuild_says_how_to_install_it_before_building() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = tempfile::tempdir().expect("tempdir");
+    let calls = bin.path().join("calls");
+    let cargo = bin.path().join("cargo");
+    std::fs::write(
+        &cargo,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", calls.display()),
+    )
+    .expect("write stand-in cargo");
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::os::unix::fs::symlink("/usr/bin/dirname", bin.path().join("dirname")).expect("symlink");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(repo.join("packaging/build-rpm.sh"))
+        .env("PATH", bin.path())
+        .output()
+        .expect("run packaging/build-rpm.sh");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "build-rpm.sh: rpmbuild is not installed; install it with: apt-get install rpm \
+         (Debian/Ubuntu) or dnf install rpm-build"
+    );
+    assert!(!calls.exists(), "nothing was built");
+}
+
+/// What every package must install, as (deb path, rpm path); man pages are gzipped by both.
+const PACKAGED: &[(&str, &str)] = &[
+    ("/usr/bin/xce-agent", "/usr/bin/xce-agent"),
+    (
+        "/usr/libexec/xce-agent/plugins/scratch_free",
+        "/usr/libexec/xce-agent/plugins/scratch_free",
+    ),
+    (
+        "/lib/systemd/system/xce-agent.service",
+        "/usr/lib/systemd/system/xce-agent.service",
+    ),
+    ("/etc/xce/agent.yaml", "/etc/xce/agent.yaml"),
+    ("/etc/xce/resources.yaml", "/etc/xce/resources.yaml"),
+    (
+        "/usr/share/man/man1/xce-agent.1.gz",
+        "/usr/share/man/man1/xce-agent.1.gz",
+    ),
+    (
+        "/usr/share/man/man1/xce-agent-check.1.gz",
+        "/usr/share/man/man1/xce-agent-check.1.gz",
+    ),
+    (
+        "/usr/share/bash-completion/completions/xce-agent",
+        "/usr/share/bash-completion/completions/xce-agent",
+    ),
+    (
+        "/usr/share/zsh/vendor-completions/_xce-agent",
+        "/usr/share/zsh/site-functions/_xce-agent",
+    ),
+    (
+        "/usr/share/fish/vendor_completions.d/xce-agent.fish",
+        "/usr/share/fish/vendor_completions.d/xce-agent.fish",
+    ),
+    (
+        "/usr/share/doc/xce-agent/PLUGINS.md",
+        "/usr/share/doc/xce-agent/PLUGINS.md",
+    ),
+];
+
+/// Both packages, built the way a site builds them (release profile), listed by the
+/// distributions' own tools, unpacked into throwaway roots and run from there.
+#[test]
+#[ignore = "needs cargo-deb, dpkg-deb, rpmbuild, rpm2cpio and cpio; CI runs it with `cargo test -- --ignored`"]
+fn deb_and_rpm_from_the_release_build_hold_the_same_files_and_their_check_passes() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     common::require_tool(
         &cargo,
@@ -101,70 +169,118 @@ fn deb_installs_into_a_throwaway_root_and_check_passes() {
         "cargo install cargo-deb --locked",
     );
     common::require_tool("dpkg-deb", &["--version"], "apt-get install dpkg");
-    let work = tempfile::tempdir().expect("tempdir");
-    let debs = work.path().join("debs");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let build = Command::new(repo.join("packaging/build-deb.sh"))
-        .args(["--profile", "dev", "-o"])
-        .arg(format!("{}/", debs.display()))
-        .env("CARGO", &cargo)
-        .output()
-        .expect("run packaging/build-deb.sh");
-    assert!(
-        build.status.success(),
-        "build-deb.sh failed:\n{}",
-        String::from_utf8_lossy(&build.stderr)
+    common::require_tool("rpmbuild", &["--version"], "apt-get install rpm");
+    // rpm2cpio has no --version: ask the shell whether it is on PATH.
+    common::require_tool(
+        "sh",
+        &["-c", "command -v rpm2cpio"],
+        "rpm2cpio: apt-get install rpm2cpio",
     );
-    let deb = std::fs::read_dir(&debs)
-        .expect("deb dir")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .expect("a .deb was built");
+    common::require_tool("cpio", &["--version"], "apt-get install cpio");
+    let work = tempfile::tempdir().expect("tempdir");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
 
-    let root = work.path().join("root");
-    let x = Command::new("dpkg-deb")
-        .arg("-x")
-        .arg(&deb)
-        .arg(&root)
-        .output()
-        .expect("dpkg-deb -x");
-    assert!(x.status.success(), "{x:?}");
-    for path in [
-        "usr/bin/xce-agent",
-        "usr/libexec/xce-agent/plugins/scratch_free",
-        "lib/systemd/system/xce-agent.service",
-        "etc/xce/agent.yaml",
-        "etc/xce/resources.yaml",
-        "usr/share/man/man1/xce-agent.1.gz",
-        "usr/share/bash-completion/completions/xce-agent",
-    ] {
-        assert!(root.join(path).exists(), "{path} missing from the package");
+    let debs = work.path().join("debs");
+    run_ok(
+        Command::new(repo.join("packaging/build-deb.sh"))
+            .arg("-o")
+            .arg(format!("{}/", debs.display()))
+            .env("CARGO", &cargo),
+    );
+    let rpms = work.path().join("rpms");
+    run_ok(
+        Command::new(repo.join("packaging/build-rpm.sh"))
+            .arg("--define")
+            .arg(format!("_rpmdir {}", rpms.display()))
+            .env("CARGO", &cargo),
+    );
+    let deb = find_file(&debs, "deb");
+    let rpm = find_file(&rpms, "rpm");
+    // The release profile, not a debug build: the release binary is what both packaged.
+    let release = std::fs::read(repo.join("target/release/xce-agent")).expect("release binary");
+
+    let deb_files = listed(Command::new("dpkg-deb").arg("-c").arg(&deb), |line| {
+        // "-rwxr-xr-x root/root  123 2026-01-01 00:00 ./usr/bin/xce-agent"
+        line.split_whitespace()
+            .nth(5)
+            .map(|p| p.trim_start_matches('.').to_string())
+    });
+    let rpm_files = listed(Command::new("rpm").arg("-qlp").arg(&rpm), |line| {
+        Some(line.to_string())
+    });
+    println!("{}:\n  {}", deb.display(), deb_files.join("\n  "));
+    println!("{}:\n  {}", rpm.display(), rpm_files.join("\n  "));
+    for (in_deb, in_rpm) in PACKAGED {
+        assert!(
+            deb_files.iter().any(|f| f == in_deb),
+            "{in_deb} missing from the .deb"
+        );
+        assert!(
+            rpm_files.iter().any(|f| f == in_rpm),
+            "{in_rpm} missing from the .rpm"
+        );
     }
-    let control = Command::new("dpkg-deb")
-        .arg("-f")
-        .arg(&deb)
-        .arg("Package")
-        .output()
-        .expect("dpkg-deb -f");
-    assert_eq!(String::from_utf8_lossy(&control.stdout).trim(), "xce-agent");
+
     // The configs are conffiles: an upgrade keeps the admin's edits.
     let ctrl = work.path().join("control");
-    let e = Command::new("dpkg-deb")
-        .arg("-e")
-        .arg(&deb)
-        .arg(&ctrl)
-        .output()
-        .expect("dpkg-deb -e");
-    assert!(e.status.success(), "{e:?}");
+    run_ok(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&ctrl));
     let conffiles = std::fs::read_to_string(ctrl.join("conffiles")).expect("conffiles");
     assert_eq!(
         conffiles.lines().collect::<Vec<_>>(),
         ["/etc/xce/agent.yaml", "/etc/xce/resources.yaml"]
     );
+    let rpm_config = listed(Command::new("rpm").arg("-qcp").arg(&rpm), |l| {
+        Some(l.to_string())
+    });
+    assert_eq!(
+        rpm_config,
+        ["/etc/xce/agent.yaml", "/etc/xce/resources.yaml"]
+    );
+    // Both make the key directory root-only on install.
+    let postinst = std::fs::read_to_string(ctrl.join("postinst")).expect("postinst");
+    let scripts = run_ok(Command::new("rpm").arg("-qp").arg("--scripts").arg(&rpm));
+    for script in [&postinst, &scripts] {
+        assert!(
+            script.contains("install -d -m 0700 -o root -g root /etc/xce/tls"),
+            "{script}"
+        );
+    }
+    let control = run_ok(Command::new("dpkg-deb").arg("-f").arg(&deb).arg("Package"));
+    assert_eq!(control.trim(), "xce-agent");
 
-    // The packaged agent.yaml names /etc/xce and /usr/libexec paths; the test's copy points
-    // them into the throwaway root, nothing else changed.
+    let deb_root = work.path().join("deb-root");
+    run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&deb_root));
+    let rpm_root = work.path().join("rpm-root");
+    std::fs::create_dir(&rpm_root).expect("mkdir");
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg("rpm2cpio \"$1\" | cpio -idm --quiet")
+            .arg("sh")
+            .arg(&rpm)
+            .current_dir(&rpm_root),
+    );
+    for (root, unit) in [
+        (&deb_root, "lib/systemd/system/xce-agent.service"),
+        (&rpm_root, "usr/lib/systemd/system/xce-agent.service"),
+    ] {
+        let binary = std::fs::read(root.join("usr/bin/xce-agent")).expect("packaged binary");
+        assert!(
+            binary == release,
+            "{} holds the release binary",
+            root.display()
+        );
+        check_passes_in(root, work.path());
+        // The unit starts the binary the package installs, with the config it installs.
+        let unit = std::fs::read_to_string(root.join(unit)).expect("unit");
+        assert!(unit.contains("ExecStart=/usr/bin/xce-agent --config /etc/xce/agent.yaml"));
+        assert!(unit.contains("Type=notify") && unit.contains("PrivateTmp=no"));
+    }
+}
+
+/// The packaged agent.yaml names /etc/xce and /usr/libexec paths; the test's copy points
+/// them into the throwaway root, nothing else changed, and the packaged binary checks it.
+fn check_passes_in(root: &Path, work: &Path) {
     let packaged = std::fs::read_to_string(root.join("etc/xce/agent.yaml")).expect("agent.yaml");
     assert!(packaged.contains("/usr/libexec/xce-agent/plugins"));
     let relocated = packaged
@@ -176,26 +292,46 @@ fn deb_installs_into_a_throwaway_root_and_check_passes() {
             "/etc/xce/resources.yaml",
             &root.join("etc/xce/resources.yaml").to_string_lossy(),
         );
-    let agent_yaml = work.path().join("agent.yaml");
+    let agent_yaml = work.join("agent.yaml");
     std::fs::write(&agent_yaml, relocated).expect("write agent.yaml");
-    let check = Command::new(root.join("usr/bin/xce-agent"))
-        .arg("check")
-        .arg("--config")
-        .arg(&agent_yaml)
-        .output()
-        .expect("run the packaged xce-agent");
-    let stdout = String::from_utf8_lossy(&check.stdout);
-    assert!(
-        check.status.success(),
-        "packaged check failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&check.stderr)
+    let stdout = run_ok(
+        Command::new(root.join("usr/bin/xce-agent"))
+            .arg("check")
+            .arg("--config")
+            .arg(&agent_yaml),
     );
     assert!(stdout.contains("configuration OK"), "{stdout}");
     assert!(stdout.contains("scratch_free_mb"), "{stdout}");
+}
 
-    // The unit starts the binary the package installs, with the config the package installs.
-    let unit =
-        std::fs::read_to_string(root.join("lib/systemd/system/xce-agent.service")).expect("unit");
-    assert!(unit.contains("ExecStart=/usr/bin/xce-agent --config /etc/xce/agent.yaml"));
-    assert!(unit.contains("Type=notify") && unit.contains("PrivateTmp=no"));
+/// Run to success and return stdout; on failure, show what it printed.
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn listed(cmd: &mut Command, path_of: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    run_ok(cmd).lines().filter_map(path_of).collect()
+}
+
+/// The one package a build wrote under `dir` (rpmbuild puts it in an <arch>/ subdirectory).
+fn find_file(dir: &Path, ext: &str) -> std::path::PathBuf {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read package dir").flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == ext) {
+                return p;
+            }
+        }
+    }
+    panic!("no .{ext} under {}", dir.display())
 }
