@@ -1,5 +1,5 @@
-//! Packaging: man pages and completions generated from the clap definition, and the .deb
-//! built, unpacked into a throwaway root (`dpkg -x`) and run from there.
+//! Packaging: man pages and completions generated from the clap definition, and the .deb and
+//! .rpm built from the release profile, listed, unpacked into throwaway roots and run there.
 
 use crate::support as common;
 
