@@ -373,3 +373,42 @@ fn a_location_that_is_no_wire_instance_name_is_an_error() {
         "{e}"
     );
 }
+
+#[test]
+fn a_misspelt_probe_kind_gets_the_nearest_kind_from_the_table() {
+    let e = one_error(
+        "resources:\n  - name: a\n    interval: 30\n    probe: {kind: strem, command: [x]}\n",
+    );
+    assert_eq!(
+        e,
+        "resources.yaml:4:19: unknown probe kind \"strem\"; expected one of builtin, exec, file, stream; did you mean `stream`?"
+    );
+    let e = one_error(
+        "resources:\n  - name: a\n    interval: 30\n    probe: {kind: Exec, command: [x]}\n",
+    );
+    assert!(e.ends_with("did you mean `exec`?"), "{e}");
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: magic}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:19: unknown probe kind \"magic\"; expected one of builtin, exec, file, stream"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {command: [x]}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:12: probe has no `kind`; expected one of builtin, exec, file, stream"
+    );
+}
+
+#[test]
+fn a_field_of_another_kind_is_named_for_the_kind_given() {
+    let e = one_error("resources:\n  - name: load\n    interval: 30\n    probe: {kind: builtin, index: r1m, provides: [x]}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:50: `provides` is not a field of builtin probes"
+    );
+    let e = one_error("resources:\n  - name: s\n    interval: 30\n    probe: {kind: stream, command: [x], restart_on_silence: true, regex: a}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:74: `regex` is not a field of stream probes"
+    );
+}

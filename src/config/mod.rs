@@ -5,6 +5,7 @@ pub mod error;
 pub mod hostlist;
 pub mod limits;
 mod probe_output;
+pub mod probe_spec;
 mod raw;
 pub mod resources;
 pub mod scalar;
