@@ -412,3 +412,22 @@ fn a_field_of_another_kind_is_named_for_the_kind_given() {
         "resources.yaml:4:74: `regex` is not a field of stream probes"
     );
 }
+
+#[test]
+fn format_lists_in_errors_come_from_the_formats_table() {
+    let e = one_error("resources:\n  - name: s\n    interval: 30\n    probe: {kind: stream, command: [x], format: json}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:49: format json is read from a finished run: use it with `kind: exec`; stream probes read value, kv or elim lines"
+    );
+    let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: file, path: /x, provides: [g]}\n  - {name: g, interval: 30}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:45: a file probe feeds several resources only with a `format:` (kv, elim, prometheus, influx, classad, json)"
+    );
+    let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: exec, command: [x], format: yaml}\n");
+    assert!(
+        e.ends_with("unknown format \"yaml\"; expected one of value, kv, elim, nagios, prometheus, influx, classad, json"),
+        "{e}"
+    );
+}

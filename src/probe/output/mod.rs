@@ -42,6 +42,7 @@ formats! {
     Prometheus => prometheus,
     Influx => influx,
     Classad => classad,
+    Json => json,
 }
 
 impl Format {
