@@ -154,6 +154,62 @@ probe_kinds! {
     Stream(StreamSpec) => "stream", stream;
 }
 
+impl ProbeKind {
+    /// The program and how its output is read, for the kinds that run one.
+    pub fn exec_spec(&self) -> Option<&ExecSpec> {
+        match self {
+            ProbeKind::Exec(e) => Some(e),
+            ProbeKind::Stream(s) => Some(&s.exec),
+            _ => None,
+        }
+    }
+
+    /// One line saying what the probe reads, for `check`'s plan.
+    pub fn summary(&self) -> String {
+        match self {
+            ProbeKind::Builtin { index } => format!("builtin {index}"),
+            ProbeKind::Exec(e) => format!("exec {}", describe_exec(e)),
+            ProbeKind::File(f) => match f.format {
+                Some(format) => format!("file {} ({})", f.path.display(), format.as_str()),
+                None => format!("file {}", f.path.display()),
+            },
+            ProbeKind::Stream(s) => format!("stream {}", describe_exec(&s.exec)),
+        }
+    }
+
+    /// `probe NAME`'s lines about what the kind reads (a program's are written by the
+    /// program's own section).
+    pub fn details(&self) -> Vec<(&'static str, String)> {
+        match self {
+            ProbeKind::Builtin { index } => vec![(
+                "index",
+                format!("{index} (from the agent's shared sampler)"),
+            )],
+            ProbeKind::File(f) => {
+                let mut out = vec![("path", f.path.display().to_string())];
+                if let Some(format) = f.format {
+                    out.push(("format", format.as_str().to_owned()));
+                }
+                if let Some(re) = &f.regex {
+                    out.push(("regex", re.as_str().to_owned()));
+                }
+                out
+            }
+            ProbeKind::Exec(_) | ProbeKind::Stream(_) => Vec::new(),
+        }
+    }
+}
+
+fn describe_exec(e: &ExecSpec) -> String {
+    let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
+    for (resource, pick) in &e.select.picks {
+        if let Some(sel) = &pick.selector {
+            out.push_str(&format!(" {resource}<-{sel}"));
+        }
+    }
+    out
+}
+
 /// `a, b or c`.
 fn or_list(words: &[&str]) -> String {
     match words {
