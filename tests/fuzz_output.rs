@@ -400,7 +400,7 @@ proptest! {
         // A document cut short is never half-read: the run fails, naming a line of it.
         let at = 1 + cut % (text.len() - 1).max(1);
         if at < text.len() && text.is_char_boundary(at) {
-            match output::parse(Format::Json, text[..at].as_bytes(), Some(0), "own") {
+            match output::parse(Format::Json, &text.as_bytes()[..at], Some(0), "own") {
                 Err(OutputError::Line { line, .. }) => prop_assert!(line >= 1 && line <= text.lines().count()),
                 other => prop_assert!(false, "{:?} for {:?}", other, &text[..at]),
             }
