@@ -166,39 +166,6 @@ pub fn columns(rows: &[Vec<String>]) -> String {
     out
 }
 
-fn describe_kind(kind: &ProbeKind) -> String {
-    match kind {
-        ProbeKind::Builtin { index } => format!("builtin {index}"),
-        ProbeKind::Exec(e) => format!("exec {}", describe_exec(e)),
-        ProbeKind::File(f) => match f.format {
-            Some(format) => format!("file {} ({})", f.path.display(), format.as_str()),
-            None => format!("file {}", f.path.display()),
-        },
-        ProbeKind::Stream(s) => {
-            let mut out = format!("stream {}", describe_exec(&s.exec));
-            if s.stdin != crate::config::StdinMode::None {
-                let _ = write!(out, " stdin {}", s.stdin.as_str());
-            }
-            out
-        }
-    }
-}
-
-/// The argv as the child gets it (a string `command:` after splitting), the format and
-/// what `select:` picks.
-fn describe_exec(e: &crate::config::ExecSpec) -> String {
-    let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
-    if e.stdout != crate::config::StdoutMode::Pipe {
-        let _ = write!(out, " stdout {}", e.stdout.as_str());
-    }
-    for (resource, pick) in &e.select.picks {
-        if let Some(sel) = &pick.selector {
-            let _ = write!(out, " {resource}<-{sel}");
-        }
-    }
-    out
-}
-
 fn secs(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
 }
@@ -277,7 +244,7 @@ pub fn plan_text(
                 .map(|f| f.name.as_str())
                 .collect::<Vec<_>>()
                 .join(","),
-            describe_kind(&t.kind),
+            t.kind.summary(),
         ]);
         for f in t.feeds.iter().skip(1) {
             let mut row = vec![String::new(); 7];

@@ -6,6 +6,7 @@ pub mod hostlist;
 pub mod limits;
 pub mod pattern;
 mod probe_output;
+pub mod probe_spec;
 mod raw;
 pub mod resources;
 pub mod scalar;

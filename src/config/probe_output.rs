@@ -323,14 +323,24 @@ pub fn selection(
 /// Several resources (`provides:`) need a format to tell them apart.
 pub fn file_format(
     errs: &mut Errors,
-    raw: &super::raw::RawProbe,
+    raw: &super::probe_spec::RawProbe,
     provides: &[String],
 ) -> (Option<Format>, Selection) {
     let Some(field) = &raw.format else {
         if let Some(p) = &raw.provides {
+            // Every format but `value` gives several values; those that read an exit status
+            // do not apply to a file.
+            let several: Vec<&str> = Format::ALL
+                .iter()
+                .filter(|f| **f != Format::Value && !f.def().exits.needs_a_status())
+                .map(|f| f.as_str())
+                .collect();
             errs.at(
                 Pos::of(p),
-                "a file probe feeds several resources only with a `format:` (prometheus, influx, classad, kv, elim)",
+                format!(
+                    "a file probe feeds several resources only with a `format:` ({})",
+                    several.join(", ")
+                ),
             );
         }
         let select = selection(
@@ -343,7 +353,7 @@ pub fn file_format(
         return (None, select);
     };
     let f = format(errs, Some(field));
-    if f.def().exits != crate::probe::output::Exits::Zero && f != Format::Classad {
+    if f.def().exits.needs_a_status() {
         errs.at(
             Pos::of(field),
             format!(

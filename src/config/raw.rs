@@ -2,13 +2,13 @@
 //! not read are kept by name only. Meaning is given in `resources.rs`, after parsing, so each
 //! error can point at its line and column.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_saphyr::Spanned;
 
+use super::probe_spec::RawProbe;
 use super::scalar::Scalar;
 
 #[derive(Debug, Default)]
@@ -157,49 +157,6 @@ impl<'de> Deserialize<'de> for RawInstance {
     }
 }
 
-/// `probe:` is the agent's own field, so it is strict: an unknown key is an error.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawProbe {
-    pub kind: Option<Spanned<String>>,
-    // builtin
-    pub index: Option<Spanned<String>>,
-    // exec / stream
-    pub command: Option<Spanned<super::probe_output::RawCommand>>,
-    pub format: Option<Spanned<String>>,
-    pub select: Option<Spanned<super::probe_output::RawSelect>>,
-    pub aggregate: Option<Spanned<String>>,
-    pub env: Option<Spanned<BTreeMap<String, String>>>,
-    pub run_as: Option<Spanned<String>>,
-    pub limits: Option<Spanned<RawLimits>>,
-    pub no_new_privs: Option<Spanned<bool>>,
-    pub stdout: Option<Spanned<String>>,
-    pub timeout: Option<Spanned<Scalar>>,
-    pub provides: Option<Spanned<Vec<Spanned<String>>>>,
-    // file
-    pub path: Option<Spanned<String>>,
-    pub regex: Option<Spanned<String>>,
-    pub max_age: Option<Spanned<Scalar>>,
-    pub max_bytes: Option<Spanned<Scalar>>,
-    // stream
-    pub silence: Option<Spanned<Scalar>>,
-    pub restart_on_silence: Option<Spanned<bool>>,
-    pub stdin: Option<Spanned<String>>,
-    // every kind
-    pub stale_after: Option<Spanned<Scalar>>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLimits {
-    pub cpu: Option<Spanned<Scalar>>,
-    pub address_space: Option<Spanned<Scalar>>,
-    pub open_files: Option<Spanned<Scalar>>,
-    pub processes: Option<Spanned<Scalar>>,
-    pub memory: Option<Spanned<Scalar>>,
-    pub pids: Option<Spanned<Scalar>>,
-}
-
 /// The field names serde derives for struct `T`, so that lists of known fields are never
 /// written by hand: a field added to the struct is known everywhere at once.
 pub fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
@@ -286,6 +243,9 @@ mod tests {
             fields.contains(&"kind") && fields.contains(&"stale_after"),
             "{fields:?}"
         );
-        assert_eq!(field_names::<RawLimits>().len(), 6);
+        assert_eq!(
+            field_names::<super::super::probe_spec::RawLimits>().len(),
+            6
+        );
     }
 }

@@ -10,10 +10,9 @@ use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 use super::limits::Bounds;
 use super::pattern::Pattern;
-use super::probe_output;
+use super::probe_spec::RawProbe;
 use super::raw::{
-    near_miss, probe_fields, RawLimits, RawProbe, RawResource, RawResourcesFile, INSTANCE_FIELDS,
-    RESOURCE_FIELDS,
+    near_miss, probe_fields, RawResource, RawResourcesFile, INSTANCE_FIELDS, RESOURCE_FIELDS,
 };
 use crate::value::Valtype;
 
@@ -114,26 +113,7 @@ pub struct ProbeSpec {
     pub stale_after: Option<Duration>,
 }
 
-/// Compared by value: a reload restarts a probe only when its task changed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ProbeKind {
-    Builtin { index: String },
-    Exec(ExecSpec),
-    File(FileSpec),
-    Stream(StreamSpec),
-}
-
-impl ProbeKind {
-    pub fn name(&self) -> &'static str {
-        match self {
-            ProbeKind::Builtin { .. } => "builtin",
-            ProbeKind::Exec(_) => "exec",
-            ProbeKind::File(_) => "file",
-            ProbeKind::Stream(_) => "stream",
-        }
-    }
-}
-
+pub use super::probe_spec::ProbeKind;
 pub use crate::probe::output::Format;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -189,26 +169,32 @@ pub struct StreamSpec {
 }
 
 pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;
-const KINDS: &[&str] = &["builtin", "exec", "file", "stream"];
+
+/// Why a name breaks LSF's resource-name rules (config and the wire apply the same ones).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("resource name is empty")]
+    Empty,
+    #[error("resource name {0:?} is longer than 39 characters")]
+    TooLong(String),
+    #[error("resource name {0:?} must start with a letter or '_' and contain only letters, digits and '_'")]
+    BadCharacters(String),
+}
 
 /// LSF resource-name rules: at most 39 characters, a letter or `_` first, then letters,
 /// digits and `_` (no operators, which would break resource requirement strings).
-pub fn check_resource_name(name: &str) -> Result<(), String> {
+pub fn check_resource_name(name: &str) -> Result<(), NameError> {
     let ok_chars = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     let first_ok = name
         .bytes()
         .next()
         .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
     if name.is_empty() {
-        Err("resource name is empty".into())
+        Err(NameError::Empty)
     } else if name.len() > 39 {
-        Err(format!(
-            "resource name {name:?} is longer than 39 characters"
-        ))
+        Err(NameError::TooLong(name.to_owned()))
     } else if !first_ok || !ok_chars {
-        Err(format!(
-            "resource name {name:?} must start with a letter or '_' and contain only letters, digits and '_'"
-        ))
+        Err(NameError::BadCharacters(name.to_owned()))
     } else {
         Ok(())
     }
@@ -258,7 +244,7 @@ pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources,
         }
     }
     check_provides(&mut errs, &out.resources, &raw_probes);
-    REGEXES.with(|cache| cache.borrow_mut().clear());
+    super::probe_spec::forget_compiled_patterns();
     errs.finish()?;
     Ok(out)
 }
@@ -283,7 +269,7 @@ fn resource(
         return None;
     };
     if let Err(e) = check_resource_name(&name.value) {
-        errs.at(Pos::of(name), e);
+        errs.at(Pos::of(name), e.to_string());
     }
     for key in &raw.unknown {
         if probe_fields().contains(&key.value.as_str()) {
@@ -372,7 +358,7 @@ fn resource(
                 ),
             );
         }
-        probe(errs, p, &name.value)
+        super::probe_spec::probe(errs, p, &name.value)
     });
     if errs.list.len() > before {
         return None;
@@ -516,347 +502,6 @@ fn instances(errs: &mut Errors, raw: &RawResource, name: &str, pos: Pos) -> Vec<
         );
     }
     out
-}
-
-fn duration_field(
-    errs: &mut Errors,
-    f: &Option<Spanned<super::scalar::Scalar>>,
-    what: &str,
-) -> Option<Duration> {
-    let f = f.as_ref()?;
-    match f.value.to_duration() {
-        Ok(d) if d.is_zero() => {
-            errs.at(Pos::of(f), format!("{what} must be greater than 0"));
-            None
-        }
-        Ok(d) => super::limits::check_duration(what, d, super::limits::duration_bound(what))
-            .map_err(|e| errs.at(Pos::of(f), e))
-            .ok(),
-        Err(e) => {
-            errs.at(Pos::of(f), format!("bad {what}: {e}"));
-            None
-        }
-    }
-}
-
-/// Fields each kind accepts, to name the ones that do not belong.
-fn kind_fields(kind: &str) -> &'static [&'static str] {
-    match kind {
-        "builtin" => &["index"],
-        "exec" => &[
-            "command",
-            "format",
-            "select",
-            "aggregate",
-            "env",
-            "run_as",
-            "limits",
-            "no_new_privs",
-            "provides",
-            "stdout",
-        ],
-        "file" => &[
-            "path",
-            "regex",
-            "max_age",
-            "max_bytes",
-            "run_as",
-            "format",
-            "select",
-            "aggregate",
-            "provides",
-        ],
-        "stream" => &[
-            "command",
-            "format",
-            "env",
-            "run_as",
-            "limits",
-            "no_new_privs",
-            "provides",
-            "silence",
-            "restart_on_silence",
-            "stdout",
-            "stdin",
-        ],
-        _ => &[],
-    }
-}
-
-fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, name: &str) -> Option<ProbeSpec> {
-    let raw = &p.value;
-    let pos = Pos::of(p);
-    let Some(kind) = &raw.kind else {
-        errs.at(
-            pos,
-            "probe has no `kind`; expected one of builtin, exec, file, stream",
-        );
-        return None;
-    };
-    if !KINDS.contains(&kind.value.as_str()) {
-        errs.at(
-            Pos::of(kind),
-            format!(
-                "unknown probe kind {:?}; expected one of builtin, exec, file, stream",
-                kind.value
-            ),
-        );
-        return None;
-    }
-    let allowed = kind_fields(&kind.value);
-    let present: [(&str, Option<Pos>); 19] = [
-        ("index", raw.index.as_ref().map(Pos::of)),
-        ("command", raw.command.as_ref().map(Pos::of)),
-        ("format", raw.format.as_ref().map(Pos::of)),
-        ("select", raw.select.as_ref().map(Pos::of)),
-        ("aggregate", raw.aggregate.as_ref().map(Pos::of)),
-        ("env", raw.env.as_ref().map(Pos::of)),
-        ("run_as", raw.run_as.as_ref().map(Pos::of)),
-        ("limits", raw.limits.as_ref().map(Pos::of)),
-        ("no_new_privs", raw.no_new_privs.as_ref().map(Pos::of)),
-        ("provides", raw.provides.as_ref().map(Pos::of)),
-        ("path", raw.path.as_ref().map(Pos::of)),
-        ("regex", raw.regex.as_ref().map(Pos::of)),
-        ("max_age", raw.max_age.as_ref().map(Pos::of)),
-        ("max_bytes", raw.max_bytes.as_ref().map(Pos::of)),
-        ("silence", raw.silence.as_ref().map(Pos::of)),
-        (
-            "restart_on_silence",
-            raw.restart_on_silence.as_ref().map(Pos::of),
-        ),
-        ("stdout", raw.stdout.as_ref().map(Pos::of)),
-        ("stdin", raw.stdin.as_ref().map(Pos::of)),
-        ("timeout", None), // every kind
-    ];
-    let before = errs.list.len();
-    for (field, at) in present {
-        if let Some(at) = at {
-            if !allowed.contains(&field) {
-                errs.at(
-                    at,
-                    format!("`{field}` is not a field of {} probes", kind.value),
-                );
-            }
-        }
-    }
-    let timeout = duration_field(errs, &raw.timeout, "timeout");
-    let stale_after = duration_field(errs, &raw.stale_after, "stale_after");
-    let mut provides = vec![name.to_owned()];
-    if let Some(list) = &raw.provides {
-        for p in &list.value {
-            if !provides.contains(&p.value) {
-                provides.push(p.value.clone());
-            }
-        }
-    }
-    let kind = match kind.value.as_str() {
-        "builtin" => ProbeKind::Builtin {
-            index: raw
-                .index
-                .as_ref()
-                .map(|i| i.value.clone())
-                .unwrap_or_else(|| name.to_owned()),
-        },
-        "exec" => ProbeKind::Exec(exec_spec(errs, raw, pos, &provides)?),
-        "stream" => ProbeKind::Stream(StreamSpec {
-            exec: stream_exec_spec(errs, raw, pos, &provides)?,
-            silence: duration_field(errs, &raw.silence, "silence"),
-            restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
-            stdin: super::stdio::stdin(errs, raw.stdin.as_ref()),
-        }),
-        _ => ProbeKind::File(file_spec(errs, raw, pos, &provides)?),
-    };
-    if errs.list.len() > before {
-        return None;
-    }
-    Some(ProbeSpec {
-        pos,
-        kind,
-        provides,
-        timeout,
-        stale_after,
-    })
-}
-
-fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -> Option<ExecSpec> {
-    let Some(command_field) = &raw.command else {
-        errs.at(
-            pos,
-            "exec and stream probes need `command`: a list such as [script, arg1]",
-        );
-        return None;
-    };
-    let command = probe_output::command(errs, command_field)?;
-    if command.is_empty() || command[0].trim().is_empty() {
-        errs.at(
-            Pos::of(command_field),
-            "`command` is empty: expected [program, arg, ...]",
-        );
-        return None;
-    }
-    if command[0].contains(char::is_whitespace) && !command[0].starts_with('/') {
-        errs.at(
-            Pos::of(command_field),
-            format!(
-                "program {:?} contains spaces: `command` is an argument list run without a shell, e.g. [script, arg]",
-                command[0]
-            ),
-        );
-    }
-    let format = probe_output::format(errs, raw.format.as_ref());
-    let select = probe_output::selection(
-        errs,
-        format,
-        raw.select.as_ref(),
-        raw.aggregate.as_ref(),
-        provides,
-    );
-    let env = raw
-        .env
-        .as_ref()
-        .map(|e| e.value.clone())
-        .unwrap_or_default();
-    for key in env.keys() {
-        if key.is_empty() || key.contains('=') || key.contains('\0') {
-            errs.at(
-                raw.env.as_ref().map(Pos::of).unwrap_or(pos),
-                format!("bad environment variable name {key:?}"),
-            );
-        }
-    }
-    Some(ExecSpec {
-        command,
-        format,
-        select,
-        env,
-        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
-        limits: limits(errs, raw.limits.as_ref()),
-        no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
-        stdout: super::stdio::stdout(errs, raw.stdout.as_ref()),
-    })
-}
-
-/// A stream probe reads its output line by line: only the line formats apply.
-fn stream_exec_spec(
-    errs: &mut Errors,
-    raw: &RawProbe,
-    pos: Pos,
-    provides: &[String],
-) -> Option<ExecSpec> {
-    let spec = exec_spec(errs, raw, pos, provides)?;
-    if spec.format.selectable() {
-        errs.at(
-            raw.format.as_ref().map_or(pos, Pos::of),
-            format!(
-                "format {} is read from a finished run: use it with `kind: exec`; stream probes read value, kv or elim lines",
-                spec.format.as_str()
-            ),
-        );
-    }
-    Some(spec)
-}
-
-fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
-    let Some(raw) = raw else {
-        return Limits::default();
-    };
-    let l = &raw.value;
-    let mut count = |f: &Option<Spanned<super::scalar::Scalar>>, field: &str| {
-        let f = f.as_ref()?;
-        let r = if field == "address_space" || field == "memory" {
-            f.value.to_bytes()
-        } else {
-            f.value.to_count()
-        };
-        let bound = super::limits::count_bound(field);
-        r.and_then(|n| {
-            (n <= bound)
-                .then_some(n)
-                .ok_or_else(|| format!("{field} {n} is larger than the limit of {bound}"))
-        })
-        .map_err(|e| errs.at(Pos::of(f), e))
-        .ok()
-    };
-    let address_space = count(&l.address_space, "address_space");
-    let open_files = count(&l.open_files, "open_files");
-    let processes = count(&l.processes, "processes");
-    let memory = count(&l.memory, "memory");
-    let pids = count(&l.pids, "pids");
-    Limits {
-        cpu: duration_field(errs, &l.cpu, "cpu limit"),
-        address_space,
-        open_files,
-        processes,
-        memory,
-        pids,
-    }
-}
-
-thread_local! {
-    /// Patterns compiled during one `parse`: a compiled regex with its match cache costs
-    /// tens of KiB, and a file with thousands of resources often repeats one pattern.
-    static REGEXES: std::cell::RefCell<BTreeMap<String, Pattern>> = Default::default();
-}
-
-fn compile_shared(pattern: &str) -> Result<Pattern, regex::Error> {
-    REGEXES.with(|cache| {
-        if let Some(re) = cache.borrow().get(pattern) {
-            return Ok(re.clone());
-        }
-        let re = Pattern::new(pattern)?;
-        cache.borrow_mut().insert(pattern.to_owned(), re.clone());
-        Ok(re)
-    })
-}
-
-fn file_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -> Option<FileSpec> {
-    let Some(path) = &raw.path else {
-        errs.at(pos, "file probes need `path`");
-        return None;
-    };
-    if !path.value.starts_with('/') {
-        errs.at(
-            Pos::of(path),
-            format!("file probe path {:?} must be absolute", path.value),
-        );
-    }
-    let regex = raw
-        .regex
-        .as_ref()
-        .and_then(|r| match compile_shared(&r.value) {
-            Ok(re) => Some(re),
-            Err(e) => {
-                errs.at(
-                    Pos::of(r),
-                    format!("bad regex: {}", e.to_string().replace('\n', " ")),
-                );
-                None
-            }
-        });
-    let max_bytes = match &raw.max_bytes {
-        None => DEFAULT_FILE_MAX_BYTES,
-        Some(m) => match m.value.to_bytes() {
-            Ok(b) if b > 0 && b <= 16 << 20 => b,
-            Ok(_) => {
-                errs.at(Pos::of(m), "max_bytes must be between 1 and 16MiB");
-                DEFAULT_FILE_MAX_BYTES
-            }
-            Err(e) => {
-                errs.at(Pos::of(m), e);
-                DEFAULT_FILE_MAX_BYTES
-            }
-        },
-    };
-    let (format, select) = probe_output::file_format(errs, raw, provides);
-    Some(FileSpec {
-        path: PathBuf::from(&path.value),
-        regex,
-        format,
-        select,
-        max_age: duration_field(errs, &raw.max_age, "max_age"),
-        max_bytes,
-        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
-    })
 }
 
 /// Multi-value probes: each provided name must be a declared dynamic resource without a probe

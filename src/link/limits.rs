@@ -93,7 +93,7 @@ pub fn check_hello(h: &Hello) -> Result<(), String> {
 
 /// One (resource, instance) pair against the name rules, as resvals and welcomes carry them.
 pub fn check_names(name: &str, instance: &str) -> Result<(), String> {
-    check_resource_name(name)?;
+    check_resource_name(name).map_err(|e| e.to_string())?;
     check_instance_name(instance)
 }
 

@@ -134,24 +134,10 @@ pub async fn run(task: &ProbeTask, ctx: &ProbeContext) -> Report {
         humantime::format_duration(task.timeout),
         humantime::format_duration(task.stale_after)
     );
-    let exec_spec = match &task.kind {
-        ProbeKind::Exec(e) => Some(e),
-        ProbeKind::Stream(s) => Some(&s.exec),
-        ProbeKind::File(f) => {
-            let _ = writeln!(t, "  path:      {}", f.path.display());
-            if let Some(format) = f.format {
-                let _ = writeln!(t, "  format:    {}", format.as_str());
-            }
-            if let Some(re) = &f.regex {
-                let _ = writeln!(t, "  regex:     {}", re.as_str());
-            }
-            None
-        }
-        ProbeKind::Builtin { index } => {
-            let _ = writeln!(t, "  index:     {index} (from the agent's shared sampler)");
-            None
-        }
-    };
+    for (label, value) in task.kind.details() {
+        let _ = writeln!(t, "  {:<11}{value}", format!("{label}:"));
+    }
+    let exec_spec = task.kind.exec_spec();
     if let Some(spec) = exec_spec {
         let program = exec::resolve_program(&ctx.plugin_dir, &spec.command[0]);
         let (user, uid) = user_line(spec, ctx);

@@ -125,6 +125,13 @@ fn every_catalogue_index_is_served_or_absent() {
             "{} neither served nor absent",
             info.name
         );
+        // An index declared in `indices!` that no collector fills stays as it started.
+        assert_ne!(
+            s.reading(info.name),
+            Some(Reading::Pending("no sample yet".into())),
+            "{}: no collector writes its slot",
+            info.name
+        );
     }
     assert_eq!(s.reading("nosuch"), None);
     assert_eq!(s.absent_reason("nosuch"), None);

@@ -384,3 +384,61 @@ fn stdout_and_stdin_take_their_names_and_stdin_is_for_streams() {
     let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: exec, command: [x], stdin: signal}\n");
     assert!(e.contains("`stdin` is not a field of exec probes"), "{e}");
 }
+
+#[test]
+fn a_misspelt_probe_kind_gets_the_nearest_kind_from_the_table() {
+    let e = one_error(
+        "resources:\n  - name: a\n    interval: 30\n    probe: {kind: strem, command: [x]}\n",
+    );
+    assert_eq!(
+        e,
+        "resources.yaml:4:19: unknown probe kind \"strem\"; expected one of builtin, exec, file, stream; did you mean `stream`?"
+    );
+    let e = one_error(
+        "resources:\n  - name: a\n    interval: 30\n    probe: {kind: Exec, command: [x]}\n",
+    );
+    assert!(e.ends_with("did you mean `exec`?"), "{e}");
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: magic}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:19: unknown probe kind \"magic\"; expected one of builtin, exec, file, stream"
+    );
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {command: [x]}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:12: probe has no `kind`; expected one of builtin, exec, file, stream"
+    );
+}
+
+#[test]
+fn a_field_of_another_kind_is_named_for_the_kind_given() {
+    let e = one_error("resources:\n  - name: load\n    interval: 30\n    probe: {kind: builtin, index: r1m, provides: [x]}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:50: `provides` is not a field of builtin probes"
+    );
+    let e = one_error("resources:\n  - name: s\n    interval: 30\n    probe: {kind: stream, command: [x], restart_on_silence: true, regex: a}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:74: `regex` is not a field of stream probes"
+    );
+}
+
+#[test]
+fn format_lists_in_errors_come_from_the_formats_table() {
+    let e = one_error("resources:\n  - name: s\n    interval: 30\n    probe: {kind: stream, command: [x], format: json}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:49: format json is read from a finished run: use it with `kind: exec`; stream probes read value, kv or elim lines"
+    );
+    let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: file, path: /x, provides: [g]}\n  - {name: g, interval: 30}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:45: a file probe feeds several resources only with a `format:` (kv, elim, prometheus, influx, classad, json)"
+    );
+    let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: exec, command: [x], format: yaml}\n");
+    assert!(
+        e.ends_with("unknown format \"yaml\"; expected one of value, kv, elim, nagios, prometheus, influx, classad, json"),
+        "{e}"
+    );
+}

@@ -519,6 +519,70 @@ resources:
 }
 
 #[test]
+fn json_leaves_by_dotted_path_from_a_run_and_a_file_and_malformed_json_fails_with_its_line() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/formats/telegraf-exec.json");
+    let s = Setup::new(&format!(
+        r#"
+resources:
+  - name: a
+    interval: 60
+    probe:
+      kind: exec
+      command: [gpus.sh]
+      format: json
+      provides: [b_c, gpu1_temp, gpu0_healthy, gpu0_model, gpu_ecc]
+      select:
+        gpu1_temp: gpu.1.temp
+        gpu0_healthy: gpu.0.healthy
+        gpu0_model: gpu.0.name
+        gpu_ecc: {{match: gpu.1.ecc, default: 0}}
+  - {{name: b_c, interval: 60}}
+  - {{name: gpu1_temp, interval: 60}}
+  - {{name: gpu0_healthy, valtype: boolean, interval: 60}}
+  - {{name: gpu0_model, valtype: string, interval: 60}}
+  - {{name: gpu_ecc, interval: 60}}
+  - name: gpu_0_temp
+    interval: 60
+    probe: {{kind: file, path: {}, format: json}}
+  - name: broken
+    interval: 60
+    probe: {{kind: exec, command: [broken.sh], format: json}}
+"#,
+        fixture.display()
+    ));
+    s.script(
+        "gpus.sh",
+        &format!("#!/bin/sh\ncat {}\n", fixture.display()),
+    );
+    s.script(
+        "broken.sh",
+        "#!/bin/sh\nprintf '{\"broken\": 1,\\n \"x\": }\\n'\n",
+    );
+    let (code, json) = once(&s);
+    // Telegraf's own example: `a` and `b_c` (nested keys joined), the string left unselected.
+    assert_eq!(number(&json, "a"), 5.0);
+    assert_eq!(number(&json, "b_c"), 6.0);
+    assert_eq!(number(&json, "gpu1_temp"), 58.5);
+    assert_eq!(ok_value(&json, "gpu0_healthy"), Json::Bool(true));
+    assert_eq!(ok_value(&json, "gpu0_model"), "H100 80GB");
+    // `null` is no value: the default stands in.
+    assert_eq!(number(&json, "gpu_ecc"), 0.0);
+    // A file in JSON, the resource fed by the path with `_` for `.`.
+    assert_eq!(number(&json, "gpu_0_temp"), 61.0);
+    let broken = row(&json, "broken");
+    assert_eq!(broken["status"], "failed", "{broken:#}");
+    assert_eq!(
+        broken["error"], "bad json output: line 2: expected value at column 7",
+        "{broken:#}"
+    );
+    assert_eq!(code, Some(1), "{json:#}");
+    let (code, text) = probe(&s, "a");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("gpu.1.temp"), "{text}");
+}
+
+#[test]
 fn prometheus_fed_to_kv_fails_with_the_hint_and_both_commands_agree() {
     let s = Setup::new(
         r#"
@@ -610,7 +674,7 @@ resources:
     for want in [
         "resources.yaml:5:34: `command` contains a pipe, which needs a shell: probes run without one. Write a wrapper script",
         "resources.yaml:8:",
-        "`select` and `aggregate` apply to the formats nagios, prometheus, influx, classad; this probe's format is kv",
+        "`select` and `aggregate` apply to the formats nagios, prometheus, influx, classad, json; this probe's format is kv",
         "`select` names \"other\", which this probe does not feed (it feeds not_fed)",
         "the value of a must be in double quotes",
         "unknown aggregate \"avg\"; expected one of sum, min, max, count",

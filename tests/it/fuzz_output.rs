@@ -3,6 +3,7 @@
 //! and the other lines still count.
 
 use proptest::prelude::*;
+use serde_json::Value as Json;
 use xce_agent::config::Format;
 use xce_agent::probe::output::{self, OutputError, Pair, Parsed};
 
@@ -249,6 +250,44 @@ fn classad_value() -> impl Strategy<Value = (String, String)> {
     ]
 }
 
+/// A JSON value a probe might print: leaves of every type, nested objects and arrays.
+fn json_value() -> impl Strategy<Value = Json> {
+    let leaf = prop_oneof![
+        any::<bool>().prop_map(Json::Bool),
+        any::<i64>().prop_map(Json::from),
+        number().prop_map(Json::from),
+        "[ -~]{0,12}".prop_map(Json::String),
+        Just(Json::Null),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..5).prop_map(Json::Array),
+            proptest::collection::btree_map("[a-z_][a-z0-9_]{0,6}", inner, 0..5)
+                .prop_map(|m| Json::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// The leaves of `value` as the test expects them: (dotted path, the leaf), nulls left out.
+fn json_leaves(value: &Json, path: &str, out: &mut Vec<(String, Json)>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        Json::Object(map) => map.iter().for_each(|(k, v)| json_leaves(v, &join(k), out)),
+        Json::Array(items) => items
+            .iter()
+            .enumerate()
+            .for_each(|(i, v)| json_leaves(v, &join(&i.to_string()), out)),
+        Json::Null => {}
+        leaf => out.push((path.to_owned(), leaf.clone())),
+    }
+}
+
 fn insert_line(lines: &mut Vec<String>, at: usize, garbage: &str) -> usize {
     let at = at % (lines.len() + 1);
     lines.insert(at, garbage.to_owned());
@@ -335,6 +374,37 @@ proptest! {
         let p = parsed(Format::Classad, &lines.join("\n"));
         prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
         prop_assert_eq!(p.samples.len(), attrs.len());
+    }
+
+    #[test]
+    fn json_round_trips_by_path_and_a_cut_document_is_an_error_with_its_line(
+        doc in proptest::collection::btree_map("[a-z_][a-z0-9_]{0,6}", json_value(), 0..6),
+        pretty in any::<bool>(),
+        cut in any::<usize>(),
+    ) {
+        let doc = Json::Object(doc.into_iter().collect());
+        let text = if pretty { serde_json::to_string_pretty(&doc) } else { serde_json::to_string(&doc) }.unwrap();
+        let p = parsed(Format::Json, &text);
+        let mut want = Vec::new();
+        json_leaves(&doc, "", &mut want);
+        prop_assert_eq!(p.samples.len(), want.len(), "{:?}", p.samples);
+        for (s, (path, leaf)) in p.samples.iter().zip(&want) {
+            prop_assert_eq!(&s.name, path);
+            match leaf {
+                Json::String(v) => prop_assert_eq!(&s.value, v),
+                Json::Bool(b) => prop_assert_eq!(&s.value, &b.to_string()),
+                Json::Number(n) => prop_assert!(same_number(n.as_f64().unwrap(), &s.value), "{} vs {}", n, s.value),
+                other => prop_assert!(false, "not a leaf: {other}"),
+            }
+        }
+        // A document cut short is never half-read: the run fails, naming a line of it.
+        let at = 1 + cut % (text.len() - 1).max(1);
+        if at < text.len() && text.is_char_boundary(at) {
+            match output::parse(Format::Json, &text.as_bytes()[..at], Some(0), "own") {
+                Err(OutputError::Line { line, .. }) => prop_assert!(line >= 1 && line <= text.lines().count()),
+                other => prop_assert!(false, "{:?} for {:?}", other, &text[..at]),
+            }
+        }
     }
 
     #[test]

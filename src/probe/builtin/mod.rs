@@ -73,118 +73,60 @@ pub struct IndexInfo {
     pub increasing: bool,
 }
 
-/// Positions in [`CATALOGUE`]; the sampler keeps one slot per index in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ix {
-    R15s,
-    R1m,
-    R15m,
-    Ut,
-    Pg,
-    Io,
-    Ls,
-    It,
-    Tmp,
-    Swp,
-    Mem,
-    Ncpus,
-    Maxmem,
-    Maxswp,
-    Maxtmp,
-    CpuPsi,
-    MemPsi,
-    IoPsi,
-    Ngpus,
-    NgpusFree,
-    GpuUt,
-    GpuMemFree,
+/// LSF ordtype `increasing`: more is more loaded (the run queue).
+const INCREASING: bool = true;
+/// LSF ordtype `decreasing`: more is better (free space).
+const DECREASING: bool = false;
+
+/// Declares the indices, one line each: `Variant => name, unit, ordtype, description`.
+/// Generates `Ix` (a collector's handle on its slot), `COUNT` and [`CATALOGUE`] in one
+/// order, so they cannot drift apart. A new index is one line here plus the collector that
+/// fills its slot (`slots.ok(Ix::Variant, value)`).
+macro_rules! indices {
+    ($($variant:ident => $name:literal, $unit:literal, $increasing:expr, $desc:literal;)*) => {
+        /// Positions in [`CATALOGUE`]; the sampler keeps one slot per index in this order.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Ix {
+            $($variant,)*
+        }
+
+        const COUNT: usize = [$(Ix::$variant),*].len();
+
+        static CATALOGUE: [IndexInfo; COUNT] = [
+            $(IndexInfo {
+                name: $name,
+                desc: $desc,
+                unit: $unit,
+                increasing: $increasing,
+            },)*
+        ];
+    };
 }
 
-const COUNT: usize = 22;
-
-const fn info(
-    name: &'static str,
-    desc: &'static str,
-    unit: &'static str,
-    increasing: bool,
-) -> IndexInfo {
-    IndexInfo {
-        name,
-        desc,
-        unit,
-        increasing,
-    }
+indices! {
+    R15s => "r15s", "tasks", INCREASING, "Run queue length, 15 s exponential average";
+    R1m => "r1m", "tasks", INCREASING, "Run queue length, 1 min exponential average";
+    R15m => "r15m", "tasks", INCREASING, "Run queue length, 15 min exponential average";
+    Ut => "ut", "%", INCREASING, "CPU utilisation, 1 min exponential average";
+    Pg => "pg", "pages/s", INCREASING, "Pages swapped in + out per second, 1 min exponential average";
+    Io => "io", "KB/s", INCREASING, "Disk I/O of whole disks, 1 min exponential average";
+    Ls => "ls", "users", INCREASING, "Distinct users logged in";
+    It => "it", "minutes", DECREASING, "Idle time of the keyboards, mice and terminals";
+    Tmp => "tmp", "MB", DECREASING, "Space available in /tmp";
+    Swp => "swp", "MB", DECREASING, "Free swap space";
+    Mem => "mem", "MB", DECREASING, "Available memory (MemAvailable)";
+    Ncpus => "ncpus", "cpus", DECREASING, "Online CPUs";
+    Maxmem => "maxmem", "MB", DECREASING, "Total memory";
+    Maxswp => "maxswp", "MB", DECREASING, "Total swap space";
+    Maxtmp => "maxtmp", "MB", DECREASING, "Size of the /tmp file system";
+    CpuPsi => "cpu_psi", "%", INCREASING, "CPU pressure stall, some avg10";
+    MemPsi => "mem_psi", "%", INCREASING, "Memory pressure stall, some avg10";
+    IoPsi => "io_psi", "%", INCREASING, "I/O pressure stall, some avg10";
+    Ngpus => "ngpus", "gpus", DECREASING, "NVIDIA GPUs";
+    NgpusFree => "ngpus_free", "gpus", DECREASING, "NVIDIA GPUs with no compute process";
+    GpuUt => "gpu_ut", "%", INCREASING, "Mean GPU utilisation";
+    GpuMemFree => "gpu_mem_free", "MB", DECREASING, "Free GPU memory, all GPUs together";
 }
-
-static CATALOGUE: [IndexInfo; COUNT] = [
-    info(
-        "r15s",
-        "Run queue length, 15 s exponential average",
-        "tasks",
-        true,
-    ),
-    info(
-        "r1m",
-        "Run queue length, 1 min exponential average",
-        "tasks",
-        true,
-    ),
-    info(
-        "r15m",
-        "Run queue length, 15 min exponential average",
-        "tasks",
-        true,
-    ),
-    info(
-        "ut",
-        "CPU utilisation, 1 min exponential average",
-        "%",
-        true,
-    ),
-    info(
-        "pg",
-        "Pages swapped in + out per second, 1 min exponential average",
-        "pages/s",
-        true,
-    ),
-    info(
-        "io",
-        "Disk I/O of whole disks, 1 min exponential average",
-        "KB/s",
-        true,
-    ),
-    info("ls", "Distinct users logged in", "users", true),
-    info(
-        "it",
-        "Idle time of the keyboards, mice and terminals",
-        "minutes",
-        false,
-    ),
-    info("tmp", "Space available in /tmp", "MB", false),
-    info("swp", "Free swap space", "MB", false),
-    info("mem", "Available memory (MemAvailable)", "MB", false),
-    info("ncpus", "Online CPUs", "cpus", false),
-    info("maxmem", "Total memory", "MB", false),
-    info("maxswp", "Total swap space", "MB", false),
-    info("maxtmp", "Size of the /tmp file system", "MB", false),
-    info("cpu_psi", "CPU pressure stall, some avg10", "%", true),
-    info("mem_psi", "Memory pressure stall, some avg10", "%", true),
-    info("io_psi", "I/O pressure stall, some avg10", "%", true),
-    info("ngpus", "NVIDIA GPUs", "gpus", false),
-    info(
-        "ngpus_free",
-        "NVIDIA GPUs with no compute process",
-        "gpus",
-        false,
-    ),
-    info("gpu_ut", "Mean GPU utilisation", "%", true),
-    info(
-        "gpu_mem_free",
-        "Free GPU memory, all GPUs together",
-        "MB",
-        false,
-    ),
-];
 
 /// Every index this module can serve, GPU and PSI ones included.
 pub fn catalogue() -> &'static [IndexInfo] {

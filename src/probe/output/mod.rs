@@ -3,14 +3,7 @@
 //! labels and a raw value); `select.rs` picks each fed resource's sample; typing against the
 //! resource's valtype happens in one place (`value::Valtype::parse`).
 
-mod classad;
-mod elim;
-mod influx;
-mod kv;
-mod nagios;
-mod prometheus;
 pub mod select;
-mod value;
 
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
@@ -21,9 +14,12 @@ pub use value::parse_value;
 pub type Pair = (String, String);
 
 /// Declares the formats: `Variant => module` (the module holds `DEF`, whose `name` is what
-/// `format:` says). Everything else (the enum, the name list, dispatch) follows from it.
+/// `format:` says). Everything else (the `mod` line, the enum, the name list, dispatch, the
+/// config's error texts) follows from it.
 macro_rules! formats {
     ($($variant:ident => $module:ident),* $(,)?) => {
+        $(mod $module;)*
+
         /// What a probe's output is written in.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum Format { $($variant),* }
@@ -46,6 +42,7 @@ formats! {
     Prometheus => prometheus,
     Influx => influx,
     Classad => classad,
+    Json => json,
 }
 
 impl Format {
@@ -64,6 +61,15 @@ impl Format {
     /// Whether `select:`/`aggregate:` apply (the formats whose samples carry labels).
     pub fn selectable(self) -> bool {
         self.def().selectable
+    }
+
+    /// The formats a stream probe reads line by line: those without `select:`.
+    pub fn line_formats() -> Vec<&'static str> {
+        Self::ALL
+            .iter()
+            .filter(|f| !f.selectable())
+            .map(|f| f.as_str())
+            .collect()
     }
 }
 
@@ -104,6 +110,12 @@ impl Exits {
             Exits::Nagios => (0..=2).contains(&code),
             Exits::Any => code == 0 || out.iter().any(|b| !b.is_ascii_whitespace()),
         }
+    }
+
+    /// Whether the exit status is part of the answer (so a file, which has none, cannot be
+    /// read in this format).
+    pub fn needs_a_status(self) -> bool {
+        matches!(self, Exits::Nagios)
     }
 
     /// What the status means in this format, for the failure message.

@@ -1,0 +1,575 @@
+//! The probe kinds, declared once: [`probe_kinds!`] lists each kind (its variant, the name
+//! `kind:` says, the function that builds it) and [`probe_fields!`] lists each `probe:` field
+//! with the kinds that take it. `ProbeKind`, `ProbeKind::name`, `RawProbe` and every error
+//! text about kinds and fields (unknown kind, near misses, a field another kind owns) are
+//! derived from these two tables. The recipe for a new kind is in CONTRIBUTING.md.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::error::{Errors, Pos};
+use super::pattern::Pattern;
+use super::probe_output::{self, RawCommand, RawSelect};
+use super::raw::near_miss;
+use super::resources::{ExecSpec, FileSpec, Limits, ProbeSpec, StreamSpec, DEFAULT_FILE_MAX_BYTES};
+use super::scalar::Scalar;
+use crate::probe::output::Format;
+
+/// Which kinds a `probe:` field belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takes {
+    Every,
+    Only(&'static [&'static str]),
+}
+
+impl Takes {
+    fn includes(self, kind: &str) -> bool {
+        match self {
+            Takes::Every => true,
+            Takes::Only(kinds) => kinds.contains(&kind),
+        }
+    }
+}
+
+/// Declares `probe:`'s fields: `name: type => the kinds that take it`. Generates `RawProbe`
+/// (every field optional and positioned) and [`FIELDS`], from which "not a field of X probes"
+/// is checked. Adding a field to a kind is one line here plus its use in the kind's builder.
+macro_rules! probe_fields {
+    ($($field:ident: $ty:ty => $takes:expr,)*) => {
+        /// `probe:` as written. It is the agent's own field, so it is strict: an unknown key
+        /// is an error (with a near miss, from serde's field list).
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawProbe {
+            $(pub $field: Option<Spanned<$ty>>,)*
+        }
+
+        /// Every `probe:` field and the kinds that take it, in declaration order.
+        pub const FIELDS: &[(&str, Takes)] = &[$((stringify!($field), $takes),)*];
+
+        impl RawProbe {
+            /// The fields given, each with the kinds that take it and where its value is.
+            fn given(&self) -> Vec<(&'static str, Takes, Pos)> {
+                let mut out = Vec::new();
+                $(
+                    if let Some(v) = &self.$field {
+                        out.push((stringify!($field), $takes, Pos::of(v)));
+                    }
+                )*
+                out
+            }
+        }
+    };
+}
+
+const EXEC_STREAM: Takes = Takes::Only(&["exec", "stream"]);
+const EXEC_FILE: Takes = Takes::Only(&["exec", "file"]);
+const EXEC_FILE_STREAM: Takes = Takes::Only(&["exec", "file", "stream"]);
+
+probe_fields! {
+    kind: String => Takes::Every,
+    index: String => Takes::Only(&["builtin"]),
+    command: RawCommand => EXEC_STREAM,
+    format: String => EXEC_FILE_STREAM,
+    select: RawSelect => EXEC_FILE,
+    aggregate: String => EXEC_FILE,
+    env: BTreeMap<String, String> => EXEC_STREAM,
+    run_as: String => EXEC_FILE_STREAM,
+    limits: RawLimits => EXEC_STREAM,
+    no_new_privs: bool => EXEC_STREAM,
+    stdout: String => EXEC_STREAM,
+    timeout: Scalar => Takes::Every,
+    provides: Vec<Spanned<String>> => EXEC_FILE_STREAM,
+    path: String => Takes::Only(&["file"]),
+    regex: String => Takes::Only(&["file"]),
+    max_age: Scalar => Takes::Only(&["file"]),
+    max_bytes: Scalar => Takes::Only(&["file"]),
+    silence: Scalar => Takes::Only(&["stream"]),
+    restart_on_silence: bool => Takes::Only(&["stream"]),
+    stdin: String => Takes::Only(&["stream"]),
+    stale_after: Scalar => Takes::Every,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub cpu: Option<Spanned<Scalar>>,
+    pub address_space: Option<Spanned<Scalar>>,
+    pub open_files: Option<Spanned<Scalar>>,
+    pub processes: Option<Spanned<Scalar>>,
+    pub memory: Option<Spanned<Scalar>>,
+    pub pids: Option<Spanned<Scalar>>,
+}
+
+/// What a kind's builder is given besides the raw fields.
+pub struct KindInput<'a> {
+    /// Where `probe:` is: for errors about a missing field.
+    pub pos: Pos,
+    /// The resource the probe is declared on.
+    pub resource: &'a str,
+    /// Every resource the probe feeds, its own first.
+    pub provides: &'a [String],
+}
+
+/// One kind's entry in the table.
+pub struct KindDef {
+    pub name: &'static str,
+    build: fn(&mut Errors, &RawProbe, &KindInput) -> Option<ProbeKind>,
+}
+
+/// Declares the kinds: `Variant(what it carries) => "name", builder;`. Generates the
+/// `ProbeKind` enum, `ProbeKind::name` and [`KINDS`].
+macro_rules! probe_kinds {
+    ($($(#[$doc:meta])* $variant:ident $body:tt => $name:literal, $build:path;)*) => {
+        /// How a probe gets its value(s). Compared by value: a reload restarts a probe only
+        /// when its task changed.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum ProbeKind {
+            $($(#[$doc])* $variant $body,)*
+        }
+
+        impl ProbeKind {
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(ProbeKind::$variant { .. } => $name,)*
+                }
+            }
+        }
+
+        /// Every kind, in the order the errors list them.
+        pub const KINDS: &[KindDef] = &[$(KindDef { name: $name, build: $build },)*];
+    };
+}
+
+probe_kinds! {
+    /// One of the shared sampler's indices (`index:`, default the resource's name).
+    Builtin { index: String } => "builtin", builtin;
+    /// A program run on every interval.
+    Exec(ExecSpec) => "exec", exec;
+    /// A bounded read of a file.
+    File(FileSpec) => "file", file;
+    /// A long-running program (an LSF elim) read line by line.
+    Stream(StreamSpec) => "stream", stream;
+}
+
+impl ProbeKind {
+    /// The program and how its output is read, for the kinds that run one.
+    pub fn exec_spec(&self) -> Option<&ExecSpec> {
+        match self {
+            ProbeKind::Exec(e) => Some(e),
+            ProbeKind::Stream(s) => Some(&s.exec),
+            _ => None,
+        }
+    }
+
+    /// One line saying what the probe reads, for `check`'s plan.
+    pub fn summary(&self) -> String {
+        match self {
+            ProbeKind::Builtin { index } => format!("builtin {index}"),
+            ProbeKind::Exec(e) => format!("exec {}", describe_exec(e)),
+            ProbeKind::File(f) => match f.format {
+                Some(format) => format!("file {} ({})", f.path.display(), format.as_str()),
+                None => format!("file {}", f.path.display()),
+            },
+            ProbeKind::Stream(s) => {
+                let mut out = format!("stream {}", describe_exec(&s.exec));
+                if s.stdin != super::StdinMode::None {
+                    out.push_str(&format!(" stdin {}", s.stdin.as_str()));
+                }
+                out
+            }
+        }
+    }
+
+    /// `probe NAME`'s lines about what the kind reads (a program's are written by the
+    /// program's own section).
+    pub fn details(&self) -> Vec<(&'static str, String)> {
+        match self {
+            ProbeKind::Builtin { index } => vec![(
+                "index",
+                format!("{index} (from the agent's shared sampler)"),
+            )],
+            ProbeKind::File(f) => {
+                let mut out = vec![("path", f.path.display().to_string())];
+                if let Some(format) = f.format {
+                    out.push(("format", format.as_str().to_owned()));
+                }
+                if let Some(re) = &f.regex {
+                    out.push(("regex", re.as_str().to_owned()));
+                }
+                out
+            }
+            ProbeKind::Exec(_) | ProbeKind::Stream(_) => Vec::new(),
+        }
+    }
+}
+
+/// The argv as the child gets it (a string `command:` after splitting), the format and
+/// what `select:` picks.
+fn describe_exec(e: &ExecSpec) -> String {
+    let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
+    if e.stdout != super::StdoutMode::Pipe {
+        out.push_str(&format!(" stdout {}", e.stdout.as_str()));
+    }
+    for (resource, pick) in &e.select.picks {
+        if let Some(sel) = &pick.selector {
+            out.push_str(&format!(" {resource}<-{sel}"));
+        }
+    }
+    out
+}
+
+/// `a, b or c`.
+fn or_list(words: &[&str]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// Every kind's name, as `kind:` takes them.
+pub fn kind_names() -> Vec<&'static str> {
+    KINDS.iter().map(|k| k.name).collect()
+}
+
+/// The fields a kind takes, in declaration order (for docs and completions).
+pub fn fields_of(kind: &str) -> Vec<&'static str> {
+    FIELDS
+        .iter()
+        .filter(|(_, takes)| takes.includes(kind))
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// `probe:` validated: its kind known, every field one its kind takes, the kind's own
+/// fields built. Errors go to `errs`; `None` when there was any.
+pub fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, resource: &str) -> Option<ProbeSpec> {
+    let raw = &p.value;
+    let pos = Pos::of(p);
+    let expected = || format!("expected one of {}", kind_names().join(", "));
+    let Some(kind) = &raw.kind else {
+        errs.at(pos, format!("probe has no `kind`; {}", expected()));
+        return None;
+    };
+    let Some(def) = KINDS.iter().find(|k| k.name == kind.value) else {
+        let mut message = format!("unknown probe kind {:?}; {}", kind.value, expected());
+        if let Some(known) = near_miss(&kind.value, &kind_names()) {
+            message.push_str(&format!("; did you mean `{known}`?"));
+        }
+        errs.at(Pos::of(kind), message);
+        return None;
+    };
+    let before = errs.list.len();
+    for (field, takes, at) in raw.given() {
+        if !takes.includes(def.name) {
+            errs.at(
+                at,
+                format!("`{field}` is not a field of {} probes", def.name),
+            );
+        }
+    }
+    let timeout = duration_field(errs, &raw.timeout, "timeout");
+    let stale_after = duration_field(errs, &raw.stale_after, "stale_after");
+    let mut provides = vec![resource.to_owned()];
+    if let Some(list) = &raw.provides {
+        for p in &list.value {
+            if !provides.contains(&p.value) {
+                provides.push(p.value.clone());
+            }
+        }
+    }
+    let input = KindInput {
+        pos,
+        resource,
+        provides: &provides,
+    };
+    let kind = (def.build)(errs, raw, &input)?;
+    if errs.list.len() > before {
+        return None;
+    }
+    Some(ProbeSpec {
+        pos,
+        kind,
+        provides,
+        timeout,
+        stale_after,
+    })
+}
+
+fn builtin(_: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
+    let index = raw.index.as_ref().map_or(input.resource, |i| &i.value);
+    Some(ProbeKind::Builtin {
+        index: index.to_owned(),
+    })
+}
+
+fn exec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
+    exec_spec(errs, raw, input).map(ProbeKind::Exec)
+}
+
+/// A stream probe reads its output line by line: only the line formats apply.
+fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
+    let exec = exec_spec(errs, raw, input)?;
+    if exec.format.selectable() {
+        errs.at(
+            raw.format.as_ref().map_or(input.pos, Pos::of),
+            format!(
+                "format {} is read from a finished run: use it with `kind: exec`; stream probes read {} lines",
+                exec.format.as_str(),
+                or_list(&Format::line_formats())
+            ),
+        );
+    }
+    Some(ProbeKind::Stream(StreamSpec {
+        exec,
+        silence: duration_field(errs, &raw.silence, "silence"),
+        restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
+        stdin: super::stdio::stdin(errs, raw.stdin.as_ref()),
+    }))
+}
+
+fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ExecSpec> {
+    let pos = input.pos;
+    let Some(command_field) = &raw.command else {
+        errs.at(
+            pos,
+            "exec and stream probes need `command`: a list such as [script, arg1]",
+        );
+        return None;
+    };
+    let command = probe_output::command(errs, command_field)?;
+    if command.is_empty() || command[0].trim().is_empty() {
+        errs.at(
+            Pos::of(command_field),
+            "`command` is empty: expected [program, arg, ...]",
+        );
+        return None;
+    }
+    if command[0].contains(char::is_whitespace) && !command[0].starts_with('/') {
+        errs.at(
+            Pos::of(command_field),
+            format!(
+                "program {:?} contains spaces: `command` is an argument list run without a shell, e.g. [script, arg]",
+                command[0]
+            ),
+        );
+    }
+    let format = probe_output::format(errs, raw.format.as_ref());
+    let select = probe_output::selection(
+        errs,
+        format,
+        raw.select.as_ref(),
+        raw.aggregate.as_ref(),
+        input.provides,
+    );
+    let env = raw
+        .env
+        .as_ref()
+        .map(|e| e.value.clone())
+        .unwrap_or_default();
+    for key in env.keys() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            errs.at(
+                raw.env.as_ref().map(Pos::of).unwrap_or(pos),
+                format!("bad environment variable name {key:?}"),
+            );
+        }
+    }
+    Some(ExecSpec {
+        command,
+        format,
+        select,
+        env,
+        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
+        limits: limits(errs, raw.limits.as_ref()),
+        no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
+        stdout: super::stdio::stdout(errs, raw.stdout.as_ref()),
+    })
+}
+
+fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
+    let Some(path) = &raw.path else {
+        errs.at(input.pos, "file probes need `path`");
+        return None;
+    };
+    if !path.value.starts_with('/') {
+        errs.at(
+            Pos::of(path),
+            format!("file probe path {:?} must be absolute", path.value),
+        );
+    }
+    let regex = raw
+        .regex
+        .as_ref()
+        .and_then(|r| match compile_shared(&r.value) {
+            Ok(re) => Some(re),
+            Err(e) => {
+                errs.at(
+                    Pos::of(r),
+                    format!("bad regex: {}", e.to_string().replace('\n', " ")),
+                );
+                None
+            }
+        });
+    let max_bytes = match &raw.max_bytes {
+        None => DEFAULT_FILE_MAX_BYTES,
+        Some(m) => match m.value.to_bytes() {
+            Ok(b) if b > 0 && b <= 16 << 20 => b,
+            Ok(_) => {
+                errs.at(Pos::of(m), "max_bytes must be between 1 and 16MiB");
+                DEFAULT_FILE_MAX_BYTES
+            }
+            Err(e) => {
+                errs.at(Pos::of(m), e);
+                DEFAULT_FILE_MAX_BYTES
+            }
+        },
+    };
+    let (format, select) = probe_output::file_format(errs, raw, input.provides);
+    Some(ProbeKind::File(FileSpec {
+        path: PathBuf::from(&path.value),
+        regex,
+        format,
+        select,
+        max_age: duration_field(errs, &raw.max_age, "max_age"),
+        max_bytes,
+        run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
+    }))
+}
+
+fn duration_field(errs: &mut Errors, f: &Option<Spanned<Scalar>>, what: &str) -> Option<Duration> {
+    let f = f.as_ref()?;
+    match f.value.to_duration() {
+        Ok(d) if d.is_zero() => {
+            errs.at(Pos::of(f), format!("{what} must be greater than 0"));
+            None
+        }
+        Ok(d) => super::limits::check_duration(what, d, super::limits::duration_bound(what))
+            .map_err(|e| errs.at(Pos::of(f), e))
+            .ok(),
+        Err(e) => {
+            errs.at(Pos::of(f), format!("bad {what}: {e}"));
+            None
+        }
+    }
+}
+
+fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
+    let Some(raw) = raw else {
+        return Limits::default();
+    };
+    let l = &raw.value;
+    let mut count = |f: &Option<Spanned<Scalar>>, field: &str| {
+        let f = f.as_ref()?;
+        let r = if field == "address_space" || field == "memory" {
+            f.value.to_bytes()
+        } else {
+            f.value.to_count()
+        };
+        let bound = super::limits::count_bound(field);
+        r.and_then(|n| {
+            (n <= bound)
+                .then_some(n)
+                .ok_or_else(|| format!("{field} {n} is larger than the limit of {bound}"))
+        })
+        .map_err(|e| errs.at(Pos::of(f), e))
+        .ok()
+    };
+    let address_space = count(&l.address_space, "address_space");
+    let open_files = count(&l.open_files, "open_files");
+    let processes = count(&l.processes, "processes");
+    let memory = count(&l.memory, "memory");
+    let pids = count(&l.pids, "pids");
+    Limits {
+        cpu: duration_field(errs, &l.cpu, "cpu limit"),
+        address_space,
+        open_files,
+        processes,
+        memory,
+        pids,
+    }
+}
+
+thread_local! {
+    /// Patterns compiled during one `parse`: a compiled regex with its match cache costs
+    /// tens of KiB, and a file with thousands of resources often repeats one pattern.
+    static REGEXES: std::cell::RefCell<BTreeMap<String, Pattern>> = Default::default();
+}
+
+fn compile_shared(pattern: &str) -> Result<Pattern, regex::Error> {
+    REGEXES.with(|cache| {
+        if let Some(re) = cache.borrow().get(pattern) {
+            return Ok(re.clone());
+        }
+        let re = Pattern::new(pattern)?;
+        cache.borrow_mut().insert(pattern.to_owned(), re.clone());
+        Ok(re)
+    })
+}
+
+/// Drop the patterns of the `parse` that just ended: the next file shares nothing with it.
+pub fn forget_compiled_patterns() {
+    REGEXES.with(|cache| cache.borrow_mut().clear());
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn every_kind_a_field_names_is_declared_once() {
+        let names = kind_names();
+        let unique: BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        for (field, takes) in FIELDS {
+            if let Takes::Only(kinds) = takes {
+                for kind in *kinds {
+                    assert!(names.contains(kind), "`{field}` names unknown kind {kind}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_field_table_is_the_struct_serde_reads() {
+        let from_serde = super::super::raw::field_names::<RawProbe>();
+        let from_table: Vec<&str> = FIELDS.iter().map(|(f, _)| *f).collect();
+        assert_eq!(from_serde, from_table.as_slice());
+    }
+
+    #[test]
+    fn each_kind_takes_its_own_fields_and_the_common_ones() {
+        assert_eq!(
+            fields_of("builtin"),
+            ["kind", "index", "timeout", "stale_after"]
+        );
+        assert_eq!(
+            fields_of("stream"),
+            [
+                "kind",
+                "command",
+                "format",
+                "env",
+                "run_as",
+                "limits",
+                "no_new_privs",
+                "stdout",
+                "timeout",
+                "provides",
+                "silence",
+                "restart_on_silence",
+                "stdin",
+                "stale_after"
+            ]
+        );
+        assert!(fields_of("file").contains(&"max_age"));
+        assert!(!fields_of("file").contains(&"command"));
+    }
+}
