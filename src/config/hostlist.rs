@@ -89,10 +89,16 @@ fn parse_num(s: &str, pattern: &str) -> Result<u64, String> {
         .map_err(|_| format!("bad number {s:?} in {pattern:?}"))
 }
 
+/// A name that is not an RFC 1123 host name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a valid host name")]
+pub struct InvalidHostName(pub String);
+
 /// RFC 1123 labels: letters, digits, hyphens, dots between labels.
-pub fn validate_host_name(h: &str) -> Result<(), String> {
+pub fn validate_host_name(h: &str) -> Result<(), InvalidHostName> {
+    let invalid = || Err(InvalidHostName(h.to_owned()));
     if h.is_empty() || h.len() > 253 {
-        return Err(format!("{h:?} is not a valid host name"));
+        return invalid();
     }
     for label in h.split('.') {
         let ok = !label.is_empty()
@@ -102,7 +108,7 @@ pub fn validate_host_name(h: &str) -> Result<(), String> {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
             && !label.starts_with('-');
         if !ok {
-            return Err(format!("{h:?} is not a valid host name"));
+            return invalid();
         }
     }
     Ok(())
@@ -116,20 +122,25 @@ pub const MAX_INSTANCE_NAME_LEN: usize = 4096;
 /// and ranges joined by commas (`node[001-004],login1`). Only the characters of that syntax
 /// (letters, digits, `-`, `_`, `.`, `,`, `[`, `]`), so a name can never carry a space, a
 /// control character or markup into a controller's output. Empty is this host's own instance.
-pub fn check_instance_name(instance: &str) -> Result<(), String> {
+pub fn check_instance_name(instance: &str) -> Result<(), InstanceNameError> {
     let ok = |b: u8| b.is_ascii_alphanumeric() || b"-_.,[]".contains(&b);
     if instance.len() > MAX_INSTANCE_NAME_LEN {
-        Err(format!(
-            "instance name of {} bytes is longer than {MAX_INSTANCE_NAME_LEN}",
-            instance.len()
-        ))
+        Err(InstanceNameError::TooLong(instance.len()))
     } else if !instance.bytes().all(ok) {
-        Err(format!(
-            "instance name {instance:?} may hold only letters, digits and - _ . , [ ]"
-        ))
+        Err(InstanceNameError::Characters(instance.to_owned()))
     } else {
         Ok(())
     }
+}
+
+/// Why [`check_instance_name`] refuses a name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstanceNameError {
+    /// Its length in bytes.
+    #[error("instance name of {0} bytes is longer than {MAX_INSTANCE_NAME_LEN}")]
+    TooLong(usize),
+    #[error("instance name {0:?} may hold only letters, digits and - _ . , [ ]")]
+    Characters(String),
 }
 
 /// The same host: equal ignoring case, or one side is a short name equal to the other's first

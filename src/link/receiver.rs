@@ -565,7 +565,7 @@ impl Conn {
         if r.name.is_empty() {
             return Err(("empty name", "empty name".into()));
         }
-        limits::check_names(&r.name, &r.instance).map_err(|e| ("bad name", e))?;
+        limits::check_names(&r.name, &r.instance).map_err(|e| ("bad name", e.to_string()))?;
         let key = (r.name.clone(), r.instance.clone());
         let Some(valtype) = self.declared.get(&key) else {
             return Err(("undeclared", "not declared in hello".into()));

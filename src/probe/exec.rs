@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::child::{self as process, ChildSpec, Credentials, Ending, Exit};
+use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
 use super::{output, Outcome, ProbeContext, ProbeRun};
 use crate::config::ExecSpec;
 use crate::plan::ProbeTask;
@@ -38,7 +38,7 @@ pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
 pub fn credentials_for(
     spec_run_as: Option<&str>,
     default: &str,
-) -> Result<Option<Credentials>, String> {
+) -> Result<Option<Credentials>, UserError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
@@ -67,7 +67,7 @@ pub fn current_user_name() -> String {
 /// a minute.
 const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
 
-fn resolve_cached(user: &str) -> Result<Credentials, String> {
+fn resolve_cached(user: &str) -> Result<Credentials, UserError> {
     type Cache = std::collections::HashMap<String, (Instant, Credentials)>;
     static CACHE: std::sync::OnceLock<std::sync::Mutex<Cache>> = std::sync::OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
@@ -124,8 +124,9 @@ pub fn child_spec(
     env: Vec<(String, String)>,
 ) -> Result<(ChildSpec, String), String> {
     let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
-    let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
-    super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
+    let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as).map_err(|e| e.to_string())?;
+    super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)
+        .map_err(|e| e.to_string())?;
     if super::security::enforced() {
         super::security::check_command(
             &program,
