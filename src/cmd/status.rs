@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use super::exit;
 use crate::cli::{Common, StatusFormat};
+use crate::render;
 use crate::status::client::{query, ClientError};
-use crate::status::{table, StatusReport};
+use crate::status::StatusReport;
 use crate::value::Status;
 
 /// Only agent.yaml is read: a resources.yaml broken since the daemon loaded it must not hide
@@ -49,7 +50,7 @@ async fn frame(path: &Path, json: bool, names: &[String]) -> Result<(String, u8)
                     Err(e) => return Err((format!("xce-agent: {e}\n"), exit::CONFIG)),
                 }
             } else {
-                table::render(&report)
+                render::status::render(&report)
             };
             Ok((text, exit_code(&report)))
         }

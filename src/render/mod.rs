@@ -1,10 +1,11 @@
 //! Everything the commands print, in one place: `--once`'s table and JSON ([`once`]),
-//! `check`'s plan ([`plan`]), `probe NAME`'s report ([`probe`]), and the pieces the other
-//! tables (`status`, `listen --format table`) share.
+//! `check`'s plan ([`plan`]), `probe NAME`'s report ([`probe`]), `status`'s table
+//! ([`status`]), and the pieces `listen --format table` shares with them.
 
 pub mod once;
 pub mod plan;
 pub mod probe;
+pub mod status;
 
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};

@@ -4,8 +4,8 @@
 
 use std::fmt::Write as _;
 
-use super::{LinkInfo, StatusReport};
-use crate::render::{columns, format_time};
+use super::{columns, format_time};
+use crate::status::{LinkInfo, StatusReport};
 
 /// Control characters (a probe's output, a terminal escape) shown escaped, never sent to
 /// the terminal as they are.
