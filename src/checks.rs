@@ -73,3 +73,255 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     }
     (problems, notes)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::path::Path;
+
+    use super::*;
+    use crate::plan::make_plan;
+
+    /// A finding `resource: text`, given as parts that all appear in it.
+    type Finding = &'static [&'static str];
+
+    /// The findings in the order `plan_checks` gives them. The containment note (`-`, its
+    /// text depends on the host) is checked on its own and not listed.
+    struct Expect {
+        problems: &'static [Finding],
+        notes: &'static [Finding],
+    }
+
+    struct Case {
+        name: &'static str,
+        /// The `probe:` of resource `r` (a flow mapping).
+        probe: &'static str,
+        /// Files the probe finds in plugin_dir: (name, mode); mode 0 makes a directory.
+        files: &'static [(&'static str, u32)],
+        as_root: Expect,
+        as_user: Expect,
+    }
+
+    const NONE: Expect = Expect {
+        problems: &[],
+        notes: &[],
+    };
+    const NOT_ENFORCED: Finding = &["-: agent is not root: script permission checks are not enforced (a developer running their own scripts)"];
+    const NOT_ENFORCED_SEE_ABOVE: Finding = &[
+        NOT_ENFORCED[0],
+        "; see the notes above for what a root agent would refuse",
+    ];
+    /// As a user, the temp plugin_dir is the user's own: a root agent would refuse it.
+    const WOULD_REFUSE: Finding = &["r: would be refused as root: ", "is owned by uid"];
+
+    const CASES: &[Case] = &[
+        Case {
+            name: "a builtin probe runs no program: nothing to check, no containment note",
+            probe: "{kind: builtin, index: r1m}",
+            files: &[],
+            as_root: NONE,
+            as_user: NONE,
+        },
+        Case {
+            name: "a clean script passes",
+            probe: "{kind: exec, command: [ok.sh]}",
+            files: &[("ok.sh", 0o755)],
+            as_root: NONE,
+            as_user: Expect {
+                problems: &[],
+                notes: &[WOULD_REFUSE, NOT_ENFORCED_SEE_ABOVE],
+            },
+        },
+        Case {
+            name: "a missing program is a problem that says where it was looked up",
+            probe: "{kind: exec, command: [gone.sh]}",
+            files: &[],
+            as_root: Expect {
+                problems: &[&["r: ", "/gone.sh not found (`gone.sh` is not an absolute path, so it is looked up in plugin_dir "]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[&["r: ", "/gone.sh not found (`gone.sh` is not an absolute path"]],
+                notes: &[NOT_ENFORCED],
+            },
+        },
+        Case {
+            name: "a program without an execute bit is a problem with the fix",
+            probe: "{kind: exec, command: [plain.sh]}",
+            files: &[("plain.sh", 0o644)],
+            as_root: Expect {
+                problems: &[&["r: ", "/plain.sh is not executable (mode 0644); fix: chmod 755 "]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[&["r: ", "/plain.sh is not executable (mode 0644); fix: chmod 755 "]],
+                notes: &[NOT_ENFORCED],
+            },
+        },
+        Case {
+            name: "a directory is no program",
+            probe: "{kind: exec, command: [dir.d]}",
+            files: &[("dir.d", 0)],
+            as_root: Expect {
+                problems: &[&["r: ", "/dir.d is not a regular file"]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[&["r: ", "/dir.d is not a regular file"]],
+                notes: &[NOT_ENFORCED],
+            },
+        },
+        Case {
+            name: "a group-writable script is refused by a root agent, a note otherwise",
+            probe: "{kind: exec, command: [open.sh]}",
+            files: &[("open.sh", 0o775)],
+            as_root: Expect {
+                problems: &[&["r: ", "/open.sh", "chmod go-w"]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[
+                    &["r: would be refused as root: ", "/open.sh"],
+                    NOT_ENFORCED_SEE_ABOVE,
+                ],
+            },
+        },
+        Case {
+            name: "an unknown run_as is a problem for a root agent, a note otherwise",
+            probe: "{kind: exec, command: [ok.sh], run_as: no_such_user_xce}",
+            files: &[("ok.sh", 0o755)],
+            as_root: Expect {
+                problems: &[&["r: run_as: no such user \"no_such_user_xce\""]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[
+                    WOULD_REFUSE,
+                    &["r: agent is not root: runs as itself, not as \"no_such_user_xce\""],
+                    NOT_ENFORCED_SEE_ABOVE,
+                ],
+            },
+        },
+        Case {
+            name: "no_new_privs: false is a note",
+            probe: "{kind: exec, command: [ok.sh], no_new_privs: false}",
+            files: &[("ok.sh", 0o755)],
+            as_root: Expect {
+                problems: &[],
+                notes: &[&["r: no_new_privs: false: setuid programs it runs can raise its privileges"]],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[
+                    WOULD_REFUSE,
+                    &["r: no_new_privs: false: setuid programs it runs can raise its privileges"],
+                    NOT_ENFORCED_SEE_ABOVE,
+                ],
+            },
+        },
+        Case {
+            name: "a stream probe's program is checked as an exec's",
+            probe: "{kind: stream, command: [gone.sh], format: elim}",
+            files: &[],
+            as_root: Expect {
+                problems: &[&["r: ", "/gone.sh not found"]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[&["r: ", "/gone.sh not found"]],
+                notes: &[NOT_ENFORCED],
+            },
+        },
+    ];
+
+    fn config_in(dir: &Path, probe: &str) -> Config {
+        let agent = format!("host: node001\nplugin_dir: {}\n", dir.display());
+        let resources = format!(
+            "resources:\n  - name: r\n    valtype: numeric\n    interval: 60s\n    resourcemap: [{{location: [default]}}]\n    probe: {probe}\n"
+        );
+        Config {
+            agent: crate::config::agent::parse(&dir.join("agent.yaml"), &agent)
+                .expect("agent.yaml"),
+            resources: crate::config::resources::parse(&dir.join("resources.yaml"), &resources)
+                .expect("resources.yaml"),
+            digest: String::new(),
+        }
+    }
+
+    fn plugin_dir_with(files: &[(&str, u32)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Under sticky, root-owned /tmp; not writable by others itself.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod temp dir");
+        for (name, mode) in files {
+            let path = dir.path().join(name);
+            if *mode == 0 {
+                std::fs::create_dir(&path).expect("mkdir");
+            } else {
+                std::fs::write(&path, "#!/bin/sh\necho 1\n").expect("write script");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(*mode))
+                    .expect("chmod script");
+            }
+        }
+        dir
+    }
+
+    fn assert_findings(case: &str, what: &str, found: &Findings, expected: &[Finding]) {
+        let lines: Vec<String> = found.iter().map(|(r, t)| format!("{r}: {t}")).collect();
+        assert_eq!(
+            lines.len(),
+            expected.len(),
+            "{case}: {what} {lines:#?}, expected {expected:?}"
+        );
+        for (line, parts) in lines.iter().zip(expected) {
+            for part in *parts {
+                assert!(
+                    line.contains(part),
+                    "{case}: {what} {line:?} lacks {part:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn plan_checks_give_each_problem_and_note_of_the_table() {
+        let root = security::enforced();
+        eprintln!(
+            "running as {}: the table's {} column is checked; the other one needs a run as {}",
+            if root { "root" } else { "a user" },
+            if root { "as_root" } else { "as_user" },
+            if root {
+                "a user"
+            } else {
+                "root (CI runs the tests as root)"
+            },
+        );
+        for case in CASES {
+            let dir = plugin_dir_with(case.files);
+            let config = config_in(dir.path(), case.probe);
+            let plan = make_plan(&config.resources, "node001", &BTreeSet::new());
+            assert_eq!(plan.tasks.len(), 1, "{}: the probe is planned", case.name);
+            let (problems, mut notes) = plan_checks(&config, &plan);
+            let containment = notes.iter().position(|(r, t)| {
+                r == "-"
+                    && (t.starts_with("containment: ") || t.starts_with("no cgroup containment ("))
+            });
+            let runs_program = !case.probe.contains("builtin");
+            assert_eq!(
+                containment.is_some(),
+                runs_program,
+                "{}: a containment note comes with programs only: {notes:#?}",
+                case.name
+            );
+            if let Some(i) = containment {
+                notes.remove(i);
+            }
+            let expect = if root { &case.as_root } else { &case.as_user };
+            assert_findings(case.name, "problems", &problems, expect.problems);
+            assert_findings(case.name, "notes", &notes, expect.notes);
+        }
+    }
+}

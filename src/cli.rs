@@ -27,8 +27,8 @@ pub struct Cli {
     pub once: bool,
 
     /// Output format of --once.
-    #[arg(long, value_enum, default_value_t = Format::Table, requires = "once")]
-    pub format: Format,
+    #[arg(long, value_enum, default_value_t = OnceFormat::Table, requires = "once")]
+    pub format: OnceFormat,
 
     /// With --once: run only these probes (resource names; repeat or comma-separate).
     #[arg(long, value_delimiter = ',', requires = "once")]
@@ -57,8 +57,16 @@ pub struct Common {
     pub log_level: Option<String>,
 }
 
+/// `--once`'s output: the lsload-like table or JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub enum OnceFormat {
+    Table,
+    Json,
+}
+
+/// `status`'s output: the table or the daemon's answer as JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
     Table,
     Json,
 }
@@ -80,8 +88,8 @@ pub enum Command {
     /// link is down, 2 cannot ask (permission denied, bad config), 3 the daemon is not running.
     Status {
         /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Table)]
-        format: Format,
+        #[arg(long, value_enum, default_value_t = StatusFormat::Table)]
+        format: StatusFormat,
         /// Redraw every second until interrupted.
         #[arg(long)]
         watch: bool,

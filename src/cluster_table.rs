@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::link::receiver::{serve, Event, EventKind, ListenOpts};
-use crate::report::{columns, format_time};
-use crate::status::table::{age, printable};
+use crate::render::status::{age, printable};
+use crate::render::{columns, format_time};
 use crate::value::{Resval, Status, Value};
 
 /// How the table is shown.

@@ -2,11 +2,13 @@
 //!
 //! Layers, each importing only those below it:
 //! `value`, `text` -> `config` -> `plan`, `reload` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
-//! `checks`, `status`, `daemon`, `metrics`, `report`, `cluster_table` -> `cli` and the binary.
+//! `checks`, `render`, `status`, `daemon`, `metrics`, `cluster_table` -> `cli` -> `cmd` (one
+//! module per command) -> the binary (parse, log, dispatch).
 
 pub mod checks;
 pub mod cli;
 pub mod cluster_table;
+pub mod cmd;
 pub mod config;
 pub mod daemon;
 pub mod link;
@@ -14,7 +16,7 @@ pub mod metrics;
 pub mod plan;
 pub mod probe;
 pub mod reload;
-pub mod report;
+pub mod render;
 pub mod schedule;
 pub mod stats;
 pub mod status;

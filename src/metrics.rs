@@ -68,26 +68,26 @@ impl fmt::Debug for Sources {
 
 /// The exposition formats a scraper may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub enum ExpositionFormat {
     /// Prometheus text 0.0.4, what every scraper reads.
     PrometheusText,
     /// OpenMetrics text 1.0.0, for scrapers that say they accept it.
     OpenMetrics,
 }
 
-impl Format {
+impl ExpositionFormat {
     /// The format an `Accept` header asks for: OpenMetrics only when it is named.
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub fn negotiate(accept: Option<&str>) -> ExpositionFormat {
         match accept {
-            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
-            _ => Format::PrometheusText,
+            Some(a) if a.contains("application/openmetrics-text") => ExpositionFormat::OpenMetrics,
+            _ => ExpositionFormat::PrometheusText,
         }
     }
 
     fn content_type(self) -> &'static str {
         match self {
-            Format::PrometheusText => PROMETHEUS_TEXT,
-            Format::OpenMetrics => OPENMETRICS_TEXT,
+            ExpositionFormat::PrometheusText => PROMETHEUS_TEXT,
+            ExpositionFormat::OpenMetrics => OPENMETRICS_TEXT,
         }
     }
 }
@@ -100,13 +100,15 @@ pub fn registry(src: Sources) -> Registry {
 }
 
 /// Render the whole exposition.
-pub fn render(registry: &Registry, format: Format) -> String {
+pub fn render(registry: &Registry, format: ExpositionFormat) -> String {
     let mut out = String::with_capacity(4096);
     let written = match format {
-        Format::PrometheusText => {
+        ExpositionFormat::PrometheusText => {
             prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
         }
-        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, registry),
+        ExpositionFormat::OpenMetrics => {
+            prometheus_client::encoding::text::encode(&mut out, registry)
+        }
     };
     // Writing into a String cannot fail; a collector error would be a bug here.
     if let Err(e) = written {
@@ -534,7 +536,7 @@ fn answer(req: &Request<Incoming>, registry: &Registry) -> Response<String> {
         }
     } else if matches!(*req.method(), Method::GET | Method::HEAD) {
         let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
-        let format = Format::negotiate(accept);
+        let format = ExpositionFormat::negotiate(accept);
         (
             StatusCode::OK,
             format.content_type(),
@@ -560,16 +562,19 @@ mod tests {
 
     #[test]
     fn openmetrics_only_when_asked_for() {
-        assert_eq!(Format::negotiate(None), Format::PrometheusText);
         assert_eq!(
-            Format::negotiate(Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1")),
-            Format::PrometheusText
+            ExpositionFormat::negotiate(None),
+            ExpositionFormat::PrometheusText
         );
         assert_eq!(
-            Format::negotiate(Some(
+            ExpositionFormat::negotiate(Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1")),
+            ExpositionFormat::PrometheusText
+        );
+        assert_eq!(
+            ExpositionFormat::negotiate(Some(
                 "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
             )),
-            Format::OpenMetrics
+            ExpositionFormat::OpenMetrics
         );
     }
 }

@@ -241,31 +241,40 @@ fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::D
             DEFAULT_MAX_STUCK_READS
         }
     };
-    let interval =
-        match &raw.max_interval {
-            None => DEFAULT_MAX_INTERVAL,
-            Some(m) => match m.value.to_duration().and_then(|d| {
+    let interval = match &raw.max_interval {
+        None => DEFAULT_MAX_INTERVAL,
+        Some(m) => match m
+            .value
+            .to_duration()
+            .map_err(|e| e.to_string())
+            .and_then(|d| {
                 super::limits::check_duration("max_interval", d, MAX_INTERVAL_CEILING)
+                    .map_err(|e| e.to_string())
             }) {
-                Ok(d) if d >= std::time::Duration::from_secs(1) => d,
-                Ok(_) => {
-                    errs.at(Pos::of(m), "max_interval must be at least 1s");
-                    DEFAULT_MAX_INTERVAL
-                }
-                Err(e) => {
-                    errs.at(Pos::of(m), e);
-                    DEFAULT_MAX_INTERVAL
-                }
-            },
-        };
+            Ok(d) if d >= std::time::Duration::from_secs(1) => d,
+            Ok(_) => {
+                errs.at(Pos::of(m), "max_interval must be at least 1s");
+                DEFAULT_MAX_INTERVAL
+            }
+            Err(e) => {
+                errs.at(Pos::of(m), e);
+                DEFAULT_MAX_INTERVAL
+            }
+        },
+    };
     (stuck, interval)
 }
 
+/// A `controllers:` entry that is not `host[:port]` (as written, trimmed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("controller {0:?} is not host[:port]")]
+pub struct BadController(pub String);
+
 /// `host`, `host:port`, `v4`, `v6`, `[v6]`, `[v6]:port` -> `host:port` (`[v6]:port`) with
 /// the default port filled in: the one place a controller address gets its port.
-pub fn normalize_controller(s: &str) -> Result<String, String> {
+pub fn normalize_controller(s: &str) -> Result<String, BadController> {
     let s = s.trim();
-    let bad = || format!("controller {s:?} is not host[:port]");
+    let bad = || BadController(s.to_owned());
     if s.is_empty() {
         return Err(bad());
     }
@@ -334,7 +343,10 @@ mod tests {
             "bad name",
         ] {
             let err = normalize_controller(entry).expect_err(entry);
-            assert!(err.contains("is not host[:port]"), "{entry:?}: {err}");
+            assert!(
+                err.to_string().contains("is not host[:port]"),
+                "{entry:?}: {err}"
+            );
         }
     }
 }

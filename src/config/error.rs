@@ -97,8 +97,10 @@ impl<'a> Errors<'a> {
         }
     }
 
-    pub fn at(&mut self, pos: Pos, message: impl Into<String>) {
-        self.list.push(ConfigError::new(self.file, pos, message));
+    /// `message`: a text or a typed error from a validator, shown as it displays.
+    pub fn at(&mut self, pos: Pos, message: impl std::fmt::Display) {
+        self.list
+            .push(ConfigError::new(self.file, pos, message.to_string()));
     }
 
     pub fn finish(mut self) -> Result<(), ConfigErrors> {

@@ -5,25 +5,74 @@
 /// allocation that takes the node down.
 pub const MAX_EXPANSION: usize = 1_000_000;
 
+/// A location entry that is no host name or range: the entry as written and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.problem.describe(&self.pattern))]
+pub struct HostRangeError {
+    pub pattern: String,
+    pub problem: RangeProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RangeProblem {
+    Unclosed,
+    UnexpectedClose,
+    EmptyBrackets,
+    /// More than [`MAX_EXPANSION`] hosts.
+    TooMany,
+    /// The `lo-hi` part whose `lo` is above its `hi`.
+    Backwards(String),
+    /// The text inside the brackets that is no number.
+    NotANumber(String),
+    /// Digits that do not fit a number.
+    BadNumber(String),
+    /// An expanded name that is no host name.
+    Host(InvalidHostName),
+}
+
+impl RangeProblem {
+    fn describe(&self, pattern: &str) -> String {
+        match self {
+            Self::Unclosed => format!("unclosed '[' in host range {pattern:?}"),
+            Self::UnexpectedClose => format!("unexpected ']' in host range {pattern:?}"),
+            Self::EmptyBrackets => format!("empty '[]' in host range {pattern:?}"),
+            Self::TooMany => {
+                format!("host range {pattern:?} expands to more than {MAX_EXPANSION} hosts")
+            }
+            Self::Backwards(part) => format!("range {part:?} runs backwards in {pattern:?}"),
+            Self::NotANumber(s) => format!(
+                "expected numbers like 001-128 or 1,3,5-7 inside '[]' in {pattern:?}, got {s:?}"
+            ),
+            Self::BadNumber(s) => format!("bad number {s:?} in {pattern:?}"),
+            Self::Host(e) => format!("{e} (from {pattern:?})"),
+        }
+    }
+}
+
 /// Expand one location entry into host names. A name without brackets is itself.
-pub fn expand(pattern: &str) -> Result<Vec<String>, String> {
+pub fn expand(pattern: &str) -> Result<Vec<String>, HostRangeError> {
+    expand_hosts(pattern).map_err(|problem| HostRangeError {
+        pattern: pattern.to_owned(),
+        problem,
+    })
+}
+
+fn expand_hosts(pattern: &str) -> Result<Vec<String>, RangeProblem> {
     let mut out = vec![String::new()];
     let mut rest = pattern;
     while let Some(open) = rest.find('[') {
         let close = rest[open..]
             .find(']')
             .map(|c| open + c)
-            .ok_or_else(|| format!("unclosed '[' in host range {pattern:?}"))?;
+            .ok_or(RangeProblem::Unclosed)?;
         let prefix = &rest[..open];
         if prefix.contains(']') {
-            return Err(format!("unexpected ']' in host range {pattern:?}"));
+            return Err(RangeProblem::UnexpectedClose);
         }
-        let choices = expand_bracket(&rest[open + 1..close], pattern)?;
+        let choices = expand_bracket(&rest[open + 1..close])?;
         let total = out.len().saturating_mul(choices.len());
         if total > MAX_EXPANSION {
-            return Err(format!(
-                "host range {pattern:?} expands to more than {MAX_EXPANSION} hosts"
-            ));
+            return Err(RangeProblem::TooMany);
         }
         out = out
             .iter()
@@ -32,67 +81,66 @@ pub fn expand(pattern: &str) -> Result<Vec<String>, String> {
         rest = &rest[close + 1..];
     }
     if rest.contains(']') {
-        return Err(format!("unexpected ']' in host range {pattern:?}"));
+        return Err(RangeProblem::UnexpectedClose);
     }
     for h in &mut out {
         h.push_str(rest);
     }
     for h in &out {
-        validate_host_name(h).map_err(|e| format!("{e} (from {pattern:?})"))?;
+        validate_host_name(h).map_err(RangeProblem::Host)?;
     }
     Ok(out)
 }
 
-fn expand_bracket(body: &str, pattern: &str) -> Result<Vec<String>, String> {
+fn expand_bracket(body: &str) -> Result<Vec<String>, RangeProblem> {
     if body.is_empty() {
-        return Err(format!("empty '[]' in host range {pattern:?}"));
+        return Err(RangeProblem::EmptyBrackets);
     }
     let mut out = Vec::new();
     for part in body.split(',') {
         let part = part.trim();
         match part.split_once('-') {
             Some((lo, hi)) => {
-                let (a, b) = (parse_num(lo, pattern)?, parse_num(hi, pattern)?);
+                let (a, b) = (parse_num(lo)?, parse_num(hi)?);
                 if a > b {
-                    return Err(format!("range {part:?} runs backwards in {pattern:?}"));
+                    return Err(RangeProblem::Backwards(part.to_owned()));
                 }
                 if (b - a) as usize >= MAX_EXPANSION {
-                    return Err(format!(
-                        "host range {pattern:?} expands to more than {MAX_EXPANSION} hosts"
-                    ));
+                    return Err(RangeProblem::TooMany);
                 }
                 // `001-128` pads to the width written on the left, as Slurm does.
                 let width = if lo.starts_with('0') { lo.len() } else { 0 };
                 out.extend((a..=b).map(|n| format!("{n:0width$}")));
             }
             None => {
-                parse_num(part, pattern)?;
+                parse_num(part)?;
                 out.push(part.to_owned());
             }
         }
         if out.len() > MAX_EXPANSION {
-            return Err(format!(
-                "host range {pattern:?} expands to more than {MAX_EXPANSION} hosts"
-            ));
+            return Err(RangeProblem::TooMany);
         }
     }
     Ok(out)
 }
 
-fn parse_num(s: &str, pattern: &str) -> Result<u64, String> {
+fn parse_num(s: &str) -> Result<u64, RangeProblem> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || s.len() > 18 {
-        return Err(format!(
-            "expected numbers like 001-128 or 1,3,5-7 inside '[]' in {pattern:?}, got {s:?}"
-        ));
+        return Err(RangeProblem::NotANumber(s.to_owned()));
     }
-    s.parse()
-        .map_err(|_| format!("bad number {s:?} in {pattern:?}"))
+    s.parse().map_err(|_| RangeProblem::BadNumber(s.to_owned()))
 }
 
+/// A name that is not an RFC 1123 host name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a valid host name")]
+pub struct InvalidHostName(pub String);
+
 /// RFC 1123 labels: letters, digits, hyphens, dots between labels.
-pub fn validate_host_name(h: &str) -> Result<(), String> {
+pub fn validate_host_name(h: &str) -> Result<(), InvalidHostName> {
+    let invalid = || Err(InvalidHostName(h.to_owned()));
     if h.is_empty() || h.len() > 253 {
-        return Err(format!("{h:?} is not a valid host name"));
+        return invalid();
     }
     for label in h.split('.') {
         let ok = !label.is_empty()
@@ -102,7 +150,7 @@ pub fn validate_host_name(h: &str) -> Result<(), String> {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
             && !label.starts_with('-');
         if !ok {
-            return Err(format!("{h:?} is not a valid host name"));
+            return invalid();
         }
     }
     Ok(())
@@ -116,20 +164,25 @@ pub const MAX_INSTANCE_NAME_LEN: usize = 4096;
 /// and ranges joined by commas (`node[001-004],login1`). Only the characters of that syntax
 /// (letters, digits, `-`, `_`, `.`, `,`, `[`, `]`), so a name can never carry a space, a
 /// control character or markup into a controller's output. Empty is this host's own instance.
-pub fn check_instance_name(instance: &str) -> Result<(), String> {
+pub fn check_instance_name(instance: &str) -> Result<(), InstanceNameError> {
     let ok = |b: u8| b.is_ascii_alphanumeric() || b"-_.,[]".contains(&b);
     if instance.len() > MAX_INSTANCE_NAME_LEN {
-        Err(format!(
-            "instance name of {} bytes is longer than {MAX_INSTANCE_NAME_LEN}",
-            instance.len()
-        ))
+        Err(InstanceNameError::TooLong(instance.len()))
     } else if !instance.bytes().all(ok) {
-        Err(format!(
-            "instance name {instance:?} may hold only letters, digits and - _ . , [ ]"
-        ))
+        Err(InstanceNameError::Characters(instance.to_owned()))
     } else {
         Ok(())
     }
+}
+
+/// Why [`check_instance_name`] refuses a name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstanceNameError {
+    /// Its length in bytes.
+    #[error("instance name of {0} bytes is longer than {MAX_INSTANCE_NAME_LEN}")]
+    TooLong(usize),
+    #[error("instance name {0:?} may hold only letters, digits and - _ . , [ ]")]
+    Characters(String),
 }
 
 /// The same host: equal ignoring case, or one side is a short name equal to the other's first
@@ -194,6 +247,30 @@ mod tests {
         ] {
             assert!(expand(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn range_errors_name_the_pattern_and_the_part() {
+        let text = |p: &str| expand(p).unwrap_err().to_string();
+        assert_eq!(text("node[1-"), "unclosed '[' in host range \"node[1-\"");
+        assert_eq!(text("node]1"), "unexpected ']' in host range \"node]1\"");
+        assert_eq!(text("node[]"), "empty '[]' in host range \"node[]\"");
+        assert_eq!(
+            text("node[3-1]"),
+            "range \"3-1\" runs backwards in \"node[3-1]\""
+        );
+        assert_eq!(
+            text("node[a-b]"),
+            "expected numbers like 001-128 or 1,3,5-7 inside '[]' in \"node[a-b]\", got \"a\""
+        );
+        assert_eq!(
+            text("node[1-999999999]"),
+            "host range \"node[1-999999999]\" expands to more than 1000000 hosts"
+        );
+        assert_eq!(
+            text("bad host"),
+            "\"bad host\" is not a valid host name (from \"bad host\")"
+        );
     }
 
     #[test]

@@ -56,26 +56,48 @@ impl Default for Bounds {
     }
 }
 
-/// Check a duration field against its bound; the message names the bound.
-pub fn check_duration(field: &str, d: Duration, bound: Duration) -> Result<Duration, String> {
+/// A duration past its field's bound; the message names the bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{field} {} is longer than the limit of {}{}",
+    humantime::format_duration(*.value),
+    humantime::format_duration(*.bound),
+    if *.from_max_interval { raise_max_interval() } else { String::new() }
+)]
+pub struct TooLong {
+    pub field: String,
+    pub value: Duration,
+    pub bound: Duration,
+    /// The bound is agent.yaml's `max_interval`, which the admin may raise.
+    pub from_max_interval: bool,
+}
+
+fn raise_max_interval() -> String {
+    format!(
+        " (agent.yaml's max_interval; raise it there, up to {}, if the probe really runs that rarely)",
+        humantime::format_duration(MAX_INTERVAL_CEILING)
+    )
+}
+
+/// Check a duration field against its bound.
+pub fn check_duration(field: &str, d: Duration, bound: Duration) -> Result<Duration, TooLong> {
     if d > bound {
-        Err(format!(
-            "{field} {} is longer than the limit of {}",
-            humantime::format_duration(d),
-            humantime::format_duration(bound)
-        ))
+        Err(TooLong {
+            field: field.to_owned(),
+            value: d,
+            bound,
+            from_max_interval: false,
+        })
     } else {
         Ok(d)
     }
 }
 
 /// The interval check, with what to do about it.
-pub fn check_interval(d: Duration, bounds: &Bounds) -> Result<Duration, String> {
-    check_duration("interval", d, bounds.max_interval).map_err(|e| {
-        format!(
-            "{e} (agent.yaml's max_interval; raise it there, up to {}, if the probe really runs that rarely)",
-            humantime::format_duration(MAX_INTERVAL_CEILING)
-        )
+pub fn check_interval(d: Duration, bounds: &Bounds) -> Result<Duration, TooLong> {
+    check_duration("interval", d, bounds.max_interval).map_err(|e| TooLong {
+        from_max_interval: true,
+        ..e
     })
 }
 
@@ -169,10 +191,19 @@ mod tests {
 
     #[test]
     fn bounds_are_named_in_the_message() {
-        let e = check_interval(DAY * 2, &Bounds::default()).unwrap_err();
+        let e = check_interval(DAY * 2, &Bounds::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2days") && e.contains("limit of 1day"), "{e}");
         assert!(e.contains("max_interval"), "{e}");
         assert_eq!(check_interval(DAY, &Bounds::default()), Ok(DAY));
+        assert!(
+            e.ends_with(&format!(
+                "up to {}, if the probe really runs that rarely)",
+                humantime::format_duration(MAX_INTERVAL_CEILING)
+            )),
+            "{e}"
+        );
     }
 
     #[test]

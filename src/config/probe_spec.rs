@@ -472,6 +472,7 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
             f.value.to_count()
         };
         let bound = super::limits::count_bound(field);
+        let r = r.map_err(|e| e.to_string());
         r.and_then(|n| {
             (n <= bound)
                 .then_some(n)

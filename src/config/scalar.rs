@@ -57,67 +57,100 @@ impl<'de> Deserialize<'de> for Scalar {
     }
 }
 
+/// Why a scalar is not the duration, size or count a field expects.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScalarError {
+    #[error("{DURATION_EXPECTED}; got {written:?} ({reason})")]
+    NotADuration { written: String, reason: String },
+    #[error(
+        "{0:.0} seconds is too large (a duration is at most a year or less; see the field's limit)"
+    )]
+    DurationTooLarge(f64),
+    #[error("{SIZE_EXPECTED}; got {0:?}")]
+    NotASize(String),
+    #[error("size {0:?} is too large")]
+    SizeTooLarge(String),
+    #[error("{0:.0} is too large for a count")]
+    CountTooLarge(f64),
+    /// `expected` says what the field takes; `got` is the scalar as written.
+    #[error("{expected}; got {got}")]
+    Expected { expected: &'static str, got: Scalar },
+}
+
+const DURATION_EXPECTED: &str = "expected a duration: seconds (30) or with a unit (30s, 5m, 500ms)";
+const SIZE_EXPECTED: &str =
+    "expected a size in bytes (1048576) or with a unit (512KiB, 64MiB, 1GiB)";
+const COUNT_EXPECTED: &str = "expected a non-negative whole number";
+
 impl Scalar {
     /// `30` (seconds) or a humantime string such as `30s`, `5m`, `1h 30m`, `500ms`.
-    pub fn to_duration(&self) -> Result<Duration, String> {
-        const EXPECTED: &str = "expected a duration: seconds (30) or with a unit (30s, 5m, 500ms)";
+    pub fn to_duration(&self) -> Result<Duration, ScalarError> {
         match self {
             Scalar::Int(i) if *i >= 0 => Ok(Duration::from_secs(*i as u64)),
             Scalar::Float(x) if x.is_finite() && *x >= 0.0 && *x < 1e12 => {
                 Ok(Duration::from_secs_f64(*x))
             }
             // Past i64 (YAML gives it as a float) or past any bound a config uses.
-            Scalar::Float(x) if x.is_finite() && *x >= 1e12 => Err(format!(
-                "{x:.0} seconds is too large (a duration is at most a year or less; see the field's limit)"
-            )),
+            Scalar::Float(x) if x.is_finite() && *x >= 1e12 => {
+                Err(ScalarError::DurationTooLarge(*x))
+            }
             Scalar::Text(s) => {
                 let t = s.trim();
                 if let Ok(secs) = t.parse::<u64>() {
                     return Ok(Duration::from_secs(secs));
                 }
-                humantime::parse_duration(t).map_err(|e| format!("{EXPECTED}; got {s:?} ({e})"))
+                humantime::parse_duration(t).map_err(|e| ScalarError::NotADuration {
+                    written: s.clone(),
+                    reason: e.to_string(),
+                })
             }
-            other => Err(format!("{EXPECTED}; got {other}")),
+            other => Err(other.expected(DURATION_EXPECTED)),
         }
     }
 
     /// A byte size: `1048576`, `512KiB`, `64MiB`, `1GiB` (also KB/MB/GB as powers of 1024,
     /// which is what every admin means for limits).
-    pub fn to_bytes(&self) -> Result<u64, String> {
-        const EXPECTED: &str =
-            "expected a size in bytes (1048576) or with a unit (512KiB, 64MiB, 1GiB)";
+    pub fn to_bytes(&self) -> Result<u64, ScalarError> {
         match self {
             Scalar::Int(i) if *i >= 0 => Ok(*i as u64),
             Scalar::Text(s) => {
                 let t = s.trim();
                 let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
                 let (num, unit) = t.split_at(split);
-                let n: u64 = num.parse().map_err(|_| format!("{EXPECTED}; got {s:?}"))?;
+                let not_a_size = || ScalarError::NotASize(s.clone());
+                let n: u64 = num.parse().map_err(|_| not_a_size())?;
                 let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
                     "" | "b" => 1,
                     "k" | "kb" | "kib" => 1 << 10,
                     "m" | "mb" | "mib" => 1 << 20,
                     "g" | "gb" | "gib" => 1 << 30,
                     "t" | "tb" | "tib" => 1 << 40,
-                    _ => return Err(format!("{EXPECTED}; got {s:?}")),
+                    _ => return Err(not_a_size()),
                 };
                 n.checked_mul(mult)
-                    .ok_or_else(|| format!("size {s:?} is too large"))
+                    .ok_or_else(|| ScalarError::SizeTooLarge(s.clone()))
             }
-            other => Err(format!("{EXPECTED}; got {other}")),
+            other => Err(other.expected(SIZE_EXPECTED)),
         }
     }
 
-    pub fn to_count(&self) -> Result<u64, String> {
+    pub fn to_count(&self) -> Result<u64, ScalarError> {
         match self {
             Scalar::Int(i) if *i >= 0 => Ok(*i as u64),
             Scalar::Text(s) if s.trim().parse::<u64>().is_ok() => {
                 Ok(s.trim().parse::<u64>().unwrap_or_default())
             }
             Scalar::Float(x) if x.is_finite() && x.fract() == 0.0 && *x > 0.0 => {
-                Err(format!("{x:.0} is too large for a count"))
+                Err(ScalarError::CountTooLarge(*x))
             }
-            other => Err(format!("expected a non-negative whole number; got {other}")),
+            other => Err(other.expected(COUNT_EXPECTED)),
+        }
+    }
+
+    fn expected(&self, expected: &'static str) -> ScalarError {
+        ScalarError::Expected {
+            expected,
+            got: self.clone(),
         }
     }
 }

@@ -626,7 +626,7 @@ async fn read_controller(
                     Err(e) => {
                         LinkStats::add(&stats.welcomes_refused, 1);
                         if warnings.admit("bad name", now) {
-                            warn!(error = %escape(&e), "welcome refused (more like it are summarised)");
+                            warn!(error = %escape(&e.to_string()), "welcome refused (more like it are summarised)");
                         }
                     }
                 }

@@ -9,8 +9,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::wire::Hello;
-use crate::config::hostlist::{check_instance_name, validate_host_name};
-use crate::config::resources::check_resource_name;
+use crate::config::hostlist::{
+    check_instance_name, validate_host_name, InstanceNameError, InvalidHostName,
+};
+use crate::config::resources::{check_resource_name, NameError};
 use crate::text::escape;
 
 /// Most resource instances one hello may declare. A node with ten thousand dynamic resources
@@ -68,33 +70,53 @@ impl Default for FrameLimits {
     }
 }
 
+/// Why a hello is refused: which field broke which rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HelloError {
+    #[error("hello host: {0}")]
+    Host(InvalidHostName),
+    #[error("hello {field} of {len} bytes is longer than {MAX_HELLO_TEXT}")]
+    TextTooLong { field: &'static str, len: usize },
+    #[error("hello declares {0}")]
+    Declared(PairError),
+}
+
+/// Why a (resource, instance) pair is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PairError {
+    #[error(transparent)]
+    Resource(#[from] NameError),
+    #[error(transparent)]
+    Instance(#[from] InstanceNameError),
+}
+
 /// A hello's names against the resource-name rules (the host by RFC 1123 as in
 /// resources.yaml, each resource by LSF's rule, each instance by the location syntax) and its
-/// free-text fields against their length bound. The error says which field broke which rule.
-pub fn check_hello(h: &Hello) -> Result<(), String> {
-    validate_host_name(&h.host).map_err(|e| format!("hello host: {e}"))?;
+/// free-text fields against their length bound.
+pub fn check_hello(h: &Hello) -> Result<(), HelloError> {
+    validate_host_name(&h.host).map_err(HelloError::Host)?;
     for (field, value) in [
         ("agentVersion", &h.agent_version),
         ("bootId", &h.boot_id),
         ("configDigest", &h.config_digest),
     ] {
         if value.len() > MAX_HELLO_TEXT {
-            return Err(format!(
-                "hello {field} of {} bytes is longer than {MAX_HELLO_TEXT}",
-                value.len()
-            ));
+            return Err(HelloError::TextTooLong {
+                field,
+                len: value.len(),
+            });
         }
     }
     for d in &h.resources {
-        check_names(&d.name, &d.instance).map_err(|e| format!("hello declares {e}"))?;
+        check_names(&d.name, &d.instance).map_err(HelloError::Declared)?;
     }
     Ok(())
 }
 
 /// One (resource, instance) pair against the name rules, as resvals and welcomes carry them.
-pub fn check_names(name: &str, instance: &str) -> Result<(), String> {
-    check_resource_name(name).map_err(|e| e.to_string())?;
-    check_instance_name(instance)
+pub fn check_names(name: &str, instance: &str) -> Result<(), PairError> {
+    check_resource_name(name)?;
+    Ok(check_instance_name(instance)?)
 }
 
 /// Per-connection rate limit of repeated warnings: the first warning of each interval is
@@ -246,7 +268,10 @@ mod tests {
         }
         let mut h = hello("node001", "gpu", "");
         h.agent_version = "v".repeat(MAX_HELLO_TEXT + 1);
-        assert!(check_hello(&h).unwrap_err().contains("agentVersion"));
+        assert!(check_hello(&h)
+            .unwrap_err()
+            .to_string()
+            .contains("agentVersion"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,9 +37,9 @@ use super::wire::{
 use crate::text::escape;
 use crate::value::{Resval, Valtype, Value};
 
-/// Output format of `listen`.
+/// How `listen` writes each event: a line of text or a JSON line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
+pub enum LineFormat {
     #[default]
     Text,
     Json,
@@ -104,7 +104,7 @@ enum Sink {
 
 #[derive(Clone)]
 struct LineSink {
-    format: Format,
+    format: LineFormat,
     /// Unbounded in count, bounded in bytes: every entry holds permits for its size.
     tx: mpsc::UnboundedSender<(String, OwnedSemaphorePermit)>,
     budget: Arc<Semaphore>,
@@ -180,7 +180,7 @@ async fn serve_into(
 pub async fn serve_lines<W: AsyncWrite + Unpin>(
     listener: TcpListener,
     opts: ListenOpts,
-    format: Format,
+    format: LineFormat,
     mut out: W,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
@@ -565,7 +565,7 @@ impl Conn {
         if r.name.is_empty() {
             return Err(("empty name", "empty name".into()));
         }
-        limits::check_names(&r.name, &r.instance).map_err(|e| ("bad name", e))?;
+        limits::check_names(&r.name, &r.instance).map_err(|e| ("bad name", e.to_string()))?;
         let key = (r.name.clone(), r.instance.clone());
         let Some(valtype) = self.declared.get(&key) else {
             return Err(("undeclared", "not declared in hello".into()));
@@ -594,11 +594,11 @@ impl Conn {
 impl Event {
     /// The printed form: one line per resval for a batch (rejected ones marked), one line
     /// for everything else.
-    pub fn lines(&self, format: Format) -> Vec<String> {
+    pub fn lines(&self, format: LineFormat) -> Vec<String> {
         let host = self.host.as_deref().unwrap_or("-");
         match format {
-            Format::Text => self.text_lines(host),
-            Format::Json => self
+            LineFormat::Text => self.text_lines(host),
+            LineFormat::Json => self
                 .json_values(host)
                 .into_iter()
                 .map(|v| v.to_string())

@@ -78,17 +78,33 @@ pub struct Host {
 
 static STATE: OnceLock<Containment> = OnceLock::new();
 
+/// Why the host offers no cgroup v2 tree to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum DetectError {
+    /// `/proc/self/mountinfo` or `/proc/self/cgroup`.
+    #[error("cannot read {path}: {source}")]
+    Unreadable {
+        path: &'static str,
+        source: io::Error,
+    },
+    #[error("no cgroup v2 hierarchy is mounted")]
+    NoHierarchy,
+    #[error("the agent has no cgroup v2 path in /proc/self/cgroup")]
+    NoPath,
+}
+
 /// The v2 mount point and the agent's cgroup in it.
-pub fn detect() -> Result<Host, String> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let (mount, root) = v2_mount(&mountinfo).ok_or("no cgroup v2 hierarchy is mounted")?;
-    let cgroup = fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+pub fn detect() -> Result<Host, DetectError> {
+    let read = |path: &'static str| {
+        fs::read_to_string(path).map_err(|source| DetectError::Unreadable { path, source })
+    };
+    let mountinfo = read("/proc/self/mountinfo")?;
+    let (mount, root) = v2_mount(&mountinfo).ok_or(DetectError::NoHierarchy)?;
+    let cgroup = read("/proc/self/cgroup")?;
     let path = cgroup
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("the agent has no cgroup v2 path in /proc/self/cgroup")?;
+        .ok_or(DetectError::NoPath)?;
     let relative = Path::new(path)
         .strip_prefix(&root)
         .unwrap_or(Path::new(path))
@@ -162,7 +178,7 @@ pub fn fallback_text(why: &str) -> String {
 pub fn check_text() -> String {
     let host = match detect() {
         Ok(h) => h,
-        Err(why) => return fallback_text(&why),
+        Err(why) => return fallback_text(&why.to_string()),
     };
     let controllers = if host.controllers.is_empty() {
         "none".to_owned()
@@ -191,7 +207,7 @@ pub fn active() -> Option<&'static Tree> {
 }
 
 fn set_up() -> Result<Tree, String> {
-    let host = detect()?;
+    let host = detect().map_err(|e| e.to_string())?;
     let io = |what: &str, p: &Path, e: io::Error| format!("cannot {what} {}: {e}", p.display());
     let delegated = std::env::var_os("INVOCATION_ID").is_some()
         && host.own.extension().is_some_and(|e| e == "service");

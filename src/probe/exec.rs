@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::child::{self as process, ChildSpec, Credentials, Ending, Exit};
+use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
 use super::{output, Outcome, ProbeContext, ProbeRun};
 use crate::config::ExecSpec;
 use crate::plan::ProbeTask;
@@ -38,7 +38,7 @@ pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
 pub fn credentials_for(
     spec_run_as: Option<&str>,
     default: &str,
-) -> Result<Option<Credentials>, String> {
+) -> Result<Option<Credentials>, UserError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
@@ -67,7 +67,7 @@ pub fn current_user_name() -> String {
 /// a minute.
 const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
 
-fn resolve_cached(user: &str) -> Result<Credentials, String> {
+fn resolve_cached(user: &str) -> Result<Credentials, UserError> {
     type Cache = std::collections::HashMap<String, (Instant, Credentials)>;
     static CACHE: std::sync::OnceLock<std::sync::Mutex<Cache>> = std::sync::OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
@@ -116,13 +116,26 @@ pub fn probe_env(
     env
 }
 
+/// Why an exec or stream probe's child cannot be started; the run fails with this text.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnRefused {
+    #[error(transparent)]
+    User(#[from] UserError),
+    #[error(transparent)]
+    NotRunnable(#[from] super::security::NotRunnable),
+    #[error(transparent)]
+    Insecure(#[from] super::security::InsecureProgram),
+    #[error("cannot make the probe's cgroup: {0}")]
+    Cgroup(std::io::Error),
+}
+
 /// Build the child spec for an exec or stream probe.
 pub fn child_spec(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
     env: Vec<(String, String)>,
-) -> Result<(ChildSpec, String), String> {
+) -> Result<(ChildSpec, String), SpawnRefused> {
     let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
@@ -132,8 +145,7 @@ pub fn child_spec(
             &spec.command[1..],
             &ctx.plugin_dir,
             creds.as_ref().map(|c| c.uid),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
     }
     let user = creds
         .as_ref()
@@ -148,7 +160,7 @@ pub fn child_spec(
     if let Some(tree) = super::cgroup::active() {
         let cg = tree
             .probe(&task.name, &spec.limits)
-            .map_err(|e| format!("cannot make the probe's cgroup: {e}"))?;
+            .map_err(SpawnRefused::Cgroup)?;
         child.cgroup = Some(cg);
     }
     Ok((child, user))
@@ -181,7 +193,8 @@ pub async fn run(
     let (child, user) = match child_spec(task, spec, ctx, env) {
         Ok(c) => c,
         Err(e) => {
-            let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e);
+            let why = e.to_string();
+            let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
             run.exec = Some(detail);
             return run;
         }

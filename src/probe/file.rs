@@ -40,7 +40,7 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
 pub fn reader_credentials(
     spec: &FileSpec,
     ctx: &ProbeContext,
-) -> Result<Option<super::process::Credentials>, String> {
+) -> Result<Option<super::process::Credentials>, super::process::UserError> {
     super::exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as)
 }
 

@@ -5,7 +5,6 @@
 pub mod builtin;
 pub mod cgroup;
 pub mod child;
-pub mod debug;
 pub mod exec;
 pub mod file;
 pub mod file_reader;

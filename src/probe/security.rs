@@ -185,7 +185,7 @@ pub fn verdict(
 ) -> Verdict {
     let name = command.first().map_or("", String::as_str);
     if let Err(e) = check_runnable(program, name, plugin_dir) {
-        return Verdict::Problem(e);
+        return Verdict::Problem(e.to_string());
     }
     let args = command.get(1..).unwrap_or_default();
     match check_command(program, args, plugin_dir, run_as_uid) {
@@ -195,9 +195,27 @@ pub fn verdict(
     }
 }
 
+/// Why a program cannot run here, and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum NotRunnable {
+    /// `rule`: where a relative `command:` was looked up, or empty.
+    #[error("{} not found{rule}", .program.display())]
+    NotFound { program: PathBuf, rule: String },
+    #[error("cannot read {}: {source}", .program.display())]
+    Unreadable {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is not a regular file", .0.display())]
+    NotAFile(PathBuf),
+    /// The permission bits.
+    #[error("{p} is not executable (mode {mode:04o}); fix: chmod 755 {p}", p = .program.display())]
+    NotExecutable { program: PathBuf, mode: u32 },
+}
+
 /// The part of [`verdict`] every run checks, whoever the agent runs as: the program exists
-/// and is an executable regular file, or the text says where it was looked up and the fix.
-pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), String> {
+/// and is an executable regular file, or the error says where it was looked up and the fix.
+pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), NotRunnable> {
     let meta = match std::fs::metadata(program) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -209,20 +227,27 @@ pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Resul
                     plugin_dir.display()
                 )
             };
-            return Err(format!("{} not found{rule}", program.display()));
+            return Err(NotRunnable::NotFound {
+                program: program.to_owned(),
+                rule,
+            });
         }
-        Err(e) => return Err(format!("cannot read {}: {e}", program.display())),
+        Err(source) => {
+            return Err(NotRunnable::Unreadable {
+                program: program.to_owned(),
+                source,
+            })
+        }
     };
     if !meta.is_file() {
-        return Err(format!("{} is not a regular file", program.display()));
+        return Err(NotRunnable::NotAFile(program.to_owned()));
     }
     let mode = meta.permissions().mode();
     if mode & 0o111 == 0 {
-        return Err(format!(
-            "{p} is not executable (mode {:04o}); fix: chmod 755 {p}",
-            mode & 0o7777,
-            p = program.display()
-        ));
+        return Err(NotRunnable::NotExecutable {
+            program: program.to_owned(),
+            mode: mode & 0o7777,
+        });
     }
     Ok(())
 }

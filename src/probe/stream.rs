@@ -240,7 +240,7 @@ fn stream_child_spec(
     spec: &StreamSpec,
     ctx: &ProbeContext,
     env: Vec<(String, String)>,
-) -> Result<(process::ChildSpec, String), String> {
+) -> Result<(process::ChildSpec, String), exec::SpawnRefused> {
     let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
     child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;
     Ok((child_spec, user))
@@ -266,7 +266,7 @@ async fn run_child(
     let env = stream_env(task, spec, &ctx.host);
     let (mut child_spec, _user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
-        Err(e) => return End::Restart(e),
+        Err(e) => return End::Restart(e.to_string()),
     };
     // Lines are applied as they come; nothing of stdout needs keeping.
     child_spec.stdout_cap = 0;
@@ -443,7 +443,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     };
     let (child_spec, user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
-        Err(e) => return failed(detail, Outcome::Failed, e),
+        Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
     };
     detail.argv[0] = child_spec.program.display().to_string();
     detail.user = user;

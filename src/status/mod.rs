@@ -5,13 +5,11 @@
 //!   response from the daemon's live state;
 //! - [`server`]: the socket (permissions, stale files, bounds);
 //! - [`client`]: the command's side, with the errors an admin can act on;
-//! - [`table`]: the lsload-like rendering and the exit code;
-//! - [`command`]: `xce-agent status` itself (`--watch`).
+//! - [`crate::render::status`]: the lsload-like rendering;
+//! - `xce-agent status` itself (`--watch`, the exit code) is [`crate::cmd::status`].
 
 pub mod client;
-pub mod command;
 pub mod server;
-pub mod table;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

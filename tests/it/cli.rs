@@ -403,3 +403,30 @@ fn unknown_builtin_index_is_a_config_error() {
     );
     assert!(stderr.starts_with(&want), "{stderr}");
 }
+
+#[test]
+fn listen_on_a_port_in_use_names_the_address_and_exits_2() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["listen", "--insecure", &addr])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!("xce-agent: cannot listen on {addr}: Address already in use");
+    assert!(stderr.contains(&want), "{stderr}");
+}
+
+#[test]
+fn a_metrics_port_in_use_stops_the_daemon_with_the_address_and_exit_2() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let s = Setup::with_agent(RESOURCES, &format!("metrics: {addr}\n"));
+    let out = agent(&s).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!("xce-agent: metrics: cannot listen on {addr}: Address already in use");
+    assert!(stderr.contains(&want), "{stderr}");
+}

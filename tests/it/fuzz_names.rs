@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use xce_agent::link::limits::check_hello;
-use xce_agent::link::receiver::{EventKind, Format, ListenOpts};
+use xce_agent::link::receiver::{EventKind, LineFormat, ListenOpts};
 use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
 use xce_agent::text::{escape, is_clean_line};
 use xce_agent::value::{Resval, Status, Valtype, Value};
@@ -135,7 +135,7 @@ fn printed(c: &Case) -> Vec<(EventKind, Vec<String>)> {
         let mut out = Vec::new();
         loop {
             let ev = ctl.next().await;
-            let lines = ev.lines(Format::Text);
+            let lines = ev.lines(LineFormat::Text);
             let closed = matches!(ev.kind, EventKind::Closed(_));
             out.push((ev.kind, lines));
             if closed {

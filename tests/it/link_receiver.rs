@@ -10,7 +10,7 @@ use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::compat::TokioAsyncReadCompatExt;
-use xce_agent::link::receiver::{Event, EventKind, Format, ListenOpts};
+use xce_agent::link::receiver::{Event, EventKind, LineFormat, ListenOpts};
 use xce_agent::link::wire::{
     self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MAX_FRAME_BYTES,
 };
@@ -216,7 +216,7 @@ async fn values_that_do_not_fit_the_hello_are_rejected_not_fatal() {
         .iter()
         .find(|e| matches!(e.kind, EventKind::Batch { .. }))
         .unwrap();
-    let text = batch_event.lines(Format::Text);
+    let text = batch_event.lines(LineFormat::Text);
     assert_eq!(text.len(), 3);
     assert!(text.iter().all(|l| l.contains("REJECTED")), "{text:?}");
     ctl.stop().await;
@@ -274,7 +274,7 @@ async fn text_and_json_lines() {
         .iter()
         .find(|e| matches!(e.kind, EventKind::Batch { .. }))
         .unwrap();
-    let text = ev.lines(Format::Text);
+    let text = ev.lines(LineFormat::Text);
     assert_eq!(
         text,
         [
@@ -282,7 +282,7 @@ async fn text_and_json_lines() {
              error=\"exit 3: disk gone\""
         ]
     );
-    let json: serde_json::Value = serde_json::from_str(&ev.lines(Format::Json)[0]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&ev.lines(LineFormat::Json)[0]).unwrap();
     assert_eq!(json["host"], "node007");
     assert_eq!(json["name"], "scratch");
     assert_eq!(json["instance"], "");
@@ -293,7 +293,7 @@ async fn text_and_json_lines() {
     assert_eq!(json["seq"], 3);
     assert_eq!(json["full"], true);
     for e in &events {
-        for line in e.lines(Format::Json) {
+        for line in e.lines(LineFormat::Json) {
             serde_json::from_str::<serde_json::Value>(&line).expect("every line is JSON");
         }
     }
@@ -309,7 +309,7 @@ async fn serve_lines_prints_what_an_agent_sends() {
     let server = tokio::spawn(xce_agent::link::receiver::serve_lines(
         listener,
         ListenOpts::default(),
-        Format::Text,
+        LineFormat::Text,
         out_w,
         shutdown.clone(),
     ));

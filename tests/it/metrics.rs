@@ -246,7 +246,7 @@ enum Parser {
 
 /// The exposition, rendered as a scrape renders it, for values of every kind: ok, failed,
 /// a string with quotes, probe counters with a duration, the link counters.
-fn exposition_of_every_kind(format: xce_agent::metrics::Format) -> String {
+fn exposition_of_every_kind(format: xce_agent::metrics::ExpositionFormat) -> String {
     use std::sync::Arc;
     use std::time::SystemTime;
     use xce_agent::store::{Declared, Store};
@@ -290,7 +290,7 @@ fn the_exposition_parses_with_the_reference_python_parser() {
         &["-c", "import prometheus_client"],
         "pip install prometheus-client",
     );
-    let text = exposition_of_every_kind(xce_agent::metrics::Format::PrometheusText);
+    let text = exposition_of_every_kind(xce_agent::metrics::ExpositionFormat::PrometheusText);
     check_with_python_parser(&text, Parser::Prometheus);
 }
 
@@ -302,7 +302,7 @@ fn the_openmetrics_exposition_parses_with_the_reference_openmetrics_parser() {
         &["-c", "import prometheus_client"],
         "pip install prometheus-client",
     );
-    let text = exposition_of_every_kind(xce_agent::metrics::Format::OpenMetrics);
+    let text = exposition_of_every_kind(xce_agent::metrics::ExpositionFormat::OpenMetrics);
     assert!(text.ends_with("# EOF\n"), "{text}");
     check_with_python_parser(&text, Parser::OpenMetrics);
 }

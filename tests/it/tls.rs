@@ -481,7 +481,10 @@ fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires
         probes,
         files: xce_agent::probe::file_reader::FileReads::new(32),
     });
-    let text = xce_agent::metrics::render(&registry, xce_agent::metrics::Format::PrometheusText);
+    let text = xce_agent::metrics::render(
+        &registry,
+        xce_agent::metrics::ExpositionFormat::PrometheusText,
+    );
     assert!(
         text.contains("xce_link_tls_failures_total{reason=\"revoked\"} 3\n"),
         "{text}"

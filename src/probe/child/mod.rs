@@ -54,13 +54,13 @@ pub struct Credentials {
 
 impl Credentials {
     /// Look a user up and collect its supplementary groups, as login would.
-    pub fn resolve(user: &str) -> Result<Self, String> {
+    pub fn resolve(user: &str) -> Result<Self, UserError> {
         let pw = nix::unistd::User::from_name(user)
-            .map_err(|e| format!("cannot look up user {user:?}: {e}"))?
-            .ok_or_else(|| format!("no such user {user:?}"))?;
-        let cname = CString::new(user).map_err(|_| format!("bad user name {user:?}"))?;
+            .map_err(|e| UserError::Lookup(user.to_owned(), e))?
+            .ok_or_else(|| UserError::NoSuchUser(user.to_owned()))?;
+        let cname = CString::new(user).map_err(|_| UserError::BadName(user.to_owned()))?;
         let groups = nix::unistd::getgrouplist(&cname, pw.gid)
-            .map_err(|e| format!("cannot list groups of {user:?}: {e}"))?;
+            .map_err(|e| UserError::Groups(user.to_owned(), e))?;
         Ok(Self {
             user: user.to_owned(),
             uid: pw.uid,
@@ -68,6 +68,19 @@ impl Credentials {
             groups,
         })
     }
+}
+
+/// Why a probe's user cannot be looked up (the user's name first in each).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserError {
+    #[error("cannot look up user {0:?}: {1}")]
+    Lookup(String, nix::Error),
+    #[error("no such user {0:?}")]
+    NoSuchUser(String),
+    #[error("bad user name {0:?}")]
+    BadName(String),
+    #[error("cannot list groups of {0:?}: {1}")]
+    Groups(String, nix::Error),
 }
 
 #[derive(Debug, Clone)]

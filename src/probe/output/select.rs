@@ -77,9 +77,54 @@ impl Selection {
     }
 }
 
+/// A `select:` selector that does not parse: the selector as written and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.problem.describe(&self.selector))]
+pub struct SelectorError {
+    pub selector: String,
+    pub problem: SelectorProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SelectorProblem {
+    NoName,
+    /// The text after the closing brace.
+    AfterBrace(String),
+    NoPairs,
+    /// The label whose value is not quoted.
+    Unquoted(String),
+    /// The label whose value has no closing quote.
+    Unclosed(String),
+    EmptyLabel,
+    /// The label after which neither `,` nor `}` follows.
+    NoSeparator(String),
+}
+
+impl SelectorProblem {
+    fn describe(&self, s: &str) -> String {
+        match self {
+            Self::NoName => format!("selector {s:?} has no name before `{{`"),
+            Self::AfterBrace(after) => format!("unexpected {after:?} after `}}` in selector {s:?}"),
+            Self::NoPairs => format!("selector {s:?}: expected label=\"value\" pairs in braces"),
+            Self::Unquoted(key) => {
+                format!("selector {s:?}: the value of {key} must be in double quotes")
+            }
+            Self::Unclosed(key) => {
+                format!("selector {s:?}: the value of {key} has no closing quote")
+            }
+            Self::EmptyLabel => format!("selector {s:?} has an empty label name"),
+            Self::NoSeparator(key) => format!("selector {s:?}: expected `,` or `}}` after {key}"),
+        }
+    }
+}
+
 /// Parse `name{k="v",...}`. The name is everything before `{` (a perfdata label may hold
 /// spaces or `/`); label values are double-quoted with `\"` and `\\` escapes.
-pub fn parse_selector(s: &str) -> Result<Selector, String> {
+pub fn parse_selector(s: &str) -> Result<Selector, SelectorError> {
+    let bad = |problem| SelectorError {
+        selector: s.to_owned(),
+        problem,
+    };
     let (name, labels) = match s.find('{') {
         None => (s.trim(), ""),
         Some(i) => (s[..i].trim(), &s[i + 1..]),
@@ -90,7 +135,7 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
         _ => name,
     };
     if name.is_empty() {
-        return Err(format!("selector {s:?} has no name before `{{`"));
+        return Err(bad(SelectorProblem::NoName));
     }
     let mut out = Selector {
         name: name.to_owned(),
@@ -103,38 +148,29 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
     loop {
         if let Some(after) = rest.strip_prefix('}') {
             if !after.trim().is_empty() {
-                return Err(format!(
-                    "unexpected {:?} after `}}` in selector {s:?}",
-                    after.trim()
-                ));
+                return Err(bad(SelectorProblem::AfterBrace(after.trim().to_owned())));
             }
             return Ok(out);
         }
         let Some((key, after)) = rest.split_once('=') else {
-            return Err(format!(
-                "selector {s:?}: expected label=\"value\" pairs in braces"
-            ));
+            return Err(bad(SelectorProblem::NoPairs));
         };
         let key = key.trim();
         let Some(quoted) = after.trim_start().strip_prefix('"') else {
-            return Err(format!(
-                "selector {s:?}: the value of {key} must be in double quotes"
-            ));
+            return Err(bad(SelectorProblem::Unquoted(key.to_owned())));
         };
         let Some((value, after)) = super::prometheus::quoted_value(quoted) else {
-            return Err(format!(
-                "selector {s:?}: the value of {key} has no closing quote"
-            ));
+            return Err(bad(SelectorProblem::Unclosed(key.to_owned())));
         };
         if key.is_empty() {
-            return Err(format!("selector {s:?} has an empty label name"));
+            return Err(bad(SelectorProblem::EmptyLabel));
         }
         out.labels.push((key.to_owned(), value));
         rest = after.trim_start();
         if let Some(after) = rest.strip_prefix(',') {
             rest = after.trim_start();
         } else if !rest.starts_with('}') {
-            return Err(format!("selector {s:?}: expected `,` or `}}` after {key}"));
+            return Err(bad(SelectorProblem::NoSeparator(key.to_owned())));
         }
     }
 }

@@ -1,35 +1,11 @@
 //! `xce-agent status` as people read it: the link on top, then one row per resource
 //! instance like `lsload -l` (value, status, age, next run, error), then the probes'
-//! counters. And the exit code the command derives from the same answer.
+//! counters.
 
 use std::fmt::Write as _;
 
-use super::{LinkInfo, StatusReport};
-use crate::report::{columns, format_time};
-use crate::value::Status;
-
-/// Exit codes of `xce-agent status`.
-pub const EXIT_OK: u8 = 0;
-/// A resource failed or is stale, or the link to the controller is down.
-pub const EXIT_TROUBLE: u8 = 1;
-/// The command could not ask (bad config, permission denied, unreadable answer).
-pub const EXIT_ERROR: u8 = 2;
-/// Nothing answers on the socket.
-pub const EXIT_NOT_RUNNING: u8 = 3;
-
-/// 0 when every resource is ok or pending and the link is connected (or not configured).
-pub fn exit_code(report: &StatusReport) -> u8 {
-    let trouble = report
-        .resources
-        .iter()
-        .any(|r| matches!(r.status, Status::Failed | Status::Stale))
-        || !matches!(report.link.state.as_str(), "connected" | "none");
-    if trouble {
-        EXIT_TROUBLE
-    } else {
-        EXIT_OK
-    }
-}
+use super::{columns, format_time};
+use crate::status::{LinkInfo, StatusReport};
 
 /// Control characters (a probe's output, a terminal escape) shown escaped, never sent to
 /// the terminal as they are.

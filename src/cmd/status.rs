@@ -1,12 +1,44 @@
-//! The `xce-agent status` command: ask, print, and exit by what the daemon says; with
+//! `xce-agent status`: ask the running daemon, print, and exit by what it says; with
 //! `--watch`, again every second.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::Path;
 use std::time::Duration;
 
-use super::client::{query, ClientError};
-use super::table::{self, EXIT_ERROR, EXIT_NOT_RUNNING};
+use super::exit;
+use crate::cli::{Common, StatusFormat};
+use crate::render;
+use crate::status::client::{query, ClientError};
+use crate::status::StatusReport;
+use crate::value::Status;
+
+/// Only agent.yaml is read: a resources.yaml broken since the daemon loaded it must not hide
+/// the daemon.
+pub async fn run(common: &Common, format: StatusFormat, watch: bool, names: &[String]) -> u8 {
+    let agent = match crate::config::load_agent(&common.config) {
+        Ok((agent, _)) => agent,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return exit::CONFIG;
+        }
+    };
+    let json = format == StatusFormat::Json;
+    ask(agent.status_socket_path(), json, watch, names).await
+}
+
+/// 0 when every resource is ok or pending and the link is connected (or not configured).
+fn exit_code(report: &StatusReport) -> u8 {
+    let trouble = report
+        .resources
+        .iter()
+        .any(|r| matches!(r.status, Status::Failed | Status::Stale))
+        || !matches!(report.link.state.as_str(), "connected" | "none");
+    if trouble {
+        exit::TROUBLE
+    } else {
+        exit::OK
+    }
+}
 
 /// One frame: what to print and the exit code it means.
 async fn frame(path: &Path, json: bool, names: &[String]) -> Result<(String, u8), (String, u8)> {
@@ -15,17 +47,17 @@ async fn frame(path: &Path, json: bool, names: &[String]) -> Result<(String, u8)
             let text = if json {
                 match serde_json::to_string_pretty(&report) {
                     Ok(s) => s + "\n",
-                    Err(e) => return Err((format!("xce-agent: {e}\n"), EXIT_ERROR)),
+                    Err(e) => return Err((format!("xce-agent: {e}\n"), exit::CONFIG)),
                 }
             } else {
-                table::render(&report)
+                render::status::render(&report)
             };
-            Ok((text, table::exit_code(&report)))
+            Ok((text, exit_code(&report)))
         }
         Err(e) => {
             let code = match e {
-                ClientError::NotRunning { .. } => EXIT_NOT_RUNNING,
-                _ => EXIT_ERROR,
+                ClientError::NotRunning { .. } => exit::NOT_RUNNING,
+                _ => exit::CONFIG,
             };
             Err((format!("xce-agent: {e}\n"), code))
         }
@@ -35,7 +67,7 @@ async fn frame(path: &Path, json: bool, names: &[String]) -> Result<(String, u8)
 /// Returns the exit code. Without `watch` an error goes to stderr; with it, into the
 /// frame (the daemon may come back), and the loop runs until the process is interrupted
 /// or stdout is gone.
-pub async fn run(path: &Path, json: bool, watch: bool, names: &[String]) -> u8 {
+async fn ask(path: &Path, json: bool, watch: bool, names: &[String]) -> u8 {
     if !watch {
         return match frame(path, json, names).await {
             Ok((text, code)) => {

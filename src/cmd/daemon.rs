@@ -1,0 +1,210 @@
+//! The node daemon (`xce-agent` without a command): start the agent, serve `/metrics` and
+//! the status socket, tell systemd, and run until SIGTERM; SIGHUP reloads both files.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+use super::{exit, host_name, load, start_supervision, CmdError};
+use crate::cli::Common;
+use crate::daemon::Agent;
+use crate::link::client::LinkConfig;
+use crate::metrics;
+use crate::probe::builtin;
+use systemd::NotifyState;
+
+pub async fn run(common: &Common) -> Result<u8, CmdError> {
+    let Some(config) = load(common) else {
+        return Ok(exit::CONFIG);
+    };
+    if let Some(paths) = &config.agent.tls {
+        if let Err(e) = crate::link::tls::Material::load(paths) {
+            eprintln!("xce-agent: {e}");
+            return Ok(exit::CONFIG);
+        }
+    } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
+        tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
+    }
+    start_supervision();
+    let host = host_name(common, &config)?;
+    // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
+    // not kill the process with the default action).
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return Err(CmdError::Signals);
+    };
+    let metrics_listener = match &config.agent.metrics {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| CmdError::MetricsBind {
+                    addr: addr.clone(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let status_listener =
+        crate::status::server::open(&config.agent).map_err(CmdError::StatusSocket)?;
+    let started = std::time::SystemTime::now();
+    let sampler_stop = CancellationToken::new();
+    let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());
+    let mut agent = Agent::start(
+        config,
+        host,
+        Arc::new(builtin::Live(sampler)),
+        LinkConfig::default(),
+    );
+    let metrics_stop = CancellationToken::new();
+    if let Some(listener) = metrics_listener {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "metrics endpoint listening");
+        }
+        let sources = metrics::Sources {
+            store: agent.store.clone(),
+            link: agent.link_stats.clone(),
+            probes: agent.stats(),
+            files: agent.scheduler.context().files.clone(),
+        };
+        tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
+    }
+    let status_server = status_listener.map(|listener| {
+        let sources = crate::status::Sources {
+            store: agent.store.clone(),
+            link: agent.link_stats.clone(),
+            probes: agent.stats(),
+            loaded: agent.loaded(),
+            started,
+        };
+        // Stops with the metrics endpoint, before the agent.
+        let stop = metrics_stop.clone();
+        tokio::spawn(crate::status::server::serve(listener, sources, stop))
+    });
+    systemd::notify(&[
+        NotifyState::Ready,
+        NotifyState::Status(&agent.status_line()),
+    ]);
+    // systemd wants a ping at least every WATCHDOG_USEC; half of it leaves room for a slow
+    // tick. The ping comes from this loop, so a wedged loop stops the pings.
+    let mut watchdog = sd_notify::watchdog_enabled().map(|period| {
+        let mut t = tokio::time::interval((period / 2).max(Duration::from_millis(10)));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut link_state = agent.link_stats.subscribe();
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                systemd::reloading();
+                reload(common, &mut agent).await;
+                systemd::notify(&[NotifyState::Ready, NotifyState::Status(&agent.status_line())]);
+            }
+            _ = agent.assignment_changed() => {
+                agent.apply_assignment();
+                systemd::notify(&[NotifyState::Status(&agent.status_line())]);
+            }
+            Ok(()) = link_state.changed() => {
+                systemd::notify(&[NotifyState::Status(&agent.status_line())]);
+            }
+            _ = async {
+                match watchdog.as_mut() {
+                    Some(t) => { t.tick().await; }
+                    None => std::future::pending().await,
+                }
+            } => {
+                if agent.healthy() {
+                    systemd::notify(&[NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("the controller link task died; withholding the watchdog ping");
+                }
+            }
+        }
+    }
+    tracing::info!("stopping");
+    systemd::notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    metrics_stop.cancel();
+    if let Some(server) = status_server {
+        // It removes its socket file: a stopped agent leaves none behind.
+        let _ = server.await;
+    }
+    agent.stop(Duration::from_secs(3)).await;
+    crate::probe::cgroup::shut_down();
+    sampler_stop.cancel();
+    tracing::info!("stopped");
+    Ok(exit::OK)
+}
+
+/// SIGHUP: load both files again and move the agent to them. Any error keeps the running
+/// config; every error is logged on its own line with its file:line:column.
+async fn reload(common: &Common, agent: &mut Agent) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    let config = match crate::daemon::load_config(&common.config, common.resources.as_deref()) {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors.0 {
+                tracing::error!("{e}");
+            }
+            tracing::error!(
+                errors = errors.0.len(),
+                "reload failed; still running the previous configuration"
+            );
+            return;
+        }
+    };
+    let host = match host_name(common, &config) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("reload failed: {e}; still running the previous configuration");
+            return;
+        }
+    };
+    if config.digest == agent.config.digest && !agent.tls_changed(&config) {
+        tracing::info!("configuration unchanged");
+        return;
+    }
+    match agent.reload(config, &host).await {
+        Ok(r) => tracing::info!(
+            kept = r.kept,
+            stopped = r.stopped,
+            started = r.started,
+            probes_restarted = r.probes_restarted,
+            link_restarted = r.link_restarted,
+            "reloaded"
+        ),
+        Err(e) => {
+            if let crate::daemon::ReloadError::Checks(problems) = &e {
+                for (name, text) in problems {
+                    tracing::error!("{name}: {text}");
+                }
+            }
+            tracing::error!("reload refused: {e}; still running the previous configuration")
+        }
+    }
+}
+
+/// systemd notifications. Without NOTIFY_SOCKET (not under systemd) they are no-ops; a
+/// failed send is logged, never fatal.
+mod systemd {
+    pub use sd_notify::NotifyState;
+
+    pub fn notify(states: &[NotifyState]) {
+        if let Err(e) = sd_notify::notify(states) {
+            tracing::warn!(error = %e, "cannot notify systemd");
+        }
+    }
+
+    /// RELOADING=1 with the MONOTONIC_USEC that systemd >= 253 requires next to it.
+    pub fn reloading() {
+        match NotifyState::monotonic_usec_now() {
+            Ok(now) => notify(&[NotifyState::Reloading, now]),
+            Err(_) => notify(&[NotifyState::Reloading]),
+        }
+    }
+}

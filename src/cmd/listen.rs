@@ -1,0 +1,83 @@
+//! `xce-agent listen ADDR`: the reference receiver. Prints what agents send, as lines of
+//! text or JSON or as the cluster's table; used by the tests as the fake controller.
+
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+use super::{exit, CmdError};
+use crate::cli::{ListenFormat, ListenTls};
+use crate::cluster_table::{serve_table, TableView};
+use crate::link::receiver::{self, LineFormat, ListenOpts};
+
+pub async fn run(
+    addr: &str,
+    format: ListenFormat,
+    ack: bool,
+    only: &[String],
+    refresh: Option<Duration>,
+    tls: &ListenTls,
+) -> Result<u8, CmdError> {
+    let tls = match (&tls.tls_ca, &tls.tls_cert, &tls.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let paths = crate::config::agent::TlsPaths {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+                crl: tls.tls_crl.clone(),
+            };
+            let material = crate::link::tls::Material::load(&paths)?;
+            Some(material.server_config()?)
+        }
+        _ if tls.insecure => {
+            eprintln!("xce-agent: WARNING: --insecure: accepting plaintext agents; anyone who can reach {addr} can report values for any host");
+            None
+        }
+        _ => {
+            eprintln!("xce-agent: refusing to listen in plaintext: give --tls-ca, --tls-cert and --tls-key (agents then need certificates from that CA), or --insecure to accept unauthenticated agents");
+            return Ok(exit::CONFIG);
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| CmdError::ListenBind {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    eprintln!("xce-agent: listening on {}", listener.local_addr()?);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let opts = ListenOpts {
+        ack,
+        assign: Vec::new(),
+        tls,
+        handshake_timeout: None,
+    };
+    let out = tokio::io::stdout();
+    let format = match format {
+        ListenFormat::Json => LineFormat::Json,
+        ListenFormat::Text => LineFormat::Text,
+        ListenFormat::Table => {
+            let view = TableView::for_stdout(only, refresh);
+            serve_table(listener, opts, view, out, shutdown).await?;
+            return Ok(exit::OK);
+        }
+    };
+    receiver::serve_lines(listener, opts, format, out, shutdown).await?;
+    Ok(exit::OK)
+}
+
+/// SIGTERM or SIGINT ends the receiver (its connections first).
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    if let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    shutdown.cancel();
+}

@@ -1,0 +1,46 @@
+//! `xce-agent --once`: run every probe of this host (or those `--only` names) once, print
+//! the values, and exit non-zero if a probe failed: the admin's debugging tool.
+
+use std::collections::BTreeSet;
+
+use super::{
+    exit, host_name, load, one_shot_builtins, refuse_unprobed, start_supervision, CmdError,
+};
+use crate::cli::{Common, OnceFormat};
+use crate::daemon::{declared, probe_context, uses_builtins};
+use crate::plan::{is_probed, make_plan};
+use crate::render::once::OnceReport;
+use crate::schedule::run_all_once;
+use crate::store::Store;
+
+pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result<u8, CmdError> {
+    let Some(config) = load(common) else {
+        return Ok(exit::CONFIG);
+    };
+    start_supervision();
+    let host = host_name(common, &config)?;
+    let mut plan = make_plan(&config.resources, &host, &BTreeSet::new());
+    if !only.is_empty() {
+        if let Some(name) = only.iter().find(|name| !is_probed(&plan, name)) {
+            return Ok(refuse_unprobed(&config, &plan, name));
+        }
+        plan.tasks
+            .retain(|t| only.iter().any(|n| n == &t.name || t.feed(n).is_some()));
+    }
+    let store = Store::new();
+    store.declare(declared(&plan));
+    let builtin = one_shot_builtins(uses_builtins(&plan)).await;
+    let ctx = probe_context(&config, &host, builtin);
+    let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel).await;
+    crate::probe::cgroup::shut_down();
+    let report = OnceReport::new(&host, &runs, &store);
+    match format {
+        OnceFormat::Table => print!("{}", report.table()),
+        OnceFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(if report.all_ok() {
+        exit::OK
+    } else {
+        exit::PROBE_FAILED
+    })
+}

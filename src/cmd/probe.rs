@@ -1,0 +1,103 @@
+//! `xce-agent probe NAME`: run the probe of resource NAME (or the probe that provides it)
+//! now, and show everything about the run ([`crate::render::probe`]).
+
+use std::collections::BTreeSet;
+
+use super::{
+    exit, host_name, load, one_shot_builtins, refuse_unprobed, start_supervision, CmdError,
+};
+use crate::cli::Common;
+use crate::config::ProbeKind;
+use crate::daemon::probe_context;
+use crate::plan::{make_plan, ProbeTask};
+use crate::probe::process::Exit;
+use crate::probe::{cgroup, exec, output, security, stream, ProbeContext};
+use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
+
+pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
+    let Some(config) = load(common) else {
+        return Ok(exit::CONFIG);
+    };
+    let host = host_name(common, &config)?;
+    let plan = make_plan(&config.resources, &host, &BTreeSet::new());
+    let task = plan
+        .tasks
+        .iter()
+        .find(|t| t.name == name)
+        .or_else(|| plan.tasks.iter().find(|t| t.feed(name).is_some()));
+    let Some(task) = task else {
+        return Ok(refuse_unprobed(&config, &plan, name));
+    };
+    start_supervision();
+    let builtin = one_shot_builtins(matches!(task.kind, ProbeKind::Builtin { .. })).await;
+    let ctx = probe_context(&config, &host, builtin);
+    let debug = examine(task, &ctx).await;
+    cgroup::shut_down();
+    print!("{}", debug.text());
+    Ok(if debug.ok() {
+        exit::OK
+    } else {
+        exit::PROBE_FAILED
+    })
+}
+
+/// Run `task` once (a stream: until its first values) and gather what the report shows.
+async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'a> {
+    let spec = match &task.kind {
+        ProbeKind::Exec(e) => Some(e),
+        ProbeKind::Stream(s) => Some(&s.exec),
+        ProbeKind::File(_) | ProbeKind::Builtin { .. } => None,
+    };
+    let exec = spec.map(|spec| {
+        let program = exec::resolve_program(&ctx.plugin_dir, &spec.command[0]);
+        let user = exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as).map(|c| match c {
+            Some(c) => RunsAs::User(c),
+            None => RunsAs::Agent {
+                name: exec::current_user_name(),
+                uid: nix::unistd::geteuid(),
+                gid: nix::unistd::getegid(),
+                groups: nix::unistd::getgroups().unwrap_or_default(),
+            },
+        });
+        let uid = match &user {
+            Ok(RunsAs::User(c)) => Some(c.uid),
+            _ => None,
+        };
+        let verdict = security::verdict(&program, &spec.command, &ctx.plugin_dir, uid);
+        ExecFacts {
+            spec,
+            user,
+            verdict,
+        }
+    });
+    let run = match &task.kind {
+        ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
+        _ => crate::probe::run_once(task, ctx).await,
+    };
+    let containment = spec.map(|_| match cgroup::active() {
+        None => Containment::ProcessGroup,
+        Some(_) => match cgroup::usage_of(&task.name) {
+            None => Containment::NotStarted,
+            Some((path, usage)) => Containment::Cgroup { path, usage },
+        },
+    });
+    // The samples the format's parser found, where `select:` chooses among them.
+    let parsed = match (spec, &run.exec) {
+        (Some(spec), Some(d)) if spec.format.selectable() && d.exit.is_some() => {
+            let code = match d.exit {
+                Some(Exit::Code(c)) => Some(c),
+                _ => None,
+            };
+            output::parse(spec.format, &d.stdout, code, &task.name).ok()
+        }
+        _ => None,
+    };
+    ProbeDebug {
+        task,
+        host: &ctx.host,
+        exec,
+        run,
+        containment,
+        parsed,
+    }
+}

@@ -1,0 +1,133 @@
+//! What `--once` prints: a table like `lsload -l` for this host, or JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{columns, format_time};
+use crate::plan::ProbeTask;
+use crate::probe::exec::last_line;
+use crate::probe::ProbeRun;
+use crate::store::Store;
+use crate::value::{Status, Value};
+
+/// One printed row: one resource instance.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub instance: String,
+    pub probe: String,
+    pub kind: &'static str,
+    pub value: Value,
+    pub status: Status,
+    pub last_report_ms: Option<u64>,
+    pub duration_ms: u64,
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub stderr: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OnceReport {
+    pub host: String,
+    pub resources: Vec<Row>,
+    /// Every run succeeded (`ProbeRun::succeeded`, the rule `probe NAME` exits by).
+    #[serde(skip)]
+    pub runs_ok: bool,
+}
+
+impl OnceReport {
+    pub fn new(host: &str, runs: &[(ProbeTask, ProbeRun)], store: &Store) -> Self {
+        let mut rows = Vec::new();
+        for (task, run) in runs {
+            for (name, _) in &run.readings {
+                let Some(rv) = store.get(name, &task.instance) else {
+                    continue;
+                };
+                rows.push(Row {
+                    name: name.clone(),
+                    instance: task.instance.clone(),
+                    probe: task.name.clone(),
+                    kind: task.kind.name(),
+                    value: rv.value,
+                    status: rv.status,
+                    last_report_ms: rv.last_report_ms,
+                    duration_ms: run.duration.as_millis() as u64,
+                    error: rv.error,
+                    stderr: run
+                        .exec
+                        .as_ref()
+                        .map(|e| e.stderr.clone())
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        Self {
+            host: host.to_owned(),
+            resources: rows,
+            runs_ok: runs.iter().all(|(_, run)| run.succeeded()),
+        }
+    }
+
+    pub fn all_ok(&self) -> bool {
+        self.runs_ok
+            && !self
+                .resources
+                .iter()
+                .any(|r| matches!(r.status, Status::Failed | Status::Stale))
+    }
+
+    pub fn table(&self) -> String {
+        let with_instance = self.resources.iter().any(|r| !r.instance.is_empty());
+        let mut cells: Vec<Vec<String>> = vec![[
+            "RESOURCE",
+            "INSTANCE",
+            "VALUE",
+            "STATUS",
+            "LAST_REPORT",
+            "DURATION",
+            "KIND",
+            "ERROR",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()];
+        for r in &self.resources {
+            let mut error = r.error.clone().unwrap_or_default();
+            if !r.stderr.is_empty() && !error.contains(last_line(&r.stderr)) {
+                let _ = write!(error, " [stderr: {}]", last_line(&r.stderr));
+            }
+            cells.push(vec![
+                r.name.clone(),
+                if r.instance.is_empty() {
+                    "-".into()
+                } else {
+                    r.instance.clone()
+                },
+                r.value.to_string(),
+                r.status.to_string(),
+                r.last_report_ms.map_or_else(|| "-".into(), format_time),
+                format_ms(r.duration_ms),
+                r.kind.to_owned(),
+                error,
+            ]);
+        }
+        if !with_instance {
+            for row in &mut cells {
+                row.remove(1);
+            }
+        }
+        let mut out = format!("HOST {}\n", self.host);
+        out.push_str(&columns(&cells));
+        out
+    }
+}
+
+fn format_ms(ms: u64) -> String {
+    if ms >= 10_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        format!("{ms}ms")
+    }
+}

@@ -1,0 +1,145 @@
+//! What `check` prints: the files, the probes this host runs, what it skips and why, the
+//! problems and notes, and the link's certificates.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::columns;
+use crate::config::{Config, ProbeKind};
+use crate::link::tls;
+use crate::plan::Plan;
+
+fn secs(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}
+
+/// `check`'s output: the files, the probes this host runs, and what it skips and why.
+pub fn plan_text(
+    config: &Config,
+    plan: &Plan,
+    problems: &[(String, String)],
+    notes: &[(String, String)],
+) -> String {
+    let mut out = String::new();
+    // Resources fed through `provides:` are listed under the probe that feeds them, so every
+    // resource of the file appears once, under PROBES or under SKIPPED.
+    let provided_by_skipped: Vec<(&str, &[String])> = plan
+        .skipped
+        .iter()
+        .filter_map(|s| {
+            let probe = config.resources.get(&s.name)?.probe.as_ref()?;
+            Some((s.name.as_str(), probe.provides.get(1..).unwrap_or_default()))
+        })
+        .collect();
+    let probed: usize = plan.tasks.iter().map(|t| t.feeds.len()).sum();
+    let skipped: usize = plan.skipped.len()
+        + provided_by_skipped
+            .iter()
+            .map(|(_, p)| p.len())
+            .sum::<usize>();
+    let _ = writeln!(out, "agent.yaml      {}", config.agent.path.display());
+    let _ = writeln!(
+        out,
+        "resources.yaml  {} ({} resources: {probed} probed here, {skipped} skipped)",
+        config.resources.path.display(),
+        config.resources.resources.len()
+    );
+    let _ = writeln!(out, "host            {}", plan.host);
+    let _ = writeln!(
+        out,
+        "controllers     {}",
+        if config.agent.controllers.is_empty() {
+            "(none: values are not sent anywhere)".to_owned()
+        } else {
+            config.agent.controllers.join(", ")
+        }
+    );
+    let _ = writeln!(out, "config digest   {}", config.digest);
+    let _ = writeln!(
+        out,
+        "\nPROBES ({}, feeding {probed} resources)",
+        plan.tasks.len()
+    );
+    let mut rows = vec![[
+        "NAME", "INSTANCE", "INTERVAL", "TIMEOUT", "SPLAY", "FEEDS", "PROBE",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect::<Vec<_>>()];
+    for t in &plan.tasks {
+        rows.push(vec![
+            t.name.clone(),
+            if t.instance.is_empty() {
+                "-".into()
+            } else {
+                t.instance.clone()
+            },
+            secs(t.interval),
+            match t.kind {
+                ProbeKind::Builtin { .. } => "-".into(),
+                // A stream runs on; its timeout bounds the wait for its first values.
+                ProbeKind::Stream(_) => format!("{} (first values)", secs(t.timeout)),
+                _ => secs(t.timeout),
+            },
+            secs(t.splay),
+            t.feeds
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            t.kind.summary(),
+        ]);
+        for f in t.feeds.iter().skip(1) {
+            let mut row = vec![String::new(); 7];
+            row[0] = format!("  {}", f.name);
+            row[6] = format!("fed by {} (provides:)", t.name);
+            rows.push(row);
+        }
+    }
+    out.push_str(&columns(&rows));
+    let _ = writeln!(out, "\nSKIPPED ({skipped})");
+    let mut rows = Vec::new();
+    for s in &plan.skipped {
+        rows.push(vec![s.name.clone(), s.reason.to_string()]);
+        let provides = provided_by_skipped.iter().find(|(n, _)| *n == s.name);
+        for p in provides.map(|(_, p)| *p).unwrap_or_default() {
+            rows.push(vec![
+                format!("  {p}"),
+                format!("fed by {} (provides:), skipped with it", s.name),
+            ]);
+        }
+    }
+    out.push_str(&columns(&rows));
+    for (title, list) in [("PROBLEMS", problems), ("NOTES", notes)] {
+        if !list.is_empty() {
+            let _ = writeln!(out, "\n{title} ({})", list.len());
+            for (name, text) in list {
+                let _ = writeln!(out, "{name}: {text}");
+            }
+        }
+    }
+    out
+}
+
+/// `check`'s part about the link: each certificate (`report`, when agent.yaml has a `tls:`
+/// section), what is wrong or close to it, and a warning every time the link is plaintext.
+pub fn tls_text(config: &Config, report: Option<&tls::Report>) -> String {
+    let mut out = String::new();
+    let Some(report) = report else {
+        if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
+            out.push_str("\nWARNING: insecure_plaintext: true: values go to the controllers unauthenticated and readable by anyone on the network; add a tls: section\n");
+        }
+        return out;
+    };
+    out.push_str("\ntls:\n");
+    for line in &report.lines {
+        let _ = writeln!(out, "  {line}");
+    }
+    for w in &report.warnings {
+        let _ = writeln!(out, "  WARNING: {w}");
+    }
+    for p in &report.problems {
+        let _ = writeln!(out, "  PROBLEM: {p}");
+    }
+    out
+}
