@@ -43,11 +43,7 @@ pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
 
 /// Run `task` once (a stream: until its first values) and gather what the report shows.
 async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'a> {
-    let spec = match &task.kind {
-        ProbeKind::Exec(e) => Some(e),
-        ProbeKind::Stream(s) => Some(&s.exec),
-        ProbeKind::File(_) | ProbeKind::Builtin { .. } => None,
-    };
+    let spec = task.kind.exec_spec();
     let exec = spec.map(|spec| {
         let program = exec::resolve_program(&ctx.plugin_dir, &spec.command[0]);
         let user = exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as).map(|c| match c {
