@@ -286,13 +286,12 @@ pub fn diff<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -> Changes {
 /// The probes' part of [`diff`]: from tasks `old` to tasks `new`; with `restart_all`, no
 /// probe keeps running (the settings every probe runs with changed).
 pub fn probe_changes(old: &[ProbeTask], new: &[ProbeTask], restart_all: bool) -> Changes {
-    let key = |t: &ProbeTask| (t.name.clone(), t.instance.clone());
     // Keyed: a reload of 100,000 resources must not compare every pair.
-    let running: HashMap<(String, String), &ProbeTask> = old.iter().map(|t| (key(t), t)).collect();
+    let running: HashMap<ProbeKey, &ProbeTask> = old.iter().map(|t| (ProbeKey::of(t), t)).collect();
     let mut changes = Changes::default();
     for task in new {
         let probe = ProbeKey::of(task);
-        match running.get(&key(task)) {
+        match running.get(&probe) {
             None => changes.start.push(probe),
             Some(was) => {
                 let fields = changed_fields(was, task);
@@ -304,11 +303,11 @@ pub fn probe_changes(old: &[ProbeTask], new: &[ProbeTask], restart_all: bool) ->
             }
         }
     }
-    let wanted: HashSet<(String, String)> = new.iter().map(key).collect();
+    let wanted: HashSet<ProbeKey> = new.iter().map(ProbeKey::of).collect();
     changes.stop = old
         .iter()
-        .filter(|t| !wanted.contains(&key(t)))
         .map(ProbeKey::of)
+        .filter(|probe| !wanted.contains(probe))
         .collect();
     changes
 }
