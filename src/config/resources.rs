@@ -569,6 +569,8 @@ fn kind_fields(kind: &str) -> &'static [&'static str] {
         "stream" => &[
             "command",
             "format",
+            "select",
+            "aggregate",
             "env",
             "run_as",
             "limits",
@@ -736,7 +738,7 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, pos: Pos, provides: &[String]) -
     })
 }
 
-/// A stream probe reads its output line by line: only the line formats apply.
+/// A stream probe reads its output as it comes: only the formats the table says stream.
 fn stream_exec_spec(
     errs: &mut Errors,
     raw: &RawProbe,
@@ -744,12 +746,13 @@ fn stream_exec_spec(
     provides: &[String],
 ) -> Option<ExecSpec> {
     let spec = exec_spec(errs, raw, pos, provides)?;
-    if spec.format.selectable() {
+    if !spec.format.def().streams {
         errs.at(
             raw.format.as_ref().map_or(pos, Pos::of),
             format!(
-                "format {} is read from a finished run: use it with `kind: exec`; stream probes read value, kv or elim lines",
-                spec.format.as_str()
+                "format {} is read from a finished run: use it with `kind: exec`; stream probes read {}",
+                spec.format.as_str(),
+                Format::stream_names().join(", ")
             ),
         );
     }

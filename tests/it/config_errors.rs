@@ -384,3 +384,19 @@ fn stdout_and_stdin_take_their_names_and_stdin_is_for_streams() {
     let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: exec, command: [x], stdin: signal}\n");
     assert!(e.contains("`stdin` is not a field of exec probes"), "{e}");
 }
+
+#[test]
+fn a_stream_reads_the_formats_that_stream_and_classad_takes_a_select() {
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: stream, command: [x], format: prometheus}\n");
+    assert_eq!(
+        e,
+        "resources.yaml:4:49: format prometheus is read from a finished run: use it with `kind: exec`; stream probes read value, kv, elim, classad"
+    );
+    let ok = "resources:\n  - name: a\n    interval: 30\n    probe: {kind: stream, command: [x], format: classad, select: {a: 'Requests{ad=\"SQUID0\"}'}}\n";
+    assert!(resources::parse(Path::new("resources.yaml"), ok).is_ok());
+    let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: stream, command: [x], format: kv, select: {a: b}}\n");
+    assert!(
+        e.contains("`select` and `aggregate` apply to the formats"),
+        "{e}"
+    );
+}
