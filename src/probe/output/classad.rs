@@ -29,16 +29,22 @@ pub const AD_LABEL: &str = "ad";
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut ads = AdStream::default();
     let mut out = Parsed::default();
+    let mut count = 0;
     for line in input.text.lines() {
         if let AdLine::Ended { ad, .. } = ads.push(line) {
             out.append(ad);
+            count += 1;
         }
     }
     // A finished run's last ad needs no `-`: HTCondor publishes what it printed.
     if let Some(ad) = ads.finish() {
         out.append(ad);
+        count += 1;
     }
-    out.samples = later_wins(std::mem::take(&mut out.samples));
+    // Each ad is already without repeats: only several need another pass.
+    if count > 1 {
+        out.samples = later_wins(std::mem::take(&mut out.samples));
+    }
     Ok(out)
 }
 
