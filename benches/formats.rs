@@ -84,12 +84,53 @@ fn parse_select(which: &str) -> bool {
 }
 
 fn input(which: &str) -> &'static str {
-    static INPUTS: std::sync::OnceLock<[String; 4]> = std::sync::OnceLock::new();
-    let i = INPUTS.get_or_init(|| [prometheus(), influx(), classad(), nagios()]);
+    static INPUTS: std::sync::OnceLock<[String; 5]> = std::sync::OnceLock::new();
+    let i = INPUTS.get_or_init(|| {
+        [
+            prometheus(),
+            influx(),
+            classad(),
+            nagios(),
+            classad_stream(),
+        ]
+    });
     match which {
         "prometheus" => &i[0],
         "influx" => &i[1],
         "classad" => &i[2],
+        "classad_stream" => &i[4],
         _ => &i[3],
     }
+}
+
+/// A stream probe's ClassAd output: ads of ten attributes, each ended by `-`.
+fn classad_stream() -> String {
+    fill(|i| {
+        let end = if i % 5 == 4 { "-\n" } else { "" };
+        format!("Project{i}UsedBytes = {i}\nProject{i}Ok = true\n{end}")
+    })
+}
+
+#[divan::bench]
+fn floor_lines_classad_stream() -> usize {
+    floor(input("classad_stream"))
+}
+
+/// What the stream supervisor does per line (without the store): each line into the
+/// streaming reader, and at each `-` one selector read over the ad that ended.
+#[divan::bench]
+fn classad_stream_ads() -> usize {
+    let pick = Pick {
+        selector: Some(output::parse_selector("Project1UsedBytes").unwrap()),
+        ..Pick::default()
+    };
+    let mut ads = output::AdStream::default();
+    let mut found = 0;
+    for line in divan::black_box(input("classad_stream")).lines() {
+        if let output::AdLine::Ended { ad, .. } = ads.push(line) {
+            let r = select::reading(Format::Classad, &pick, &ad, "r", Valtype::Numeric);
+            found += usize::from(r.is_some());
+        }
+    }
+    found
 }

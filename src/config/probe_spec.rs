@@ -67,7 +67,6 @@ macro_rules! probe_fields {
 }
 
 const EXEC_STREAM: Takes = Takes::Only(&["exec", "stream"]);
-const EXEC_FILE: Takes = Takes::Only(&["exec", "file"]);
 const EXEC_FILE_STREAM: Takes = Takes::Only(&["exec", "file", "stream"]);
 
 probe_fields! {
@@ -75,8 +74,8 @@ probe_fields! {
     index: String => Takes::Only(&["builtin"]),
     command: RawCommand => EXEC_STREAM,
     format: String => EXEC_FILE_STREAM,
-    select: RawSelect => EXEC_FILE,
-    aggregate: String => EXEC_FILE,
+    select: RawSelect => EXEC_FILE_STREAM,
+    aggregate: String => EXEC_FILE_STREAM,
     env: BTreeMap<String, String> => EXEC_STREAM,
     run_as: String => EXEC_FILE_STREAM,
     limits: RawLimits => EXEC_STREAM,
@@ -312,16 +311,16 @@ fn exec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
     exec_spec(errs, raw, input).map(ProbeKind::Exec)
 }
 
-/// A stream probe reads its output line by line: only the line formats apply.
+/// A stream probe reads its output as it comes: only the formats the table says stream.
 fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
     let exec = exec_spec(errs, raw, input)?;
-    if exec.format.selectable() {
+    if !exec.format.def().streams {
         errs.at(
             raw.format.as_ref().map_or(input.pos, Pos::of),
             format!(
-                "format {} is read from a finished run: use it with `kind: exec`; stream probes read {} lines",
+                "format {} is read from a finished run: use it with `kind: exec`; stream probes read {}",
                 exec.format.as_str(),
-                or_list(&Format::line_formats())
+                or_list(&Format::stream_names())
             ),
         );
     }
@@ -557,6 +556,8 @@ mod tests {
                 "kind",
                 "command",
                 "format",
+                "select",
+                "aggregate",
                 "env",
                 "run_as",
                 "limits",

@@ -5,12 +5,13 @@
 //! and `ELIM_ABORT_VALUE`. With `stdin: signal` its stdin is a pipe that gets a newline when
 //! the child starts and at every interval after; a tick the child has not read room for is
 //! dropped and counted as an overlap skip, never waited on. Each complete stdout line
-//! is parsed and its values applied at once; a partial line waits for its newline and a line
-//! longer than [`MAX_LINE`] is skipped, never blocking. When the child exits it is restarted
-//! after a backoff (1 s doubling to [`BACKOFF_CAP`], reset after a good long run); exit
-//! [`ELIM_ABORT_VALUE`] means "nothing to report here": no restart. Silent for longer than
-//! the task's stale time: its values are marked stale and, with `restart_on_silence`, the
-//! group is killed and restarted.
+//! is parsed and its values applied at once (with `format: classad`, the `Name = value`
+//! lines of one ad are applied together at its `-` line); a partial line waits for its
+//! newline and a line longer than [`MAX_LINE`] is skipped, never blocking. When the child
+//! exits it is restarted after a backoff (1 s doubling to [`BACKOFF_CAP`], reset after a
+//! good long run); exit [`ELIM_ABORT_VALUE`] means "nothing to report here": no restart.
+//! Silent for longer than the task's stale time (no line; for ClassAd, no `-`): its values
+//! are marked stale and, with `restart_on_silence`, the group is killed and restarted.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -22,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::child::{self as process, Child, Exit, Got, Reader, Tick};
 use super::exec::{self, ExecDetail, OutputLog};
+mod classad;
+
+use super::output::{AdLine, AdStream};
 use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
 use crate::config::{Format, StdinMode, StreamSpec};
 use crate::plan::ProbeTask;
@@ -275,6 +279,7 @@ async fn run_child(
         Err(e) => return End::Restart(e.to_string()),
     };
     let mut lines = LineSplitter::new(MAX_LINE);
+    let mut updates = Updates::new(spec.exec.format);
     let mut err_lines = LineSplitter::new(4096);
     let mut batch = Vec::new();
     let mut silent_until = Instant::now() + task.stale_after;
@@ -300,9 +305,10 @@ async fn run_child(
                     lines.push(&chunk, &mut batch);
                     for line in batch.drain(..) {
                         *said_something = true;
-                        silent_until = Instant::now() + task.stale_after;
-                        marked_stale = false;
-                        apply_line(task, spec, store, log, line);
+                        if updates.take(task, spec, store, log, line) {
+                            silent_until = Instant::now() + task.stale_after;
+                            marked_stale = false;
+                        }
                     }
                 }
                 Got::Stderr(chunk) => {
@@ -355,6 +361,7 @@ async fn run_child(
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
     }
+    updates.child_exited(task, spec, store);
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
     let mut why = exit.to_string();
@@ -375,6 +382,66 @@ fn silence_text(task: &ProbeTask) -> String {
         "stream silent for {} (silence)",
         humantime::format_duration(task.stale_after)
     )
+}
+
+/// How a stream's lines become values: each line of a line format is an update; ClassAd
+/// lines gather into one ad that a `-` line ends.
+enum Updates {
+    Lines,
+    Ads(AdStream),
+}
+
+impl Updates {
+    fn new(format: Format) -> Self {
+        match format {
+            Format::Classad => Updates::Ads(AdStream::default()),
+            _ => Updates::Lines,
+        }
+    }
+
+    /// Apply what `line` completes; whether it was a report (silence is measured between
+    /// reports: any line of a line format, the `-` that ends an ad).
+    fn take(
+        &mut self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        store: &Store,
+        log: &mut OutputLog,
+        line: Line,
+    ) -> bool {
+        let ads = match self {
+            Updates::Lines => {
+                apply_line(task, spec, store, log, line);
+                return true;
+            }
+            Updates::Ads(ads) => ads,
+        };
+        match classad::push_line(ads, line) {
+            AdLine::Inside => false,
+            AdLine::Ended { tag, ad } => {
+                classad::apply(task, spec, store, &tag, &ad);
+                true
+            }
+            AdLine::TooLong => {
+                let msg = classad::too_long();
+                tracing::warn!(probe = %task.name, "{msg}");
+                record_all(store, task, Reading::Failed(msg));
+                false
+            }
+        }
+    }
+
+    /// The child exited by itself: the attributes it printed after its last `-` are
+    /// applied as one more ad, as HTCondor publishes a cron job's output when it exits.
+    /// (A child the agent stops, on shutdown or for silence, has them dropped.)
+    fn child_exited(&mut self, task: &ProbeTask, spec: &StreamSpec, store: &Store) {
+        if let Updates::Ads(ads) = self {
+            if let Some(ad) = ads.finish() {
+                tracing::debug!(probe = %task.name, "the stream exited after an ad without its `-`; applied as HTCondor does");
+                classad::apply(task, spec, store, "", &ad);
+            }
+        }
+    }
 }
 
 fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut OutputLog, line: Line) {
@@ -408,6 +475,147 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
     }
 }
 
+/// What `first_values` has read so far.
+enum Gathered {
+    /// value, kv, elim: the pairs of the lines read (a later line's value wins).
+    Pairs(Vec<output::Pair>),
+    /// classad: the ads ended so far, merged, and the one being read.
+    Ads {
+        reading: AdStream,
+        ads: output::Parsed,
+        ended: usize,
+    },
+}
+
+impl Gathered {
+    fn new(format: Format) -> Self {
+        match format {
+            Format::Classad => Gathered::Ads {
+                reading: AdStream::default(),
+                ads: output::Parsed::default(),
+                ended: 0,
+            },
+            _ => Gathered::Pairs(Vec::new()),
+        }
+    }
+
+    /// Take one line; `Some` when it decides how the wait ends. A kv stream is done when
+    /// every fed resource has a value (or a line does not parse), a ClassAd stream when
+    /// its ads so far give every fed resource one (or an ad holds a malformed line), another
+    /// line format at its first values.
+    fn take(&mut self, task: &ProbeTask, spec: &StreamSpec, line: Line) -> Option<FirstValues> {
+        let format = spec.exec.format;
+        match self {
+            Gathered::Pairs(pairs) => {
+                let bytes = match line {
+                    Line::TooLong => {
+                        return Some(FirstValues::Bad(format!(
+                            "line longer than {MAX_LINE} bytes"
+                        )))
+                    }
+                    Line::Complete(b) => b,
+                };
+                match parse_line(format, &bytes, &task.name) {
+                    LineValues::Nothing => None,
+                    LineValues::Error(e) => Some(FirstValues::Bad(format!(
+                        "bad {} line: {e}",
+                        format.as_str()
+                    ))),
+                    LineValues::Pairs(p) => {
+                        for (k, v) in p {
+                            output::upsert(pairs, &k, &v);
+                        }
+                        let complete = format != Format::Kv
+                            || task
+                                .feeds
+                                .iter()
+                                .all(|f| pairs.iter().any(|(n, _)| *n == f.name));
+                        complete.then_some(FirstValues::Got)
+                    }
+                }
+            }
+            Gathered::Ads {
+                reading,
+                ads,
+                ended,
+            } => match classad::push_line(reading, line) {
+                AdLine::Inside => None,
+                AdLine::TooLong => Some(FirstValues::Bad(classad::too_long())),
+                AdLine::Ended { ad, .. } => {
+                    // An ad with a malformed line answers at once: the line may be the
+                    // value still missing, and waiting would not bring it.
+                    let malformed = !ad.bad_lines.is_empty();
+                    output::merge_ads(ads, ad);
+                    *ended += 1;
+                    let complete = task.feeds.iter().all(|f| {
+                        let pick = spec.exec.select.pick(&f.name);
+                        output::select::reading(format, &pick, ads, &f.name, f.valtype).is_some()
+                    });
+                    (complete || malformed).then_some(FirstValues::Got)
+                }
+            },
+        }
+    }
+
+    /// The deadline passed, or the child exited and its output has been read. What it
+    /// gave so far is the answer (a kv probe that printed some values and paused; a
+    /// ClassAd stream whose later ads did not come); a child that exited by itself also
+    /// has the attributes after its last `-` count, as in the daemon.
+    fn at_end(&mut self, exited: bool) -> FirstValues {
+        let any = match self {
+            Gathered::Pairs(pairs) => !pairs.is_empty(),
+            Gathered::Ads {
+                reading,
+                ads,
+                ended,
+            } => {
+                if let Some(ad) = exited.then(|| reading.finish()).flatten() {
+                    output::merge_ads(ads, ad);
+                    *ended += 1;
+                }
+                *ended > 0
+            }
+        };
+        match (any, exited) {
+            (true, _) => FirstValues::Got,
+            (false, true) => FirstValues::Ended,
+            (false, false) => FirstValues::TimedOut,
+        }
+    }
+
+    /// What a timed-out wait did not get, for its message.
+    fn missing(&self) -> String {
+        match self {
+            Gathered::Ads { reading, .. } if reading.pending() > 0 => format!(
+                "no `-` line ended the ClassAd it began ({} lines read)",
+                reading.pending()
+            ),
+            Gathered::Ads { .. } => "no ClassAd ended by a `-` line".to_owned(),
+            Gathered::Pairs(_) => "no complete line with values".to_owned(),
+        }
+    }
+
+    fn into_run(
+        self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        (started, duration): (SystemTime, Duration),
+        stdout: &[u8],
+    ) -> ProbeRun {
+        match self {
+            Gathered::Pairs(pairs) => ProbeRun::from_pairs(task, started, duration, pairs),
+            Gathered::Ads { ads, .. } => ProbeRun::from_output(
+                task,
+                started,
+                duration,
+                (spec.exec.format, &spec.exec.select),
+                &ads,
+                &String::from_utf8_lossy(stdout),
+            ),
+        }
+    }
+}
+
 /// How waiting for a stream's first values ended.
 enum FirstValues {
     Got,
@@ -419,7 +627,8 @@ enum FirstValues {
 }
 
 /// `--once` / `probe NAME`: start the stream, take the first line that gives values (for kv:
-/// until every fed resource has one or a line that is not `name = value` ends the set), or
+/// until every fed resource has one or a line that is not `name = value` ends the set; for
+/// classad: the ads, each ended by `-`, until every fed resource has a value), or
 /// fail at the task timeout (for a stream, by default one interval plus grace:
 /// [`crate::plan::default_stream_timeout`]); then stop the group.
 pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
@@ -457,7 +666,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     }
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
-    let mut pairs: Vec<output::Pair> = Vec::new();
+    let mut gathered = Gathered::new(spec.exec.format);
     let deadline = t0 + task.timeout;
     let mut wake = deadline;
     let mut result: Option<FirstValues> = None;
@@ -469,34 +678,9 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             got = reader.next(), if reader.open() => if let Got::Stdout(chunk) = got {
                 lines.push(&chunk, &mut batch);
                 for line in batch.drain(..) {
+                    result = gathered.take(task, spec, line);
                     if result.is_some() {
                         break;
-                    }
-                    let bytes = match line {
-                        Line::TooLong => {
-                            result = Some(FirstValues::Bad(format!("line longer than {MAX_LINE} bytes")));
-                            break;
-                        }
-                        Line::Complete(b) => b,
-                    };
-                    match parse_line(spec.exec.format, &bytes, &task.name) {
-                        LineValues::Nothing => {}
-                        LineValues::Error(e) => {
-                            result = Some(FirstValues::Bad(format!("bad {} line: {e}", spec.exec.format.as_str())));
-                        }
-                        LineValues::Pairs(p) => {
-                            for (k, v) in p {
-                                match pairs.iter_mut().find(|(n, _)| *n == k) {
-                                    Some(slot) => slot.1 = v,
-                                    None => pairs.push((k, v)),
-                                }
-                            }
-                            let complete = spec.exec.format != Format::Kv
-                                || task.feeds.iter().all(|f| pairs.iter().any(|(n, _)| *n == f.name));
-                            if complete {
-                                result = Some(FirstValues::Got);
-                            }
-                        }
                     }
                 }
             },
@@ -506,19 +690,10 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
                 child.end_rest();
                 wake = wake.min(Instant::now() + process::AFTER_KILL_DRAIN);
             }
-            _ = sleep_until(wake) => {
-                result = Some(if !pairs.is_empty() {
-                    // kv: the probe printed some of its values and then paused.
-                    FirstValues::Got
-                } else if child.exited() {
-                    // Exited; what it wrote has been read (or is held by an escaped child).
-                    FirstValues::Ended
-                } else {
-                    FirstValues::TimedOut
-                });
-            }
+            _ = sleep_until(wake) => result = Some(gathered.at_end(child.exited())),
         }
     }
+    let result = result.unwrap_or_else(|| gathered.at_end(true));
     // The pipes stay open while the child is stopped: closing them first would turn a clean
     // TERM exit into SIGPIPE.
     let exit = match child.exit() {
@@ -533,17 +708,18 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     detail.stdout = std::mem::take(&mut reader.stdout);
     drop(reader);
     let duration = t0.elapsed();
-    let (outcome, why) = match result.unwrap_or(FirstValues::Ended) {
+    let (outcome, why) = match result {
         FirstValues::Got => {
-            let mut run = ProbeRun::from_pairs(task, started, duration, pairs);
+            let mut run = gathered.into_run(task, spec, (started, duration), &detail.stdout);
             run.exec = Some(detail);
             return run;
         }
         FirstValues::TimedOut => (
             Outcome::TimedOut,
             format!(
-                "timed out after {}: no complete line with values",
-                humantime::format_duration(task.timeout)
+                "timed out after {}: {}",
+                humantime::format_duration(task.timeout),
+                gathered.missing()
             ),
         ),
         FirstValues::Bad(why) => (Outcome::Failed, why),

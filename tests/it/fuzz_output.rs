@@ -438,3 +438,80 @@ proptest! {
         prop_assert_eq!(exit_sample, Some(exit.to_string()));
     }
 }
+
+proptest! {
+    #![proptest_config(crate::support::proptest_config(256))]
+
+    /// A stream probe's ClassAd reader, fed line by line: one ad per `-` or `- NAME`, each
+    /// with exactly its attributes (labelled with its name), together what the
+    /// finished-run parser reads from the same text; a malformed line is named by its
+    /// number from the stream's start, in the ad it was in.
+    #[test]
+    fn classad_stream_gives_one_ad_per_separator_as_the_run_parser_reads_them(
+        ads in proptest::collection::vec(
+            (
+                proptest::collection::btree_map("[A-Z][a-z0-9_]{0,8}", classad_value(), 0..5),
+                proptest::option::of("[A-Z][A-Z0-9]{0,6}"),
+            ),
+            0..5,
+        ),
+        garbage in prop_oneof![Just("no equals here"), Just("2x = 3"), Just("B ="), Just("C = ERROR")],
+        at in any::<usize>(),
+    ) {
+        let mut lines = Vec::new();
+        for (attrs, tag) in &ads {
+            let mut seen = std::collections::BTreeSet::new();
+            for (k, (printed, _)) in attrs {
+                if seen.insert(k.to_ascii_lowercase()) {
+                    lines.push(format!("{k} = {printed}"));
+                }
+            }
+            lines.push(tag.as_ref().map_or_else(|| "-".to_owned(), |t| format!("- {t}")));
+        }
+        let stream = |lines: &[String]| {
+            let mut reader = output::AdStream::default();
+            let mut got = Vec::new();
+            for l in lines {
+                if let output::AdLine::Ended { tag, ad } = reader.push(l) {
+                    got.push((tag, ad));
+                }
+            }
+            (got, reader.finish())
+        };
+        let (got, rest) = stream(&lines);
+        prop_assert_eq!(got.len(), ads.len());
+        prop_assert!(rest.is_none());
+        let mut merged = Parsed::default();
+        for ((tag, ad), (_, want_tag)) in got.into_iter().zip(&ads) {
+            prop_assert_eq!(&tag, want_tag.as_deref().unwrap_or(""));
+            for s in &ad.samples {
+                let want: Vec<(String, String)> =
+                    want_tag.iter().map(|t| ("ad".to_owned(), t.clone())).collect();
+                prop_assert_eq!(&s.labels, &want);
+            }
+            output::merge_ads(&mut merged, ad);
+        }
+        prop_assert_eq!(merged.samples, parsed(Format::Classad, &lines.join("\n")).samples);
+        // One malformed line: named by its number, in an ad or after the last one.
+        let bad = insert_line(&mut lines, at, garbage);
+        let (got, rest) = stream(&lines);
+        let mut numbers: Vec<usize> = got.iter().flat_map(|(_, ad)| bad_line_numbers(ad)).collect();
+        numbers.extend(rest.iter().flat_map(bad_line_numbers));
+        prop_assert_eq!(numbers, vec![bad]);
+    }
+
+    #[test]
+    fn classad_stream_takes_any_lines_without_panicking(lines in proptest::collection::vec("[ -~]{0,30}|-.*", 0..30)) {
+        let mut reader = output::AdStream::default();
+        let mut ended = 0;
+        for l in &lines {
+            if matches!(reader.push(l), output::AdLine::Ended { .. }) {
+                ended += 1;
+            }
+        }
+        let separators = lines.iter().filter(|l| l.trim().starts_with('-')).count();
+        prop_assert_eq!(ended, separators);
+        reader.finish();
+        prop_assert_eq!(reader.pending(), 0);
+    }
+}

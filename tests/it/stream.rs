@@ -1,5 +1,6 @@
 //! Stream probes end to end: a real long-running child, values observed through the store's
-//! watch (no sleeps), restarts, the abort value, partial and overlong lines, silence.
+//! watch (no sleeps), restarts, the abort value, partial and overlong lines, silence, and
+//! ClassAd streams (one ad per `-`, gated by FIFOs).
 
 use crate::support as common;
 
@@ -79,6 +80,22 @@ impl Running {
 
 const ELIM: &str = "{kind: stream, command: [el], format: elim, provides: [a, b], env: {D: DIR}}";
 
+/// A FIFO in the setup's `pids/` that a script blocks on (`read x < "$D/NAME"`) until the
+/// test releases it.
+fn fifo(s: &Setup, name: &str) -> std::path::PathBuf {
+    let path = s.path().join("pids").join(name);
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    path
+}
+
+async fn release(fifo: &std::path::Path) {
+    let fifo = fifo.to_owned();
+    tokio::task::spawn_blocking(move || std::fs::write(fifo, "go\n").unwrap())
+        .await
+        .unwrap();
+}
+
 fn num(v: f64) -> impl Fn(&xce_agent::value::Resval) -> bool {
     move |r| r.status == Status::Ok && r.value == Value::Numeric(v)
 }
@@ -152,9 +169,7 @@ async fn a_partial_line_waits_for_its_newline_and_blocks_nothing() {
         ELIM,
         "#!/bin/sh\necho \"1 a 5\"\nprintf '1 a'\nread x < \"$D/fifo\"\necho \" 9\"\nexec sleep 1000\n",
     );
-    let fifo = s.path().join("pids/fifo");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
-    std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let fifo = fifo(&s, "fifo");
     let r = start(&s);
     wait_for(&r.store, "a", num(5.0)).await;
     // Another probe runs to completion while the stream sits inside a line.
@@ -168,9 +183,7 @@ async fn a_partial_line_waits_for_its_newline_and_blocks_nothing() {
     let a = r.store.get("a", "").unwrap();
     assert_eq!((a.status, a.value), (Status::Ok, Value::Numeric(5.0)));
     // Complete the line: now it is applied.
-    tokio::task::spawn_blocking(move || std::fs::write(fifo, "go\n").unwrap())
-        .await
-        .unwrap();
+    release(&fifo).await;
     wait_for(&r.store, "a", num(9.0)).await;
     r.stop().await;
 }
@@ -439,17 +452,21 @@ fn a_streams_first_values_deadline_defaults_from_its_interval() {
 
 #[tokio::test]
 async fn a_stream_silent_past_its_first_values_deadline_says_which_deadline() {
-    let s = setup(
+    let err = first_values_timing_out(
         "{kind: stream, command: [el], format: elim, provides: [a, b], timeout: 1s}",
         "#!/bin/sh\necho 0\nexec sleep 1000\n",
-    );
+    )
+    .await;
+    assert_eq!(err, "timed out after 1s: no complete line with values");
+}
+
+/// The error of `first_values` on a stream that must time out.
+async fn first_values_timing_out(probe: &str, body: &str) -> String {
+    let s = setup(probe, body);
     let (task, ctx) = load_task(&s, "a");
     let run = stream::first_values(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::TimedOut);
-    assert_eq!(
-        run.error().unwrap(),
-        "timed out after 1s: no complete line with values"
-    );
+    run.error().unwrap().to_owned()
 }
 
 #[test]
@@ -471,4 +488,195 @@ fn line_splitter_buffers_partials_and_rejects_overlong_lines() {
     out.clear();
     sp.push(b"123456789\n", &mut out);
     assert_eq!(out, vec![Line::TooLong]);
+}
+
+// ClassAd streams (HTCondor startd cron jobs that keep running): `Name = value` lines
+// gather into one ad, applied at its `-` line.
+
+const CLASSAD: &str =
+    "{kind: stream, command: [el], format: classad, provides: [a, b], env: {D: DIR}}";
+
+#[tokio::test]
+async fn a_classad_stream_applies_each_ad_together_at_its_dash() {
+    let s = setup(
+        CLASSAD,
+        "#!/bin/sh\necho 'a = 1'\necho 'b = 2'\necho '-'\nread x < \"$D/next\"\necho 'A = 3'\necho 'b = 4'\necho '-'\nexec sleep 1000\n",
+    );
+    let next = fifo(&s, "next");
+    let r = start(&s);
+    let a = wait_for(&r.store, "a", num(1.0)).await;
+    // One update: both values, one stamp; the second ad is not printed until released.
+    let b = r.store.get("b", "").unwrap();
+    assert_eq!((b.status, &b.value), (Status::Ok, &Value::Numeric(2.0)));
+    assert_eq!(a.last_report_ms, b.last_report_ms);
+    release(&next).await;
+    // Attribute names are case-insensitive: `A` feeds a.
+    wait_for(&r.store, "a", num(3.0)).await;
+    wait_for(&r.store, "b", num(4.0)).await;
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn named_ads_of_a_classad_stream_update_only_their_own_resources() {
+    let s = setup(
+        "{kind: stream, command: [el], format: classad, provides: [a, b], env: {D: DIR}, select: {a: 'Requests{ad=\"SQUID0\"}', b: 'Requests{ad=\"SQUID1\"}'}}",
+        "#!/bin/sh\nprintf 'Requests = 5\\n- SQUID0\\nRequests = 7\\n- SQUID1\\n'\nread x < \"$D/next\"\nprintf 'Requests = 6\\n- SQUID0\\n'\nexec sleep 1000\n",
+    );
+    let next = fifo(&s, "next");
+    let r = start(&s);
+    wait_for(&r.store, "a", num(5.0)).await;
+    let b = wait_for(&r.store, "b", num(7.0)).await;
+    release(&next).await;
+    wait_for(&r.store, "a", num(6.0)).await;
+    // SQUID0's update left SQUID1's resource as it was, stamp included.
+    assert_eq!(r.store.get("b", "").unwrap(), b);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn first_values_of_a_classad_stream_wait_for_every_named_ad() {
+    let probe = "{kind: stream, command: [squid], format: classad, provides: [SQUID1_Requests]}";
+    let s = Setup::new(&format!(
+        "resources:\n{}  - {{name: SQUID1_Requests, valtype: numeric, interval: 60s, resourcemap: [{{location: [default]}}]}}\n",
+        resource("SQUID0_Requests", probe)
+    ));
+    // The CMR squid monitor's shape: one ad per squid, each named by its `- NAME` line.
+    s.script(
+        "squid",
+        "#!/bin/sh\nprintf 'Requests = 5\\nUp = true\\n- SQUID0\\n'\nprintf 'Requests = 7\\n- SQUID1\\n'\nexec sleep 1000\n",
+    );
+    let (task, ctx) = load_task(&s, "SQUID0_Requests");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
+    let vals: Vec<String> = run
+        .readings
+        .iter()
+        .map(|(n, r)| format!("{n}={r:?}"))
+        .collect();
+    assert_eq!(
+        vals,
+        [
+            "SQUID0_Requests=Ok(Numeric(5.0))",
+            "SQUID1_Requests=Ok(Numeric(7.0))"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_line_in_an_ad_is_named_and_the_rest_of_the_ad_applies() {
+    let s = setup(
+        CLASSAD,
+        "#!/bin/sh\nprintf 'a = 1\\nb = 7\\n-\\n'\nread x < \"$D/next\"\nprintf 'a = 2\\nb =\\n-\\n'\nexec sleep 1000\n",
+    );
+    let next = fifo(&s, "next");
+    let r = start(&s);
+    wait_for(&r.store, "b", num(7.0)).await;
+    release(&next).await;
+    wait_for(&r.store, "a", num(2.0)).await;
+    // b's line did not parse: b keeps its last good value (until its stale time), never 0.
+    let b = r.store.get("b", "").unwrap();
+    assert_eq!((b.status, b.value), (Status::Ok, Value::Numeric(7.0)));
+    r.stop().await;
+
+    // `--once` and `probe NAME` name the line, counted from the stream's start.
+    let s = setup(
+        CLASSAD,
+        "#!/bin/sh\nprintf 'a = 1\\nb =\\n-\\n'\nexec sleep 1000\n",
+    );
+    let (task, ctx) = load_task(&s, "a");
+    let run = stream::first_values(&task, &ctx).await;
+    assert_eq!(run.bad_lines, ["line 2: b has no value"]);
+    assert_eq!(
+        run.readings[0].1,
+        xce_agent::value::Reading::Ok(Value::Numeric(1.0))
+    );
+    let xce_agent::value::Reading::Pending(why) = &run.readings[1].1 else {
+        panic!("{:?}", run.readings[1]);
+    };
+    assert!(
+        why.contains("did not parse, the first: line 2: b has no value"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn an_ad_left_without_its_dash_is_applied_when_the_stream_exits() {
+    // As HTCondor does when a cron job exits: what it printed after its last `-` is
+    // published. The second start only sleeps, so the values seen are the first run's.
+    let s = setup(
+        CLASSAD,
+        "#!/bin/sh\n[ -e \"$D/ran\" ] && exec sleep 1000\ntouch \"$D/ran\"\nprintf 'a = 1\\nb = 2\\n-\\na = 5\\n'\nexit 3\n",
+    );
+    let r = start(&s);
+    // The exit's failure follows at once and keeps the value: match the value.
+    let a = wait_for(&r.store, "a", |v| v.value == Value::Numeric(5.0)).await;
+    assert!(a.last_report_ms.is_some());
+    let b = r.store.get("b", "").unwrap();
+    assert_eq!(b.value, Value::Numeric(2.0), "{b:?}");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn an_ad_still_open_at_the_first_values_deadline_is_not_an_answer() {
+    let err = first_values_timing_out(
+        "{kind: stream, command: [el], format: classad, provides: [a, b], timeout: 1s}",
+        "#!/bin/sh\nprintf 'a = 1\\nb = 2\\n'\nexec sleep 1000\n",
+    )
+    .await;
+    assert_eq!(
+        err,
+        "timed out after 1s: no `-` line ended the ClassAd it began (2 lines read)"
+    );
+}
+
+#[tokio::test]
+async fn lines_of_an_ad_that_never_ends_are_not_reports_and_the_stream_goes_stale() {
+    let s = setup(
+        "{kind: stream, command: [el], format: classad, provides: [a, b], silence: 1s}",
+        "#!/bin/sh\nprintf 'a = 1\\n-\\n'\nwhile :; do echo 'a = 2'; sleep 0.2; done\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(1.0)).await;
+    let a = wait_for(&r.store, "a", |v| v.status == Status::Stale).await;
+    assert!(a.error.unwrap().contains("stream silent for 1s"));
+    r.stop().await;
+}
+
+/// influxdata's execd `count.sh` shape in Perl, printing one ClassAd per line read from
+/// stdin, never flushing: only a terminal on stdout gets its ads out as it prints them.
+const COUNT_CLASSAD_PERL: &str =
+    "#!/usr/bin/perl\nmy $i = 1;\nwhile (<STDIN>) { print \"a = $i\\nb = $i\\n-\\n\"; $i++; }\n";
+
+#[tokio::test]
+async fn a_classad_stream_answers_stdin_signals_through_a_pty() {
+    let s = setup_every(
+        "1s",
+        "{kind: stream, command: [el], format: classad, provides: [a, b], stdin: signal, stdout: pty}",
+        COUNT_CLASSAD_PERL,
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(1.0)).await;
+    wait_for(&r.store, "b", num(2.0)).await;
+    assert_eq!(r.restarts(), 0);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn an_ad_that_never_ends_is_dropped_at_its_bound_and_the_next_ad_applies() {
+    // A kv script declared classad: attributes forever, no `-`. Memory stays bounded.
+    let s = setup(
+        CLASSAD,
+        "#!/bin/sh\nyes 'attr = 1' | head -n 9000\nread x < \"$D/next\"\nprintf -- '-\\na = 3\\n-\\n'\nexec sleep 1000\n",
+    );
+    let next = fifo(&s, "next");
+    let r = start(&s);
+    let a = wait_for(&r.store, "a", |v| v.status == Status::Failed).await;
+    assert_eq!(
+        a.error.unwrap(),
+        "a ClassAd ran past 65536 bytes without a `-` line; a stream's ClassAd output ends each update with `-`"
+    );
+    release(&next).await;
+    // The `-` ends the dropped ad (nothing applied); the next ad applies.
+    wait_for(&r.store, "a", num(3.0)).await;
+    r.stop().await;
 }

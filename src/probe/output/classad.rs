@@ -20,44 +20,149 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: true,
+    streams: true,
 };
 
 /// The label a `- NAME` separator puts on its ad's attributes.
 pub const AD_LABEL: &str = "ad";
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
+    let mut ads = AdStream::default();
     let mut out = Parsed::default();
-    let mut ad_start = 0;
-    for (i, raw) in input.text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+    let mut count = 0;
+    for line in input.text.lines() {
+        if let AdLine::Ended { ad, .. } = ads.push(line) {
+            out.append(ad);
+            count += 1;
         }
+    }
+    // A finished run's last ad needs no `-`: HTCondor publishes what it printed.
+    if let Some(ad) = ads.finish() {
+        out.append(ad);
+        count += 1;
+    }
+    // Each ad is already without repeats: only several need another pass.
+    if count > 1 {
+        out.samples = later_wins(std::mem::take(&mut out.samples));
+    }
+    Ok(out)
+}
+
+/// Add the next ad to the ones read before: a later value of an attribute (in the ad of
+/// the same name) replaces an earlier one.
+pub fn merge_ads(into: &mut Parsed, ad: Parsed) {
+    into.append(ad);
+    into.samples = later_wins(std::mem::take(&mut into.samples));
+}
+
+/// Longest ad a stream may print before its `-` (a finished run's whole output is capped
+/// at the same size): a stream that never prints `-` must not grow the agent's memory.
+pub const MAX_AD_BYTES: usize = 64 * 1024;
+
+/// Reads ClassAd output one line at a time: the one rule for `-` and `- NAME`, for a
+/// finished run's output and for a stream probe's updates. Lines are numbered from 1.
+#[derive(Debug, Default)]
+pub struct AdStream {
+    /// The ad being read: its attributes and malformed lines so far.
+    ad: Parsed,
+    /// Lines read, for the line numbers.
+    line: usize,
+    /// Bytes of the ad being read, against [`MAX_AD_BYTES`].
+    bytes: usize,
+    /// The ad ran past [`MAX_AD_BYTES`]: its lines are dropped up to the next `-`.
+    skipping: bool,
+}
+
+/// What one line did to the ad being read.
+#[derive(Debug, PartialEq)]
+pub enum AdLine {
+    /// An attribute, a blank or comment line, or a malformed line: the ad goes on.
+    Inside,
+    /// A `-` or `- NAME` line ended this ad: `tag` is `NAME` (empty for `-`), and the
+    /// ad's attributes carry it as the label `ad="NAME"`.
+    Ended { tag: String, ad: Parsed },
+    /// The ad passed [`MAX_AD_BYTES`] without a `-`: it is dropped, and so is the rest of it
+    /// up to the next `-`.
+    TooLong,
+}
+
+impl AdStream {
+    /// Read one line (without its newline).
+    pub fn push(&mut self, raw: &str) -> AdLine {
+        self.line += 1;
+        let line = raw.trim();
         if let Some(tag) = line.strip_prefix('-') {
-            let tag = tag.trim();
-            if !tag.is_empty() {
-                for s in &mut out.samples[ad_start..] {
-                    s.labels = vec![(AD_LABEL.to_owned(), tag.to_owned())];
-                }
-            }
-            ad_start = out.samples.len();
-            continue;
+            return match std::mem::take(&mut self.skipping) {
+                true => AdLine::Inside,
+                false => AdLine::Ended {
+                    tag: tag.trim().to_owned(),
+                    ad: self.end(tag.trim()),
+                },
+            };
+        }
+        if self.skipping || line.is_empty() || line.starts_with('#') {
+            return AdLine::Inside;
+        }
+        self.bytes += line.len();
+        if self.bytes > MAX_AD_BYTES {
+            self.ad = Parsed::default();
+            self.bytes = 0;
+            self.skipping = true;
+            return AdLine::TooLong;
         }
         match attribute(line) {
-            Ok(Some((name, value))) => out.samples.push(Sample {
+            Ok(Some((name, value))) => self.ad.samples.push(Sample {
                 name,
                 labels: Vec::new(),
                 value,
-                line: i + 1,
+                line: self.line,
             }),
             Ok(None) => {}
-            Err(why) => out.bad(i + 1, why),
+            Err(why) => self.ad.bad(self.line, why),
+        }
+        AdLine::Inside
+    }
+
+    /// Count a line that could not be read as text (not UTF-8, too long) as malformed.
+    pub fn bad_line(&mut self, why: &str) {
+        self.line += 1;
+        if !self.skipping {
+            self.ad.bad(self.line, why);
         }
     }
-    // A later update of the same attribute wins (names compared without case).
-    let mut kept: Vec<Sample> = Vec::with_capacity(out.samples.len());
+
+    /// The lines read since the last `-`, as an ad of their own (`None` when there are
+    /// none): what a run that ended without its last `-` printed.
+    pub fn finish(&mut self) -> Option<Parsed> {
+        let started = !self.ad.samples.is_empty() || !self.ad.bad_lines.is_empty();
+        self.skipping = false;
+        started.then(|| self.end(""))
+    }
+
+    /// Lines of the ad being read that hold an attribute or did not parse.
+    pub fn pending(&self) -> usize {
+        self.ad.samples.len() + self.ad.bad_lines.len()
+    }
+
+    fn end(&mut self, tag: &str) -> Parsed {
+        self.bytes = 0;
+        let mut ad = std::mem::take(&mut self.ad);
+        if !tag.is_empty() {
+            for s in &mut ad.samples {
+                s.labels = vec![(AD_LABEL.to_owned(), tag.to_owned())];
+            }
+        }
+        ad.samples = later_wins(ad.samples);
+        ad
+    }
+}
+
+/// A later value of the same attribute (names compared without case) in the same ad
+/// replaces an earlier one, in the earlier one's place.
+fn later_wins(samples: Vec<Sample>) -> Vec<Sample> {
+    let mut kept: Vec<Sample> = Vec::with_capacity(samples.len());
     let mut index: HashMap<(String, Vec<(String, String)>), usize> = HashMap::new();
-    for s in out.samples.drain(..) {
+    for s in samples {
         match index.entry((s.name.to_ascii_lowercase(), s.labels.clone())) {
             Entry::Occupied(e) => kept[*e.get()] = s,
             Entry::Vacant(e) => {
@@ -66,8 +171,7 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
             }
         }
     }
-    out.samples = kept;
-    Ok(out)
+    kept
 }
 
 /// `Name = value`: `None` for UNDEFINED.
@@ -184,6 +288,55 @@ mod tests {
                 ("load".to_owned(), "2".to_owned()),
             ]
         );
+    }
+
+    #[test]
+    fn a_stream_gives_each_ad_at_its_separator_numbering_lines_from_the_start() {
+        let mut ads = AdStream::default();
+        assert_eq!(ads.push("Load = 1"), AdLine::Inside);
+        assert_eq!(ads.push("load = 2"), AdLine::Inside);
+        assert_eq!(ads.pending(), 2);
+        let AdLine::Ended { tag, ad } = ads.push("-") else {
+            panic!("`-` ends the ad")
+        };
+        assert_eq!(
+            (tag.as_str(), ad.samples.len()),
+            ("", 1),
+            "later wins: {ad:?}"
+        );
+        assert_eq!((ad.samples[0].value.as_str(), ad.samples[0].line), ("2", 2));
+        ads.push("Requests = 5");
+        ads.push("bad line");
+        let AdLine::Ended { tag, ad } = ads.push("- SQUID0") else {
+            panic!()
+        };
+        assert_eq!(tag, "SQUID0");
+        assert_eq!(ad.samples[0].key(), "Requests{ad=\"SQUID0\"}");
+        assert_eq!(super::super::test_support::bad_line_numbers(&ad), vec![5]);
+        assert_eq!(ads.finish(), None, "nothing after the last `-`");
+        ads.push("Tail = 1");
+        assert_eq!(ads.finish().map(|a| a.samples[0].line), Some(7));
+    }
+
+    #[test]
+    fn an_ad_that_never_ends_is_dropped_at_the_bound_until_the_next_separator() {
+        let mut ads = AdStream::default();
+        let line = format!("A = \"{}\"", "x".repeat(1000));
+        let mut too_long = 0;
+        for _ in 0..(MAX_AD_BYTES / line.len() + 10) {
+            if ads.push(&line) == AdLine::TooLong {
+                too_long += 1;
+            }
+        }
+        assert_eq!(too_long, 1, "reported once");
+        assert_eq!(ads.pending(), 0, "memory released");
+        assert_eq!(
+            ads.push("-"),
+            AdLine::Inside,
+            "the dropped ad ends unpublished"
+        );
+        ads.push("B = 1");
+        assert!(matches!(ads.push("-"), AdLine::Ended { ad, .. } if ad.samples.len() == 1));
     }
 
     #[test]

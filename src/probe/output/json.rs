@@ -18,6 +18,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: false,
+    streams: false,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {

@@ -10,6 +10,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: false,
     empty_is_an_answer: false,
     fold_case: false,
+    streams: true,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {

@@ -5,6 +5,7 @@
 
 pub mod select;
 
+pub use classad::{merge_ads, AdLine, AdStream, AD_LABEL, MAX_AD_BYTES};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
@@ -63,11 +64,11 @@ impl Format {
         self.def().selectable
     }
 
-    /// The formats a stream probe reads line by line: those without `select:`.
-    pub fn line_formats() -> Vec<&'static str> {
+    /// The formats a stream probe reads as its output comes, for the config's error text.
+    pub fn stream_names() -> Vec<&'static str> {
         Self::ALL
             .iter()
-            .filter(|f| !f.selectable())
+            .filter(|f| f.def().streams)
             .map(|f| f.as_str())
             .collect()
     }
@@ -87,6 +88,9 @@ pub struct FormatDef {
     pub empty_is_an_answer: bool,
     /// Selector names match case-insensitively (ClassAd attribute names).
     pub fold_case: bool,
+    /// A stream probe can read it as it comes: each line is an update (value, kv, elim), or
+    /// a line says where an update ends (ClassAd's `-`).
+    pub streams: bool,
 }
 
 /// Exit statuses whose output is read; any other is a failed run.
@@ -201,6 +205,12 @@ impl Parsed {
         )
     }
 
+    /// Add the next part of the same output (a stream's next ClassAd).
+    pub fn append(&mut self, mut other: Parsed) {
+        self.samples.append(&mut other.samples);
+        self.bad_lines.append(&mut other.bad_lines);
+    }
+
     fn bad(&mut self, line: usize, reason: impl Into<String>) {
         self.bad_lines.push(OutputError::Line {
             line,
@@ -293,7 +303,7 @@ pub fn looks_like(text: &str) -> Option<Format> {
     None
 }
 
-fn upsert(pairs: &mut Vec<Pair>, k: &str, v: &str) {
+pub(crate) fn upsert(pairs: &mut Vec<Pair>, k: &str, v: &str) {
     match pairs.iter_mut().find(|(n, _)| n == k) {
         Some(p) => p.1 = v.to_owned(),
         None => pairs.push((k.to_owned(), v.to_owned())),
