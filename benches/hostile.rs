@@ -20,7 +20,10 @@
 
 #[path = "../tests/it/support/frames.rs"]
 mod link_common;
-mod proc_stats;
+mod support {
+    pub mod env;
+    pub mod proc_stats;
+}
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,7 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proc_stats::{proc_cpu, proc_rss_kib};
+use support::env::env_or;
+use support::proc_stats::{proc_cpu, proc_rss_kib};
 use xce_agent::link::limits::MAX_DECLARED;
 use xce_agent::link::wire::{self, Batch, ControllerMessage, Envelope, Hello};
 use xce_agent::value::Value;
@@ -37,13 +41,6 @@ use xce_agent::value::Value;
 /// The binary under measurement.
 fn agent_bin() -> String {
     std::env::var("XCE_AGENT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xce-agent").to_owned())
-}
-
-fn env_or(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
 }
 
 struct Listen {
@@ -132,8 +129,8 @@ fn encode(env: &Envelope) -> Vec<u8> {
 }
 
 fn main() {
-    let conns = env_or("CONNS", 8);
-    let frames = env_or("FRAMES", 12);
+    let conns: usize = env_or("CONNS", 8);
+    let frames: usize = env_or("FRAMES", 12);
     println!("## `xce-agent listen` against hostile frames, stdout never read\n");
     println!(
         "| scenario | peak RSS MiB (VmHWM) | RSS at end MiB | CPU s | stderr lines | bytes sent |"
@@ -184,7 +181,7 @@ fn main() {
         conns * bytes.len(),
     );
 
-    let secs = env_or("SECS", 10) as u64;
+    let secs = env_or::<u64>("SECS", 10);
     println!("\n## the agent against a hostile controller, {secs} s each\n");
     println!("| controller sends | agent CPU s | agent log lines | hellos (snapshots) received | welcomes sent |");
     println!("|---|---|---|---|---|");
