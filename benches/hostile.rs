@@ -50,7 +50,8 @@ struct Listen {
 }
 
 impl Listen {
-    /// listen with stdout piped and never read; stderr lines counted by a thread.
+    /// listen (plaintext: the frames are the point, not the handshake) with stdout piped and
+    /// never read; stderr lines counted by a thread.
     fn start() -> Self {
         let port = {
             let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -58,7 +59,7 @@ impl Listen {
         };
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut child = Command::new(agent_bin())
-            .args(["listen", &addr.to_string()])
+            .args(["listen", &addr.to_string(), "--insecure"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -73,6 +74,9 @@ impl Listen {
             }
         });
         while TcpStream::connect(addr).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("xce-agent listen exited before listening: {status}");
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Self {
@@ -221,7 +225,8 @@ fn hostile_controller(what: &str, secs: u64, frame: impl Fn(u64) -> Vec<u8>) {
     std::fs::write(
         dir.path().join("agent.yaml"),
         format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\n",
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\n\
+             insecure_plaintext: true\n",
             dir.path().display()
         ),
     )
@@ -281,6 +286,10 @@ fn hostile_controller(what: &str, secs: u64, frame: impl Fn(u64) -> Vec<u8>) {
             }
             let _ = writer.shutdown(std::net::Shutdown::Both);
         }));
+    }
+    if let Ok(Some(status)) = agent.try_wait() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        panic!("the agent exited during the run: {status}\n{log}");
     }
     let cpu = proc_cpu(agent.id());
     // SIGTERM to this child only, then reap it.
