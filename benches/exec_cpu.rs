@@ -10,12 +10,19 @@
 //!
 //! Run: `cargo bench --bench exec_cpu` (env RUNS, default 2000 per side).
 
+mod support {
+    pub mod env;
+    pub mod rusage;
+}
+
 use std::ffi::CString;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use support::env::env_or;
+use support::rusage::{self, UsageWho};
 use xce_agent::probe::{self, BuiltinSource, ProbeContext};
 use xce_agent::value::Reading;
 
@@ -25,14 +32,6 @@ impl BuiltinSource for NoBuiltins {
     fn reading(&self, _index: &str) -> Option<Reading> {
         None
     }
-}
-
-fn cpu(who: i32) -> Duration {
-    // SAFETY: getrusage only writes the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(who, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 #[derive(Default)]
@@ -46,14 +45,14 @@ struct Side {
 impl Side {
     fn measure(&mut self, runs: u32, mut f: impl FnMut()) {
         let (s0, c0, w0) = (
-            cpu(libc::RUSAGE_SELF),
-            cpu(libc::RUSAGE_CHILDREN),
+            rusage::cpu(UsageWho::RUSAGE_SELF),
+            rusage::cpu(UsageWho::RUSAGE_CHILDREN),
             Instant::now(),
         );
         (0..runs).for_each(|_| f());
         self.wall += w0.elapsed();
-        self.self_cpu += cpu(libc::RUSAGE_SELF) - s0;
-        self.child_cpu += cpu(libc::RUSAGE_CHILDREN) - c0;
+        self.self_cpu += rusage::cpu(UsageWho::RUSAGE_SELF) - s0;
+        self.child_cpu += rusage::cpu(UsageWho::RUSAGE_CHILDREN) - c0;
         self.runs += runs;
     }
 
@@ -212,10 +211,7 @@ fn agent_runner(script: &Path, run_as: &str) -> impl FnMut() {
 const HEADER: &str = "| configuration | agent CPU/run (µs) | floor CPU/run (µs) | agent / floor | children CPU/run agent / floor (µs) | wall/run agent / floor (µs) |\n|---|---|---|---|---|---|";
 
 fn main() {
-    let runs: u32 = std::env::var("RUNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2000);
+    let runs: u32 = env_or("RUNS", 2000);
     if let Ok(script) = std::env::var("XCE_BENCH_UNPRIVILEGED") {
         // The child: an unprivileged agent (no run_as switch, no cgroup), same floor.
         let script = Path::new(&script);

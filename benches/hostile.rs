@@ -20,7 +20,10 @@
 
 #[path = "../tests/it/support/frames.rs"]
 mod link_common;
-mod proc_stats;
+mod support {
+    pub mod env;
+    pub mod proc_stats;
+}
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,7 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proc_stats::{proc_cpu, proc_rss_kib};
+use support::env::env_or;
+use support::proc_stats::{proc_cpu, proc_rss_kib};
 use xce_agent::link::limits::MAX_DECLARED;
 use xce_agent::link::wire::{self, Batch, ControllerMessage, Envelope, Hello};
 use xce_agent::value::Value;
@@ -39,13 +43,6 @@ fn agent_bin() -> String {
     std::env::var("XCE_AGENT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xce-agent").to_owned())
 }
 
-fn env_or(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 struct Listen {
     child: Child,
     addr: SocketAddr,
@@ -53,7 +50,8 @@ struct Listen {
 }
 
 impl Listen {
-    /// listen with stdout piped and never read; stderr lines counted by a thread.
+    /// listen (plaintext: the frames are the point, not the handshake) with stdout piped and
+    /// never read; stderr lines counted by a thread.
     fn start() -> Self {
         let port = {
             let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -61,7 +59,7 @@ impl Listen {
         };
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut child = Command::new(agent_bin())
-            .args(["listen", &addr.to_string()])
+            .args(["listen", &addr.to_string(), "--insecure"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -76,6 +74,9 @@ impl Listen {
             }
         });
         while TcpStream::connect(addr).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("xce-agent listen exited before listening: {status}");
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Self {
@@ -132,8 +133,8 @@ fn encode(env: &Envelope) -> Vec<u8> {
 }
 
 fn main() {
-    let conns = env_or("CONNS", 8);
-    let frames = env_or("FRAMES", 12);
+    let conns: usize = env_or("CONNS", 8);
+    let frames: usize = env_or("FRAMES", 12);
     println!("## `xce-agent listen` against hostile frames, stdout never read\n");
     println!(
         "| scenario | peak RSS MiB (VmHWM) | RSS at end MiB | CPU s | stderr lines | bytes sent |"
@@ -184,7 +185,7 @@ fn main() {
         conns * bytes.len(),
     );
 
-    let secs = env_or("SECS", 10) as u64;
+    let secs = env_or::<u64>("SECS", 10);
     println!("\n## the agent against a hostile controller, {secs} s each\n");
     println!("| controller sends | agent CPU s | agent log lines | hellos (snapshots) received | welcomes sent |");
     println!("|---|---|---|---|---|");
@@ -224,7 +225,8 @@ fn hostile_controller(what: &str, secs: u64, frame: impl Fn(u64) -> Vec<u8>) {
     std::fs::write(
         dir.path().join("agent.yaml"),
         format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\n",
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\ncontrollers: [\"{addr}\"]\n\
+             insecure_plaintext: true\n",
             dir.path().display()
         ),
     )
@@ -284,6 +286,10 @@ fn hostile_controller(what: &str, secs: u64, frame: impl Fn(u64) -> Vec<u8>) {
             }
             let _ = writer.shutdown(std::net::Shutdown::Both);
         }));
+    }
+    if let Ok(Some(status)) = agent.try_wait() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        panic!("the agent exited during the run: {status}\n{log}");
     }
     let cpu = proc_cpu(agent.id());
     // SIGTERM to this child only, then reap it.

@@ -10,12 +10,19 @@
 //! it runs the configuration nodes run: probes as `RUN_AS` (default nobody) and, where a
 //! cgroup v2 hierarchy is writable, each probe contained in its own cgroup.
 
+mod support {
+    pub mod env;
+    pub mod rusage;
+}
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use support::env::env_or;
+use support::rusage::{self, UsageWho};
 use tokio_util::sync::CancellationToken;
 use xce_agent::probe::{BuiltinSource, ProbeContext};
 use xce_agent::schedule::Scheduler;
@@ -49,21 +56,6 @@ fn stamp(file: &str) {
         let _ = f.write_all(format!("{name} {t}\n").as_bytes());
     }
     println!("1");
-}
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn cpu_self() -> Duration {
-    // SAFETY: getrusage only writes the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -104,18 +96,18 @@ async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
     let ctx = ProbeContext {
         host: "node001".into(),
         plugin_dir: dir.path().to_owned(),
-        run_as: std::env::var("RUN_AS").unwrap_or_else(|_| "nobody".into()),
+        run_as: env_or("RUN_AS", "nobody".to_owned()),
         builtin: Arc::new(NoBuiltins),
         files: xce_agent::probe::file_reader::FileReads::new(32),
     };
-    let cpu0 = cpu_self();
+    let cpu0 = rusage::cpu(UsageWho::RUSAGE_SELF);
     let t0 = now_ns();
     let mut sched = Scheduler::new(store.clone(), ctx, max_parallel, CancellationToken::new());
     sched.start(&plan);
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let stats = sched.stats.clone();
     sched.stop().await;
-    let cpu = cpu_self() - cpu0;
+    let cpu = rusage::cpu(UsageWho::RUSAGE_SELF) - cpu0;
     let skipped: u64 = stats
         .all()
         .iter()
@@ -179,7 +171,7 @@ fn main() {
     println!(
         "scheduling lateness, {secs} s per rate, first 2 s not counted; agent {}, probes as {}, containment {}",
         if nix::unistd::geteuid().is_root() { "root" } else { "not root" },
-        std::env::var("RUN_AS").unwrap_or_else(|_| "nobody".into()),
+        env_or("RUN_AS", "nobody".to_owned()),
         if contained { "on" } else { "off" }
     );
     println!("| rate | max_parallel | runs counted | skipped (overlap) | p50 ms | p99 ms | max ms | agent CPU/run µs |\n|---|---|---|---|---|---|---|---|");

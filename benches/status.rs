@@ -7,11 +7,17 @@
 //!
 //! Run: `cargo bench --bench status` (env N=10000 ROUNDS=50).
 
+mod support {
+    pub mod env;
+    pub mod rusage;
+}
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use nix::sys::resource::{getrusage, UsageWho};
+use support::env::env_or;
+use support::rusage::{self, UsageWho};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use xce_agent::link::client::LinkStats;
@@ -20,29 +26,17 @@ use xce_agent::status::{self, Loaded, Sources};
 use xce_agent::store::Store;
 use xce_agent::value::{Reading, Value};
 
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn thread_cpu() -> Duration {
-    let u = getrusage(UsageWho::RUSAGE_THREAD).expect("getrusage");
-    let tv = |t: nix::sys::time::TimeVal| {
-        Duration::from_micros(t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64)
-    };
-    tv(u.user_time()) + tv(u.system_time())
-}
-
 /// CPU per call of `f`, over `rounds` calls.
 fn cpu_per(rounds: u32, mut f: impl FnMut() -> usize) -> (Duration, usize) {
     let mut bytes = 0;
-    let before = thread_cpu();
+    let before = rusage::cpu(UsageWho::RUSAGE_THREAD);
     for _ in 0..rounds {
         bytes = std::hint::black_box(f());
     }
-    ((thread_cpu() - before) / rounds, bytes)
+    (
+        (rusage::cpu(UsageWho::RUSAGE_THREAD) - before) / rounds,
+        bytes,
+    )
 }
 
 fn main() {

@@ -6,15 +6,18 @@
 //! 2. listen CPU per delta resval: one connection, DELTAS batches of 5 resvals;
 //! 3. a reconnect storm: STORM agents (the library's link task, each with its own
 //!    certificate from `xce-agent tls issue`) streaming to listen, listen killed and started
-//!    again on the same port: time until every agent has sent its hello again, and listen's
-//!    CPU over that time.
+//!    again on the same port: time until every agent has sent its hello again, listen's CPU
+//!    over that time and its peak RSS (VmHWM) with every agent connected.
 //!
 //! listen's CPU is utime + stime from /proc/PID/stat; its stdout (JSON lines) is read and
 //! counted here, as an admin would pipe it.
 //!
 //! Run: `cargo bench --bench tls` (env CONNECTS=500 DELTAS=20000 STORM=1000).
 
-mod proc_stats;
+mod support {
+    pub mod env;
+    pub mod proc_stats;
+}
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -25,6 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::ServerName;
+use support::env::env_or;
+use support::proc_stats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use xce_agent::config::agent::TlsPaths;
@@ -35,13 +40,6 @@ use xce_agent::store::{self, Store};
 use xce_agent::value::{Reading, Resval, Status, Valtype, Value};
 
 const RESOURCES: usize = 10;
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn name(i: usize) -> String {
     format!("res{i:02}")
@@ -142,6 +140,11 @@ impl Listen {
 
     fn cpu(&self) -> Duration {
         Duration::from_secs_f64(proc_stats::proc_cpu(self.child.id()))
+    }
+
+    /// Peak resident memory (VmHWM) in MiB: what the TLS sessions of its connections cost.
+    fn peak_rss_mib(&self) -> f64 {
+        proc_stats::proc_rss_kib(self.child.id(), "VmHWM:") as f64 / 1024.0
     }
 
     fn wait(&self, counter: &AtomicU64, n: u64) {
@@ -332,6 +335,7 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
         listen.wait(&listen.hellos, agents as u64);
         let secs = t0.elapsed().as_secs_f64();
         let cpu = (listen.cpu() - cpu0).as_secs_f64();
+        let peak_mib = listen.peak_rss_mib();
         let failures: u64 = stats
             .iter()
             .map(|s| {
@@ -342,7 +346,7 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
             })
             .sum();
         println!(
-            "{:28} all {agents} streaming again after {secs:.2} s; listen CPU {cpu:.2} s ({:.2} ms/agent); TLS failures {failures}",
+            "{:28} all {agents} streaming again after {secs:.2} s; listen CPU {cpu:.2} s ({:.2} ms/agent), peak RSS {peak_mib:.1} MiB; TLS failures {failures}",
             if tls { "TLS 1.3" } else { "plaintext" },
             cpu * 1e3 / agents as f64
         );

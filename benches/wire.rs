@@ -9,7 +9,11 @@
 //!
 //! Run: `cargo bench --bench wire` (env AGENTS=1000 SECS=20 DELTA_N=5).
 
-mod proc_stats;
+mod support {
+    pub mod env;
+    pub mod proc_stats;
+    pub mod rusage;
+}
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,7 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proc_stats::{proc_cpu, proc_rss_kib};
+use support::env::env_or;
+use support::proc_stats::{proc_cpu, proc_rss_kib};
+use support::rusage::{self, UsageWho};
 use tokio::io::AsyncWriteExt;
 use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
 use xce_agent::value::{Resval, Status, Valtype, Value};
@@ -35,13 +41,6 @@ const NAMES: [&str; 10] = [
     "fs_lustre_ok",
     "cpu_temp_c",
 ];
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn name(i: usize) -> String {
     format!("{}{}", NAMES[i % NAMES.len()], i / NAMES.len())
@@ -112,14 +111,6 @@ fn frame(env: &Envelope) -> Vec<u8> {
     wire::encode_envelope(env).expect("encode")
 }
 
-fn thread_cpu() -> Duration {
-    // SAFETY: getrusage only writes the struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// utime + stime of a process, in seconds.
 fn sizes() {
     println!("## bytes per resval (capnp stream framing, unpacked)\n");
@@ -155,7 +146,7 @@ fn encode_send() {
     });
     let mut out = TcpStream::connect(addr).expect("connect");
     out.set_nodelay(true).expect("nodelay");
-    let (c0, t0) = (thread_cpu(), Instant::now());
+    let (c0, t0) = (rusage::cpu(UsageWho::RUSAGE_THREAD), Instant::now());
     let (mut resvals, mut seq) = (0u64, 1u64);
     // Values change every batch, as they would: each batch is built and encoded afresh.
     while t0.elapsed().as_secs_f64() < secs {
@@ -164,7 +155,7 @@ fn encode_send() {
         resvals += 50;
         seq += 1;
     }
-    let (cpu, wall) = (thread_cpu() - c0, t0.elapsed());
+    let (cpu, wall) = (rusage::cpu(UsageWho::RUSAGE_THREAD) - c0, t0.elapsed());
     drop(out);
     let bytes = sink.join().expect("sink");
     println!("## encode + send, batches of 50 to a loopback TCP sink ({secs} s)\n");

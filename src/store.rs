@@ -4,7 +4,7 @@
 //! controller does: nothing here queues.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
@@ -43,6 +43,15 @@ struct State {
     generation: u64,
 }
 
+impl State {
+    fn versions(&self) -> Versions {
+        Versions {
+            version: self.version,
+            generation: self.generation,
+        }
+    }
+}
+
 /// Versions that readers watch: `version` moves on every material change, `generation` on
 /// every change of the declared set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,9 +79,17 @@ impl Store {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data behind, still consistent per slot.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wake the readers with the versions of `st`, once its lock is released (a woken reader
+    /// takes the lock at once).
+    fn publish(&self, st: MutexGuard<'_, State>) {
+        let versions = st.versions();
+        drop(st);
+        self.notify.send_replace(versions);
     }
 
     /// Set the declared resources. Slots that survive keep their value (a reload must not
@@ -107,12 +124,7 @@ impl Store {
             };
             st.slots.insert(key, slot);
         }
-        let v = Versions {
-            version,
-            generation: st.generation,
-        };
-        drop(st);
-        self.notify.send_replace(v);
+        self.publish(st);
     }
 
     /// Apply one reading taken at `at`. Readings for undeclared resources are ignored
@@ -177,12 +189,7 @@ impl Store {
         if changed {
             slot.changed_at = next;
             st.version = next;
-            let v = Versions {
-                version: next,
-                generation: st.generation,
-            };
-            drop(st);
-            self.notify.send_replace(v);
+            self.publish(st);
         }
         true
     }
@@ -215,12 +222,7 @@ impl Store {
         }
         if changed > 0 {
             st.version = next;
-            let v = Versions {
-                version: next,
-                generation: st.generation,
-            };
-            drop(st);
-            self.notify.send_replace(v);
+            self.publish(st);
         }
         changed
     }
@@ -239,13 +241,7 @@ impl Store {
             .filter(|s| version == 0 || s.changed_at > version)
             .map(|s| s.resval.clone())
             .collect();
-        (
-            Versions {
-                version: st.version,
-                generation: st.generation,
-            },
-            out,
-        )
+        (st.versions(), out)
     }
 
     pub fn get(&self, name: &str, instance: &str) -> Option<Resval> {

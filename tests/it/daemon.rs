@@ -6,13 +6,10 @@ use crate::support as common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
 
-use crate::support::{alive, read_pid, Setup};
+use crate::support::{alive, read_pid, wait_until, AgentProc, Setup};
 use crate::support::{guard, Controller};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use xce_agent::link::receiver::{EventKind, ListenOpts};
 use xce_agent::link::wire::{Batch, Hello};
 use xce_agent::value::Value;
@@ -21,67 +18,6 @@ use xce_agent::value::Value;
 /// agent drops to `nobody` by default when it is root, as in CI containers; when it is not
 /// root, probes run as the agent anyway).
 const AS_ME: &str = "run_as: root\n";
-
-/// A daemon child process with its stderr in a file.
-struct Daemon {
-    child: tokio::process::Child,
-    stderr: PathBuf,
-}
-
-impl Daemon {
-    fn start(setup: &Setup, env: &[(&str, &str)]) -> Self {
-        let stderr = setup.path().join("daemon.stderr");
-        let file = std::fs::File::create(&stderr).expect("stderr file");
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"));
-        cmd.arg("--config")
-            .arg(setup.agent_yaml())
-            .arg("--log-level")
-            .arg("info")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("WATCHDOG_PID")
-            .env_remove("JOURNAL_STREAM")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn xce-agent");
-        Self { child, stderr }
-    }
-
-    fn signal(&self, sig: Signal) {
-        let pid = self.child.id().expect("daemon still running") as i32;
-        kill(Pid::from_raw(pid), sig).expect("send signal");
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// SIGTERM and wait for the exit status.
-    async fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        self.signal(Signal::SIGTERM);
-        let status = guard("the daemon to exit after SIGTERM", self.child.wait())
-            .await
-            .expect("wait for the daemon");
-        let stderr = self.stderr();
-        (status, stderr)
-    }
-}
-
-/// Poll a condition that has no event to wait on (a file a probe writes, a process that
-/// goes away). The guard only keeps a broken run from hanging the suite.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    guard(what, async {
-        while !cond() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
 
 fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
@@ -105,10 +41,21 @@ fn long_probe(setup: &Setup, name: &str) -> PathBuf {
     starts
 }
 
+/// A numeric resource whose exec probe is the script of the same name.
 fn resource(name: &str, interval: &str, timeout: &str) -> String {
+    exec_resource(name, name, interval, timeout)
+}
+
+fn exec_resource(name: &str, command: &str, interval: &str, timeout: &str) -> String {
     format!(
-        "  - name: {name}\n    valtype: numeric\n    interval: {interval}\n    resourcemap:\n      - location: [default]\n    probe:\n      kind: exec\n      command: [{name}]\n      timeout: {timeout}\n"
+        "  - name: {name}\n    valtype: numeric\n    interval: {interval}\n    resourcemap:\n      - location: [default]\n    probe:\n      kind: exec\n      command: [{command}]\n      timeout: {timeout}\n"
     )
+}
+
+/// The `counter` resource, probed by the support's counter script (`counter.sh`, counting
+/// its runs in `counter.count`).
+fn counter(interval: &str, timeout: &str) -> String {
+    exec_resource("counter", "counter.sh", interval, timeout)
 }
 
 /// Skip deltas of the running config until the next hello; return it and the full
@@ -149,7 +96,7 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
         "resources:\n{}{}{}",
         resource("long", "10s", "100s"),
         resource("gone", "10s", "100s"),
-        resource("counter", "1s", "1s"),
+        counter("1s", "1s"),
     );
     let setup = Setup::with_agent(
         &v1,
@@ -157,23 +104,17 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
     );
     let long_starts = long_probe(&setup, "long");
     let gone_starts = long_probe(&setup, "gone");
-    let count_file = setup.path().join("count");
-    setup.script(
-        "counter",
-        &format!(
-            "#!/bin/sh\nn=$(cat {f} 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > {f}\necho $n\n",
-            f = count_file.display()
-        ),
-    );
+    setup.counter_script("counter");
+    let count_file = setup.file("counter.count");
     setup.script("added", "#!/bin/sh\necho 42\n");
-    let daemon = Daemon::start(&setup, &[]);
+    let mut daemon = setup.spawn_agent();
 
     let (hello1, _) = next_hello(&mut ctl).await;
     let mut names1: Vec<_> = hello1.resources.iter().map(|d| d.name.as_str()).collect();
     names1.sort();
     assert_eq!(names1, ["counter", "gone", "long"], "{hello1:?}");
     until_value(&mut ctl, "counter", |v| v >= 1.0).await;
-    until("both long probes to start", || {
+    wait_until("both long probes to start", || {
         lines(&long_starts).len() == 1 && lines(&gone_starts).len() == 1
     })
     .await;
@@ -185,7 +126,7 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
     let v2 = format!(
         "resources:\n{}{}{}",
         resource("long", "10s", "100s"),
-        resource("counter", "1s", "1s"),
+        counter("1s", "1s"),
         resource("added", "1s", "1s"),
     );
     std::fs::write(setup.path().join("resources.yaml"), &v2).expect("write v2");
@@ -208,7 +149,7 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
     assert!(matches!(counter.value, Value::Numeric(_)), "{counter:?}");
 
     until_value(&mut ctl, "added", |v| v == 42.0).await;
-    until("the removed probe's process to be killed", || {
+    wait_until("the removed probe's process to be killed", || {
         !alive(gone_pid)
     })
     .await;
@@ -219,7 +160,7 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
         1,
         "unchanged probe was restarted"
     );
-    let log = daemon.stderr();
+    let log = daemon.log_text();
     assert!(
         log.contains("probe gone stopped (gone from the plan)"),
         "{log}"
@@ -238,16 +179,16 @@ async fn sighup_applies_the_diff_and_a_broken_file_keeps_the_old_config() {
     std::fs::write(setup.path().join("resources.yaml"), broken).expect("write broken");
     daemon.signal(Signal::SIGHUP);
     let position = regex::Regex::new(r"resources\.yaml:\d+:\d+: .*numberic").expect("regex");
-    until("the reload error in the log", || {
-        position.is_match(&daemon.stderr()) && daemon.stderr().contains("reload failed")
+    wait_until("the reload error in the log", || {
+        position.is_match(&daemon.log_text()) && daemon.log_text().contains("reload failed")
     })
     .await;
     counter_goes_on_without_a_hello(&mut ctl, &count_file).await;
     assert!(alive(long_pid));
 
-    let (status, stderr) = daemon.terminate().await;
+    let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "exit {status:?}\n{stderr}");
-    until("the long probe to be killed at shutdown", || {
+    wait_until("the long probe to be killed at shutdown", || {
         !alive(long_pid)
     })
     .await;
@@ -267,8 +208,8 @@ async fn a_changed_probe_restarts_and_the_reload_says_what_changed() {
     let setup = Setup::with_agent(&v1, AS_ME);
     let long_starts = long_probe(&setup, "long");
     let steady_starts = long_probe(&setup, "steady");
-    let daemon = Daemon::start(&setup, &[]);
-    until("both probes to start", || {
+    let mut daemon = setup.spawn_agent();
+    wait_until("both probes to start", || {
         lines(&long_starts).len() == 1 && lines(&steady_starts).len() == 1
     })
     .await;
@@ -287,11 +228,11 @@ async fn a_changed_probe_restarts_and_the_reload_says_what_changed() {
     )
     .expect("write agent.yaml");
     daemon.signal(Signal::SIGHUP);
-    until("the reload's summary", || {
-        daemon.stderr().contains("plan applied")
+    wait_until("the reload's summary", || {
+        daemon.log_text().contains("plan applied")
     })
     .await;
-    until("the changed probe's old run to be killed", || {
+    wait_until("the changed probe's old run to be killed", || {
         !alive(long_pid)
     })
     .await;
@@ -301,7 +242,7 @@ async fn a_changed_probe_restarts_and_the_reload_says_what_changed() {
         1,
         "the unchanged probe restarted"
     );
-    let log = daemon.stderr();
+    let log = daemon.log_text();
     assert!(
         log.contains("probe long restarted: timeout, stale_after changed"),
         "{log}"
@@ -312,7 +253,7 @@ async fn a_changed_probe_restarts_and_the_reload_says_what_changed() {
     }
     assert!(!log.contains("probe steady"), "{log}");
 
-    let (status, stderr) = daemon.terminate().await;
+    let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "exit {status:?}\n{stderr}");
 }
 
@@ -342,30 +283,24 @@ async fn counter_goes_on_without_a_hello(ctl: &mut Controller, count_file: &Path
 #[tokio::test]
 async fn sighup_refuses_what_check_calls_a_problem_and_keeps_the_old_plan() {
     let mut ctl = Controller::bind(ListenOpts::default()).await;
-    let v1 = format!("resources:\n{}", resource("counter", "1s", "1s"));
+    let v1 = format!("resources:\n{}", counter("1s", "1s"));
     let setup = Setup::with_agent(
         &v1,
         &format!("{AS_ME}controllers: [\"127.0.0.1:{}\"]\n", ctl.addr.port()),
     );
-    let count_file = setup.path().join("count");
-    setup.script(
-        "counter",
-        &format!(
-            "#!/bin/sh\nn=$(cat {f} 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > {f}\necho $n\n",
-            f = count_file.display()
-        ),
-    );
-    let daemon = Daemon::start(&setup, &[]);
+    setup.counter_script("counter");
+    let count_file = setup.file("counter.count");
+    let mut daemon = setup.spawn_agent();
     next_hello(&mut ctl).await;
     until_value(&mut ctl, "counter", |v| v >= 1.0).await;
-    let refusals = |daemon: &Daemon| daemon.stderr().matches("reload refused").count();
+    let refusals = |daemon: &AgentProc| daemon.log_text().matches("reload refused").count();
 
     // A program that is not there: `check` says "not found", and so does the reload.
     let missing = format!("{v1}{}", resource("absent", "1s", "1s"));
     std::fs::write(setup.path().join("resources.yaml"), missing).expect("write");
     daemon.signal(Signal::SIGHUP);
-    until("the refused reload in the log", || refusals(&daemon) == 1).await;
-    let log = daemon.stderr();
+    wait_until("the refused reload in the log", || refusals(&daemon) == 1).await;
+    let log = daemon.log_text();
     let wanted = format!(
         "absent: {} not found",
         setup.path().join("absent").display()
@@ -378,8 +313,8 @@ async fn sighup_refuses_what_check_calls_a_problem_and_keeps_the_old_plan() {
         let nosuchuser = v1.replace("timeout: 1s", "timeout: 1s\n      run_as: nosuchuser");
         std::fs::write(setup.path().join("resources.yaml"), nosuchuser).expect("write");
         daemon.signal(Signal::SIGHUP);
-        until("the second refused reload", || refusals(&daemon) == 2).await;
-        let log = daemon.stderr();
+        wait_until("the second refused reload", || refusals(&daemon) == 2).await;
+        let log = daemon.log_text();
         assert!(
             log.contains("counter: run_as: no such user \"nosuchuser\""),
             "{log}"
@@ -388,7 +323,7 @@ async fn sighup_refuses_what_check_calls_a_problem_and_keeps_the_old_plan() {
     } else {
         eprintln!("skipped: the run_as half needs root (CI runs the tests as root)");
     }
-    let (status, stderr) = daemon.terminate().await;
+    let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "exit {status:?}\n{stderr}");
     ctl.stop().await;
 }
@@ -409,15 +344,15 @@ async fn sigterm_kills_the_whole_probe_tree_and_exits_zero() {
             p = pids.display()
         ),
     );
-    let daemon = Daemon::start(&setup, &[]);
-    until("the probe tree to start", || lines(&pids).len() == 4).await;
+    let mut daemon = setup.spawn_agent();
+    wait_until("the probe tree to start", || lines(&pids).len() == 4).await;
     let tree: Vec<i32> = lines(&pids)
         .iter()
         .map(|l| l.trim().parse().expect("pid"))
         .collect();
     assert!(tree.iter().all(|p| alive(*p)));
 
-    let (status, stderr) = daemon.terminate().await;
+    let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "exit {status:?}\n{stderr}");
     // The agent waits for its probe groups before exiting, so they are gone already; a
     // zombie waiting for init to reap it counts as gone.
@@ -466,8 +401,9 @@ async fn systemd_ready_reloading_watchdog_stopping() {
     let notify = NotifySocket::bind(setup.path());
     let socket = notify.path.to_string_lossy().into_owned();
     // 200 ms: small, so pings come during the test; pings are sent at half of it.
-    let daemon = Daemon::start(
-        &setup,
+    let mut daemon = AgentProc::spawn_with_env(
+        &setup.agent_yaml(),
+        &setup.file("agent.log"),
         &[("NOTIFY_SOCKET", &socket), ("WATCHDOG_USEC", "200000")],
     );
 
@@ -492,13 +428,10 @@ async fn systemd_ready_reloading_watchdog_stopping() {
     notify.until("READY=1").await;
     notify.until("WATCHDOG=1").await;
 
-    let mut daemon = daemon;
     daemon.signal(Signal::SIGTERM);
     notify.until("STOPPING=1").await;
-    let status = guard("the daemon to exit", daemon.child.wait())
-        .await
-        .expect("wait");
-    assert!(status.success(), "{status:?}\n{}", daemon.stderr());
+    let status = daemon.wait_exit().await;
+    assert!(status.success(), "{status:?}\n{}", daemon.log_text());
 }
 
 /// Reloading agent.yaml itself: a new controller list moves the stream to the new controller
@@ -523,7 +456,7 @@ async fn sighup_applies_new_controllers_and_plugin_dir() {
         agent_yaml(&old_ctl.addr.to_string(), setup.path()),
     )
     .unwrap();
-    let daemon = Daemon::start(&setup, &[]);
+    let mut daemon = setup.spawn_agent();
     old_ctl.next_hello_and_snapshot().await;
     until_value(&mut old_ctl, "which", |v| v == 1.0).await;
 
@@ -536,6 +469,6 @@ async fn sighup_applies_new_controllers_and_plugin_dir() {
     let (hello, _) = new_ctl.next_hello_and_snapshot().await;
     assert!(hello.resources.iter().any(|d| d.name == "which"));
     until_value(&mut new_ctl, "which", |v| v == 2.0).await;
-    let (status, stderr) = daemon.terminate().await;
+    let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "{stderr}");
 }

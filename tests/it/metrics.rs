@@ -7,8 +7,7 @@ use crate::support as common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::guard;
-use crate::support::Setup;
+use crate::support::{guard, poll_until, AgentProc, Setup};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -48,6 +47,26 @@ fn body(resp: &str) -> &str {
     resp.split_once("\r\n\r\n").map_or("", |(_, b)| b)
 }
 
+/// Scrape with `raw` until the exposition satisfies `done` (values appear once the probes
+/// have run, within their first interval); every answer must be a 200 of `content_type`.
+async fn scrape_until(
+    addr: &str,
+    raw: &[u8],
+    content_type: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let what = format!("the expected values in a {content_type} scrape");
+    poll_until(&what, || async {
+        let resp = request(addr, raw).await;
+        assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+        let header = format!("content-type: {content_type}");
+        assert!(resp.to_ascii_lowercase().contains(&header), "{resp}");
+        let text = body(&resp);
+        done(text).then(|| text.to_owned())
+    })
+    .await
+}
+
 #[tokio::test]
 async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     let setup = Setup::with_agent(
@@ -60,7 +79,8 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     setup.script("label", "#!/bin/sh\necho \"a \\\"quoted\\\" label\"\n");
     let (mut daemon, addr) = start(&setup).await;
 
-    let scrape = || request(&addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    const GET: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let scrape = || request(&addr, GET);
     let want = [
         "xce_resource_value{name=\"num\",instance=\"\"} 7.0\n",
         "xce_resource_status{name=\"broken\",instance=\"\",status=\"failed\"} 1\n",
@@ -71,22 +91,8 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
         "xce_link_state{state=\"",
         "xce_resource_status{name=\"label\",instance=\"\",status=\"ok\"} 1\n",
     ];
-    // Values appear once the probes have run (within their first interval).
-    let text = guard("the probes' values in a scrape", async {
-        loop {
-            let resp = scrape().await;
-            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
-            assert!(
-                resp.to_ascii_lowercase()
-                    .contains("content-type: text/plain; version=0.0.4"),
-                "{resp}"
-            );
-            let text = body(&resp).to_owned();
-            if want.iter().all(|w| text.contains(w)) {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let text = scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
+        want.iter().all(|w| text.contains(w))
     })
     .await;
     // A string value has a status but no numeric sample.
@@ -119,51 +125,22 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
 }
 
 /// Start the daemon of `setup`; returns it and the metrics address it logged.
-async fn start(setup: &Setup) -> (tokio::process::Child, String) {
-    let stderr_path = setup.path().join("daemon.stderr");
-    let daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_xce-agent"))
-        .arg("--config")
-        .arg(setup.agent_yaml())
-        .arg("--log-level")
-        .arg("info")
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .env_remove("JOURNAL_STREAM")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-
+async fn start(setup: &Setup) -> (AgentProc, String) {
+    let daemon = setup.spawn_agent();
     // The port was 0: the daemon logs the one it got.
     let listening = regex::Regex::new(r"metrics endpoint listening addr=(\S+)").expect("re");
-    let addr = guard("the metrics address in the log", async {
-        loop {
-            let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-            if let Some(c) = listening.captures(&log) {
-                return c[1].to_owned();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let addr = poll_until("the metrics address in the log", || {
+        let log = daemon.log_text();
+        std::future::ready(listening.captures(&log).map(|c| c[1].to_owned()))
     })
     .await;
-
     (daemon, addr)
 }
 
 /// SIGTERM, and the daemon exits cleanly.
-async fn stop(daemon: &mut tokio::process::Child) {
-    let pid = daemon.id().expect("running") as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("SIGTERM");
-    let status = guard("the daemon to exit", daemon.wait())
-        .await
-        .expect("wait");
-    assert!(status.success());
+async fn stop(daemon: &mut AgentProc) {
+    let status = daemon.terminate().await;
+    assert!(status.success(), "{status}\n{}", daemon.log_text());
 }
 
 /// Hundreds of connections that never send a request (a local user's, or a broken scraper's)
@@ -210,21 +187,9 @@ async fn openmetrics_is_served_when_the_scraper_asks_for_it() {
     setup.script("label", "#!/bin/sh\necho x\n");
     let (mut daemon, addr) = start(&setup).await;
     let ask = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
-    let text = guard("a value in an OpenMetrics scrape", async {
-        loop {
-            let resp = request(&addr, ask).await;
-            assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
-            assert!(
-                resp.to_ascii_lowercase()
-                    .contains("content-type: application/openmetrics-text; version=1.0.0"),
-                "{resp}"
-            );
-            let text = body(&resp).to_owned();
-            if text.contains("xce_resource_value{name=\"num\",instance=\"\"} 7.0\n") {
-                return text;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let openmetrics = "application/openmetrics-text; version=1.0.0";
+    let text = scrape_until(&addr, ask, openmetrics, |text| {
+        text.contains("xce_resource_value{name=\"num\",instance=\"\"} 7.0\n")
     })
     .await;
     assert!(text.ends_with("# EOF\n"), "{text}");

@@ -3,6 +3,7 @@
 
 use crate::support as common;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
@@ -118,44 +119,37 @@ fn build_rpm_without_rpmbuild_says_how_to_install_it_before_building() {
     assert!(!calls.exists(), "nothing was built");
 }
 
-/// What every package must install, as (deb path, rpm path); man pages are gzipped by both.
-const PACKAGED: &[(&str, &str)] = &[
-    ("/usr/bin/xce-agent", "/usr/bin/xce-agent"),
-    (
-        "/usr/libexec/xce-agent/plugins/scratch_free",
-        "/usr/libexec/xce-agent/plugins/scratch_free",
-    ),
-    (
-        "/lib/systemd/system/xce-agent.service",
-        "/usr/lib/systemd/system/xce-agent.service",
-    ),
-    ("/etc/xce/agent.yaml", "/etc/xce/agent.yaml"),
-    ("/etc/xce/resources.yaml", "/etc/xce/resources.yaml"),
-    (
-        "/usr/share/man/man1/xce-agent.1.gz",
-        "/usr/share/man/man1/xce-agent.1.gz",
-    ),
-    (
-        "/usr/share/man/man1/xce-agent-check.1.gz",
-        "/usr/share/man/man1/xce-agent-check.1.gz",
-    ),
-    (
-        "/usr/share/bash-completion/completions/xce-agent",
-        "/usr/share/bash-completion/completions/xce-agent",
-    ),
-    (
-        "/usr/share/zsh/vendor-completions/_xce-agent",
-        "/usr/share/zsh/site-functions/_xce-agent",
-    ),
-    (
-        "/usr/share/fish/vendor_completions.d/xce-agent.fish",
-        "/usr/share/fish/vendor_completions.d/xce-agent.fish",
-    ),
-    (
-        "/usr/share/doc/xce-agent/PLUGINS.md",
-        "/usr/share/doc/xce-agent/PLUGINS.md",
-    ),
+/// What the packages must install (the .deb's paths; the .rpm holds the same files, mapped by
+/// `rpm_path`); man pages are gzipped by both.
+const PACKAGED: &[&str] = &[
+    "/usr/bin/xce-agent",
+    "/usr/libexec/xce-agent/plugins/scratch_free",
+    "/lib/systemd/system/xce-agent.service",
+    "/etc/xce/agent.yaml",
+    "/etc/xce/resources.yaml",
+    "/usr/share/man/man1/xce-agent.1.gz",
+    "/usr/share/man/man1/xce-agent-check.1.gz",
+    "/usr/share/bash-completion/completions/xce-agent",
+    "/usr/share/zsh/vendor-completions/_xce-agent",
+    "/usr/share/fish/vendor_completions.d/xce-agent.fish",
+    "/usr/share/doc/xce-agent/PLUGINS.md",
 ];
+
+/// Files in the .deb only: cargo-deb writes the copyright file Debian policy requires; an
+/// RPM carries its license in its header.
+const DEB_ONLY: &[&str] = &["/usr/share/doc/xce-agent/copyright"];
+
+/// Where an RPM distribution keeps a file the .deb installs at `deb` (the same two moves the
+/// spec's install section makes).
+fn rpm_path(deb: &str) -> String {
+    if let Some(unit) = deb.strip_prefix("/lib/systemd/system/") {
+        format!("/usr/lib/systemd/system/{unit}")
+    } else if let Some(zsh) = deb.strip_prefix("/usr/share/zsh/vendor-completions/") {
+        format!("/usr/share/zsh/site-functions/{zsh}")
+    } else {
+        deb.to_owned()
+    }
+}
 
 /// Both packages, built the way a site builds them (release profile), listed by the
 /// distributions' own tools, unpacked into throwaway roots and run from there.
@@ -199,27 +193,44 @@ fn deb_and_rpm_from_the_release_build_hold_the_same_files_and_their_check_passes
     // The release profile, not a debug build: the release binary is what both packaged.
     let release = std::fs::read(repo.join("target/release/xce-agent")).expect("release binary");
 
+    // Regular files as "mode path", e.g. "-rwxr-xr-x /usr/bin/xce-agent".
     let deb_files = listed(Command::new("dpkg-deb").arg("-c").arg(&deb), |line| {
         // "-rwxr-xr-x root/root  123 2026-01-01 00:00 ./usr/bin/xce-agent"
-        line.split_whitespace()
-            .nth(5)
-            .map(|p| p.trim_start_matches('.').to_string())
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (mode, path) = (fields.first()?, fields.get(5)?.trim_start_matches('.'));
+        mode.starts_with('-').then(|| format!("{mode} {path}"))
     });
-    let rpm_files = listed(Command::new("rpm").arg("-qlp").arg(&rpm), |line| {
-        Some(line.to_string())
-    });
+    let rpm_files = listed(
+        Command::new("rpm")
+            .args(["-qp", "--qf", "[%{FILEMODES:perms} %{FILENAMES}\\n]"])
+            .arg(&rpm),
+        |line| line.starts_with('-').then(|| line.to_owned()),
+    );
     println!("{}:\n  {}", deb.display(), deb_files.join("\n  "));
     println!("{}:\n  {}", rpm.display(), rpm_files.join("\n  "));
-    for (in_deb, in_rpm) in PACKAGED {
+    for wanted in PACKAGED {
         assert!(
-            deb_files.iter().any(|f| f == in_deb),
-            "{in_deb} missing from the .deb"
-        );
-        assert!(
-            rpm_files.iter().any(|f| f == in_rpm),
-            "{in_rpm} missing from the .rpm"
+            deb_files.iter().any(|f| f.ends_with(&format!(" {wanted}"))),
+            "{wanted} missing from the .deb"
         );
     }
+    // The complete lists, modes included, agree: a file packaged by one and not the other
+    // fails here.
+    let deb_as_rpm: BTreeSet<String> = deb_files
+        .iter()
+        .filter_map(|f| {
+            let (mode, path) = f.split_once(' ')?;
+            (!DEB_ONLY.contains(&path)).then(|| format!("{mode} {}", rpm_path(path)))
+        })
+        .collect();
+    let rpm_set: BTreeSet<String> = rpm_files.iter().cloned().collect();
+    let only_deb: Vec<_> = deb_as_rpm.difference(&rpm_set).collect();
+    let only_rpm: Vec<_> = rpm_set.difference(&deb_as_rpm).collect();
+    assert!(
+        only_deb.is_empty() && only_rpm.is_empty(),
+        "the packages differ (the .deb's paths mapped to the .rpm's):\n only in the .deb: \
+         {only_deb:?}\n only in the .rpm: {only_rpm:?}"
+    );
 
     // The configs are conffiles: an upgrade keeps the admin's edits.
     let ctrl = work.path().join("control");

@@ -27,7 +27,7 @@ fn lines(path: &std::path::Path) -> usize {
 /// milliseconds between steps (the paused clock does not wait for process I/O), until `done`.
 /// The real-time limit is a hang guard, not a timing assertion.
 async fn advance_until(mut done: impl FnMut() -> bool) -> bool {
-    let guard = std::time::Instant::now() + Duration::from_secs(60);
+    let guard = std::time::Instant::now() + common::HANG_GUARD;
     while std::time::Instant::now() < guard {
         if done() {
             return true;

@@ -65,11 +65,8 @@ async fn next_refusal(ctl: &mut Controller) -> String {
 
 /// Wait until the agent has counted `why` at least twice: refused, backed off, retried.
 async fn wait_failures(agent: &Agent, why: Failure) {
-    let stats = Arc::clone(&agent.stats);
-    guard(&format!("two {} failures", why.as_str()), async move {
-        while stats.tls_failures(why) < 2 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    wait_until(&format!("two {} failures", why.as_str()), || {
+        agent.stats.tls_failures(why) >= 2
     })
     .await;
     assert!(!agent.task.is_finished(), "the link task ended");

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 
+use nix::sys::signal::Signal;
+
 use super::wait::{wait_until, HANG_GUARD};
 
 pub fn agent_bin() -> PathBuf {
@@ -22,14 +24,30 @@ pub struct AgentProc {
 
 impl AgentProc {
     pub fn spawn(config: &Path, log: &Path) -> Self {
+        Self::spawn_with_env(config, log, &[])
+    }
+
+    /// With `env` set: a test's own systemd variables. Those of the shell that runs the tests
+    /// are removed, so the agent logs to `log`, not to a journal, and notifies no one.
+    pub fn spawn_with_env(config: &Path, log: &Path, env: &[(&str, &str)]) -> Self {
         let err = File::create(log).expect("create log");
-        let child = Command::new(agent_bin())
-            .arg("--config")
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("--config")
             .arg(config)
             .env("XCE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(err)
+            .stderr(err);
+        for systemd in [
+            "NOTIFY_SOCKET",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+            "JOURNAL_STREAM",
+        ] {
+            cmd.env_remove(systemd);
+        }
+        let child = cmd
+            .envs(env.iter().copied())
             .spawn()
             .expect("spawn xce-agent");
         Self {
@@ -53,12 +71,22 @@ impl AgentProc {
         }
     }
 
+    /// `signal` to this PID only.
+    pub fn signal(&self, signal: Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap_or_else(|e| panic!("{signal}: {e}"));
+    }
+
     /// SIGTERM (to this PID only) and wait for the exit, bounded by the hang guard.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        self.signal(Signal::SIGTERM);
+        self.wait_exit().await
+    }
+
+    /// Wait for the exit (a signal already sent), bounded by the hang guard.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
         let mut status = None;
-        wait_until("the agent to exit after SIGTERM", || {
+        wait_until("the agent to exit", || {
             status = self.child.try_wait().expect("try_wait");
             status.is_some()
         })
@@ -213,7 +241,7 @@ impl ListenProc {
     /// the end of both streams: what a test counts once listen has said all it will.
     pub fn terminate_and_collect(&mut self) -> (Vec<String>, Vec<String>) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        nix::sys::signal::kill(pid, Signal::SIGTERM).expect("SIGTERM");
         let rest = |rx: &mpsc::Receiver<String>| {
             let mut lines = Vec::new();
             loop {

@@ -26,12 +26,24 @@ pub async fn guard<F: std::future::Future>(what: &str, f: F) -> F::Output {
 /// Poll `cond` with short waits until it holds (a file another process writes: there is no
 /// event to wait on).
 pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    poll_until(what, || std::future::ready(cond().then_some(()))).await
+}
+
+/// Poll `check` (a request to another process: there is no event to wait on) with short
+/// waits until it answers `Some`; returns that answer.
+pub async fn poll_until<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
     guard(what, async {
-        while !cond() {
+        loop {
+            if let Some(answer) = check().await {
+                return answer;
+            }
             tokio::time::sleep(POLL).await;
         }
     })
-    .await;
+    .await
 }
 
 /// Wait (on the store's watch, no polling) until `pred` holds for resource `name`.

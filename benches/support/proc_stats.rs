@@ -1,5 +1,4 @@
-//! A child process's CPU (utime + stime) and memory figures from /proc, for the benches.
-#![allow(dead_code)]
+//! Another process's CPU (utime + stime) and memory figures from /proc, for the benches.
 
 /// utime + stime of `pid`, in seconds.
 pub fn proc_cpu(pid: u32) -> f64 {
@@ -10,9 +9,8 @@ pub fn proc_cpu(pid: u32) -> f64 {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     // Fields 14 and 15 of stat; `rest` starts at field 3.
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / hz
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    ticks as f64 / procfs::ticks_per_second() as f64
 }
 
 /// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
