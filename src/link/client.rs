@@ -310,8 +310,8 @@ async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Box<dyn LinkStream>, Co
     let Some(tls_cfg) = &cfg.tls else {
         return Ok(Box::new(stream));
     };
-    let name =
-        tls::server_name(&target).map_err(|e| ConnectError::Tls(tls::Failure::WrongName, e))?;
+    let name = tls::server_name(&target)
+        .map_err(|e| ConnectError::Tls(tls::Failure::WrongName, e.to_string()))?;
     let handshake = tokio_rustls::TlsConnector::from(Arc::clone(tls_cfg)).connect(name, stream);
     match tokio::time::timeout(cfg.handshake_timeout, handshake).await {
         Ok(Ok(s)) => Ok(Box::new(s)),

@@ -330,14 +330,24 @@ pub fn cert_names_host(dns_names: &[String], host: &str) -> bool {
 
 /// The name the agent expects on the controller's certificate: the host part of a
 /// `controllers:` entry (`host:port`, `[v6]:port`, `v4:port`).
-pub fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+pub fn server_name(addr: &str) -> Result<rustls::pki_types::ServerName<'static>, BadServerName> {
     let host = match addr.rsplit_once(':') {
         Some((h, port)) if port.parse::<u16>().is_ok() && !h.ends_with(':') => h,
         _ => addr,
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|e| format!("{host:?} is not a name a certificate can carry: {e}"))
+    rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| BadServerName {
+        host: host.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// A controller address whose host part no certificate can carry as a name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{host:?} is not a name a certificate can carry: {reason}")]
+pub struct BadServerName {
+    pub host: String,
+    pub reason: String,
 }
 
 /// Why a handshake failed, as a short label for counters and log lines.

@@ -132,7 +132,7 @@ pub fn parse_line(format: Format, line: &[u8], own: &str) -> LineValues {
         return LineValues::Nothing;
     }
     let parsed = match format {
-        Format::Elim => output::parse_elim_line(text),
+        Format::Elim => output::parse_elim_line(text).map_err(|e| e.to_string()),
         Format::Kv if text.trim_start().starts_with('#') => Ok(Vec::new()),
         Format::Kv => output::parse_kv(text).map_err(|e| e.to_string()),
         Format::Value => output::parse_value(text)

@@ -24,9 +24,9 @@ pub fn parse_elim(t: &str) -> Result<Vec<Pair>, OutputError> {
         if line.trim().is_empty() {
             continue;
         }
-        for (k, v) in parse_elim_line(line).map_err(|reason| OutputError::Line {
+        for (k, v) in parse_elim_line(line).map_err(|e| OutputError::Line {
             line: i + 1,
-            reason,
+            reason: e.to_string(),
         })? {
             upsert(&mut pairs, &k, &v);
         }
@@ -37,24 +37,30 @@ pub fn parse_elim(t: &str) -> Result<Vec<Pair>, OutputError> {
     Ok(pairs)
 }
 
+/// Why an ELIM line is not `n name value ...`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ElimLineError {
+    #[error("expected a count first (`n name value ...`), got {0:?}")]
+    NoCount(String),
+    #[error("count says {count} pairs but {words} words follow")]
+    CountMismatch { count: usize, words: usize },
+}
+
 /// One ELIM line. `0` alone is valid: nothing to report this time.
-pub fn parse_elim_line(line: &str) -> Result<Vec<Pair>, String> {
+pub fn parse_elim_line(line: &str) -> Result<Vec<Pair>, ElimLineError> {
     let mut words = line.split_whitespace();
     let n: usize = match words.next() {
-        Some(w) => w.parse().map_err(|_| {
-            format!(
-                "expected a count first (`n name value ...`), got {:?}",
-                clip(w)
-            )
-        })?,
+        Some(w) => w
+            .parse()
+            .map_err(|_| ElimLineError::NoCount(clip(w)))?,
         None => return Ok(Vec::new()),
     };
     let rest: Vec<&str> = words.collect();
     if rest.len() != n * 2 {
-        return Err(format!(
-            "count says {n} pairs but {} words follow",
-            rest.len()
-        ));
+        return Err(ElimLineError::CountMismatch {
+            count: n,
+            words: rest.len(),
+        });
     }
     Ok(rest
         .chunks(2)
