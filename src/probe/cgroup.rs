@@ -7,8 +7,17 @@
 //!
 //! ```text
 //! <base>/agent/          the agent itself (a cgroup with children may not hold processes)
-//! <base>/probes/<name>/  one per probe; every run is cloned straight into it
+//! <base>/probes/<name>/  one per probe: its limits and its usage, over all its runs
+//! <base>/probes/<name>/run-<n>/  a leaf; every run is cloned straight into one
 //! ```
+//!
+//! A leaf is used by one run at a time, and by a later run only if the run before left it
+//! empty: a run whose leftovers had to be killed retires its leaf (removed once empty), and
+//! the next run gets a fresh one. So a run that is ending (an old task's after a reload, a
+//! stream in its SIGTERM grace) can only ever kill its own processes, never a new run that
+//! started beside it. And a killed leaf is never cloned into again: on some kernels (6.18
+//! here) `clone3(CLONE_INTO_CGROUP)` into a cgroup that was once written `cgroup.kill`
+//! SIGKILLs the child at birth, so reusing one would kill every later run of the probe.
 //!
 //! `<base>` is `<own>` when systemd started the agent as a service (`Delegate=yes` hands it
 //! that subtree), otherwise `<own>/xce-agent.<pid>`: several agents (or test processes) on one
@@ -52,20 +61,50 @@ pub struct Tree {
     probes: Mutex<HashMap<String, Arc<ProbeCgroup>>>,
 }
 
-/// One probe's cgroup, held open.
+/// One probe's cgroup: the parent of its runs' leaves, where its limits are set and its
+/// usage is read.
 #[derive(Debug)]
 pub struct ProbeCgroup {
     pub name: String,
     pub path: PathBuf,
-    /// `O_PATH` directory, for clone3's `CLONE_INTO_CGROUP`.
-    pub dir: OwnedFd,
-    /// `cgroup.procs` open for writing, for the clone(2) fallback.
-    pub procs: OwnedFd,
-    /// `cgroup.events` and `cgroup.kill` (Linux 5.14+), held open: ending a run costs one
-    /// read, and one write when something is left.
-    events: Option<std::fs::File>,
-    kill_file: Option<std::fs::File>,
     limits: Mutex<(Option<u64>, Option<u64>)>,
+    leaves: Mutex<Leaves>,
+}
+
+#[derive(Debug, Default)]
+struct Leaves {
+    /// Empty and never killed: the next run may be cloned into one.
+    idle: Vec<Leaf>,
+    /// Killed: removed once their last processes have gone.
+    retired: Vec<PathBuf>,
+}
+
+/// A leaf cgroup, held open.
+#[derive(Debug)]
+struct Leaf {
+    path: PathBuf,
+    /// `O_PATH` directory, for clone3's `CLONE_INTO_CGROUP`.
+    dir: OwnedFd,
+    /// `cgroup.procs` open for writing, for the clone(2) fallback.
+    procs: OwnedFd,
+    /// `cgroup.procs` open for reading, for killing each process before Linux 5.14.
+    listed: Option<fs::File>,
+    /// `cgroup.events` and `cgroup.kill` (Linux 5.14+), held open: ending a run costs one
+    /// read, and one write when something is left. Held, not opened by path: a removed
+    /// leaf's name may be taken again, and a kill must never reach another run.
+    events: Option<fs::File>,
+    kill_file: Option<fs::File>,
+}
+
+/// The leaf one run is in, from [`ProbeCgroup::checkout`]; back to its probe when dropped
+/// (idle if the run left it empty, else killed and retired).
+#[derive(Debug)]
+pub struct RunCgroup {
+    probe: Arc<ProbeCgroup>,
+    leaf: Option<Leaf>,
+    killed: bool,
+    /// Seen empty once the run had started: only a clone into it could fill it again.
+    empty: bool,
 }
 
 /// What the host offers, found without changing anything (for `check`).
@@ -227,28 +266,14 @@ fn set_up() -> Result<Tree, String> {
         }
     };
     let agent = base.join("agent");
-    if let Err(e) = fs::create_dir(&agent)
-        .or_else(|e| {
-            if e.kind() == io::ErrorKind::AlreadyExists {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        })
-        .and_then(|()| fs::write(agent.join("cgroup.procs"), "0"))
+    if let Err(e) =
+        create_dir_if_missing(&agent).and_then(|()| fs::write(agent.join("cgroup.procs"), "0"))
     {
         undo(&base);
         return Err(io("move the agent into", &agent, e));
     }
     let probes = base.join("probes");
-    let made = fs::create_dir(&probes).or_else(|e| {
-        if e.kind() == io::ErrorKind::AlreadyExists {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    });
-    if let Err(e) = made {
+    if let Err(e) = create_dir_if_missing(&probes) {
         let _ = fs::write(host.own.join("cgroup.procs"), "0");
         undo(&base);
         return Err(io("create", &probes, e));
@@ -378,33 +403,12 @@ impl Tree {
             Some(cg) => cg.clone(),
             None => {
                 let path = self.base.join("probes").join(dir_name(name));
-                match fs::create_dir(&path) {
-                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                    _ => {}
-                }
-                let dir = open(
-                    &path,
-                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )?;
-                let procs = open(
-                    &path.join("cgroup.procs"),
-                    OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )?;
-                let events = fs::File::open(path.join("cgroup.events")).ok();
-                let kill_file = fs::OpenOptions::new()
-                    .write(true)
-                    .open(path.join("cgroup.kill"))
-                    .ok();
+                create_dir_if_missing(&path)?;
                 let cg = Arc::new(ProbeCgroup {
                     name: name.to_owned(),
                     path,
-                    dir: super::child::spawn::above_stdio(dir)?,
-                    procs: super::child::spawn::above_stdio(procs)?,
-                    events,
-                    kill_file,
                     limits: Mutex::new((None, None)),
+                    leaves: Mutex::new(Leaves::default()),
                 });
                 probes.insert(name.to_owned(), cg.clone());
                 cg
@@ -427,8 +431,8 @@ impl Tree {
             names.iter().filter_map(|n| probes.remove(n)).collect()
         };
         for cg in gone {
-            cg.kill();
-            remove_dir_patiently(&cg.path);
+            // The whole subtree: the runs still ending and the retired leaves.
+            remove_tree(&cg.path);
         }
     }
 
@@ -480,33 +484,37 @@ impl ProbeCgroup {
         *applied = want;
     }
 
-    /// End everything in the cgroup (the run's leftovers).
-    pub fn kill(&self) {
-        if !self.populated() {
-            return;
-        }
-        use std::io::Write;
-        match &self.kill_file {
-            Some(f) if (&*f).write_all(b"1").is_ok() => {}
-            _ => kill_path(&self.path),
-        }
+    /// A leaf for one run: an idle one, else a fresh one. Retired leaves that have emptied
+    /// are removed on the way.
+    pub fn checkout(self: &Arc<Self>) -> io::Result<RunCgroup> {
+        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        leaves.retired.retain(|dir| match fs::remove_dir(dir) {
+            Err(e) => e.kind() != io::ErrorKind::NotFound,
+            Ok(()) => false,
+        });
+        let leaf = match leaves.idle.pop() {
+            Some(leaf) => leaf,
+            None => Leaf::create(&self.path)?,
+        };
+        Ok(RunCgroup {
+            probe: self.clone(),
+            leaf: Some(leaf),
+            killed: false,
+            empty: false,
+        })
     }
 
-    /// Whether any process is in the cgroup (`cgroup.events`; unknown counts as yes).
-    pub fn populated(&self) -> bool {
-        use std::os::unix::fs::FileExt;
-        let mut buf = [0u8; 128];
-        let text = match &self.events {
-            Some(f) => match f.read_at(&mut buf, 0) {
-                Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-                Err(_) => return true,
-            },
-            None => match fs::read_to_string(self.path.join("cgroup.events")) {
-                Ok(s) => s,
-                Err(_) => return true,
-            },
-        };
-        !text.lines().any(|l| l == "populated 0")
+    fn checkin(&self, leaf: Leaf, killed: bool, empty: bool) {
+        let reusable = !killed && (empty || !leaf.populated());
+        if !killed && !reusable {
+            leaf.kill();
+        }
+        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        if reusable {
+            leaves.idle.push(leaf);
+        } else {
+            leaves.retired.push(leaf.path.clone());
+        }
     }
 
     pub fn usage(&self) -> Usage {
@@ -522,6 +530,145 @@ impl ProbeCgroup {
             .ok()
             .and_then(|s| s.trim().parse().ok());
         Usage { cpu, peak_memory }
+    }
+}
+
+/// Leaves are named by one counter for the whole agent: a name is never used twice, even
+/// for a probe removed and added again.
+fn next_leaf_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    format!(
+        "run-{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+fn create_dir_if_missing(path: &Path) -> io::Result<()> {
+    match fs::create_dir(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+impl Leaf {
+    fn create(probe: &Path) -> io::Result<Self> {
+        let path = probe.join(next_leaf_name());
+        fs::create_dir(&path)?;
+        let opened = Self::open(&path);
+        if opened.is_err() {
+            let _ = fs::remove_dir(&path);
+        }
+        opened
+    }
+
+    fn open(path: &Path) -> io::Result<Self> {
+        let dir = open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let procs = open(
+            &path.join("cgroup.procs"),
+            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let kill_file = fs::OpenOptions::new()
+            .write(true)
+            .open(path.join("cgroup.kill"))
+            .ok();
+        let listed = match kill_file {
+            Some(_) => None,
+            None => fs::File::open(path.join("cgroup.procs")).ok(),
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            dir: super::child::spawn::above_stdio(dir)?,
+            procs: super::child::spawn::above_stdio(procs)?,
+            listed,
+            events: fs::File::open(path.join("cgroup.events")).ok(),
+            kill_file,
+        })
+    }
+
+    /// Whether any process is in the leaf (`cgroup.events`; unknown counts as yes).
+    fn populated(&self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let Some(events) = &self.events else {
+            return true;
+        };
+        match events.read_at(&mut buf, 0) {
+            Ok(n) => !String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .any(|l| l == "populated 0"),
+            Err(_) => true,
+        }
+    }
+
+    /// SIGKILL to everything in the leaf: `cgroup.kill`, or before Linux 5.14 each process
+    /// listed until none is left. Only through the descriptors held: a removed leaf gets
+    /// ENODEV, never a kill by its (maybe reused) path.
+    fn kill(&self) {
+        use std::io::Write;
+        if let Some(f) = &self.kill_file {
+            let _ = (&*f).write_all(b"1");
+            return;
+        }
+        let Some(listed) = &self.listed else {
+            return;
+        };
+        for _ in 0..100 {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; 64 * 1024];
+            let n = listed.read_at(&mut buf, 0).unwrap_or(0);
+            let pids: Vec<i32> = String::from_utf8_lossy(&buf[..n])
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl RunCgroup {
+    /// `(directory, cgroup.procs)` of the leaf, for the spawn.
+    pub fn spawn_fds(&self) -> Option<(&OwnedFd, &OwnedFd)> {
+        self.leaf.as_ref().map(|l| (&l.dir, &l.procs))
+    }
+
+    /// End everything left in the run's leaf; the leaf is retired, never cloned into again.
+    pub fn kill(&mut self) {
+        let Some(leaf) = &self.leaf else { return };
+        if self.killed || self.empty {
+            return;
+        }
+        if leaf.populated() {
+            leaf.kill();
+            self.killed = true;
+        } else {
+            self.empty = true;
+        }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.leaf.as_ref().map(|l| l.path.as_path())
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        if let Some(leaf) = self.leaf.take() {
+            self.probe.checkin(leaf, self.killed, self.empty);
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 
 use crate::support as common;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -56,6 +57,15 @@ fn populated(cg: &Path) -> bool {
         .unwrap()
         .lines()
         .any(|l| l == "populated 1")
+}
+
+/// The pids a probe wrote to `path`, one a line (none if it wrote nothing).
+fn pids_listed(path: &Path) -> Vec<i32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
 }
 
 fn assert_gone(pid: i32) {
@@ -121,8 +131,7 @@ async fn two_hundred_background_sleeps_are_all_ended() {
     let (task, ctx) = load_task(&s, "many");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
-    let list = std::fs::read_to_string(pids.join("many.pids")).unwrap();
-    let all: Vec<i32> = list.lines().map(|l| l.trim().parse().unwrap()).collect();
+    let all = pids_listed(&pids.join("many.pids"));
     assert_eq!(all.len(), 200);
     for pid in all {
         assert_gone(pid);
@@ -146,8 +155,12 @@ async fn a_probe_runs_in_its_own_cgroup() {
     let (task, ctx) = load_task(&s, "where");
     let run = run_once(&task, &ctx).await;
     let out = String::from_utf8_lossy(&run.exec.unwrap().stdout).into_owned();
+    // A leaf of the probe's cgroup: `.../probes/where/run-<n>`.
+    let leaf = out.trim_end().rsplit_once('/');
     assert!(
-        out.trim_end().ends_with("/probes/where"),
+        leaf.is_some_and(
+            |(parent, leaf)| parent.ends_with("/probes/where") && leaf.starts_with("run-")
+        ),
         "probe ran in {out:?}"
     );
 }
@@ -305,4 +318,321 @@ fn cgroup_limits_and_the_no_new_privs_opt_out_are_read_from_the_config() {
     assert!(!spec(0).no_new_privs);
     assert!(spec(1).no_new_privs);
     assert_eq!(spec(1).limits, Limits::default());
+}
+
+// Reloads: an old task's teardown (`cgroup.kill` of the probe's cgroup) must never reach
+// a new task's run of the same probe, and a removed probe's cgroup goes with its last run.
+// The scheduler runs in this process (on a multi-thread runtime, as in the daemon); the
+// probes are real processes gated by FIFOs, and blocking waits run off the runtime.
+
+/// A stream probe `a` (elim format) whose script gets its generation as `$1` and `D` (a dir
+/// every user may write) for its files; FIFOs `release` and `ping` in `D`.
+fn stream_site(body: &str) -> (Setup, PathBuf) {
+    let (s, d) = setup("el", "", body);
+    for fifo in ["release", "ping"] {
+        let path = d.join(fifo);
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::empty()).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+    }
+    write_generation(&s, &d, "stream", "v1");
+    (s, d)
+}
+
+/// resources.yaml with probe `a` of `kind` running `el GENERATION`.
+fn write_generation(s: &Setup, d: &Path, kind: &str, generation: &str) {
+    let format = if kind == "stream" {
+        ", format: elim"
+    } else {
+        ""
+    };
+    let probe = format!(
+        "{{kind: {kind}, command: [el, {generation}]{format}, timeout: 1h, env: {{D: {}}}}}",
+        d.display()
+    );
+    let text = resource("a", &probe).replace("interval: 60s", "interval: 1s");
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        format!("resources:\n{text}"),
+    )
+    .unwrap();
+}
+
+fn write_no_probes(s: &Setup) {
+    std::fs::write(s.path().join("resources.yaml"), "resources: []\n").unwrap();
+}
+
+fn plan_of(s: &Setup) -> xce_agent::plan::Plan {
+    let config = xce_agent::config::load(&s.agent_yaml(), None).unwrap();
+    xce_agent::plan::make_plan(&config.resources, "node001", &Default::default())
+}
+
+struct Reloading {
+    sched: xce_agent::schedule::Scheduler,
+    store: std::sync::Arc<xce_agent::store::Store>,
+    plan: xce_agent::plan::Plan,
+}
+
+impl Reloading {
+    fn start(s: &Setup) -> Self {
+        let plan = plan_of(s);
+        let store = std::sync::Arc::new(xce_agent::store::Store::new());
+        store.declare(xce_agent::daemon::declared(&plan));
+        let (_, ctx) = load_task(s, "a");
+        let mut sched = xce_agent::schedule::Scheduler::new(
+            store.clone(),
+            ctx,
+            8,
+            tokio_util::sync::CancellationToken::new(),
+        );
+        sched.start(&plan);
+        Self { sched, store, plan }
+    }
+
+    /// What the daemon does on SIGHUP: the diff of the old and new plan, executed.
+    fn reload(&mut self, s: &Setup) {
+        let plan = plan_of(s);
+        let changes = xce_agent::reload::probe_changes(&self.plan.tasks, &plan.tasks, false);
+        self.store.declare(xce_agent::daemon::declared(&plan));
+        self.sched.apply(&changes, &plan);
+        let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
+        cgroup::retain(&names);
+        self.plan = plan;
+    }
+
+    async fn value(&self, v: f64) {
+        common::wait_for(&self.store, "a", |r| {
+            r.value == xce_agent::value::Value::Numeric(v)
+        })
+        .await;
+    }
+}
+
+/// The leaf cgroup a process is in.
+fn leaf_of(pid: i32) -> PathBuf {
+    let host = cgroup::detect().unwrap();
+    let line = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path = line.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+    host.mount.join(path.trim_start_matches('/'))
+}
+
+async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+fn starts(d: &Path, generation: &str) -> Vec<i32> {
+    pids_listed(&d.join(format!("{generation}.starts")))
+}
+
+/// Ask the run waiting on `ping` who it is: it answers with its pid in `pong`. Asked again
+/// while no answer came: a run killed after it opened `ping` never answers, the run that
+/// replaced it does. A failed run in `store` ends the wait with its error.
+async fn ping(d: &Path, store: &xce_agent::store::Store) -> i32 {
+    let (ping, pong) = (d.join("ping"), d.join("pong"));
+    common::wait_until("a run to answer on ping", || {
+        if pong.exists() {
+            return true;
+        }
+        if let Some(r) = store
+            .get("a", "")
+            .filter(|r| r.status == xce_agent::value::Status::Failed)
+        {
+            panic!("the new run failed: {:?}", r.error);
+        }
+        // Non-blocking: with no reader the open fails (ENXIO) instead of waiting for one.
+        if let Ok(mut w) = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&ping)
+        {
+            let _ = std::io::Write::write_all(&mut w, b"\n");
+        }
+        false
+    })
+    .await;
+    read_pid(&pong)
+}
+
+/// Generation v1 leaves a setsid holder (only `cgroup.kill` reaches it) and, on SIGTERM,
+/// waits on `release` before it exits; any later generation lets v1 go, then answers one
+/// `ping` with its pid, then runs until it is stopped.
+const GENERATIONS: &str = "#!/bin/sh
+echo $$ >> \"$D/$1.starts\"
+if [ \"$1\" = v1 ]; then
+  setsid sleep 100000 >/dev/null 2>&1 &
+  echo $! > \"$D/holder.tmp\"; mv \"$D/holder.tmp\" \"$D/holder\"
+  trap 'read x < \"$D/release\"; exit 0' TERM
+  echo '1 a 1'
+else
+  echo '1 a 2'
+  (echo go > \"$D/release\") &
+  read x < \"$D/ping\"
+  echo $$ > \"$D/pong.tmp\"; mv \"$D/pong.tmp\" \"$D/pong\"
+fi
+while :; do sleep 100000 & wait $!; done
+";
+
+/// The bug: the old stream's run, ending after SIGTERM, ended with `cgroup.kill` of the
+/// probe's cgroup — where the new task's run already was. The new run must be the one that
+/// answers, never a restart of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_restarted_stream_is_not_killed_by_its_old_runs_teardown() {
+    if !in_own_process!("a_reload_restarted_stream_is_not_killed_by_its_old_runs_teardown") {
+        return;
+    }
+    if !contained() {
+        return;
+    }
+    let (s, d) = stream_site(GENERATIONS);
+    let mut agent = Reloading::start(&s);
+    agent.value(1.0).await;
+    let holder = read_pid(&d.join("holder"));
+    write_generation(&s, &d, "stream", "v2");
+    agent.reload(&s);
+    // The holder goes only with the old run's teardown: from here on that has happened.
+    off_runtime(move || wait_gone(holder)).await;
+    agent.value(2.0).await;
+    let answered = ping(&d, &agent.store).await;
+    assert_eq!(
+        starts(&d, "v2"),
+        vec![answered],
+        "the new run was killed by the old run's teardown and restarted"
+    );
+    agent.sched.stop().await;
+    assert_gone(answered);
+    assert!(!populated(&probe_cgroup("a")));
+}
+
+/// A run whose leftovers were killed retires its leaf: the next run is cloned into a fresh
+/// one. (Here the kernel SIGKILLs a child cloned into a cgroup that was once written
+/// `cgroup.kill`: reusing the leaf killed every later run of the probe at birth.)
+#[tokio::test]
+async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() {
+    if !in_own_process!("the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth") {
+        return;
+    }
+    if !contained() {
+        return;
+    }
+    let (s, pids) = setup(
+        "leaves",
+        "",
+        "#!/bin/sh\n( setsid sleep 100000 >/dev/null 2>&1 & echo $! >> \"$D/left.pids\" )\necho 1\n",
+    );
+    let (task, ctx) = load_task(&s, "leaves");
+    for run in 1..=3 {
+        let done = run_once(&task, &ctx).await;
+        assert_eq!(done.outcome, Outcome::Ok, "run {run}: {:?}", done.error());
+    }
+    for pid in pids_listed(&pids.join("left.pids")) {
+        assert_gone(pid);
+    }
+    // The retired leaves go as later runs start: at most the last one is left.
+    let leaves = std::fs::read_dir(probe_cgroup("leaves"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .count();
+    assert!(leaves <= 2, "{leaves} leaves left behind");
+}
+
+/// The exec kind: a restart cancels the old run, whose child is still running, so its
+/// leaf is killed; the new task's first run must still run and report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
+    if !in_own_process!("a_reload_restarted_exec_probe_reports_from_its_new_run") {
+        return;
+    }
+    if !contained() {
+        return;
+    }
+    let (s, d) = stream_site(
+        "#!/bin/sh\necho $$ >> \"$D/$1.starts\"\nif [ \"$1\" = v1 ]; then read x < \"$D/release\"; echo 1; else echo 2; fi\n",
+    );
+    write_generation(&s, &d, "exec", "v1");
+    let mut agent = Reloading::start(&s);
+    let started = d.join("v1.starts");
+    common::wait_until("the first run to start", || started.exists()).await;
+    let old = read_pid(&started);
+    write_generation(&s, &d, "exec", "v2");
+    agent.reload(&s);
+    let first = common::wait_for(&agent.store, "a", |r| {
+        r.status != xce_agent::value::Status::Pending
+    })
+    .await;
+    assert_eq!(
+        (first.status, &first.value, &first.error),
+        (
+            xce_agent::value::Status::Ok,
+            &xce_agent::value::Value::Numeric(2.0),
+            &None
+        ),
+        "the new task's first run"
+    );
+    assert_gone(old);
+    agent.sched.stop().await;
+}
+
+/// A probe removed by one reload and added again by the next, while its old stream is
+/// still ending: the old run's teardown reaches neither the new run nor the new cgroup,
+/// and the removed probe's cgroup is gone with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() {
+    if !in_own_process!("a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run") {
+        return;
+    }
+    if !contained() {
+        return;
+    }
+    let (s, d) = stream_site(GENERATIONS);
+    let mut agent = Reloading::start(&s);
+    agent.value(1.0).await;
+    let holder = read_pid(&d.join("holder"));
+    let old = starts(&d, "v1");
+    let old_leaf = leaf_of(old[0]);
+    write_no_probes(&s);
+    agent.reload(&s);
+    write_generation(&s, &d, "stream", "v2");
+    agent.reload(&s);
+    off_runtime(move || wait_gone(holder)).await;
+    assert_gone(old[0]);
+    agent.value(2.0).await;
+    let answered = ping(&d, &agent.store).await;
+    assert_eq!(
+        starts(&d, "v2"),
+        vec![answered],
+        "the re-added probe's run was killed"
+    );
+    assert_ne!(leaf_of(answered), old_leaf);
+    assert!(!old_leaf.exists(), "{} left behind", old_leaf.display());
+    agent.sched.stop().await;
+    assert_gone(answered);
+}
+
+/// Shutdown right after a restart, while the old stream is still ending: nothing is left,
+/// neither process nor cgroup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
+    if !in_own_process!("shutdown_during_a_restart_leaves_no_process_and_no_cgroup") {
+        return;
+    }
+    if !contained() {
+        return;
+    }
+    let (s, d) = stream_site(GENERATIONS);
+    let mut agent = Reloading::start(&s);
+    agent.value(1.0).await;
+    let holder = read_pid(&d.join("holder"));
+    let old = starts(&d, "v1")[0];
+    let probes = probe_cgroup("a");
+    write_generation(&s, &d, "stream", "v2");
+    agent.reload(&s);
+    agent.sched.stop().await;
+    cgroup::shut_down();
+    off_runtime(move || wait_gone(holder)).await;
+    assert_gone(old);
+    for pid in starts(&d, "v2") {
+        assert_gone(pid);
+    }
+    assert!(!probes.exists(), "{} left behind", probes.display());
 }

@@ -53,5 +53,12 @@ async fn clone2_children_join_their_cgroup() {
     );
     let o = child::run(&spec).await.unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.trim_end().ends_with("/probes/legacy"), "{out}");
+    // A leaf of the probe's cgroup: `.../probes/legacy/run-<n>`.
+    let leaf = out.trim_end().rsplit_once('/');
+    assert!(
+        leaf.is_some_and(
+            |(probe, leaf)| probe.ends_with("/probes/legacy") && leaf.starts_with("run-")
+        ),
+        "{out}"
+    );
 }

@@ -30,7 +30,7 @@ use tokio::time::{sleep_until, Instant};
 pub use output::{Got, Reader, Tail};
 pub use stdin::{Tick, TickWriter};
 
-use super::cgroup::ProbeCgroup;
+use super::cgroup::{ProbeCgroup, RunCgroup};
 use super::reaper::{self, Registered};
 use crate::config::{Limits, StdoutMode};
 
@@ -286,7 +286,8 @@ pub struct Child {
     watch: ExitWatch,
     exit: Option<Exit>,
     reaped: bool,
-    cgroup: Option<Arc<ProbeCgroup>>,
+    /// The run's own leaf of its probe's cgroup.
+    cgroup: Option<RunCgroup>,
     registered: Option<Registered>,
     /// The agent's end of the child's stdin, with `stdin_pipe`.
     stdin: Option<TickWriter>,
@@ -374,6 +375,13 @@ impl Child {
             None
         };
         let null = dev_null().map_err(io_fail)?;
+        // A leaf of its own: whatever an ending run of the same probe kills, it is not this.
+        let cgroup = spec
+            .cgroup
+            .as_ref()
+            .map(ProbeCgroup::checkout)
+            .transpose()
+            .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e))?;
         let child_stdin = stdin.as_ref().map_or(null, |(read, _)| read);
         let watch_sigchld =
             || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());
@@ -392,7 +400,7 @@ impl Child {
             rlimits: rlimits(&spec.limits),
             no_new_privs: spec.no_new_privs,
             stdio: [child_stdin, &out_write, &err_write],
-            cgroup: spec.cgroup.as_ref().map(|c| (&c.dir, &c.procs)),
+            cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_fds),
         });
         let (started, registered) = reaper::start_registered(|| {
             spawn::spawn(&mut prepared).map(|s| {
@@ -424,7 +432,7 @@ impl Child {
                     watch,
                     exit: None,
                     reaped: false,
-                    cgroup: spec.cgroup.clone(),
+                    cgroup,
                     registered: Some(registered),
                     stdin,
                 },
@@ -500,7 +508,7 @@ impl Child {
     /// (which catches what left the group). Then the leader is reaped if it has exited.
     pub fn end_rest(&mut self) {
         signal_group(self.pgid, Signal::SIGKILL);
-        if let Some(cg) = &self.cgroup {
+        if let Some(cg) = &mut self.cgroup {
             cg.kill();
         }
         if self.exit.is_some() && !self.reaped {
