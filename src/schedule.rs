@@ -76,6 +76,9 @@ pub struct Scheduler {
     budget: Arc<Semaphore>,
     pub stats: Arc<Stats>,
     running: BTreeMap<ProbeKey, Running>,
+    /// The loops of stopped probes that are still ending (a stream in its SIGTERM grace).
+    /// A probe started again waits for its entry here: its new run never runs beside its old.
+    ending: BTreeMap<ProbeKey, JoinHandle<()>>,
     shutdown: CancellationToken,
     sweeper: JoinHandle<()>,
 }
@@ -94,6 +97,7 @@ impl Scheduler {
             budget: Arc::new(Semaphore::new(max_parallel.max(1))),
             stats: Arc::new(Stats::default()),
             running: BTreeMap::new(),
+            ending: BTreeMap::new(),
             shutdown,
             sweeper,
         }
@@ -111,10 +115,20 @@ impl Scheduler {
     /// Execute the probes' part of `changes` (see `reload::diff`), whose new tasks are
     /// `plan`'s: stopped and restarted probes are cancelled (their process groups killed),
     /// started and restarted ones begin at their slot, kept ones are not touched.
+    ///
+    /// A restarted probe (or one removed and added back while it was still ending) starts
+    /// once its old loop has ended, as LSF stops an elim before it starts the new one: a
+    /// probe that holds a device, a port or a license seat could not start beside its old
+    /// self, and two runs of one stream would report the same resources at once. The wait
+    /// is at most the old run's SIGTERM grace; no other probe waits.
     pub fn apply(&mut self, changes: &Changes, plan: &Plan) {
+        self.ending.retain(|_, h| !h.is_finished());
         for probe in changes.to_stop() {
             if let Some(r) = self.running.remove(probe) {
                 r.cancel.cancel();
+                // `running` and `ending` never hold one key both: a start takes the key
+                // out of `ending`, so this insert replaces nothing.
+                self.ending.insert(probe.clone(), r.handle);
             }
         }
         let mut starting = changes.to_start().peekable();
@@ -132,13 +146,17 @@ impl Scheduler {
                 continue;
             };
             let cancel = self.shutdown.child_token();
-            let handle = tokio::spawn(probe_loop(
-                Arc::new((*task).clone()),
-                self.ctx.clone(),
-                self.store.clone(),
-                self.budget.clone(),
-                self.stats.clone(),
+            let handle = tokio::spawn(after_old_loop(
+                self.ending.remove(probe),
                 cancel.clone(),
+                probe_loop(
+                    Arc::new((*task).clone()),
+                    self.ctx.clone(),
+                    self.store.clone(),
+                    self.budget.clone(),
+                    self.stats.clone(),
+                    cancel.clone(),
+                ),
             ));
             self.running
                 .insert(probe.clone(), Running { cancel, handle });
@@ -152,7 +170,26 @@ impl Scheduler {
             r.cancel.cancel();
             let _ = r.handle.await;
         }
+        for (_, h) in std::mem::take(&mut self.ending) {
+            let _ = h.await;
+        }
         let _ = (&mut self.sweeper).await;
+    }
+}
+
+/// Run `new_loop` once the probe's `old` loop has ended, unless it was cancelled meanwhile.
+/// The old loop is awaited even then: a later start of the probe waits on this one, and so
+/// on the old loop through it.
+async fn after_old_loop(
+    old: Option<JoinHandle<()>>,
+    cancel: CancellationToken,
+    new_loop: impl std::future::Future<Output = ()>,
+) {
+    if let Some(old) = old {
+        let _ = old.await;
+    }
+    if !cancel.is_cancelled() {
+        new_loop.await;
     }
 }
 

@@ -13,9 +13,9 @@
 //!
 //! A leaf is used by one run at a time, and by a later run only if the run before left it
 //! empty: a run whose leftovers had to be killed retires its leaf (removed once empty), and
-//! the next run gets a fresh one. So a run that is ending (an old task's after a reload, a
-//! stream in its SIGTERM grace) can only ever kill its own processes, never a new run that
-//! started beside it. And a killed leaf is never cloned into again: on some kernels (6.18
+//! the next run gets a fresh one. So a run that is ending (a stream in its SIGTERM grace)
+//! can only ever kill its own processes, never a later run's (the scheduler also starts a
+//! restarted probe only once its old run has ended). And a killed leaf is never cloned into again: on some kernels (6.18
 //! here) `clone3(CLONE_INTO_CGROUP)` into a cgroup that was once written `cgroup.kill`
 //! SIGKILLs the child at birth, so reusing one would kill every later run of the probe.
 //!

@@ -454,30 +454,46 @@ async fn ping(d: &Path, store: &xce_agent::store::Store) -> i32 {
 }
 
 /// Generation v1 leaves a setsid holder (only `cgroup.kill` reaches it) and, on SIGTERM,
-/// waits on `release` before it exits; any later generation lets v1 go, then answers one
-/// `ping` with its pid, then runs until it is stopped.
+/// notes `v1 term` in `order` and never exits by itself: its run ends when the SIGTERM grace
+/// does, with SIGKILL. Any later generation notes in `order` whether v1 was still there when
+/// it started, then answers one `ping` with its pid, then runs until it is stopped.
 const GENERATIONS: &str = "#!/bin/sh
 echo $$ >> \"$D/$1.starts\"
 if [ \"$1\" = v1 ]; then
   setsid sleep 100000 >/dev/null 2>&1 &
   echo $! > \"$D/holder.tmp\"; mv \"$D/holder.tmp\" \"$D/holder\"
-  trap 'read x < \"$D/release\"; exit 0' TERM
+  trap 'echo \"v1 term\" >> \"$D/order\"; read x < \"$D/release\"; exit 0' TERM
   echo '1 a 1'
 else
+  if [ -d \"/proc/$(head -n 1 \"$D/v1.starts\")\" ]; then
+    echo \"$1 starts beside v1\" >> \"$D/order\"
+  else
+    echo \"$1 starts\" >> \"$D/order\"
+  fi
   echo '1 a 2'
-  (echo go > \"$D/release\") &
   read x < \"$D/ping\"
   echo $$ > \"$D/pong.tmp\"; mv \"$D/pong.tmp\" \"$D/pong\"
 fi
 while :; do sleep 100000 & wait $!; done
 ";
 
-/// The bug: the old stream's run, ending after SIGTERM, ended with `cgroup.kill` of the
-/// probe's cgroup — where the new task's run already was. The new run must be the one that
-/// answers, never a restart of it.
+/// What the generations noted, in order.
+fn order(d: &Path) -> Vec<String> {
+    std::fs::read_to_string(d.join("order"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A restarted stream's new run starts once the old run has ended (here, at the end of its
+/// SIGTERM grace), never beside it; and the old run's teardown (`cgroup.kill` of its leaf)
+/// does not reach the new run: the run that answers is the first and only v2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_restarted_stream_is_not_killed_by_its_old_runs_teardown() {
-    if !in_own_process!("a_reload_restarted_stream_is_not_killed_by_its_old_runs_teardown") {
+async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_killed() {
+    if !in_own_process!(
+        "a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_killed"
+    ) {
         return;
     }
     if !contained() {
@@ -493,6 +509,7 @@ async fn a_reload_restarted_stream_is_not_killed_by_its_old_runs_teardown() {
     off_runtime(move || wait_gone(holder)).await;
     agent.value(2.0).await;
     let answered = ping(&d, &agent.store).await;
+    assert_eq!(order(&d), ["v1 term", "v2 starts"]);
     assert_eq!(
         starts(&d, "v2"),
         vec![answered],
@@ -574,8 +591,8 @@ async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
 }
 
 /// A probe removed by one reload and added again by the next, while its old stream is
-/// still ending: the old run's teardown reaches neither the new run nor the new cgroup,
-/// and the removed probe's cgroup is gone with it.
+/// still ending: the new run starts once the old one has ended, the old run's teardown
+/// reaches neither the new run nor the new cgroup, and the old leaf is gone with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() {
     if !in_own_process!("a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run") {
@@ -598,6 +615,13 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
     assert_gone(old[0]);
     agent.value(2.0).await;
     let answered = ping(&d, &agent.store).await;
+    // The removal kills the old run's cgroup at once, before or after its TERM trap has
+    // run: only v2's line is certain.
+    let v2: Vec<String> = order(&d)
+        .into_iter()
+        .filter(|l| l.starts_with("v2"))
+        .collect();
+    assert_eq!(v2, ["v2 starts"]);
     assert_eq!(
         starts(&d, "v2"),
         vec![answered],
@@ -609,8 +633,8 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
     assert_gone(answered);
 }
 
-/// Shutdown right after a restart, while the old stream is still ending: nothing is left,
-/// neither process nor cgroup.
+/// Shutdown right after a restart, while the old stream is still ending: the new run never
+/// starts, and nothing is left, neither process nor cgroup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
     if !in_own_process!("shutdown_during_a_restart_leaves_no_process_and_no_cgroup") {
@@ -631,8 +655,10 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
     cgroup::shut_down();
     off_runtime(move || wait_gone(holder)).await;
     assert_gone(old);
-    for pid in starts(&d, "v2") {
-        assert_gone(pid);
-    }
+    assert_eq!(
+        starts(&d, "v2"),
+        Vec::<i32>::new(),
+        "v2 started during shutdown"
+    );
     assert!(!probes.exists(), "{} left behind", probes.display());
 }
