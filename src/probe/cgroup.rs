@@ -15,9 +15,14 @@
 //! empty: a run whose leftovers had to be killed retires its leaf (removed once empty), and
 //! the next run gets a fresh one. So a run that is ending (a stream in its SIGTERM grace)
 //! can only ever kill its own processes, never a later run's (the scheduler also starts a
-//! restarted probe only once its old run has ended). And a killed leaf is never cloned into again: on some kernels (6.18
-//! here) `clone3(CLONE_INTO_CGROUP)` into a cgroup that was once written `cgroup.kill`
-//! SIGKILLs the child at birth, so reusing one would kill every later run of the probe.
+//! restarted probe only once its old run has ended). And a killed leaf is never cloned into
+//! again: on some kernels (6.18 here) `clone3(CLONE_INTO_CGROUP)` into a cgroup that was
+//! once written `cgroup.kill` SIGKILLs the child at birth, so reusing one would kill every
+//! later run of the probe.
+//!
+//! A probe removed by a reload keeps its cgroup until its last run has ended: the reload
+//! does not cut that run's SIGTERM grace short with a kill; the run removes the cgroup as it
+//! checks its leaf in.
 //!
 //! `<base>` is `<own>` when systemd started the agent as a service (`Delegate=yes` hands it
 //! that subtree), otherwise `<own>/xce-agent.<pid>`: several agents (or test processes) on one
@@ -67,7 +72,9 @@ pub struct Tree {
 pub struct ProbeCgroup {
     pub name: String,
     pub path: PathBuf,
-    limits: Mutex<(Option<u64>, Option<u64>)>,
+    /// What was written to `memory.max` / `pids.max`; `None` until the first run (the
+    /// directory may be left from a removed probe of the same name, with its old limits).
+    limits: Mutex<Option<(Option<u64>, Option<u64>)>>,
     leaves: Mutex<Leaves>,
 }
 
@@ -77,6 +84,11 @@ struct Leaves {
     idle: Vec<Leaf>,
     /// Killed: removed once their last processes have gone.
     retired: Vec<PathBuf>,
+    /// Checked out by runs.
+    in_use: usize,
+    /// The probe was removed from the config while a run was still ending (a stream in
+    /// its SIGTERM grace): the last run to check in removes the cgroup.
+    removed: bool,
 }
 
 /// A leaf cgroup, held open.
@@ -407,7 +419,7 @@ impl Tree {
                 let cg = Arc::new(ProbeCgroup {
                     name: name.to_owned(),
                     path,
-                    limits: Mutex::new((None, None)),
+                    limits: Mutex::new(None),
                     leaves: Mutex::new(Leaves::default()),
                 });
                 probes.insert(name.to_owned(), cg.clone());
@@ -419,27 +431,59 @@ impl Tree {
         Ok(cg)
     }
 
-    /// Kill and remove the cgroups of probes not in `keep` (after a reload).
+    /// The cgroups of probes not in `keep` (after a reload), taken out of the tree.
+    fn take_all_but(&self, keep: &[&str]) -> Vec<Arc<ProbeCgroup>> {
+        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        let names: Vec<String> = probes
+            .keys()
+            .filter(|n| !keep.contains(&n.as_str()))
+            .cloned()
+            .collect();
+        names.iter().filter_map(|n| probes.remove(n)).collect()
+    }
+
+    /// Remove the cgroups of probes not in `keep` (after a reload). One whose run is still
+    /// ending (the scheduler has cancelled it: a stream in its SIGTERM grace) is removed by
+    /// that run when it checks in, so the reload does not cut the grace short with a kill.
     pub fn retain(&self, keep: &[&str]) {
-        let gone: Vec<Arc<ProbeCgroup>> = {
-            let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
-            let names: Vec<String> = probes
-                .keys()
-                .filter(|n| !keep.contains(&n.as_str()))
-                .cloned()
-                .collect();
-            names.iter().filter_map(|n| probes.remove(n)).collect()
-        };
-        for cg in gone {
-            // The whole subtree: the runs still ending and the retired leaves.
+        for cg in self.take_all_but(keep) {
+            let mut leaves = cg.leaves.lock().unwrap_or_else(|p| p.into_inner());
+            if leaves.in_use > 0 {
+                leaves.removed = true;
+                continue;
+            }
+            drop(leaves);
+            // The retired leaves, and any process that is somehow still there.
             remove_tree(&cg.path);
         }
     }
 
-    /// At shutdown: every probe's cgroup killed and removed, the agent back where it started,
-    /// its subtree removed.
+    /// The last run of a removed probe checked in: its leaves go, and the probe's directory
+    /// too unless a probe of the same name was added since and uses it.
+    fn finish_removal(&self, name: &str, path: &Path, leaves: &[PathBuf]) {
+        for leaf in leaves {
+            remove_dir_patiently(leaf);
+        }
+        // Under the lock: a probe of the same name added now waits for this, not the
+        // reverse (its directory is made under the same lock).
+        let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        if !probes.contains_key(name) {
+            // Once, not patiently: its leaves are gone, and the lock is held.
+            if let Err(e) = fs::remove_dir(path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!("cannot remove cgroup {}: {e}", path.display());
+                }
+            }
+        }
+    }
+
+    /// At shutdown: every probe's cgroup killed and removed (runs still ending too: the
+    /// stop has waited for them as long as it will), the agent back where it started, its
+    /// subtree removed.
     pub fn shut_down(&self) {
-        self.retain(&[]);
+        for cg in self.take_all_but(&[]) {
+            remove_tree(&cg.path);
+        }
         let probes = self.base.join("probes");
         remove_tree(&probes);
         if fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
@@ -463,7 +507,7 @@ impl ProbeCgroup {
     fn apply(&self, limits: &Limits, enabled: &[String]) {
         let want = (limits.memory, limits.pids);
         let mut applied = self.limits.lock().unwrap_or_else(|p| p.into_inner());
-        if *applied == want {
+        if *applied == Some(want) {
             return;
         }
         for (controller, file, value) in [
@@ -481,7 +525,7 @@ impl ProbeCgroup {
                 tracing::warn!(probe = %self.name, "cannot set {file} to {text}: {e}");
             }
         }
-        *applied = want;
+        *applied = Some(want);
     }
 
     /// A leaf for one run: an idle one, else a fresh one. Retired leaves that have emptied
@@ -496,6 +540,7 @@ impl ProbeCgroup {
             Some(leaf) => leaf,
             None => Leaf::create(&self.path)?,
         };
+        leaves.in_use += 1;
         Ok(RunCgroup {
             probe: self.clone(),
             leaf: Some(leaf),
@@ -510,6 +555,23 @@ impl ProbeCgroup {
             leaf.kill();
         }
         let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        leaves.in_use -= 1;
+        if leaves.removed && leaves.in_use == 0 {
+            let mut dirs = std::mem::take(&mut leaves.retired);
+            dirs.extend(leaves.idle.drain(..).map(|l| l.path.clone()));
+            dirs.push(leaf.path.clone());
+            drop((leaves, leaf));
+            if let Some(tree) = active() {
+                // A leaf just killed is busy for a moment: wait for it off the runtime.
+                let (name, path) = (self.name.clone(), self.path.clone());
+                let finish = move || tree.finish_removal(&name, &path, &dirs);
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => drop(rt.spawn_blocking(finish)),
+                    Err(_) => finish(),
+                }
+            }
+            return;
+        }
         if reusable {
             leaves.idle.push(leaf);
         } else {

@@ -615,22 +615,51 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
     assert_gone(old[0]);
     agent.value(2.0).await;
     let answered = ping(&d, &agent.store).await;
-    // The removal kills the old run's cgroup at once, before or after its TERM trap has
-    // run: only v2's line is certain.
-    let v2: Vec<String> = order(&d)
-        .into_iter()
-        .filter(|l| l.starts_with("v2"))
-        .collect();
-    assert_eq!(v2, ["v2 starts"]);
+    assert_eq!(order(&d), ["v1 term", "v2 starts"]);
     assert_eq!(
         starts(&d, "v2"),
         vec![answered],
         "the re-added probe's run was killed"
     );
     assert_ne!(leaf_of(answered), old_leaf);
-    assert!(!old_leaf.exists(), "{} left behind", old_leaf.display());
+    // Removed off the runtime once the old run has checked its leaf in.
+    common::wait_until("the old leaf to be removed", || !old_leaf.exists()).await;
     agent.sched.stop().await;
     assert_gone(answered);
+}
+
+/// A probe removed by a reload is stopped as a restarted one is: SIGTERM, its grace, then
+/// its leaf killed; the reload does not cut the grace short by killing the probe's cgroup,
+/// and the cgroup is removed once the run has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
+    if !in_own_process!("a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after") {
+        return;
+    }
+    if !contained() {
+        return;
+    }
+    let (s, d) = stream_site(GENERATIONS);
+    let mut agent = Reloading::start(&s);
+    agent.value(1.0).await;
+    let holder = read_pid(&d.join("holder"));
+    let old = starts(&d, "v1")[0];
+    let probe = probe_cgroup("a");
+    write_no_probes(&s);
+    agent.reload(&s);
+    assert!(
+        probe.exists(),
+        "the reload removed the cgroup of a run still ending"
+    );
+    off_runtime(move || wait_gone(holder)).await;
+    assert_gone(old);
+    assert_eq!(
+        order(&d),
+        ["v1 term"],
+        "the run was not given its SIGTERM grace"
+    );
+    common::wait_until("the removed probe's cgroup to go", || !probe.exists()).await;
+    agent.sched.stop().await;
 }
 
 /// Shutdown right after a restart, while the old stream is still ending: the new run never
