@@ -477,6 +477,33 @@ fi
 while :; do sleep 100000 & wait $!; done
 ";
 
+/// Generation v1 of probe `a` running and reported, under a scheduler in this process.
+struct V1 {
+    s: Setup,
+    d: PathBuf,
+    agent: Reloading,
+    /// v1's pid, and its setsid holder's.
+    pid: i32,
+    holder: i32,
+}
+
+impl V1 {
+    async fn reporting() -> Self {
+        let (s, d) = stream_site(GENERATIONS);
+        let agent = Reloading::start(&s);
+        agent.value(1.0).await;
+        let holder = read_pid(&d.join("holder"));
+        let pid = starts(&d, "v1")[0];
+        Self {
+            s,
+            d,
+            agent,
+            pid,
+            holder,
+        }
+    }
+}
+
 /// What the generations noted, in order.
 fn order(d: &Path) -> Vec<String> {
     std::fs::read_to_string(d.join("order"))
@@ -499,10 +526,13 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
     if !contained() {
         return;
     }
-    let (s, d) = stream_site(GENERATIONS);
-    let mut agent = Reloading::start(&s);
-    agent.value(1.0).await;
-    let holder = read_pid(&d.join("holder"));
+    let V1 {
+        s,
+        d,
+        mut agent,
+        holder,
+        ..
+    } = V1::reporting().await;
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
     // The holder goes only with the old run's teardown: from here on that has happened.
@@ -601,18 +631,20 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
     if !contained() {
         return;
     }
-    let (s, d) = stream_site(GENERATIONS);
-    let mut agent = Reloading::start(&s);
-    agent.value(1.0).await;
-    let holder = read_pid(&d.join("holder"));
-    let old = starts(&d, "v1");
-    let old_leaf = leaf_of(old[0]);
+    let V1 {
+        s,
+        d,
+        mut agent,
+        pid: old,
+        holder,
+    } = V1::reporting().await;
+    let old_leaf = leaf_of(old);
     write_no_probes(&s);
     agent.reload(&s);
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
     off_runtime(move || wait_gone(holder)).await;
-    assert_gone(old[0]);
+    assert_gone(old);
     agent.value(2.0).await;
     let answered = ping(&d, &agent.store).await;
     assert_eq!(order(&d), ["v1 term", "v2 starts"]);
@@ -639,11 +671,13 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
     if !contained() {
         return;
     }
-    let (s, d) = stream_site(GENERATIONS);
-    let mut agent = Reloading::start(&s);
-    agent.value(1.0).await;
-    let holder = read_pid(&d.join("holder"));
-    let old = starts(&d, "v1")[0];
+    let V1 {
+        s,
+        d,
+        mut agent,
+        pid: old,
+        holder,
+    } = V1::reporting().await;
     let probe = probe_cgroup("a");
     write_no_probes(&s);
     agent.reload(&s);
@@ -672,11 +706,13 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
     if !contained() {
         return;
     }
-    let (s, d) = stream_site(GENERATIONS);
-    let mut agent = Reloading::start(&s);
-    agent.value(1.0).await;
-    let holder = read_pid(&d.join("holder"));
-    let old = starts(&d, "v1")[0];
+    let V1 {
+        s,
+        d,
+        mut agent,
+        pid: old,
+        holder,
+    } = V1::reporting().await;
     let probes = probe_cgroup("a");
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
