@@ -431,22 +431,20 @@ impl Tree {
         Ok(cg)
     }
 
-    /// The cgroups of probes not in `keep` (after a reload), taken out of the tree.
-    fn take_all_but(&self, keep: &[&str]) -> Vec<Arc<ProbeCgroup>> {
-        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
-        let names: Vec<String> = probes
-            .keys()
-            .filter(|n| !keep.contains(&n.as_str()))
-            .cloned()
-            .collect();
-        names.iter().filter_map(|n| probes.remove(n)).collect()
-    }
-
     /// Remove the cgroups of probes not in `keep` (after a reload). One whose run is still
     /// ending (the scheduler has cancelled it: a stream in its SIGTERM grace) is removed by
     /// that run when it checks in, so the reload does not cut the grace short with a kill.
     pub fn retain(&self, keep: &[&str]) {
-        for cg in self.take_all_but(keep) {
+        let gone: Vec<Arc<ProbeCgroup>> = {
+            let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+            let names: Vec<String> = probes
+                .keys()
+                .filter(|n| !keep.contains(&n.as_str()))
+                .cloned()
+                .collect();
+            names.iter().filter_map(|n| probes.remove(n)).collect()
+        };
+        for cg in gone {
             let mut leaves = cg.leaves.lock().unwrap_or_else(|p| p.into_inner());
             if leaves.in_use > 0 {
                 leaves.removed = true;
@@ -481,11 +479,12 @@ impl Tree {
     /// stop has waited for them as long as it will), the agent back where it started, its
     /// subtree removed.
     pub fn shut_down(&self) {
-        for cg in self.take_all_but(&[]) {
-            remove_tree(&cg.path);
-        }
-        let probes = self.base.join("probes");
-        remove_tree(&probes);
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        // Deepest first: every probe's leaves, then the probe.
+        remove_tree(&self.base.join("probes"));
         if fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
             remove_dir_patiently(&self.base.join("agent"));
             if self.own_base {
