@@ -156,19 +156,22 @@ pub fn detect() -> Result<Host, DetectError> {
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or(DetectError::NoPath)?;
-    let relative = Path::new(path)
-        .strip_prefix(&root)
-        .unwrap_or(Path::new(path))
-        .strip_prefix("/")
-        .unwrap_or(Path::new(""))
-        .to_owned();
-    let own = mount.join(relative);
+    let own = cgroup_dir(&mount, &root, path);
     let controllers = read_words(&own.join("cgroup.controllers"));
     Ok(Host {
         mount,
         own,
         controllers,
     })
+}
+
+/// The directory of the cgroup at `path` (from `/proc/self/cgroup`) under the v2 mount at
+/// `mount`, whose root within the hierarchy is `root` (from mountinfo: `/`, or a subtree's
+/// path where only that subtree is mounted).
+fn cgroup_dir(mount: &Path, root: &Path, path: &str) -> PathBuf {
+    let path = Path::new(path);
+    let below_root = path.strip_prefix(root).unwrap_or(path);
+    mount.join(below_root.strip_prefix("/").unwrap_or(below_root))
 }
 
 /// The first cgroup2 mount of `mountinfo`: (mount point, root within the hierarchy).
@@ -285,6 +288,10 @@ fn set_up() -> Result<Tree, String> {
         return Err(io("move the agent into", &agent, e));
     }
     let probes = base.join("probes");
+    // A delegated subtree may still hold the probe cgroups (and processes) of the agent
+    // that ran in it before this one (systemd restarted it after a crash): none of them are
+    // this agent's, and a leaf left there would refuse this agent's run of the same name.
+    remove_stale(&probes);
     if let Err(e) = create_dir_if_missing(&probes) {
         let _ = fs::write(host.own.join("cgroup.procs"), "0");
         undo(&base);
@@ -313,7 +320,10 @@ fn enable_controllers(base: &Path, probes: &Path) -> Vec<String> {
     read_words(&probes.join("cgroup.subtree_control"))
 }
 
-/// `xce-agent.<pid>` subtrees left by agents that died without cleaning up.
+/// `xce-agent.<pid>` subtrees left by agents that died without cleaning up. One named by
+/// this process's own pid is stale too: an earlier process had the pid (pids are reused,
+/// and an agent in a container often gets the same low pid at every start), and without
+/// removing it this agent could not make its own subtree and would run uncontained.
 fn remove_dead_siblings(own: &Path) {
     let Ok(entries) = fs::read_dir(own) else {
         return;
@@ -327,9 +337,20 @@ fn remove_dead_siblings(own: &Path) {
         else {
             continue;
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            remove_tree(&e.path());
+        if pid == std::process::id() || !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_stale(&e.path());
         }
+    }
+}
+
+/// Kill and remove a subtree another agent left, and say so: it held that agent's probes.
+fn remove_stale(dir: &Path) {
+    if dir.is_dir() {
+        tracing::info!(
+            "removing the cgroup subtree {} left by an earlier agent (and any process still in it)",
+            dir.display()
+        );
+        remove_tree(dir);
     }
 }
 
@@ -788,6 +809,30 @@ mod tests {
         assert_eq!(
             v2_mount(mi),
             Some(("/sys/fs/cgroup/unified".into(), "/".into()))
+        );
+    }
+
+    #[test]
+    fn the_agents_own_cgroup_is_found_below_the_mount() {
+        let (mount, root) = (Path::new("/sys/fs/cgroup"), Path::new("/"));
+        // Under systemd: the unit's cgroup, not the mount (the hierarchy's root).
+        assert_eq!(
+            cgroup_dir(mount, root, "/system.slice/xce-agent.service"),
+            Path::new("/sys/fs/cgroup/system.slice/xce-agent.service")
+        );
+        assert_eq!(cgroup_dir(mount, root, "/"), mount);
+        // Only a subtree mounted (a container's view): paths are below its root.
+        assert_eq!(
+            cgroup_dir(
+                mount,
+                Path::new("/machine.slice/c1"),
+                "/machine.slice/c1/init.scope"
+            ),
+            Path::new("/sys/fs/cgroup/init.scope")
+        );
+        assert_eq!(
+            cgroup_dir(mount, Path::new("/machine.slice/c1"), "/machine.slice/c1"),
+            mount
         );
     }
 

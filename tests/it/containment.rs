@@ -14,15 +14,25 @@ use xce_agent::config::Limits;
 use xce_agent::probe::cgroup::{self, Containment};
 use xce_agent::probe::{reaper, run_once, Outcome};
 
-/// Containment for this test process, or a printed reason to skip.
-fn contained() -> bool {
+/// Containment for this test process, or a printed reason to skip. The guard removes the
+/// process's subtree when the test ends (as the agent does at exit), so a test leaves no
+/// `xce-agent.<pid>` behind for a later process with the same pid to find.
+fn contained() -> Option<Contained> {
     xce_agent::probe::child::become_subreaper().unwrap();
     match cgroup::init() {
-        Containment::Cgroups(_) => true,
+        Containment::Cgroups(_) => Some(Contained),
         Containment::ProcessGroups(why) => {
             eprintln!("skipped: no writable cgroup v2 hierarchy here ({why}); CI runs as root on a host with one");
-            false
+            None
         }
+    }
+}
+
+struct Contained;
+
+impl Drop for Contained {
+    fn drop(&mut self) {
+        cgroup::shut_down();
     }
 }
 
@@ -79,9 +89,9 @@ async fn a_double_forked_setsid_daemon_dies_with_its_run() {
     if !in_own_process!("a_double_forked_setsid_daemon_dies_with_its_run") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, pids) = setup(
         "dfork",
         "",
@@ -99,9 +109,9 @@ async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
     if !in_own_process!("a_run_that_hangs_past_its_timeout_leaves_nothing") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, pids) = setup(
         "hang",
         ", timeout: 1s",
@@ -120,9 +130,9 @@ async fn two_hundred_background_sleeps_are_all_ended() {
     if !in_own_process!("two_hundred_background_sleeps_are_all_ended") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, pids) = setup(
         "many",
         "",
@@ -144,9 +154,9 @@ async fn a_probe_runs_in_its_own_cgroup() {
     if !in_own_process!("a_probe_runs_in_its_own_cgroup") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, _) = setup(
         "where",
         ", format: kv",
@@ -163,6 +173,103 @@ async fn a_probe_runs_in_its_own_cgroup() {
         ),
         "probe ran in {out:?}"
     );
+}
+
+/// A stale probe leaf under `subtree` (`probes/old/run-1`) holding a running `sleep`, as an
+/// agent that died (or a process that had this pid before) would have left it; `None` where
+/// this process may not make cgroups (the caller skips).
+fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
+    let leaf = subtree.join("probes/old/run-1");
+    if let Err(e) = std::fs::create_dir_all(&leaf) {
+        eprintln!(
+            "skipped: cannot make {} ({e}); CI runs as root on a host with a cgroup v2 mount",
+            leaf.display()
+        );
+        return None;
+    }
+    // Not on the test's output: the test that runs this one reads that to its end.
+    let sleep = Command::new("sleep")
+        .arg("1000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sleep = common::KillOnDrop(sleep);
+    std::fs::write(leaf.join("cgroup.procs"), sleep.0.id().to_string()).unwrap();
+    Some(sleep)
+}
+
+fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
+    wait_gone(sleep.0.id() as i32);
+    assert!(
+        !sleep.0.wait().unwrap().success(),
+        "the stale probe was killed"
+    );
+    assert!(
+        !subtree.join("probes/old").exists(),
+        "{} left in place",
+        subtree.join("probes/old").display()
+    );
+}
+
+/// An `xce-agent.<pid>` subtree named by this process's own pid can only be an earlier
+/// process's (pids are reused; in a container the agent may get the same pid at every
+/// start): it is killed and replaced, and this process is contained all the same.
+#[tokio::test]
+async fn a_subtree_left_under_this_pid_is_replaced_not_a_reason_to_run_uncontained() {
+    if !in_own_process!("a_subtree_left_under_this_pid_is_replaced_not_a_reason_to_run_uncontained")
+    {
+        return;
+    }
+    let Ok(host) = cgroup::detect() else {
+        eprintln!("skipped: no cgroup v2 hierarchy here; CI runs as root on a host with one");
+        return;
+    };
+    let subtree = host.own.join(format!("xce-agent.{}", std::process::id()));
+    let Some(sleep) = leave_a_stale_probe(&subtree) else {
+        return;
+    };
+    let Some(_contained) = contained() else {
+        panic!(
+            "the stale subtree {} stopped containment",
+            subtree.display()
+        );
+    };
+    assert_eq!(cgroup::active().unwrap().base, subtree);
+    assert_stale_probe_ended(sleep, &subtree);
+}
+
+/// Under systemd (`Delegate=yes`) the unit's cgroup is the agent's subtree, and after a
+/// crash and restart it may still hold the probe cgroups of the agent that ran before:
+/// their processes are killed and the cgroups removed before this agent's first run.
+#[tokio::test]
+async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
+    if !in_own_process!("a_delegated_subtree_is_cleared_of_the_previous_agents_probes") {
+        return;
+    }
+    let Ok(host) = cgroup::detect() else {
+        eprintln!("skipped: no cgroup v2 hierarchy here; CI runs as root on a host with one");
+        return;
+    };
+    // This process as systemd would start a service: in `<name>.service`, INVOCATION_ID set.
+    let unit = host
+        .own
+        .join(format!("xce-test-{}.service", std::process::id()));
+    let Some(sleep) = leave_a_stale_probe(&unit) else {
+        return;
+    };
+    std::fs::write(unit.join("cgroup.procs"), "0").unwrap();
+    std::env::set_var("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
+    let Some(contained) = contained() else {
+        panic!("the delegated subtree {} was refused", unit.display());
+    };
+    assert_eq!(cgroup::active().unwrap().base, unit);
+    assert_stale_probe_ended(sleep, &unit);
+    // Out of the unit's cgroup again (the agent's stop moves it back to where it started),
+    // then the unit's cgroup goes, as systemd would remove it.
+    drop(contained);
+    std::fs::write(host.own.join("cgroup.procs"), "0").unwrap();
+    std::fs::remove_dir(&unit).unwrap();
 }
 
 /// The agent's cgroup subtree, from its /proc/<pid>/cgroup (`.../xce-agent.<pid>/agent`).
@@ -189,9 +296,9 @@ async fn a_stopped_daemon_leaves_no_process_and_no_cgroup() {
     if !in_own_process!("a_stopped_daemon_leaves_no_process_and_no_cgroup") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, pids) = setup(
         "held",
         ", timeout: 30s",
@@ -226,9 +333,9 @@ async fn once_contains_its_probes_and_cleans_up() {
     if !in_own_process!("once_contains_its_probes_and_cleans_up") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, pids) = setup(
         "oneshot",
         "",
@@ -265,9 +372,9 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
     if !in_own_process!("a_probes_cpu_is_counted_by_its_cgroup") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, _) = setup(
         "busy",
         "",
@@ -289,9 +396,9 @@ async fn probe_name_shows_the_cgroup_and_its_usage() {
     if !in_own_process!("probe_name_shows_the_cgroup_and_its_usage") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, _) = setup("shown_cg", "", "#!/bin/sh\necho 1\n");
     let out = agent_command(&s)
         .args(["probe", "shown_cg"])
@@ -523,9 +630,9 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
     ) {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let V1 {
         s,
         d,
@@ -558,9 +665,9 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
     if !in_own_process!("the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, pids) = setup(
         "leaves",
         "",
@@ -590,9 +697,9 @@ async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
     if !in_own_process!("a_reload_restarted_exec_probe_reports_from_its_new_run") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let (s, d) = stream_site(
         "#!/bin/sh\necho $$ >> \"$D/$1.starts\"\nif [ \"$1\" = v1 ]; then read x < \"$D/release\"; echo 1; else echo 2; fi\n",
     );
@@ -628,9 +735,9 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
     if !in_own_process!("a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let V1 {
         s,
         d,
@@ -668,9 +775,9 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
     if !in_own_process!("a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let V1 {
         s,
         d,
@@ -703,9 +810,9 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
     if !in_own_process!("shutdown_during_a_restart_leaves_no_process_and_no_cgroup") {
         return;
     }
-    if !contained() {
+    let Some(_contained) = contained() else {
         return;
-    }
+    };
     let V1 {
         s,
         d,

@@ -373,3 +373,13 @@ pub fn run_in_own_process(module: &str, test: &str) -> bool {
     );
     false
 }
+
+/// A child process of the test that is killed and reaped when the test ends, passed or not.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
