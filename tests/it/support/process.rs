@@ -355,6 +355,8 @@ pub fn run_in_own_process(module: &str, test: &str) -> bool {
         .args([&name, "--exact", "--include-ignored", "--nocapture"])
         .args(["--test-threads", "1"])
         .env(OWN_PROCESS, &name)
+        // Its frames would be this runner's; the message and its file:line say where.
+        .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
         .output()
         .expect("run the test binary again");
@@ -362,10 +364,20 @@ pub fn run_in_own_process(module: &str, test: &str) -> bool {
     let stderr = String::from_utf8_lossy(&out.stderr);
     // What the test says (a skip's reason) reaches this test's output.
     eprint!("{stderr}");
+    if !out.status.success() {
+        eprint!("{stdout}");
+    }
+    // The failure's own words lead this test's message, which is all a log's tail may keep.
+    let failure: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.contains(" panicked at "))
+        .take(12)
+        .collect();
     assert!(
         out.status.success(),
-        "{name} failed in its own process ({}):\n{stdout}\n{stderr}",
-        out.status
+        "{name} failed in its own process ({}): {}",
+        out.status,
+        failure.join("\n")
     );
     assert!(
         stdout.contains(" 1 passed;"),
