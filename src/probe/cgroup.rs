@@ -25,8 +25,12 @@
 //! checks its leaf in.
 //!
 //! `<base>` is `<own>` when systemd started the agent as a service (`Delegate=yes` hands it
-//! that subtree), otherwise `<own>/xce-agent.<pid>`: several agents (or test processes) on one
-//! host never share a subtree, and one that died is cleaned up by the next one to start.
+//! that subtree), otherwise `<own>/xce-agent.<pid>.<start>` (`<start>`: the process's start
+//! time, in clock ticks since boot, from `/proc/<pid>/stat`): several agents (or test
+//! processes) on one host never share a subtree, one that died is cleaned up by the next one
+//! to start, and a later process that gets a dead one's pid (pids are reused; a container's
+//! agent may get the same low pid at every start) neither takes its subtree for its own nor
+//! finds its own name taken, nor has a live subtree removed while it makes its own.
 //! Where no v2 hierarchy is writable (not root, v1-only host) probes are contained by process
 //! group only, and the log and `check` say so.
 
@@ -269,7 +273,10 @@ fn set_up() -> Result<Tree, String> {
         host.own.clone()
     } else {
         remove_dead_siblings(&host.own);
-        host.own.join(format!("xce-agent.{}", std::process::id()))
+        let pid = std::process::id();
+        let start =
+            start_time(pid).ok_or("cannot read this process's start time from /proc/self/stat")?;
+        host.own.join(format!("xce-agent.{pid}.{start}"))
     };
     if !delegated {
         fs::create_dir(&base).map_err(|e| io("create", &base, e))?;
@@ -320,27 +327,47 @@ fn enable_controllers(base: &Path, probes: &Path) -> Vec<String> {
     read_words(&probes.join("cgroup.subtree_control"))
 }
 
-/// `xce-agent.<pid>` subtrees left by agents that died without cleaning up. One named by
-/// this process's own pid is stale too: an earlier process had the pid (pids are reused,
-/// and an agent in a container often gets the same low pid at every start), and without
-/// removing it this agent could not make its own subtree and would run uncontained.
+/// `xce-agent.<pid>.<start>` subtrees left by agents that died without cleaning up: no
+/// process `<pid>` started at `<start>` is alive. (`xce-agent.<pid>`, as earlier versions
+/// named it, is stale once `<pid>` is gone, or is this process's own pid.)
 fn remove_dead_siblings(own: &Path) {
     let Ok(entries) = fs::read_dir(own) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name
+        let Some((pid, start)) = name
             .to_str()
             .and_then(|n| n.strip_prefix("xce-agent."))
-            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(subtree_owner)
         else {
             continue;
         };
-        if pid == std::process::id() || !Path::new(&format!("/proc/{pid}")).exists() {
+        let alive = match start {
+            Some(start) => start_time(pid) == Some(start),
+            None => pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists(),
+        };
+        if !alive {
             remove_stale(&e.path());
         }
     }
+}
+
+/// `<pid>.<start>` (or `<pid>`, as earlier versions named a subtree).
+fn subtree_owner(name: &str) -> Option<(u32, Option<u64>)> {
+    match name.split_once('.') {
+        Some((pid, start)) => Some((pid.parse().ok()?, Some(start.parse().ok()?))),
+        None => Some((name.parse().ok()?, None)),
+    }
+}
+
+/// When process `pid` started (clock ticks since boot); `None` if there is no such process.
+fn start_time(pid: u32) -> Option<u64> {
+    use procfs::FromRead;
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    procfs::process::Stat::from_read(&stat[..])
+        .ok()
+        .map(|s| s.starttime)
 }
 
 /// Kill and remove a subtree another agent left, and say so: it held that agent's probes.
@@ -840,6 +867,22 @@ mod tests {
     fn a_v1_only_host_has_no_v2_mount() {
         let mi = "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n";
         assert_eq!(v2_mount(mi), None);
+    }
+
+    #[test]
+    fn a_subtree_names_its_owner_by_pid_and_start_time() {
+        assert_eq!(subtree_owner("4242.123456"), Some((4242, Some(123456))));
+        assert_eq!(subtree_owner("4242"), Some((4242, None)));
+        assert_eq!(subtree_owner("4242.x"), None);
+        assert_eq!(subtree_owner("x.1"), None);
+        assert_eq!(subtree_owner(""), None);
+    }
+
+    #[test]
+    fn this_process_has_a_start_time_and_a_dead_pid_has_none() {
+        assert!(start_time(std::process::id()).is_some());
+        // Above the largest pid_max Linux allows.
+        assert_eq!(start_time(4_194_305), None);
     }
 
     #[test]

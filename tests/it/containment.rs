@@ -16,7 +16,7 @@ use xce_agent::probe::{reaper, run_once, Outcome};
 
 /// Containment for this test process, or a printed reason to skip. The guard removes the
 /// process's subtree when the test ends (as the agent does at exit), so a test leaves no
-/// `xce-agent.<pid>` behind for a later process with the same pid to find.
+/// `xce-agent.<pid>.<start>` behind.
 fn contained() -> Option<Contained> {
     xce_agent::probe::child::become_subreaper().unwrap();
     match cgroup::init() {
@@ -212,31 +212,40 @@ fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
     );
 }
 
-/// An `xce-agent.<pid>` subtree named by this process's own pid can only be an earlier
-/// process's (pids are reused; in a container the agent may get the same pid at every
-/// start): it is killed and replaced, and this process is contained all the same.
+/// Subtrees named by this process's own pid can only be an earlier process's (pids are
+/// reused; in a container the agent may get the same pid at every start): one with another
+/// start time, and one named as earlier versions did (`xce-agent.<pid>`). Both are killed
+/// and removed, and this process is contained in a subtree of its own all the same.
 #[tokio::test]
-async fn a_subtree_left_under_this_pid_is_replaced_not_a_reason_to_run_uncontained() {
-    if !in_own_process!("a_subtree_left_under_this_pid_is_replaced_not_a_reason_to_run_uncontained")
-    {
+async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained() {
+    if !in_own_process!("subtrees_left_under_this_pid_are_removed_and_this_process_is_contained") {
         return;
     }
     let Ok(host) = cgroup::detect() else {
         eprintln!("skipped: no cgroup v2 hierarchy here; CI runs as root on a host with one");
         return;
     };
-    let subtree = host.own.join(format!("xce-agent.{}", std::process::id()));
-    let Some(sleep) = leave_a_stale_probe(&subtree) else {
+    let pid = std::process::id();
+    // Start time 1: one clock tick after boot, long before this process.
+    let earlier = host.own.join(format!("xce-agent.{pid}.1"));
+    let legacy = host.own.join(format!("xce-agent.{pid}"));
+    let Some(earlier_sleep) = leave_a_stale_probe(&earlier) else {
         return;
     };
+    let legacy_sleep = leave_a_stale_probe(&legacy).unwrap();
     let Some(_contained) = contained() else {
-        panic!(
-            "the stale subtree {} stopped containment",
-            subtree.display()
-        );
+        panic!("the stale subtrees under this pid stopped containment");
     };
-    assert_eq!(cgroup::active().unwrap().base, subtree);
-    assert_stale_probe_ended(sleep, &subtree);
+    let base = &cgroup::active().unwrap().base;
+    let name = base.file_name().unwrap().to_str().unwrap();
+    assert!(
+        name.starts_with(&format!("xce-agent.{pid}.")) && *base != earlier,
+        "{}",
+        base.display()
+    );
+    assert_stale_probe_ended(earlier_sleep, &earlier);
+    assert_stale_probe_ended(legacy_sleep, &legacy);
+    assert!(!earlier.exists() && !legacy.exists());
 }
 
 /// Under systemd (`Delegate=yes`) the unit's cgroup is the agent's subtree, and after a
@@ -252,27 +261,51 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
         return;
     };
     // This process as systemd would start a service: in `<name>.service`, INVOCATION_ID set.
-    let unit = host
-        .own
-        .join(format!("xce-test-{}.service", std::process::id()));
-    let Some(sleep) = leave_a_stale_probe(&unit) else {
+    let unit = InUnit {
+        unit: host
+            .own
+            .join(format!("xce-test-{}.service", std::process::id())),
+        parent: host.own.clone(),
+    };
+    let Some(sleep) = leave_a_stale_probe(&unit.unit) else {
         return;
     };
-    std::fs::write(unit.join("cgroup.procs"), "0").unwrap();
+    std::fs::write(unit.unit.join("cgroup.procs"), "0").unwrap();
     std::env::set_var("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
-    let Some(contained) = contained() else {
-        panic!("the delegated subtree {} was refused", unit.display());
+    let Some(_contained) = contained() else {
+        panic!("the delegated subtree {} was refused", unit.unit.display());
     };
-    assert_eq!(cgroup::active().unwrap().base, unit);
-    assert_stale_probe_ended(sleep, &unit);
-    // Out of the unit's cgroup again (the agent's stop moves it back to where it started),
-    // then the unit's cgroup goes, as systemd would remove it.
-    drop(contained);
-    std::fs::write(host.own.join("cgroup.procs"), "0").unwrap();
-    std::fs::remove_dir(&unit).unwrap();
+    assert_eq!(cgroup::active().unwrap().base, unit.unit);
+    assert_stale_probe_ended(sleep, &unit.unit);
 }
 
-/// The agent's cgroup subtree, from its /proc/<pid>/cgroup (`.../xce-agent.<pid>/agent`).
+/// The unit's cgroup of the test above: at the end (passed or not) the agent's stop moves
+/// the process back to where it started, then out of the unit, and the unit's cgroup goes,
+/// as systemd would remove it.
+struct InUnit {
+    unit: PathBuf,
+    parent: PathBuf,
+}
+
+impl Drop for InUnit {
+    fn drop(&mut self) {
+        cgroup::shut_down();
+        let _ = std::fs::write(self.parent.join("cgroup.procs"), "0");
+        remove_dirs(&self.unit);
+    }
+}
+
+/// An empty cgroup tree, deepest first.
+fn remove_dirs(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_dirs(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// The agent's cgroup subtree, from its /proc/<pid>/cgroup (`.../xce-agent.<pid>.<start>/agent`).
 fn subtree_of(pid: u32) -> Option<PathBuf> {
     let host = cgroup::detect().ok()?;
     let line = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
