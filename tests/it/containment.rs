@@ -212,6 +212,15 @@ fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
     );
 }
 
+/// The cgroup v2 hierarchy and this process's place in it, or a printed reason to skip.
+fn v2_host() -> Option<cgroup::Host> {
+    cgroup::detect()
+        .inspect_err(|e| {
+            eprintln!("skipped: {e}; CI runs as root on a host with a cgroup v2 mount")
+        })
+        .ok()
+}
+
 /// Subtrees named by this process's own pid can only be an earlier process's (pids are
 /// reused; in a container the agent may get the same pid at every start): one with another
 /// start time, and one named as earlier versions did (`xce-agent.<pid>`). Both are killed
@@ -221,8 +230,7 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
     if !in_own_process!("subtrees_left_under_this_pid_are_removed_and_this_process_is_contained") {
         return;
     }
-    let Ok(host) = cgroup::detect() else {
-        eprintln!("skipped: no cgroup v2 hierarchy here; CI runs as root on a host with one");
+    let Some(host) = v2_host() else {
         return;
     };
     let pid = std::process::id();
@@ -256,8 +264,7 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
     if !in_own_process!("a_delegated_subtree_is_cleared_of_the_previous_agents_probes") {
         return;
     }
-    let Ok(host) = cgroup::detect() else {
-        eprintln!("skipped: no cgroup v2 hierarchy here; CI runs as root on a host with one");
+    let Some(host) = v2_host() else {
         return;
     };
     // This process as systemd would start a service: in `<name>.service`, INVOCATION_ID set.
