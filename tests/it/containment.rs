@@ -203,7 +203,7 @@ fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
     wait_gone(sleep.0.id() as i32);
     assert!(
         !sleep.0.wait().unwrap().success(),
-        "the stale probe was killed"
+        "the stale probe exited by itself: it was to be killed"
     );
     assert!(
         !subtree.join("probes/old").exists(),
