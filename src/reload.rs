@@ -120,6 +120,7 @@ pub enum Setting {
     InsecurePlaintext,
     MaxStuckReads,
     MaxInterval,
+    ProbePidsMax,
 }
 
 /// What a changed setting takes to be in effect.
@@ -151,6 +152,7 @@ impl Setting {
             Setting::InsecurePlaintext => "insecure_plaintext",
             Setting::MaxStuckReads => "max_stuck_reads",
             Setting::MaxInterval => "max_interval",
+            Setting::ProbePidsMax => "probe_pids_max",
         }
     }
 
@@ -158,7 +160,8 @@ impl Setting {
         match self {
             Setting::PluginDir | Setting::RunAs | Setting::MaxParallel => Effect::RestartProbes,
             Setting::Controllers | Setting::Tls | Setting::InsecurePlaintext => Effect::Reconnect,
-            Setting::Resources | Setting::MaxInterval => Effect::Loaded,
+            // Bounds resources.yaml is loaded with: a probe whose limits change restarts.
+            Setting::Resources | Setting::MaxInterval | Setting::ProbePidsMax => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -188,6 +191,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        probe_pids_max,
     } = new.agent;
     let was = old.agent;
     [
@@ -209,6 +213,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             Setting::MaxStuckReads,
         ),
         (was.max_interval != *max_interval, Setting::MaxInterval),
+        (was.probe_pids_max != *probe_pids_max, Setting::ProbePidsMax),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))

@@ -82,6 +82,9 @@ pub struct Tree {
     /// `<base>` was made by us (and is removed at shutdown), not handed over by systemd.
     own_base: bool,
     probes: Mutex<HashMap<String, Arc<ProbeCgroup>>>,
+    /// A limit's controller found missing was logged (once per controller, not per probe:
+    /// the default `pids` limit is on every probe).
+    missing_logged: [std::sync::atomic::AtomicBool; 2],
 }
 
 /// One probe's cgroup: the parent of its runs' leaves, where its limits are set and its
@@ -270,6 +273,56 @@ pub fn check_text() -> String {
     }
 }
 
+/// What to do where a controller the limits need is missing from the agent's cgroup tree.
+const ENABLE_CONTROLLER: &str = "a hybrid host keeps it on cgroup v1 (boot with systemd.unified_cgroup_hierarchy=1); under systemd the unit's Delegate=yes (as shipped) hands it to the agent";
+
+/// `check`'s note on the `memory` and `pids` limits this host would not enforce, from each
+/// probe's `(name, limits)`: a limit needs its controller in the agent's cgroup v2 tree.
+pub fn unenforced_limits_text<'a>(
+    probes: impl Iterator<Item = (&'a str, &'a Limits)> + Clone,
+) -> Vec<String> {
+    let host = detect()
+        .ok()
+        .filter(|h| nix::unistd::access(&h.own, nix::unistd::AccessFlags::W_OK).is_ok());
+    let mut out = Vec::new();
+    for (controller, file) in [("memory", "memory.max"), ("pids", "pids.max")] {
+        let limited: Vec<&str> = probes
+            .clone()
+            .filter(|(_, l)| match controller {
+                "memory" => l.memory.is_some(),
+                _ => l.pids.is_some(),
+            })
+            .map(|(name, _)| name)
+            .collect();
+        if limited.is_empty() {
+            continue;
+        }
+        let why = match &host {
+            Some(h) if h.controllers.iter().any(|c| c == controller) => continue,
+            Some(h) => format!(
+                "the {controller} controller is not available in the cgroup v2 tree at {}: {ENABLE_CONTROLLER}",
+                h.own.display()
+            ),
+            None => "there is no cgroup containment here (see the containment line)".to_owned(),
+        };
+        out.push(format!(
+            "limits NOT ENFORCED: {file} of {} is not set on this host: {why}",
+            list_some(&limited)
+        ));
+    }
+    out
+}
+
+/// `a, b, c and 7 more`.
+fn list_some(names: &[&str]) -> String {
+    const SHOWN: usize = 5;
+    let shown = names[..names.len().min(SHOWN)].join(", ");
+    match names.len().saturating_sub(SHOWN) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
 /// The tree, if `init` set one up.
 pub fn active() -> Option<&'static Tree> {
     match STATE.get() {
@@ -352,6 +405,7 @@ fn set_up() -> Result<Tree, String> {
         origin: host.own,
         own_base: !delegated,
         probes: Mutex::new(HashMap::new()),
+        missing_logged: Default::default(),
     })
 }
 
@@ -587,7 +641,7 @@ impl Tree {
             }
         };
         drop(probes);
-        cg.apply(limits, &self.controllers);
+        cg.apply(limits, &self.controllers, &self.missing_logged);
         Ok(cg)
     }
 
@@ -663,20 +717,28 @@ pub struct Usage {
 }
 
 impl ProbeCgroup {
-    fn apply(&self, limits: &Limits, enabled: &[String]) {
+    fn apply(
+        &self,
+        limits: &Limits,
+        enabled: &[String],
+        missing_logged: &[std::sync::atomic::AtomicBool; 2],
+    ) {
         let want = (limits.memory, limits.pids);
         let mut applied = self.limits.lock().unwrap_or_else(|p| p.into_inner());
         if *applied == Some(want) {
             return;
         }
-        for (controller, file, value) in [
+        for ((controller, file, value), logged) in [
             ("memory", "memory.max", want.0),
             ("pids", "pids.max", want.1),
-        ] {
+        ]
+        .into_iter()
+        .zip(missing_logged)
+        {
             let text = value.map_or_else(|| "max".to_owned(), |v| v.to_string());
             if !enabled.iter().any(|c| c == controller) {
-                if value.is_some() {
-                    tracing::warn!(probe = %self.name, "limits: the {controller} controller is not enabled in this cgroup tree; {file} not set");
+                if value.is_some() && !logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(probe = %self.name, "limits NOT ENFORCED: the {controller} controller is not enabled in this agent's cgroup tree, so {file} is not set for this probe or any other: {ENABLE_CONTROLLER}");
                 }
                 continue;
             }

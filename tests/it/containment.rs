@@ -453,6 +453,16 @@ async fn check_names_the_containment_and_its_controllers() {
     if cgroup::detect().is_ok() {
         assert!(text.contains("controllers available"), "{text}");
     }
+    // The default pids limit: said to be unenforced where the controller is missing.
+    let pids_available = cgroup::detect().is_ok_and(|h| {
+        h.controllers.iter().any(|c| c == "pids")
+            && nix::unistd::access(&h.own, nix::unistd::AccessFlags::W_OK).is_ok()
+    });
+    assert_eq!(
+        text.contains("limits NOT ENFORCED: pids.max of shown is not set on this host"),
+        !pids_available,
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -512,7 +522,55 @@ fn cgroup_limits_and_the_no_new_privs_opt_out_are_read_from_the_config() {
     assert_eq!(spec(0).limits.pids, Some(64));
     assert!(!spec(0).no_new_privs);
     assert!(spec(1).no_new_privs);
-    assert_eq!(spec(1).limits, Limits::default());
+    // The default pids limit (agent.yaml's probe_pids_max).
+    assert_eq!(
+        spec(1).limits,
+        Limits {
+            pids: Some(xce_agent::config::limits::DEFAULT_PROBE_PIDS_MAX),
+            ..Limits::default()
+        }
+    );
+}
+
+/// Where the pids controller is enabled for the probes, the default limit is their cgroup's
+/// pids.max; where it is not, `--once` says once (not once per probe) that the limit is not
+/// enforced, and what to do.
+#[tokio::test]
+async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
+    if !in_own_process!("the_default_pids_limit_is_set_or_said_to_be_unenforced") {
+        return;
+    }
+    let Some(_contained) = contained() else {
+        return;
+    };
+    let (s, _) = setup("limited", "", "#!/bin/sh\necho 1\n");
+    // Two probes, so that "once" means once.
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        format!(
+            "resources:\n{}{}",
+            resource("limited", "{kind: exec, command: [limited]}"),
+            resource("limited2", "{kind: exec, command: [limited]}")
+        ),
+    )
+    .unwrap();
+    let enabled = cgroup::active().unwrap().controllers.clone();
+    if enabled.iter().any(|c| c == "pids") {
+        let (task, ctx) = load_task(&s, "limited");
+        run_once(&task, &ctx).await;
+        let max = std::fs::read_to_string(probe_cgroup("limited").join("pids.max")).unwrap();
+        assert_eq!(max.trim(), "128");
+    } else {
+        eprintln!("the pids controller is not enabled here ({enabled:?}): checking the warning");
+        let out = agent_command(&s).arg("--once").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stderr.matches("limits NOT ENFORCED").count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("pids.max is not set for this probe or any other"),
+            "{stderr}"
+        );
+    }
 }
 
 // Reloads: an old task's teardown (`cgroup.kill` of the probe's cgroup) must never reach
