@@ -136,7 +136,7 @@ pub struct Reloaded {
     /// In both plans, stopped and started again.
     pub restarted: usize,
     /// plugin_dir, run_as or max_parallel changed: every probe was restarted.
-    pub probes_restarted: bool,
+    pub all_probes_restarted: bool,
     /// The controller list or the key material changed: the link was re-made.
     pub link_restarted: bool,
 }
@@ -148,7 +148,7 @@ impl Reloaded {
             stopped: changes.stop.len(),
             started: changes.start.len(),
             restarted: changes.restart.len(),
-            probes_restarted: changes.restarts_every_probe(),
+            all_probes_restarted: changes.restarts_every_probe(),
             link_restarted: changes.reconnects(),
         }
     }

@@ -174,7 +174,8 @@ async fn reload(common: &Common, agent: &mut Agent) {
             kept = r.kept,
             stopped = r.stopped,
             started = r.started,
-            probes_restarted = r.probes_restarted,
+            restarted = r.restarted,
+            all_probes_restarted = r.all_probes_restarted,
             link_restarted = r.link_restarted,
             "reloaded"
         ),

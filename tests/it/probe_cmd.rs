@@ -186,6 +186,34 @@ fn unknown_or_skipped_names_exit_2_with_the_reason() {
     let (code, _, err) = probe(&s, "st");
     assert_eq!(code, 2);
     assert!(err.contains("static (no interval)"), "{err}");
+    // A near miss of a name, and of this host's name in a resourcemap, is pointed out.
+    let (code, _, err) = probe(&s, "xx");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no such resource in resources.yaml; did you mean x?"),
+        "{err}"
+    );
+    let s = setup(
+        "  - {name: mine, valtype: numeric, interval: 60s, resourcemap: [{location: [node002, node0001]}], probe: {kind: exec, command: [x]}}\n",
+    );
+    let (code, _, err) = probe(&s, "mine");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(
+            "no instance covers this host (resourcemap names node0001: a typo of node001?)"
+        ),
+        "{err}"
+    );
+    let out = assert_cmd::Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["-c", s.agent_yaml().to_str().unwrap(), "check"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(resourcemap names node0001: a typo of node001?)"),
+        "{text}"
+    );
 }
 
 #[test]
