@@ -106,12 +106,15 @@ impl AgentConfig {
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
-    let raw: RawAgent = if text.trim().is_empty() {
-        RawAgent::default()
+    let (raw, shape_errors): (RawAgent, _) = if text.trim().is_empty() {
+        (RawAgent::default(), Vec::new())
     } else {
-        super::limits::parse_yaml(path, text)?
+        super::recover::parse_all(text, super::recover::Items::TopLevelKeys, |t| {
+            super::limits::parse_yaml(path, t)
+        })?
     };
     let mut errs = Errors::new(path);
+    errs.list.extend(shape_errors);
     // Children run in `/`, so every path must be absolute, whatever the agent's cwd.
     let parent = path.parent().unwrap_or(Path::new("."));
     let base = if parent.is_absolute() {

@@ -206,8 +206,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
 
 /// Parse with the bounds agent.yaml sets (the longest interval).
 pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources, ConfigErrors> {
-    let raw: RawResourcesFile = super::limits::parse_yaml(path, text)?;
+    let (raw, shape_errors): (RawResourcesFile, _) =
+        super::recover::parse_all(text, super::recover::Items::ResourceEntries, |t| {
+            super::limits::parse_yaml(path, t)
+        })?;
     let mut errs = Errors::new(path);
+    errs.list.extend(shape_errors);
     for key in &raw.other_sections {
         if near_miss(&key.value, &["resources"]).is_some() {
             errs.at(
