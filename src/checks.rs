@@ -30,7 +30,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         };
         let plugin_dir = &config.agent.plugin_dir;
         let program = exec::resolve_program(plugin_dir, &spec.command[0]);
-        match security::verdict(&program, &spec.command, plugin_dir, uid) {
+        match security::verdict(&program, &spec.command, &spec.env, plugin_dir, uid) {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))
