@@ -120,6 +120,7 @@ pub enum Setting {
     InsecurePlaintext,
     MaxStuckReads,
     MaxInterval,
+    TrustConfigFiles,
 }
 
 /// What a changed setting takes to be in effect.
@@ -151,6 +152,7 @@ impl Setting {
             Setting::InsecurePlaintext => "insecure_plaintext",
             Setting::MaxStuckReads => "max_stuck_reads",
             Setting::MaxInterval => "max_interval",
+            Setting::TrustConfigFiles => "trust_config_files_of_any_owner",
         }
     }
 
@@ -158,7 +160,7 @@ impl Setting {
         match self {
             Setting::PluginDir | Setting::RunAs | Setting::MaxParallel => Effect::RestartProbes,
             Setting::Controllers | Setting::Tls | Setting::InsecurePlaintext => Effect::Reconnect,
-            Setting::Resources | Setting::MaxInterval => Effect::Loaded,
+            Setting::Resources | Setting::MaxInterval | Setting::TrustConfigFiles => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -188,6 +190,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        trust_config_files_of_any_owner,
     } = new.agent;
     let was = old.agent;
     [
@@ -209,6 +212,10 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             Setting::MaxStuckReads,
         ),
         (was.max_interval != *max_interval, Setting::MaxInterval),
+        (
+            was.trust_config_files_of_any_owner != *trust_config_files_of_any_owner,
+            Setting::TrustConfigFiles,
+        ),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))
@@ -713,13 +720,14 @@ mod tests {
                 what: "what was used at load time",
                 old: BASE,
                 new: agent(
-                    "host: node001\nrun_as: nobody\nresources: /srv/r.yaml\nmax_interval: 2d\n",
+                    "host: node001\nrun_as: nobody\nresources: /srv/r.yaml\nmax_interval: 2d\n\
+                     trust_config_files_of_any_owner: true\n",
                 ),
                 keep: ALL,
                 start: &[],
                 stop: &[],
                 restart: &[],
-                settings: &[Resources, MaxInterval],
+                settings: &[Resources, MaxInterval, TrustConfigFiles],
             },
             Row {
                 what: "the host override (refused before a diff when it resolves elsewhere)",

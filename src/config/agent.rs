@@ -33,6 +33,7 @@ struct RawAgent {
     insecure_plaintext: Option<Spanned<bool>>,
     max_stuck_reads: Option<Spanned<i64>>,
     max_interval: Option<Spanned<super::scalar::Scalar>>,
+    trust_config_files_of_any_owner: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +85,10 @@ pub struct AgentConfig {
     pub max_stuck_reads: usize,
     /// The longest `interval` resources.yaml may give.
     pub max_interval: std::time::Duration,
+    /// A root agent reads resources.yaml, the CA bundle and the CRL whoever owns them and
+    /// whoever may write them (a site with another trust model, e.g. shared storage with
+    /// root_squash): chosen in words, warned about at every load. Never agent.yaml itself.
+    pub trust_config_files_of_any_owner: bool,
 }
 
 impl AgentConfig {
@@ -217,6 +222,9 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        trust_config_files_of_any_owner: raw
+            .trust_config_files_of_any_owner
+            .is_some_and(|t| t.value),
     })
 }
 
