@@ -443,7 +443,9 @@ fn path_words(word: &str) -> Vec<&str> {
     }
     if word.starts_with('-') {
         if let Some(i) = word.find('/') {
-            found.push(&word[i..]);
+            if !found.contains(&&word[i..]) {
+                found.push(&word[i..]);
+            }
         }
     }
     found
@@ -572,8 +574,12 @@ fn env_paths(name: &str, value: &str) -> Vec<PathBuf> {
     value
         .split(seps)
         .filter_map(|e| {
+            // A `?` template (`/opt/lua/?.lua`) names the directory it is in.
             let e = match e.find('?') {
-                Some(i) => Path::new(&e[..i]).parent()?.to_str()?,
+                Some(i) => {
+                    let head = &e[..i];
+                    &head[..head.rfind('/')?.max(1)]
+                }
                 None => e,
             };
             // An empty PATH entry is the working directory.
@@ -833,4 +839,66 @@ fn check_env_entry(
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn inline_code_is_the_word_after_an_option_that_says_so() {
+        let table: &[(&[&str], Option<&str>)] = &[
+            (&["-c", "echo 1"], Some("echo 1")),
+            (&["-ec", "set -x"], Some("set -x")),
+            (&["-u", "-c", "print(1)"], Some("print(1)")),
+            (&["-e", "print 1"], Some("print 1")),
+            (&["-E", "say 1"], Some("say 1")),
+            (&["x.sh", "-c", "not code"], None),
+            (&["--norc", "x.sh"], None),
+            (&["-c"], None),
+            (&[], None),
+        ];
+        for (args, code) in table {
+            assert_eq!(inline_code(&strings(args)), *code, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn path_words_are_the_paths_an_argument_may_name() {
+        let table: &[(&str, &[&str])] = &[
+            ("/opt/x.sh", &["/opt/x.sh"]),
+            ("dir/x.sh", &["dir/x.sh"]),
+            ("--config=/etc/x.conf", &["/etc/x.conf"]),
+            ("-I/opt/lib", &["/opt/lib"]),
+            ("KEY=/opt/x", &["KEY=/opt/x", "/opt/x"]),
+            ("value", &[]),
+            ("-oL", &[]),
+            ("10", &[]),
+        ];
+        for (word, paths) in table {
+            assert_eq!(path_words(word), *paths, "{word:?}");
+        }
+    }
+
+    #[test]
+    fn env_paths_split_each_variable_as_its_reader_does() {
+        let table: &[(&str, &str, &[&str])] = &[
+            ("PATH", "/a:/b", &["/a", "/b"]),
+            // An empty PATH entry is the working directory, `/`.
+            ("PATH", "/a::/b", &["/a", "/", "/b"]),
+            ("PYTHONPATH", "/a::rel", &["/a", "/rel"]),
+            ("LD_PRELOAD", "/a.so libc.so.6:/b.so", &["/a.so", "/b.so"]),
+            ("LUA_PATH", "/opt/lua/?.lua;;", &["/opt/lua"]),
+            ("TCLLIBPATH", "/a /b", &["/a", "/b"]),
+            ("BASH_ENV", "/etc/x.sh", &["/etc/x.sh"]),
+        ];
+        for (name, value, paths) in table {
+            let want: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+            assert_eq!(env_paths(name, value), want, "{name}={value}");
+        }
+    }
 }
