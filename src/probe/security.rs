@@ -494,6 +494,20 @@ fn code_files(
         }
     }
     let name = file_name(program);
+    // Launchers that hand a `-c`/`--command` string to a shell.
+    if ["flock", "su", "runuser"].contains(&name) {
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if a == "-c" || a == "--command" {
+                for w in code_words(it.next().map_or("", String::as_str)) {
+                    if let Some(p) = lookup(w, path_var) {
+                        add(p, Some(format!("named in the command {name} runs ({w})")));
+                    }
+                }
+                break;
+            }
+        }
+    }
     if depth < MAX_LAUNCHERS && LAUNCHERS.contains(&name) {
         // The command is the first word the launcher would find as a program; options and
         // their values (`-n 5`, `-s KILL 10`) find none. Over-reaching is safe: a word taken

@@ -244,6 +244,7 @@ fn the_rule_follows_launchers_inline_code_and_every_argument() {
         ("ionice", &["/usr/bin/ionice", "-c", "3", "EVIL"]),
         ("setsid", &["/usr/bin/setsid", "-w", "EVIL"]),
         ("chrt", &["/usr/bin/chrt", "-o", "0", "EVIL"]),
+        ("flock -c", &["/usr/bin/flock", "/", "-c", "EVIL --x"]),
         (
             "launchers nested",
             &[
