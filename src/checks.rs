@@ -64,6 +64,13 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)));
     if runs_programs {
         notes.push(("-".to_owned(), crate::probe::cgroup::check_text()));
+        let limits = plan
+            .tasks
+            .iter()
+            .filter_map(|t| Some((t.name.as_str(), &t.kind.exec_spec()?.limits)));
+        for text in crate::probe::cgroup::unenforced_limits_text(limits) {
+            notes.push(("-".to_owned(), text));
+        }
     }
     if !root && runs_programs {
         notes.push((

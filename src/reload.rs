@@ -121,6 +121,7 @@ pub enum Setting {
     MaxStuckReads,
     MaxInterval,
     TrustConfigFiles,
+    ProbePidsMax,
 }
 
 /// What a changed setting takes to be in effect.
@@ -153,6 +154,7 @@ impl Setting {
             Setting::MaxStuckReads => "max_stuck_reads",
             Setting::MaxInterval => "max_interval",
             Setting::TrustConfigFiles => "trust_config_files_of_any_owner",
+            Setting::ProbePidsMax => "probe_pids_max",
         }
     }
 
@@ -160,7 +162,11 @@ impl Setting {
         match self {
             Setting::PluginDir | Setting::RunAs | Setting::MaxParallel => Effect::RestartProbes,
             Setting::Controllers | Setting::Tls | Setting::InsecurePlaintext => Effect::Reconnect,
-            Setting::Resources | Setting::MaxInterval | Setting::TrustConfigFiles => Effect::Loaded,
+            // Bounds resources.yaml is loaded with: a probe whose limits change restarts.
+            Setting::Resources
+            | Setting::MaxInterval
+            | Setting::ProbePidsMax
+            | Setting::TrustConfigFiles => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -191,6 +197,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         max_stuck_reads,
         max_interval,
         trust_config_files_of_any_owner,
+        probe_pids_max,
     } = new.agent;
     let was = old.agent;
     [
@@ -216,6 +223,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             was.trust_config_files_of_any_owner != *trust_config_files_of_any_owner,
             Setting::TrustConfigFiles,
         ),
+        (was.probe_pids_max != *probe_pids_max, Setting::ProbePidsMax),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))

@@ -34,6 +34,7 @@ struct RawAgent {
     max_stuck_reads: Option<Spanned<i64>>,
     max_interval: Option<Spanned<super::scalar::Scalar>>,
     trust_config_files_of_any_owner: Option<Spanned<bool>>,
+    probe_pids_max: Option<Spanned<super::scalar::Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -89,6 +90,8 @@ pub struct AgentConfig {
     /// whoever may write them (a site with another trust model, e.g. shared storage with
     /// root_squash): chosen in words, warned about at every load. Never agent.yaml itself.
     pub trust_config_files_of_any_owner: bool,
+    /// `pids.max` of a probe's cgroup where its `limits:` give none (`None`: no limit).
+    pub probe_pids_max: Option<u64>,
 }
 
 impl AgentConfig {
@@ -102,6 +105,7 @@ impl AgentConfig {
     pub fn bounds(&self) -> super::limits::Bounds {
         super::limits::Bounds {
             max_interval: self.max_interval,
+            probe_pids_max: self.probe_pids_max,
         }
     }
 }
@@ -144,6 +148,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         }
     };
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
+    let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
     if let Some(m) = &raw.metrics {
         if m.value.parse::<std::net::SocketAddr>().is_err() {
             errs.at(
@@ -225,7 +230,32 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         trust_config_files_of_any_owner: raw
             .trust_config_files_of_any_owner
             .is_some_and(|t| t.value),
+        probe_pids_max,
     })
+}
+
+/// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.
+fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<super::scalar::Scalar>>) -> Option<u64> {
+    use super::limits::{count_bound, DEFAULT_PROBE_PIDS_MAX};
+    let Some(m) = raw else {
+        return Some(DEFAULT_PROBE_PIDS_MAX);
+    };
+    let bound = count_bound("pids");
+    match m.value.to_count() {
+        Ok(0) => None,
+        Ok(n) if n <= bound => Some(n),
+        Ok(n) => {
+            errs.at(
+                Pos::of(m),
+                format!("probe_pids_max {n} is larger than the limit of {bound} (0 sets no default limit)"),
+            );
+            Some(DEFAULT_PROBE_PIDS_MAX)
+        }
+        Err(e) => {
+            errs.at(Pos::of(m), format!("bad probe_pids_max: {e}"));
+            Some(DEFAULT_PROBE_PIDS_MAX)
+        }
+    }
 }
 
 /// `max_stuck_reads` and `max_interval`, range-checked (the bounds in the messages).

@@ -358,7 +358,11 @@ fn resource(
                 ),
             );
         }
-        super::probe_spec::probe(errs, p, &name.value)
+        let mut probe = super::probe_spec::probe(errs, p, &name.value)?;
+        if let Some(spec) = probe.kind.exec_spec_mut() {
+            spec.limits.pids = spec.limits.pids.or(bounds.probe_pids_max);
+        }
+        Some(probe)
     });
     if errs.list.len() > before {
         return None;
