@@ -156,7 +156,8 @@ pub enum TlsCommand {
     Init {
         dir: PathBuf,
         /// Validity of the CA certificate.
-        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_CA_DAYS)]
+        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_CA_DAYS,
+              value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
     },
     /// Issue a certificate and key per host (OUT/NAME.pem, OUT/NAME.key 0600), signed by
@@ -172,7 +173,8 @@ pub enum TlsCommand {
         #[arg(long)]
         domain: Option<String>,
         /// Validity of each certificate.
-        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_HOST_DAYS)]
+        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_HOST_DAYS,
+              value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
         #[arg(required = true, value_name = "NAMES")]
         names: Vec<String>,

@@ -181,7 +181,7 @@ async fn an_agent_streams_to_listen_over_tls_and_rotates_its_certificate_on_sigh
     assert!(check.status.success(), "{report}");
     assert!(report.contains("subject \"CN=node001\""), "{report}");
     assert!(report.contains("SANs [node001]"), "{report}");
-    assert!(report.contains("issuer \"CN=xce cluster CA\""), "{report}");
+    assert!(report.contains("issuer \"CN=xce cluster CA "), "{report}");
     assert!(
         report.contains("expires 20") && report.contains(" days)"),
         "{report}"
@@ -484,4 +484,40 @@ fn openssl_s_client_against_listen_needs_a_client_certificate() {
     assert!(line.contains("no_certificate"), "{line}");
     drop(without);
     listen.assert_alive();
+}
+
+/// Two CAs made by `tls init` never share a subject (a certificate from the wrong one then
+/// names another issuer instead of failing as a bad signature from "the same" CA), and a
+/// certificate valid for 0 days is refused before anything is written.
+#[test]
+fn each_ca_has_its_own_subject_and_zero_days_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let subject = |name: &str| {
+        let ca = dir.path().join(name);
+        let o = xce(&["tls", "init", s(&ca)]);
+        assert!(o.status.success(), "{}", text(&o));
+        let pem = std::fs::read(ca.join("ca.pem")).expect("ca.pem");
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("pem");
+        let cert = pem.parse_x509().expect("x509");
+        cert.subject().to_string()
+    };
+    let (one, two) = (subject("one"), subject("two"));
+    assert!(one.starts_with("CN=xce cluster CA "), "{one}");
+    assert_ne!(one, two);
+    for args in [
+        vec!["tls", "init", "--days", "0"],
+        vec![
+            "tls", "issue", "--ca", "x", "--out", "y", "--days", "0", "node001",
+        ],
+    ] {
+        let zero = dir.path().join("zero");
+        let mut args = args;
+        if args[1] == "init" {
+            args.push(s(&zero));
+        }
+        let o = xce(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("--days"), "{}", text(&o));
+        assert!(!zero.exists());
+    }
 }
