@@ -10,6 +10,12 @@
 //!   the entry itself is checked by this same rule, so the path cannot be swapped;
 //! - the program itself is a regular file.
 //!
+//! It follows the code that will run ([`check_probe`]): `#!` interpreters, an interpreter's
+//! script or the files its inline code names, the command a launcher runs, every argument
+//! that names an existing file, and the `env:` entries that load code — where a directory
+//! that is *searched* (`PATH`, `PYTHONPATH`, ...) gets no sticky exception, since anyone who
+//! may add a name to it may plant the one a search finds first.
+//!
 //! Enforced only when the agent runs as root: a non-root agent runs its own scripts with its
 //! own rights (the developer case), and `check` says so.
 
