@@ -31,7 +31,10 @@ pub fn load_config(
     agent_path: &std::path::Path,
     resources_override: Option<&std::path::Path>,
 ) -> Result<Config, crate::config::ConfigErrors> {
+    // agent.yaml is believed (its opt-out included) only once it passes.
+    crate::trust::check_agent_file(agent_path)?;
     let config = crate::config::load(agent_path, resources_override)?;
+    crate::trust::check_named_files(&config.agent)?;
     config
         .resources
         .check_builtin_indices(&crate::probe::builtin::index_names())?;

@@ -120,6 +120,7 @@ pub enum Setting {
     InsecurePlaintext,
     MaxStuckReads,
     MaxInterval,
+    TrustConfigFiles,
     ProbePidsMax,
 }
 
@@ -152,6 +153,7 @@ impl Setting {
             Setting::InsecurePlaintext => "insecure_plaintext",
             Setting::MaxStuckReads => "max_stuck_reads",
             Setting::MaxInterval => "max_interval",
+            Setting::TrustConfigFiles => "trust_config_files_of_any_owner",
             Setting::ProbePidsMax => "probe_pids_max",
         }
     }
@@ -161,7 +163,10 @@ impl Setting {
             Setting::PluginDir | Setting::RunAs | Setting::MaxParallel => Effect::RestartProbes,
             Setting::Controllers | Setting::Tls | Setting::InsecurePlaintext => Effect::Reconnect,
             // Bounds resources.yaml is loaded with: a probe whose limits change restarts.
-            Setting::Resources | Setting::MaxInterval | Setting::ProbePidsMax => Effect::Loaded,
+            Setting::Resources
+            | Setting::MaxInterval
+            | Setting::ProbePidsMax
+            | Setting::TrustConfigFiles => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -191,6 +196,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        trust_config_files_of_any_owner,
         probe_pids_max,
     } = new.agent;
     let was = old.agent;
@@ -213,6 +219,10 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             Setting::MaxStuckReads,
         ),
         (was.max_interval != *max_interval, Setting::MaxInterval),
+        (
+            was.trust_config_files_of_any_owner != *trust_config_files_of_any_owner,
+            Setting::TrustConfigFiles,
+        ),
         (was.probe_pids_max != *probe_pids_max, Setting::ProbePidsMax),
     ]
     .into_iter()
@@ -718,13 +728,14 @@ mod tests {
                 what: "what was used at load time",
                 old: BASE,
                 new: agent(
-                    "host: node001\nrun_as: nobody\nresources: /srv/r.yaml\nmax_interval: 2d\n",
+                    "host: node001\nrun_as: nobody\nresources: /srv/r.yaml\nmax_interval: 2d\n\
+                     trust_config_files_of_any_owner: true\n",
                 ),
                 keep: ALL,
                 start: &[],
                 stop: &[],
                 restart: &[],
-                settings: &[Resources, MaxInterval],
+                settings: &[Resources, MaxInterval, TrustConfigFiles],
             },
             Row {
                 what: "the host override (refused before a diff when it resolves elsewhere)",

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
-use super::{exit, host_name, load, CmdError};
+use super::{exit, host_name, load_files, CmdError};
 use crate::checks::plan_checks;
 use crate::cli::Common;
 use crate::config::ProbeKind;
@@ -14,7 +14,7 @@ use crate::probe::builtin;
 use crate::render::plan::{plan_text, tls_text};
 
 pub async fn run(common: &Common) -> Result<u8, CmdError> {
-    let Some(config) = load(common) else {
+    let Some(config) = load_files(common) else {
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
@@ -44,6 +44,9 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         .as_ref()
         .map(|paths| crate::link::tls::check(paths, SystemTime::now()));
     print!("{}", tls_text(&config, tls.as_ref()));
+    for w in crate::trust::waived(&config.agent) {
+        println!("\nWARNING: {w}");
+    }
     let total = problems.len() + tls.map_or(0, |r| r.problems.len());
     if total == 0 {
         println!("\nconfiguration OK");

@@ -60,6 +60,9 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         Arc::new(builtin::Live(sampler)),
         LinkConfig::default(),
     );
+    if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
+        tracing::warn!("{text}");
+    }
     let metrics_stop = CancellationToken::new();
     if let Some(listener) = metrics_listener {
         if let Ok(addr) = listener.local_addr() {
@@ -165,20 +168,28 @@ async fn reload(common: &Common, agent: &mut Agent) {
             return;
         }
     };
+    for w in crate::trust::waived(&config.agent) {
+        tracing::warn!("{w}");
+    }
     if config.digest == agent.config.digest && !agent.tls_changed(&config) {
         tracing::info!("configuration unchanged");
         return;
     }
     match agent.reload(config, &host).await {
-        Ok(r) => tracing::info!(
-            kept = r.kept,
-            stopped = r.stopped,
-            started = r.started,
-            restarted = r.restarted,
-            all_probes_restarted = r.all_probes_restarted,
-            link_restarted = r.link_restarted,
-            "reloaded"
-        ),
+        Ok(r) => {
+            tracing::info!(
+                kept = r.kept,
+                stopped = r.stopped,
+                started = r.started,
+                restarted = r.restarted,
+                all_probes_restarted = r.all_probes_restarted,
+                link_restarted = r.link_restarted,
+                "reloaded"
+            );
+            if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
+                tracing::warn!("{text}");
+            }
+        }
         Err(e) => {
             if let crate::daemon::ReloadError::Checks(problems) = &e {
                 for (name, text) in problems {

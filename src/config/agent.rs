@@ -33,6 +33,7 @@ struct RawAgent {
     insecure_plaintext: Option<Spanned<bool>>,
     max_stuck_reads: Option<Spanned<i64>>,
     max_interval: Option<Spanned<super::scalar::Scalar>>,
+    trust_config_files_of_any_owner: Option<Spanned<bool>>,
     probe_pids_max: Option<Spanned<super::scalar::Scalar>>,
 }
 
@@ -85,6 +86,10 @@ pub struct AgentConfig {
     pub max_stuck_reads: usize,
     /// The longest `interval` resources.yaml may give.
     pub max_interval: std::time::Duration,
+    /// A root agent reads resources.yaml, the CA bundle and the CRL whoever owns them and
+    /// whoever may write them (a site with another trust model, e.g. shared storage with
+    /// root_squash): chosen in words, warned about at every load. Never agent.yaml itself.
+    pub trust_config_files_of_any_owner: bool,
     /// `pids.max` of a probe's cgroup where its `limits:` give none (`None`: no limit).
     pub probe_pids_max: Option<u64>,
 }
@@ -225,6 +230,9 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        trust_config_files_of_any_owner: raw
+            .trust_config_files_of_any_owner
+            .is_some_and(|t| t.value),
         probe_pids_max,
     })
 }
