@@ -73,10 +73,9 @@ pub fn open(agent: &AgentConfig) -> Result<Option<StatusListener>, BindError> {
     match bind(path, agent.status_group.as_deref()) {
         Ok(l) => Ok(Some(l)),
         Err(e) if agent.status_socket.is_none() => {
-            match e {
-                BindError::NoDirectory(_) => tracing::info!("status socket off: {e}"),
-                _ => tracing::warn!("status socket off: {e}"),
-            }
+            // WARN, also for a missing directory: `xce-agent status` will not reach this
+            // daemon, and the admin asking will look here for why.
+            tracing::warn!("status socket off: {e}; `xce-agent status` cannot reach this daemon");
             Ok(None)
         }
         Err(e) => Err(e),

@@ -527,6 +527,32 @@ fn status_socket_and_group_in_agent_yaml() {
     );
 }
 
+/// A daemon whose status socket is off (the default path's directory is missing, as in a
+/// checkout outside systemd) is running: `status` says so and why, not "not running".
+#[tokio::test]
+async fn status_tells_a_running_daemon_with_its_socket_off_from_no_daemon() {
+    if std::path::Path::new("/run/xce-agent").exists() {
+        eprintln!("skipped: /run/xce-agent exists here, so the default status socket is not off");
+        return;
+    }
+    let site = Site::new(&[], RESOURCES);
+    site.counter_script("scratch");
+    site.script("mode.sh", "#!/bin/sh\necho fine\n");
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket off", 1).await;
+    assert!(
+        agent.log_text().contains(" WARN "),
+        "logged below WARN: {}",
+        agent.log_text()
+    );
+    let (code, _, err) = status(&site, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the agent is running (pid "), "{err}");
+    assert!(err.contains(&agent.pid().to_string()), "{err}");
+    assert!(err.contains("its status socket is off"), "{err}");
+    agent.assert_alive();
+}
+
 #[tokio::test]
 async fn an_explicit_status_socket_that_cannot_be_bound_stops_the_start() {
     let site = status_site(&[], "");
