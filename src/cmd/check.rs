@@ -53,6 +53,6 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         Ok(exit::OK)
     } else {
         println!("\nconfiguration has {total} problem(s) on this host");
-        Ok(exit::CONFIG)
+        Ok(exit::HOST_PROBLEMS)
     }
 }

@@ -35,6 +35,11 @@ pub mod exit {
     pub const CONFIG: u8 = 2;
     /// `status`: nothing answers on the socket.
     pub const NOT_RUNNING: u8 = 3;
+    /// `check`: both files are valid, but this host cannot run its plan as written (a
+    /// script refused or missing, an unknown `run_as` user, a certificate problem): the
+    /// files may be right for other hosts. A file that cannot be read, parsed or trusted
+    /// is [`CONFIG`].
+    pub const HOST_PROBLEMS: u8 = 1;
 }
 
 /// Why a command could not run. The binary prints it with its causes (`{:#}`).

@@ -287,7 +287,7 @@ fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_expiry(
 
     let expired = pki.issue_valid(&["node001"], -30, -2);
     let o = run(&expired);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains("PROBLEM:") && text(&o).contains("expired on"),
         "{}",
@@ -297,7 +297,7 @@ fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_expiry(
     let open = pki.issue(&["node001"]);
     std::fs::set_permissions(&open.key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let o = run(&open);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains(&format!("chmod 600 {}", open.key.display())),
         "{}",
@@ -310,7 +310,7 @@ fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_expiry(
         key: other.key.clone(),
     };
     let o = run(&mismatched);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains("does not match the certificate"),
         "{}",
