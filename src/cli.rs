@@ -74,7 +74,9 @@ pub enum StatusFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate agent.yaml and resources.yaml and print this host's plan: what it probes,
-    /// and why it skips the rest. Exit 0 when valid, 2 otherwise.
+    /// and why it skips the rest. Exit 0 when all is well, 1 when the files are valid but
+    /// this host cannot run its plan as written, 2 when a file cannot be read, parsed or
+    /// trusted.
     Check,
     /// Run one probe now, verbosely: argv, user, environment, exit, duration, output and the
     /// parsed value. Exit 0 when the probe succeeded.
