@@ -413,8 +413,24 @@ impl Agent {
         if !problems.is_empty() {
             return Err(ReloadError::Checks(problems));
         }
+        // New material the controller would refuse is refused here: the working link stays.
         let tls = match config.agent.tls.as_ref().map(Material::load).transpose() {
-            Ok(m) => m,
+            Ok(Some(m)) => {
+                match m.usable_for(
+                    host,
+                    std::time::SystemTime::now(),
+                    config.agent.tls_expiry_warning,
+                ) {
+                    Ok(warning) => {
+                        if let Some(w) = warning {
+                            tracing::warn!("{w}");
+                        }
+                    }
+                    Err(e) => return Err(ReloadError::Tls(e.to_string())),
+                }
+                Some(m)
+            }
+            Ok(None) => None,
             Err(e) => return Err(ReloadError::Tls(e.to_string())),
         };
         // The settings are acted on first: the link's restart forgets the controller's

@@ -122,6 +122,7 @@ pub enum Setting {
     MaxInterval,
     TrustConfigFiles,
     ProbePidsMax,
+    TlsExpiryWarning,
 }
 
 /// What a changed setting takes to be in effect.
@@ -155,6 +156,7 @@ impl Setting {
             Setting::MaxInterval => "max_interval",
             Setting::TrustConfigFiles => "trust_config_files_of_any_owner",
             Setting::ProbePidsMax => "probe_pids_max",
+            Setting::TlsExpiryWarning => "tls.expiry_warning",
         }
     }
 
@@ -166,7 +168,8 @@ impl Setting {
             Setting::Resources
             | Setting::MaxInterval
             | Setting::ProbePidsMax
-            | Setting::TrustConfigFiles => Effect::Loaded,
+            | Setting::TrustConfigFiles
+            | Setting::TlsExpiryWarning => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -198,6 +201,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         max_interval,
         trust_config_files_of_any_owner,
         probe_pids_max,
+        tls_expiry_warning,
     } = new.agent;
     let was = old.agent;
     [
@@ -224,6 +228,10 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             Setting::TrustConfigFiles,
         ),
         (was.probe_pids_max != *probe_pids_max, Setting::ProbePidsMax),
+        (
+            was.tls_expiry_warning != *tls_expiry_warning,
+            Setting::TlsExpiryWarning,
+        ),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))

@@ -38,11 +38,14 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         }
     }
     print!("{}", plan_text(&config, &plan, &problems, &notes));
-    let tls = config
-        .agent
-        .tls
-        .as_ref()
-        .map(|paths| crate::link::tls::check(paths, SystemTime::now()));
+    let tls = config.agent.tls.as_ref().map(|paths| {
+        crate::link::tls::check(
+            paths,
+            SystemTime::now(),
+            &host,
+            config.agent.tls_expiry_warning,
+        )
+    });
     print!("{}", tls_text(&config, tls.as_ref()));
     for w in crate::trust::waived(&config.agent) {
         println!("\nWARNING: {w}");

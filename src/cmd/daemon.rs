@@ -19,16 +19,32 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     let Some(config) = load(common) else {
         return Ok(exit::CONFIG);
     };
+    let host = host_name(common, &config)?;
     if let Some(paths) = &config.agent.tls {
-        if let Err(e) = crate::link::tls::Material::load(paths) {
-            eprintln!("xce-agent: {e}");
-            return Ok(exit::CONFIG);
+        // A certificate the controller would refuse (expired, not yet valid, naming another
+        // host) stops the start here, said plainly, instead of a TLS error in a loop.
+        let usable = crate::link::tls::Material::load(paths).and_then(|m| {
+            m.usable_for(
+                &host,
+                std::time::SystemTime::now(),
+                config.agent.tls_expiry_warning,
+            )
+        });
+        match usable {
+            Ok(warning) => {
+                if let Some(w) = warning {
+                    tracing::warn!("{w}");
+                }
+            }
+            Err(e) => {
+                eprintln!("xce-agent: {e}");
+                return Ok(exit::CONFIG);
+            }
         }
     } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
         tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
     }
     start_supervision();
-    let host = host_name(common, &config)?;
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
     // not kill the process with the default action).
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (

@@ -44,6 +44,7 @@ struct RawTls {
     cert: String,
     key: String,
     crl: Option<String>,
+    expiry_warning: Option<Spanned<super::scalar::Scalar>>,
 }
 
 /// The link's key material (`tls:` in agent.yaml), paths resolved against agent.yaml's
@@ -92,6 +93,9 @@ pub struct AgentConfig {
     pub trust_config_files_of_any_owner: bool,
     /// `pids.max` of a probe's cgroup where its `limits:` give none (`None`: no limit).
     pub probe_pids_max: Option<u64>,
+    /// `tls.expiry_warning`: how long before this host's certificate expires the agent
+    /// starts warning (at start, at each reload, and in `check`).
+    pub tls_expiry_warning: std::time::Duration,
 }
 
 impl AgentConfig {
@@ -152,6 +156,12 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     };
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
     let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
+    let tls_expiry_warning = tls_expiry_warning(
+        &mut errs,
+        raw.tls
+            .as_ref()
+            .and_then(|t| t.value.expiry_warning.as_ref()),
+    );
     if let Some(m) = &raw.metrics {
         if m.value.parse::<std::net::SocketAddr>().is_err() {
             errs.at(
@@ -234,7 +244,36 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             .trust_config_files_of_any_owner
             .is_some_and(|t| t.value),
         probe_pids_max,
+        tls_expiry_warning,
     })
+}
+
+/// Default of `tls.expiry_warning`.
+pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
+    std::time::Duration::from_secs(14 * 86_400);
+
+/// `tls.expiry_warning`: a duration of at most a year.
+fn tls_expiry_warning(
+    errs: &mut Errors,
+    raw: Option<&Spanned<super::scalar::Scalar>>,
+) -> std::time::Duration {
+    let Some(w) = raw else {
+        return DEFAULT_TLS_EXPIRY_WARNING;
+    };
+    let year = super::limits::MAX_INTERVAL_CEILING;
+    match w
+        .value
+        .to_duration()
+        .map_err(|e| e.to_string())
+        .and_then(|d| {
+            super::limits::check_duration("tls.expiry_warning", d, year).map_err(|e| e.to_string())
+        }) {
+        Ok(d) => d,
+        Err(e) => {
+            errs.at(Pos::of(w), e);
+            DEFAULT_TLS_EXPIRY_WARNING
+        }
+    }
 }
 
 /// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.
