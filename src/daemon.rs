@@ -297,6 +297,13 @@ impl Agent {
         self.loaded_tx.subscribe()
     }
 
+    /// Record how a reload went (after its plan, if any, was applied), for `status` and
+    /// `/metrics`.
+    pub fn note_reload(&self, ok: bool, error: Option<String>) {
+        self.loaded_tx
+            .send_modify(|l| *l = Arc::new(l.reloaded(ok, error)));
+    }
+
     fn was(&self) -> Was {
         Was {
             agent: self.config.agent.clone(),

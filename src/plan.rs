@@ -15,7 +15,7 @@ pub const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(30);
 /// (resource, instance label): a shared instance the controller asked this host to report.
 pub type Assignment = (String, String);
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
     pub host: String,
     pub tasks: Vec<ProbeTask>,

@@ -42,7 +42,8 @@ fn exit_code(report: &StatusReport) -> u8 {
         .resources
         .iter()
         .any(|r| matches!(r.status, Status::Failed | Status::Stale))
-        || !matches!(report.link.state.as_str(), "connected" | "none");
+        || !matches!(report.link.state.as_str(), "connected" | "none")
+        || report.config.last_reload.as_ref().is_some_and(|r| !r.ok);
     if trouble {
         exit::TROUBLE
     } else {

@@ -304,7 +304,10 @@ async fn sighup_with_an_overflowing_interval_keeps_the_running_plan() {
     let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     agent
-        .wait_log("reload failed; still running the previous configuration", 1)
+        .wait_log(
+            "reload failed: 1 error(s) in the configuration; still running the previous configuration",
+            1,
+        )
         .await;
     assert!(
         agent

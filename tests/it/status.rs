@@ -527,6 +527,41 @@ fn status_socket_and_group_in_agent_yaml() {
     );
 }
 
+/// A reload that fails is seen in `status` (it exits 1: the daemon runs an older
+/// configuration than the files hold), with the first line of why; the next good one clears it.
+#[tokio::test]
+async fn a_failed_reload_shows_in_status_until_one_succeeds() {
+    let site = status_site(&[], "");
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+    let good = std::fs::read_to_string(site.file("resources.yaml")).unwrap();
+    std::fs::write(
+        site.file("resources.yaml"),
+        "resources:\n  - name: [broken\n",
+    )
+    .unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    agent.wait_log("reload failed", 1).await;
+    let (code, out, err) = status(&site, &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("RELOAD  FAILED "), "{out}");
+    assert!(out.contains("resources.yaml:2:"), "{out}");
+    assert!(
+        out.contains("still running the configuration above"),
+        "{out}"
+    );
+    let (_, json, _) = status(&site, &["--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["config"]["last_reload"]["ok"], false, "{json}");
+
+    std::fs::write(site.file("resources.yaml"), good).unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    agent.wait_log("configuration unchanged", 1).await;
+    let (_, out, _) = status(&site, &[]);
+    assert!(out.contains("RELOAD  ok "), "{out}");
+    agent.assert_alive();
+}
+
 /// A daemon whose status socket is off (the default path's directory is missing, as in a
 /// checkout outside systemd) is running: `status` says so and why, not "not running".
 #[tokio::test]
