@@ -145,7 +145,13 @@ pub fn child_spec(
             &spec.command[1..],
             &spec.env,
             creds.as_ref().map(|c| c.uid),
-        )?;
+        )
+        // The rule cannot check an interpreter that is not there: say that plainly (read
+        // only on this failure path, never per good run).
+        .map_err(|e| match super::security::script_problem(&program, false) {
+            Some(why) => SpawnRefused::NotRunnable(why),
+            None => e.into(),
+        })?;
     }
     let user = creds
         .as_ref()

@@ -276,6 +276,9 @@ pub fn verdict(
     if let Err(e) = check_runnable(program, name, plugin_dir) {
         return Verdict::Problem(e.to_string());
     }
+    if let Some(e) = script_problem(program, false) {
+        return Verdict::Problem(e.to_string());
+    }
     let args = command.get(1..).unwrap_or_default();
     match check_probe(program, args, env, run_as_uid) {
         Ok(()) => Verdict::Ok,
@@ -300,6 +303,112 @@ pub enum NotRunnable {
     /// The permission bits.
     #[error("{p} is not executable (mode {mode:04o}); fix: chmod 755 {p}", p = .program.display())]
     NotExecutable { program: PathBuf, mode: u32 },
+    #[error(
+        "{p} has Windows (CRLF) line endings: its #! line names interpreter {:?} with a carriage return, which does not exist; fix: sed -i 's/\\r$//' {p}",
+        .interpreter, p = .program.display()
+    )]
+    CrLf {
+        program: PathBuf,
+        interpreter: String,
+    },
+    #[error("{}: interpreter {} (from its #! line) not found{}", .program.display(), .interpreter.display(), .via)]
+    InterpreterMissing {
+        program: PathBuf,
+        interpreter: PathBuf,
+        /// Where it was looked for, for `#!/usr/bin/env NAME`.
+        via: String,
+    },
+    #[error("{}: interpreter {} (from its #! line) is not a program the kernel can run (an executable binary, or a script with its own #!)", .program.display(), .interpreter.display())]
+    InterpreterNotExecutable {
+        program: PathBuf,
+        interpreter: PathBuf,
+    },
+    #[error("{p} has no #! line and is not a binary the kernel can run; fix: make its first line #!/bin/sh (or the interpreter it is written for)", p = .program.display())]
+    NoShebang { program: PathBuf },
+}
+
+/// What stops the kernel from running `program`, an executable regular file, that only its
+/// first line shows: CRLF line endings, a missing or non-executable `#!` interpreter, and
+/// (with `no_shebang`, once the kernel has said ENOEXEC: binfmt_misc may run other files) no
+/// `#!` at all. `None` when none of these (a binary, or a script that will start).
+pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program)
+        .and_then(|mut f| f.read(&mut head))
+        .ok()?;
+    let head = &head[..n];
+    if head.starts_with(b"\x7fELF") || n == 0 {
+        return None;
+    }
+    let program = program.to_owned();
+    let Some(line) = head.strip_prefix(b"#!") else {
+        return no_shebang.then_some(NotRunnable::NoShebang { program });
+    };
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    let text = String::from_utf8_lossy(line);
+    let mut words = text.split([' ', '\t']).filter(|w| !w.is_empty());
+    let interpreter = words.next()?;
+    if interpreter.ends_with('\r') || text.ends_with('\r') {
+        return Some(NotRunnable::CrLf {
+            program,
+            interpreter: interpreter.to_owned(),
+        });
+    }
+    let usable =
+        |p: &Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let interp = PathBuf::from(interpreter);
+    match usable(&interp) {
+        Err(_) => {
+            return Some(NotRunnable::InterpreterMissing {
+                program,
+                interpreter: interp,
+                via: String::new(),
+            })
+        }
+        Ok(false) => {
+            return Some(NotRunnable::InterpreterNotExecutable {
+                program,
+                interpreter: interp,
+            })
+        }
+        // Executable, yet the kernel would not run it (ENOEXEC): not a program at all.
+        Ok(true) if no_shebang => {
+            return Some(NotRunnable::InterpreterNotExecutable {
+                program,
+                interpreter: interp,
+            })
+        }
+        Ok(true) => {}
+    }
+    if interp.file_name().is_some_and(|n| n == "env") {
+        let name = words.find(|w| !w.starts_with('-'))?;
+        let found = super::child::PROBE_PATH
+            .split(':')
+            .any(|d| usable(&Path::new(d).join(name)).unwrap_or(false));
+        if !found {
+            return Some(NotRunnable::InterpreterMissing {
+                program,
+                interpreter: PathBuf::from(name),
+                via: format!(
+                    " on the probes' PATH ({}), where {} looks",
+                    super::child::PROBE_PATH,
+                    interp.display()
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// Why execve of `program` failed with `error`, in the admin's words, where its first line
+/// tells (ENOENT for a file that exists is its interpreter's; ENOEXEC, no `#!`).
+pub fn why_exec_failed(program: &Path, error: &std::io::Error) -> Option<NotRunnable> {
+    match error.raw_os_error()? {
+        libc::ENOEXEC if program.is_file() => script_problem(program, true),
+        libc::ENOENT | libc::EACCES if program.is_file() => script_problem(program, false),
+        _ => None,
+    }
 }
 
 /// The part of [`verdict`] every run checks, whoever the agent runs as: the program exists

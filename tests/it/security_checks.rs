@@ -188,3 +188,89 @@ fn check_lists_each_refusal_under_problems() {
     );
     assert!(!text.contains("c: refusing"), "{text}");
 }
+
+/// A script that cannot start says why in the admin's words — in `check`, `--once` and
+/// `probe NAME` alike — instead of the kernel's "No such file or directory" for a file that
+/// exists: CRLF line endings, a `#!` interpreter that is missing (directly or through
+/// `env`, whose own message the runs show) or not executable, and (once the kernel refused
+/// it) no `#!` at all.
+#[test]
+fn a_script_that_cannot_start_says_why_everywhere() {
+    // (script, body, what check says (None: nothing), what a run says)
+    let cases: [(&str, &str, Option<&str>, &str); 5] = [
+        (
+            "crlf",
+            "#!/bin/sh\r\necho 1\r\n",
+            Some("has Windows (CRLF) line endings: its #! line names interpreter \"/bin/sh\\r\""),
+            "has Windows (CRLF) line endings",
+        ),
+        (
+            "gone",
+            "#!/usr/bin/python9\nprint(1)\n",
+            Some("interpreter /usr/bin/python9 (from its #! line) not found"),
+            "interpreter /usr/bin/python9 (from its #! line) not found",
+        ),
+        (
+            "envgone",
+            "#!/usr/bin/env nosuchinterp\n",
+            Some("interpreter nosuchinterp (from its #! line) not found on the probes' PATH"),
+            "/usr/bin/env: 'nosuchinterp': No such file or directory",
+        ),
+        (
+            "noexec",
+            "#!INTERP\n",
+            Some("(from its #! line) is not a program the kernel can run"),
+            "(from its #! line) is not a program the kernel can run",
+        ),
+        (
+            "bare",
+            "echo 1\n",
+            None,
+            "has no #! line and is not a binary the kernel can run",
+        ),
+    ];
+    for (name, body, check_why, run_why) in cases {
+        let s = Setup::with_agent(
+            &format!(
+                "resources:\n{}",
+                resource(name, &format!("{{kind: exec, command: [{name}]}}"))
+            ),
+            "run_as: root\n",
+        );
+        // An "interpreter" that is a plain text file, not executable.
+        let interp = s.path().join("interp.txt");
+        std::fs::write(&interp, "not a program\n").unwrap();
+        s.script(name, &body.replace("INTERP", interp.to_str().unwrap()));
+        let run = |args: &[&str]| {
+            let out = assert_cmd::Command::cargo_bin("xce-agent")
+                .unwrap()
+                .args(["-c", s.agent_yaml().to_str().unwrap()])
+                .args(args)
+                .output()
+                .unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.code(), text)
+        };
+        let (code, text) = run(&["--once"]);
+        assert_eq!(code, Some(1), "{name}: {text}");
+        assert!(text.contains(run_why), "{name} --once: {text}");
+        let (code, text) = run(&["probe", name]);
+        assert_eq!(code, Some(1), "{name}: {text}");
+        assert!(
+            text.contains(check_why.unwrap_or(run_why)),
+            "{name} probe: {text}"
+        );
+        let (code, text) = run(&["check"]);
+        match check_why {
+            Some(why) => {
+                assert_eq!(code, Some(1), "{name}: {text}");
+                assert!(text.contains(why), "{name} check: {text}");
+            }
+            None => assert_eq!(code, Some(0), "{name}: {text}"),
+        }
+    }
+}

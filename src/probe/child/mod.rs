@@ -240,12 +240,15 @@ impl ChildOutcome {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot start {program}: {}{source}", stage_prefix(*.stage))]
+#[error("cannot start {program}: {}{}", stage_prefix(*.stage), why.as_ref().map_or_else(|| source.to_string(), |w| w.to_string()))]
 pub struct SpawnError {
     pub program: String,
     pub stage: Option<spawn::Stage>,
     #[source]
     pub source: io::Error,
+    /// What the kernel's errno means for this file (a script with CRLF line endings, a `#!`
+    /// interpreter that is missing), where it can be told: said instead of the errno.
+    pub why: Option<super::security::NotRunnable>,
 }
 
 fn stage_prefix(stage: Option<spawn::Stage>) -> String {
@@ -343,8 +346,11 @@ fn nonblocking_receiver(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Recei
 impl Child {
     /// Start `spec`'s child; its output is read through the returned [`Reader`].
     pub fn start(spec: &ChildSpec) -> Result<(Child, Reader), SpawnError> {
-        let fail = |stage, source| SpawnError {
+        let fail = |stage: Option<spawn::Stage>, source: io::Error| SpawnError {
             program: spec.program.display().to_string(),
+            why: matches!(stage, Some(spawn::Stage::Exec))
+                .then(|| super::security::why_exec_failed(&spec.program, &source))
+                .flatten(),
             stage,
             source,
         };
