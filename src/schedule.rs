@@ -341,20 +341,23 @@ pub async fn run_all_once(
     ctx: &ProbeContext,
     store: &Store,
     max_parallel: usize,
+    running: &InFlight,
 ) -> Vec<(ProbeTask, ProbeRun)> {
     let budget = Arc::new(Semaphore::new(max_parallel.max(1)));
     let mut handles = Vec::new();
     for task in plan.tasks.iter().cloned() {
-        let (ctx, budget) = (ctx.clone(), budget.clone());
+        let (ctx, budget, running) = (ctx.clone(), budget.clone(), running.clone());
         handles.push(tokio::spawn(async move {
             let _permit = match uses_budget(&task) {
                 true => budget.acquire_owned().await.ok(),
                 false => None,
             };
+            running.started(&task);
             let run = match &task.kind {
                 ProbeKind::Stream(_) => probe::stream::first_values(&task, &ctx).await,
                 _ => probe::run_once(&task, &ctx).await,
             };
+            running.ended(&task.name);
             (task, run)
         }));
     }
@@ -366,6 +369,45 @@ pub async fn run_all_once(
         }
     }
     out
+}
+
+/// The probes of a one-shot pass that are running now, with when each started and its
+/// deadline, for `--once` to say what it waits for.
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<std::sync::Mutex<BTreeMap<String, (Instant, Duration)>>>);
+
+impl InFlight {
+    fn started(&self, task: &ProbeTask) {
+        self.lock()
+            .insert(task.name.clone(), (Instant::now(), task.timeout));
+    }
+
+    fn ended(&self, name: &str) {
+        self.lock().remove(name);
+    }
+
+    /// `name (12s of 30s)` for each probe still running, longest-running first.
+    pub fn describe(&self) -> Vec<String> {
+        let mut now: Vec<(String, Duration, Duration)> = self
+            .lock()
+            .iter()
+            .map(|(n, (t0, timeout))| (n.clone(), t0.elapsed(), *timeout))
+            .collect();
+        now.sort_by_key(|(_, ran, _)| std::cmp::Reverse(*ran));
+        now.into_iter()
+            .map(|(n, ran, timeout)| {
+                format!(
+                    "{n} ({}s of its {}s timeout)",
+                    ran.as_secs(),
+                    timeout.as_secs()
+                )
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (Instant, Duration)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! the values, and exit non-zero if a probe failed: the admin's debugging tool.
 
 use std::collections::BTreeSet;
+use std::io::IsTerminal as _;
+use std::time::Duration;
 
 use super::{
     exit, host_name, load, one_shot_builtins, refuse_unprobed, start_supervision, CmdError,
@@ -10,7 +12,7 @@ use crate::cli::{Common, OnceFormat};
 use crate::daemon::{declared, probe_context, uses_builtins};
 use crate::plan::{is_probed, make_plan};
 use crate::render::once::OnceReport;
-use crate::schedule::run_all_once;
+use crate::schedule::{run_all_once, InFlight};
 use crate::store::Store;
 
 pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result<u8, CmdError> {
@@ -32,7 +34,17 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
     store.declare(declared(&plan));
     let builtin = one_shot_builtins(uses_builtins(&plan)).await;
     let ctx = probe_context(&config, &host, builtin);
-    let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel).await;
+    let running = InFlight::default();
+    // On a terminal, a pass that takes a while says what it is waiting for (a hanging script
+    // would otherwise look like a hung agent for its whole timeout); a pipe gets nothing.
+    let progress = std::io::stderr()
+        .is_terminal()
+        .then(|| tokio::spawn(say_what_it_waits_for(running.clone())));
+    let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel, &running).await;
+    if let Some(progress) = progress {
+        progress.abort();
+        eprint!("\r\x1b[2K");
+    }
     crate::probe::cgroup::shut_down();
     let report = OnceReport::new(&host, &runs, &store);
     match format {
@@ -44,4 +56,21 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
     } else {
         exit::PROBE_FAILED
     })
+}
+
+/// Every second after the first: `waiting for: slow (12s of its 30s timeout), ...`, redrawn
+/// in place on the terminal's last line.
+async fn say_what_it_waits_for(running: InFlight) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let waiting = running.describe();
+        if !waiting.is_empty() {
+            eprint!(
+                "\r\x1b[2Kwaiting for: {}",
+                crate::render::status::printable(&waiting.join(", "))
+            );
+        }
+    }
 }

@@ -434,3 +434,48 @@ fn a_metrics_port_in_use_stops_the_daemon_with_the_address_and_exit_2() {
     let want = format!("xce-agent: metrics: cannot listen on {addr}: Address already in use");
     assert!(stderr.contains(&want), "{stderr}");
 }
+
+/// `--once` on a terminal says what it is waiting for while a probe hangs (a silent 30 s
+/// looked like a hung agent); its stdout, and a pipe, get no progress line.
+#[test]
+fn once_on_a_terminal_says_which_probe_it_waits_for() {
+    use std::io::Read as _;
+    let s = Setup::new(&format!(
+        "resources:\n{}",
+        crate::support::resource("slow", "{kind: exec, command: [slow.sh], timeout: 30s}")
+    ));
+    let gate = s.path().join("gate");
+    nix::unistd::mkfifo(&gate, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    // Blocks until the test opens the FIFO for writing.
+    s.script(
+        "slow.sh",
+        &format!("#!/bin/sh\nread x < {}\necho 1\n", gate.display()),
+    );
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let once = std::process::Command::new(assert_cmd::cargo::cargo_bin("xce-agent"))
+        .arg("--config")
+        .arg(s.agent_yaml())
+        .arg("--once")
+        .stderr(std::fs::File::from(pty.slave.try_clone().unwrap()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(pty.slave);
+    let mut master = std::fs::File::from(pty.master);
+    let mut seen = String::new();
+    let mut buf = [0u8; 1024];
+    while !seen.contains("waiting for: slow (") {
+        let n = master.read(&mut buf).expect("the terminal");
+        assert!(n > 0, "the terminal closed: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.contains("of its 30s timeout)"), "{seen}");
+    std::fs::write(&gate, "go\n").unwrap();
+    let out = once.wait_with_output().unwrap();
+    assert!(out.status.success(), "{seen}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("slow") && !stdout.contains("waiting for"),
+        "{stdout}"
+    );
+}

@@ -139,7 +139,7 @@ async fn a_first_sample_that_is_pending_is_no_error() {
     ctx.builtin = Arc::new(FirstSample);
     let store = Store::new();
     store.declare(xce_agent::daemon::declared(&plan));
-    let runs = xce_agent::schedule::run_all_once(&plan, &ctx, &store, 1).await;
+    let runs = xce_agent::schedule::run_all_once(&plan, &ctx, &store, 1, &Default::default()).await;
     assert_eq!(runs[0].1.error(), None);
     let resval = store.get("ut", "").unwrap();
     assert_eq!((resval.status, resval.error), (Status::Pending, None));
