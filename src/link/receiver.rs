@@ -65,6 +65,108 @@ pub struct Event {
     /// The host from the connection's hello (None before it).
     pub host: Option<String>,
     pub kind: EventKind,
+    /// Who the client certificate says the peer is (`None` on a plaintext connection or
+    /// before the handshake finished).
+    pub identity: Option<Arc<Identity>>,
+    /// Why the connection ended, as a class: set on `Closed(Some(_))` only.
+    pub reason: Option<Reason>,
+}
+
+/// Why a connection was dropped or refused: the classes a controller counts and the C
+/// library reports (`xce_reason`). The text beside it (in `EventKind::Closed`) says more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The peer does not speak TLS (a plaintext agent against a TLS receiver).
+    NotTls,
+    /// The client certificate is not from the receiver's CA.
+    UnknownCa,
+    /// The client certificate has expired or is not valid yet.
+    Expired,
+    /// The client certificate is revoked by the CRL.
+    Revoked,
+    /// The peer sent no client certificate.
+    NoCertificate,
+    /// The TLS handshake failed otherwise (stalled, cut short, the peer's alert).
+    Handshake,
+    /// The hello names a host the certificate does not name.
+    Identity,
+    /// A message out of order, malformed or not by the protocol's rules.
+    Protocol,
+    /// A frame or list larger than the limits (docs/protocol.md).
+    Limit,
+    /// Reading from or writing to the peer failed (reset, write timeout).
+    Io,
+    /// A newer connection for the same host replaced this one.
+    Replaced,
+    /// The receiver is stopping.
+    Stopped,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 12] = [
+        Reason::NotTls,
+        Reason::UnknownCa,
+        Reason::Expired,
+        Reason::Revoked,
+        Reason::NoCertificate,
+        Reason::Handshake,
+        Reason::Identity,
+        Reason::Protocol,
+        Reason::Limit,
+        Reason::Io,
+        Reason::Replaced,
+        Reason::Stopped,
+    ];
+
+    /// A short label for lines and counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotTls => "not_tls",
+            Reason::UnknownCa => "unknown_ca",
+            Reason::Expired => "expired",
+            Reason::Revoked => "revoked",
+            Reason::NoCertificate => "no_certificate",
+            Reason::Handshake => "handshake",
+            Reason::Identity => "identity",
+            Reason::Protocol => "protocol",
+            Reason::Limit => "limit",
+            Reason::Io => "io",
+            Reason::Replaced => "replaced",
+            Reason::Stopped => "stopped",
+        }
+    }
+
+    fn of_tls(f: tls::Failure) -> Self {
+        use tls::Failure as F;
+        match f {
+            F::UnknownCa => Reason::UnknownCa,
+            F::Expired => Reason::Expired,
+            F::Revoked => Reason::Revoked,
+            F::NoCertificate => Reason::NoCertificate,
+            F::NotTls => Reason::NotTls,
+            F::WrongName | F::PeerRefused | F::Truncated | F::Timeout | F::Other => {
+                Reason::Handshake
+            }
+        }
+    }
+
+    /// A frame reader's or decoder's error: a bound exceeded, a read that failed, or bytes
+    /// that are not the protocol.
+    fn of_wire(e: &wire::WireError) -> Self {
+        use capnp::ErrorKind as K;
+        match e {
+            wire::WireError::TooLarge { .. } | wire::WireError::TooMany { .. } => Reason::Limit,
+            wire::WireError::Capnp(c) => match c.kind {
+                K::MessageTooLarge(_)
+                | K::MessageSizeOverflow
+                | K::ReadLimitExceeded
+                | K::NestingLimitExceeded => Reason::Limit,
+                K::Disconnected | K::Overloaded => Reason::Io,
+                _ => Reason::Protocol,
+            },
+            _ => Reason::Protocol,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +193,69 @@ pub async fn serve(
     events: mpsc::Sender<Event>,
     shutdown: CancellationToken,
 ) {
-    serve_into(listener, opts, Sink::Events(events), shutdown).await;
+    let control = Arc::new(Control::default());
+    serve_into(
+        vec![listener],
+        opts,
+        Sink::Events(events),
+        control,
+        shutdown,
+    )
+    .await;
+}
+
+/// `serve` on several listeners at once, one receiver behind them all (newest-wins per host
+/// across them), with `control` to assign shared instances to hosts while it runs: what the
+/// C library (`capi/`) runs.
+pub async fn serve_all(
+    listeners: Vec<TcpListener>,
+    opts: ListenOpts,
+    events: mpsc::Sender<Event>,
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+) {
+    serve_into(listeners, opts, Sink::Events(events), control, shutdown).await;
+}
+
+/// What the controller tells hosts while the receiver runs: the shared instances assigned
+/// to each (sent as `welcome` after each hello, and at once to a connected host when its
+/// assignment changes).
+#[derive(Default)]
+pub struct Control {
+    /// By `host_key`. `None`: nothing assigned, no welcome is sent.
+    assigned: Mutex<HashMap<String, AssignedTx>>,
+}
+
+type Assignment = Option<Vec<(String, String)>>;
+type AssignedTx = tokio::sync::watch::Sender<Assignment>;
+
+impl Control {
+    /// Assign `instances` to `host` (replacing what it had; empty withdraws them all). A
+    /// connected host is sent a welcome now; a host that connects later, after its hello.
+    pub fn assign(&self, host: &str, instances: Vec<(String, String)>) {
+        let key = crate::config::hostlist::host_key(host);
+        let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key)
+            .or_insert_with(|| tokio::sync::watch::channel(None).0)
+            .send_replace(Some(instances));
+    }
+
+    /// The assignment of `host` to watch; `default` (listen's `--assign`-style list for
+    /// every host) where the controller never assigned anything to it.
+    fn watch(
+        &self,
+        host: &str,
+        default: &[(String, String)],
+    ) -> tokio::sync::watch::Receiver<Assignment> {
+        let key = crate::config::hostlist::host_key(host);
+        let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key)
+            .or_insert_with(|| {
+                let initial = (!default.is_empty()).then(|| default.to_vec());
+                tokio::sync::watch::channel(initial).0
+            })
+            .subscribe()
+    }
 }
 
 /// Where a connection's events go: to the caller's channel (its capacity bounds the events
@@ -146,23 +310,37 @@ impl Sink {
     }
 }
 
+/// How long stopping waits for connections to say close_notify before it cuts them.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 async fn serve_into(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     opts: ListenOpts,
     sink: Sink,
+    control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
     let mut conns = JoinSet::new();
     let live = Arc::new(Live::default());
+    let stopping = shutdown.child_token();
     loop {
+        // `accept` is cancel-safe: the futures of the listeners that lost are dropped.
+        let accept_any = async {
+            if listeners.is_empty() {
+                return std::future::pending().await;
+            }
+            let accepts = listeners.iter().map(|l| Box::pin(l.accept()));
+            futures::future::select_all(accepts).await.0
+        };
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sink.closed() => break,
             // Reap finished connection tasks so the set does not grow without bound.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            r = listener.accept() => match r {
+            r = accept_any => match r {
                 Ok((stream, peer)) => {
-                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), Arc::clone(&live)));
+                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(),
+                        Arc::clone(&live), Arc::clone(&control), stopping.clone()));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: wait instead of spinning.
@@ -172,7 +350,15 @@ async fn serve_into(
             },
         }
     }
-    conns.shutdown().await;
+    // Each connection ends itself (close_notify on TLS); one stuck in a write is cut.
+    stopping.cancel();
+    let drained = tokio::time::timeout(STOP_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        conns.shutdown().await;
+    }
 }
 
 /// `serve`, printing one line per event (per resval for batches) to `out`, for the CLI.
@@ -190,7 +376,14 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
         tx,
         budget: Arc::new(Semaphore::new(LISTEN_BUFFER_BYTES)),
     });
-    let server = tokio::spawn(serve_into(listener, opts, sink, shutdown.clone()));
+    let control = Arc::new(Control::default());
+    let server = tokio::spawn(serve_into(
+        vec![listener],
+        opts,
+        sink,
+        control,
+        shutdown.clone(),
+    ));
     let mut result = Ok(());
     // The permit is released once the text is written.
     while let Some((text, _permit)) = rx.recv().await {
@@ -215,10 +408,12 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who the client certificate says the peer is.
-#[derive(Debug, Clone)]
-struct Identity {
-    subject: String,
-    dns_names: Vec<String>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub subject: String,
+    /// DNS names, then IP addresses.
+    pub sans: Vec<String>,
+    pub dns_names: Vec<String>,
 }
 
 /// The live connection of each host: a newer one for the same host replaces the older
@@ -281,6 +476,7 @@ async fn handshake(
     };
     let identity = Identity {
         subject: info.subject,
+        sans: info.sans,
         dns_names: info.dns_names,
     };
     Ok((Box::new(s), identity))
@@ -292,6 +488,8 @@ async fn connection(
     opts: ListenOpts,
     sink: Sink,
     live: Arc<Live>,
+    control: Arc<Control>,
+    stopping: CancellationToken,
 ) {
     let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
         None => (Box::new(stream), None),
@@ -302,7 +500,7 @@ async fn connection(
         )
         .await
         {
-            Ok((s, id)) => (s, Some(id)),
+            Ok((s, id)) => (s, Some(Arc::new(id))),
             Err((why, e)) => {
                 error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
                 let end = format!("TLS handshake failed ({}): {e}", why.as_str());
@@ -312,6 +510,8 @@ async fn connection(
                         peer,
                         host: None,
                         kind,
+                        identity: None,
+                        reason: Some(Reason::of_tls(why)),
                     })
                     .await;
                 return;
@@ -333,26 +533,52 @@ async fn connection(
         .next_id
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let superseded = CancellationToken::new();
+    // The host's assignment, once its hello is in: a change is sent as a welcome at once.
+    let mut assigned: Option<tokio::sync::watch::Receiver<Assignment>> = None;
     info!(%peer, "agent connected");
     let _ = sink.deliver(conn.event(EventKind::Connected)).await;
-    let end = loop {
-        let read = tokio::select! {
-            _ = superseded.cancelled() => {
-                break Some("a newer connection for this host replaced this one".into());
+    let end: Option<(Reason, String)> = 'conn: loop {
+        let read = {
+            // The read stays pinned while welcomes go out: a frame is never cut in half.
+            let frame = wire::read_frame(&mut rd);
+            tokio::pin!(frame);
+            loop {
+                tokio::select! {
+                    _ = superseded.cancelled() => {
+                        break 'conn Some((Reason::Replaced,
+                            "a newer connection for this host replaced this one".into()));
+                    }
+                    _ = stopping.cancelled() => {
+                        break 'conn Some((Reason::Stopped, "the receiver is stopping".into()));
+                    }
+                    Ok(()) = async {
+                        match assigned.as_mut() {
+                            Some(rx) => rx.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let now = assigned.as_mut().and_then(|rx| rx.borrow_and_update().clone());
+                        if let Some(list) = now {
+                            if let Err(e) = send(&mut wr, &ControllerMessage::Welcome(list)).await {
+                                break 'conn Some((Reason::Io, e));
+                            }
+                        }
+                    }
+                    r = &mut frame => break r,
+                }
             }
-            r = wire::read_frame(&mut rd) => r,
         };
         let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => break None,
-            Err(e) => break Some(e.to_string()),
+            Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
         };
         let env = match wire::decode_envelope_within(&msg, conn.limits()) {
             Ok(env) => env,
-            Err(e) => break Some(e.to_string()),
+            Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
         };
         drop(msg);
-        let (kind, reply) = match conn.accept(env, &opts) {
+        let (kind, mut reply) = match conn.accept(env, &opts) {
             Ok(x) => x,
             Err(e) => break Some(e),
         };
@@ -360,6 +586,11 @@ async fn connection(
             if live.claim(&h.host, id, &superseded) {
                 warn!(%peer, host = %h.host, "host connected again: closing its older connection");
             }
+            let rx = assigned.get_or_insert_with(|| control.watch(&h.host, &opts.assign));
+            reply = rx
+                .borrow_and_update()
+                .clone()
+                .map(ControllerMessage::Welcome);
         }
         if sink.deliver(conn.event(kind)).await.is_err() {
             return;
@@ -368,7 +599,7 @@ async fn connection(
         tokio::task::yield_now().await;
         if let Some(reply) = reply {
             if let Err(e) = send(&mut wr, &reply).await {
-                break Some(e);
+                break Some((Reason::Io, e));
             }
         }
     };
@@ -380,11 +611,22 @@ async fn connection(
     }
     match &end {
         None => info!(%peer, host = conn.host(), "agent disconnected"),
-        Some(e) => {
+        Some((Reason::Stopped, e)) => {
+            info!(%peer, host = conn.host(), "closing agent connection: {e}")
+        }
+        Some((_, e)) => {
             error!(%peer, host = conn.host(), error = %escape(e), "dropping agent connection")
         }
     }
-    let _ = sink.deliver(conn.event(EventKind::Closed(end))).await;
+    // TLS close_notify (a FIN on plaintext), bounded: a peer that does not read is cut.
+    let _ = tokio::time::timeout(WRITE_TIMEOUT.min(STOP_GRACE), wr.shutdown()).await;
+    let (reason, text) = match end {
+        Some((r, t)) => (Some(r), Some(t)),
+        None => (None, None),
+    };
+    let mut ev = conn.event(EventKind::Closed(text));
+    ev.reason = reason;
+    let _ = sink.deliver(ev).await;
 }
 
 async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Result<(), String> {
@@ -410,7 +652,7 @@ struct Conn {
     need_full: bool,
     warnings: Warnings,
     /// From the client certificate; `None` on a plaintext connection.
-    identity: Option<Identity>,
+    identity: Option<Arc<Identity>>,
 }
 
 impl Conn {
@@ -432,44 +674,54 @@ impl Conn {
             peer: self.peer,
             host: self.hello.as_ref().map(|h| h.host.clone()),
             kind,
+            identity: self.identity.clone(),
+            reason: None,
         }
     }
 
     /// Validate one message; the event to report and the reply to send, or why the
-    /// connection must be dropped.
+    /// connection must be dropped. (The welcome after a hello is the caller's: it knows the
+    /// host's assignment.)
     fn accept(
         &mut self,
         env: Envelope,
         opts: &ListenOpts,
-    ) -> Result<(EventKind, Option<ControllerMessage>), String> {
+    ) -> Result<(EventKind, Option<ControllerMessage>), (Reason, String)> {
+        let protocol = |e: String| (Reason::Protocol, e);
         match env {
             Envelope::Hello(h) => {
                 if h.protocol_version != PROTOCOL_VERSION {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "protocol version {} not supported (this receiver speaks {PROTOCOL_VERSION})",
                         h.protocol_version
-                    ));
+                    )));
                 }
                 if h.host.is_empty() {
-                    return Err("hello without a host name".into());
+                    return Err(protocol("hello without a host name".into()));
                 }
-                limits::check_hello(&h).map_err(|e| format!("hello refused: {e}"))?;
+                limits::check_hello(&h).map_err(|e| {
+                    let reason = match e {
+                        limits::HelloError::TextTooLong { .. } => Reason::Limit,
+                        _ => Reason::Protocol,
+                    };
+                    (reason, format!("hello refused: {e}"))
+                })?;
                 if let Some(id) = &self.identity {
                     if !tls::cert_names_host(&id.dns_names, &h.host) {
-                        return Err(format!(
+                        return Err((Reason::Identity, format!(
                             "certificate {:?} (DNS SANs: [{}]) claimed host {:?}, which it does not name; refused",
                             id.subject,
                             id.dns_names.join(", "),
                             h.host
-                        ));
+                        )));
                     }
                 }
                 if let Some(old) = &self.hello {
                     if old.host != h.host {
-                        return Err(format!(
+                        return Err(protocol(format!(
                             "host changed from {} to {} on one connection",
                             old.host, h.host
-                        ));
+                        )));
                     }
                 }
                 let mut declared = BTreeMap::new();
@@ -481,37 +733,37 @@ impl Conn {
                 } in &h.resources
                 {
                     if name.is_empty() {
-                        return Err("hello declares a resource without a name".into());
+                        return Err(protocol("hello declares a resource without a name".into()));
                     }
                     if declared
                         .insert((name.clone(), instance.clone()), *valtype)
                         .is_some()
                     {
-                        return Err(format!("hello declares {name}@{instance:?} twice"));
+                        return Err(protocol(format!(
+                            "hello declares {name}@{instance:?} twice"
+                        )));
                     }
                 }
                 self.declared = declared;
                 self.need_full = true;
                 self.hello = Some(h.clone());
-                let reply = (!opts.assign.is_empty())
-                    .then(|| ControllerMessage::Welcome(opts.assign.clone()));
-                Ok((EventKind::Hello(h), reply))
+                Ok((EventKind::Hello(h), None))
             }
             Envelope::Batch(mut batch) => {
                 if self.hello.is_none() {
-                    return Err("batch before hello".into());
+                    return Err(protocol("batch before hello".into()));
                 }
                 if batch.seq <= self.last_seq {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "batch seq {} does not increase (last {})",
                         batch.seq, self.last_seq
-                    ));
+                    )));
                 }
                 if self.need_full && !batch.full {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "delta (seq {}) before the full snapshot that must follow hello",
                         batch.seq
-                    ));
+                    )));
                 }
                 self.last_seq = batch.seq;
                 if batch.full {
@@ -543,13 +795,13 @@ impl Conn {
             }
             Envelope::Heartbeat(hb) => {
                 if self.hello.is_none() {
-                    return Err("heartbeat before hello".into());
+                    return Err(protocol("heartbeat before hello".into()));
                 }
                 if hb.seq != self.last_seq {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "heartbeat names seq {} but the last batch was {}",
                         hb.seq, self.last_seq
-                    ));
+                    )));
                 }
                 Ok((EventKind::Heartbeat(hb), None))
             }
@@ -624,7 +876,10 @@ impl Event {
             EventKind::Heartbeat(hb) => vec![format!("{host} heartbeat seq={}", hb.seq)],
             EventKind::Closed(None) => vec![format!("{host} closed peer={peer}")],
             EventKind::Closed(Some(e)) => {
-                vec![format!("{host} dropped peer={peer} error={e:?}")]
+                let reason = self.reason.map_or("-", Reason::as_str);
+                vec![format!(
+                    "{host} dropped peer={peer} reason={reason} error={e:?}"
+                )]
             }
             EventKind::Batch { batch, rejected } => {
                 let kind = if batch.full { "full" } else { "delta" };
@@ -680,6 +935,7 @@ impl Event {
             EventKind::Closed(e) => vec![json!({
                 "event": if e.is_some() { "dropped" } else { "closed" },
                 "host": host, "peer": peer, "error": e,
+                "reason": self.reason.map(Reason::as_str),
             })],
             EventKind::Batch { batch, rejected } => {
                 let one = |r: &Resval, rejected: Option<&str>| {
