@@ -633,6 +633,106 @@ mod tests {
         poll(&mut fds, PollTimeout::ZERO).expect("poll") == 1
     }
 
+    /// When the controller stops popping, the library stops reading: an agent's writes
+    /// block once the queue, the channel and the socket buffers are full; popping resumes.
+    #[test]
+    fn a_full_queue_stops_reading_the_agents_socket_until_the_controller_pops() {
+        use std::io::{ErrorKind, Write as _};
+        use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
+        use xce_agent::value::Valtype;
+
+        let cfg = Config {
+            listen: vec!["127.0.0.1:0".into()],
+            insecure_plaintext: true,
+            queue_capacity: 4,
+            ..Config::default()
+        };
+        let rx = Receiver::start(&cfg).expect("start");
+        let mut agent = std::net::TcpStream::connect(rx.local_addrs()[0]).expect("connect");
+        let hello = Hello::new(
+            "node001",
+            "boot",
+            "digest",
+            vec![Declared {
+                name: "level".into(),
+                instance: String::new(),
+                valtype: Valtype::Numeric,
+                interval_ms: 1000,
+                shared: false,
+            }],
+        );
+        agent
+            .write_all(&wire::encode_envelope(&Envelope::Hello(hello)).expect("encode"))
+            .expect("write hello");
+        agent.set_nonblocking(true).expect("nonblocking");
+        let batch = |seq: u64| {
+            let r = Resval {
+                name: "level".into(),
+                instance: String::new(),
+                value: Value::Numeric(seq as f64),
+                status: Status::Ok,
+                last_report_ms: Some(1),
+                error: None,
+            };
+            wire::encode_envelope(&Envelope::Batch(Batch {
+                seq,
+                full: seq == 1,
+                sent_at_ms: 1,
+                resvals: vec![r],
+            }))
+            .expect("encode")
+        };
+        // Write until the kernel says the receiver is not reading any more. A receiver that
+        // kept reading would take all of it: 256 MiB is far beyond every buffer on the way.
+        let mut written = 0usize;
+        let mut seq = 1;
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            if pending.is_empty() {
+                pending = batch(seq);
+                seq += 1;
+            }
+            match agent.write(&pending) {
+                Ok(n) => {
+                    written += n;
+                    pending.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+            assert!(
+                written < 256 << 20,
+                "the receiver kept reading {written} bytes"
+            );
+        }
+        // Popping makes room, and the receiver reads again: the socket becomes writable.
+        // Waits are on descriptors only: the event fd (pop what came) and the socket.
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut popped = 0;
+        let wake = rx.shared.wake.rd.as_fd();
+        loop {
+            let mut fds = [
+                PollFd::new(agent.as_fd(), PollFlags::POLLOUT),
+                PollFd::new(wake, PollFlags::POLLIN),
+            ];
+            let n = poll(&mut fds, PollTimeout::from(60_000u16)).expect("poll");
+            assert!(
+                n > 0,
+                "neither an event nor room to write within the hang guard"
+            );
+            if fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLOUT))
+            {
+                break;
+            }
+            while rx.pop().is_some() {
+                popped += 1;
+            }
+        }
+        assert!(popped >= 4, "popped {popped}");
+    }
+
     #[test]
     fn grace_is_two_heartbeats_and_a_second() {
         assert_eq!(grace(Duration::from_secs(10)), Duration::from_secs(21));
