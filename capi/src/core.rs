@@ -270,6 +270,14 @@ impl Receiver {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("xce-receiver")
+            // A write to an agent that is gone must be EPIPE, not a SIGPIPE that kills the
+            // C program (a Rust binary ignores SIGPIPE; a C one that links us need not). The
+            // signal is blocked on the library's threads only, where all socket I/O runs.
+            .on_thread_start(|| {
+                let mut pipe = nix::sys::signal::SigSet::empty();
+                pipe.add(nix::sys::signal::Signal::SIGPIPE);
+                let _ = pipe.thread_block();
+            })
             .enable_all()
             .build()
             .map_err(|e| StartError::Runtime(format!("cannot start the runtime: {e}")))?;
