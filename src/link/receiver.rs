@@ -32,7 +32,8 @@ use tracing::{error, info, warn};
 use super::limits::{self, FrameLimits, Warnings, LISTEN_BUFFER_BYTES, WARN_INTERVAL};
 use super::tls::{self, LinkStream};
 use super::wire::{
-    self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, PROTOCOL_VERSION,
+    self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION, VERDICT_VERSION,
 };
 use crate::text::escape;
 use crate::value::{Resval, Valtype, Value};
@@ -528,6 +529,7 @@ async fn connection(
         need_full: true,
         warnings: Warnings::new(WARN_INTERVAL),
         identity,
+        peer_version: None,
     };
     let id = live
         .next_id
@@ -578,31 +580,52 @@ async fn connection(
             Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
         };
         drop(msg);
-        let (kind, mut reply) = match conn.accept(env, &opts) {
+        let (kind, reply) = match conn.accept(env, &opts) {
             Ok(x) => x,
             Err(e) => break Some(e),
         };
+        let mut replies: Vec<ControllerMessage> = reply.into_iter().collect();
         if let EventKind::Hello(h) = &kind {
             if live.claim(&h.host, id, &superseded) {
                 warn!(%peer, host = %h.host, "host connected again: closing its older connection");
             }
+            // The verdict first (protocol 2), then the host's assignment.
+            if h.protocol_version >= VERDICT_VERSION {
+                replies.push(ControllerMessage::Accepted {
+                    host: h.host.clone(),
+                });
+            }
             let rx = assigned.get_or_insert_with(|| control.watch(&h.host, &opts.assign));
-            reply = rx
-                .borrow_and_update()
-                .clone()
-                .map(ControllerMessage::Welcome);
+            replies.extend(
+                rx.borrow_and_update()
+                    .clone()
+                    .map(ControllerMessage::Welcome),
+            );
         }
         if sink.deliver(conn.event(kind)).await.is_err() {
             return;
         }
         // A peer whose frames are always ready must not keep this worker from the others.
         tokio::task::yield_now().await;
-        if let Some(reply) = reply {
-            if let Err(e) = send(&mut wr, &reply).await {
-                break Some((Reason::Io, e));
+        for reply in &replies {
+            if let Err(e) = send(&mut wr, reply).await {
+                break 'conn Some((Reason::Io, e));
             }
         }
     };
+    // The verdict on a refusal, to a peer whose hello said it speaks protocol 2 or later:
+    // the agent logs why instead of only seeing the connection close. (Bytes that never made
+    // a hello get no answer: they may not be our protocol at all, e.g. a TLS ClientHello.)
+    // Bounded: a peer that does not read is not waited for.
+    if let Some((reason @ (Reason::Identity | Reason::Protocol | Reason::Limit), text)) = &end {
+        if conn.peer_version.is_some_and(|v| v >= VERDICT_VERSION) {
+            let refused = ControllerMessage::Refused {
+                reason: reason.as_str().to_owned(),
+                message: text.clone(),
+            };
+            let _ = tokio::time::timeout(STOP_GRACE, send(&mut wr, &refused)).await;
+        }
+    }
     if let Some(summary) = conn.warnings.finish() {
         warn!(%peer, host = conn.host(), "rejected resvals: {summary}");
     }
@@ -653,6 +676,8 @@ struct Conn {
     warnings: Warnings,
     /// From the client certificate; `None` on a plaintext connection.
     identity: Option<Arc<Identity>>,
+    /// The protocol version of the last hello decoded (accepted or not).
+    peer_version: Option<u16>,
 }
 
 impl Conn {
@@ -690,9 +715,11 @@ impl Conn {
         let protocol = |e: String| (Reason::Protocol, e);
         match env {
             Envelope::Hello(h) => {
-                if h.protocol_version != PROTOCOL_VERSION {
+                self.peer_version = Some(h.protocol_version);
+                if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&h.protocol_version) {
                     return Err(protocol(format!(
-                        "protocol version {} not supported (this receiver speaks {PROTOCOL_VERSION})",
+                        "protocol version {} not supported (this receiver speaks \
+                         {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})",
                         h.protocol_version
                     )));
                 }

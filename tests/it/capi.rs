@@ -289,12 +289,27 @@ async fn controller_life(valgrind: bool) -> (std::process::ExitStatus, Vec<Strin
         ],
     );
     ctl.expect("resval node001 level ", &[" ok last_report="]);
+    // Protocol 2: the agent hears the verdict and says so.
+    agent
+        .wait_log(&format!("accepted by {} as host node001", ctl.addr), 1)
+        .await;
 
     // node002's certificate claiming node001: refused, with the reason.
     let impostor = tls_site(pki.path(), "node001", "node002", ctl.addr);
-    let impostor_agent = impostor.spawn_agent();
+    let mut impostor_agent = impostor.spawn_agent();
     let refused = ctl.expect("refused 127.0.0.1:", &[" identity ", "node002", "node001"]);
     assert!(refused.contains("does not name"), "{refused}");
+    // ...and the impostor logs the controller's reason (and backs off), never "accepted".
+    impostor_agent
+        .wait_log("the controller refused this agent", 1)
+        .await;
+    let log = impostor_agent.log_text();
+    assert!(
+        log.contains("identity") && log.contains("does not name"),
+        "{log}"
+    );
+    assert!(log.contains("backing off"), "{log}");
+    assert!(!log.contains("accepted by"), "{log}");
     drop(impostor_agent);
     // The real node001 was not kicked off: its values keep coming on the same connection.
     ctl.expect("resval node001 level ", &[" ok "]);

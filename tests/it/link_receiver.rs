@@ -243,7 +243,7 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
     let (rd, _wr) = s.into_split();
     let mut rd = rd.compat();
     let mut got = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         let msg = guard("a controller message", wire::read_frame(&mut rd))
             .await
             .unwrap()
@@ -253,6 +253,9 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
     assert_eq!(
         got,
         [
+            ControllerMessage::Accepted {
+                host: "node007".into()
+            },
             ControllerMessage::Welcome(vec![("license".into(), "all".into())]),
             ControllerMessage::Ack(1),
             ControllerMessage::Ack(5),
@@ -323,7 +326,7 @@ async fn serve_lines_prints_what_an_agent_sends() {
         assert!(n > 0, "output closed early: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    assert!(seen.contains("node001 hello protocol=1"), "{seen}");
+    assert!(seen.contains("node001 hello protocol=2"), "{seen}");
     assert!(seen.contains("seq=1 full"), "{seen}");
     agent.stop().await;
     shutdown.cancel();
@@ -366,11 +369,73 @@ async fn capture_decodes_with_the_official_capnp_tool() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("hello = (protocolVersion = 1, host = \"node001\""),
+        text.contains("hello = (protocolVersion = 2, host = \"node001\""),
         "{text}"
     );
     assert!(text.contains("batch = (seq = 1, full = true"), "{text}");
     assert!(text.contains("value = (numeric = 42.5)"), "{text}");
     assert!(text.contains("instance = \"all\""), "{text}");
     assert!(text.contains("status = pending"), "{text}");
+}
+
+/// Read controller messages until the receiver closes the connection.
+async fn controller_messages_until_closed(s: TcpStream) -> Vec<ControllerMessage> {
+    let (rd, _wr) = s.into_split();
+    let mut rd = rd.compat();
+    let mut got = Vec::new();
+    while let Some(msg) = guard("a controller message or the end", wire::read_frame(&mut rd))
+        .await
+        .unwrap_or(None)
+    {
+        got.push(wire::decode_controller(&msg).unwrap());
+    }
+    got
+}
+
+/// Protocol 2: the verdict. A refused connection is told why before it is closed; an
+/// accepted one hears `accepted` first. A version-1 agent is accepted and told nothing it
+/// would not understand (it drops a connection on an unknown controller message).
+#[tokio::test]
+async fn the_agent_is_told_the_verdict_and_a_version_1_agent_nothing_new() {
+    let ctl = Controller::bind(ListenOpts {
+        ack: true,
+        ..ListenOpts::default()
+    })
+    .await;
+
+    let mut s = TcpStream::connect(ctl.addr).await.unwrap();
+    let future = Hello {
+        protocol_version: 99,
+        ..hello()
+    };
+    s.write_all(&frame(&Envelope::Hello(future))).await.unwrap();
+    let got = controller_messages_until_closed(s).await;
+    match got.as_slice() {
+        [ControllerMessage::Refused { reason, message }] => {
+            assert_eq!(reason, "protocol");
+            assert!(message.contains("protocol version 99"), "{message}");
+        }
+        other => panic!("expected one refusal, got {other:?}"),
+    }
+
+    let mut s = TcpStream::connect(ctl.addr).await.unwrap();
+    let old = Hello {
+        protocol_version: 1,
+        ..hello()
+    };
+    let msgs = [
+        Envelope::Hello(old),
+        batch(1, true, vec![resval("scratch", Value::Numeric(1.0))]),
+    ];
+    for m in &msgs {
+        s.write_all(&frame(m)).await.unwrap();
+    }
+    s.shutdown().await.unwrap();
+    let got = controller_messages_until_closed(s).await;
+    assert_eq!(
+        got,
+        [ControllerMessage::Ack(1)],
+        "a version-1 agent got {got:?}"
+    );
+    ctl.stop().await;
 }
