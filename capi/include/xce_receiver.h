@@ -250,11 +250,17 @@ enum xce_result xce_receiver_config_set_queue_capacity(struct xce_receiver_confi
 enum xce_result xce_receiver_config_set_agent_heartbeat_ms(struct xce_receiver_config *cfg,
                                                            uint64_t heartbeat_ms);
 
+// Add one of the cluster's DNS domains ("cluster.example"): a hello's short name
+// `node001` is then named by a certificate SAN `node001.cluster.example`. Without any, a
+// SAN must equal the hello's host (ASCII case ignored); nothing else names a host.
+enum xce_result xce_receiver_config_add_domain(struct xce_receiver_config *cfg, const char *domain);
+
 // Send `ack(seq)` to the agent after each batch (default: no).
 enum xce_result xce_receiver_config_set_ack(struct xce_receiver_config *cfg, bool ack);
 
 // Read the key material, bind every address and start receiving on the library's own
-// threads. `*out` receives the receiver; free it with `xce_receiver_free`. On error
+// threads. Raises the process's open-file soft limit to its hard limit (a descriptor per
+// agent). `*out` receives the receiver; free it with `xce_receiver_free`. On error
 // nothing was started and `xce_last_error` says why. Any thread.
 enum xce_result xce_receiver_start(const struct xce_receiver_config *cfg,
                                    struct xce_receiver **out);

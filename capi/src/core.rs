@@ -27,9 +27,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use xce_agent::config::agent::TlsPaths;
-use xce_agent::config::hostlist::host_key;
 use xce_agent::link::limits::{self, MAX_ASSIGNED};
-use xce_agent::link::receiver::{self, Control, Event, EventKind, Identity, ListenOpts, Reason};
+use xce_agent::link::receiver::{
+    self, identity_key as host_key, Control, Event, EventKind, Identity, ListenOpts, Reason,
+};
 use xce_agent::link::wire::Hello;
 use xce_agent::value::{Resval, Status, Value};
 
@@ -57,6 +58,8 @@ pub struct Config {
     pub queue_capacity: usize,
     pub heartbeat: Duration,
     pub ack: bool,
+    /// The cluster's DNS domains (see `ListenOpts::domains`).
+    pub domains: Vec<String>,
 }
 
 impl Default for Config {
@@ -68,6 +71,7 @@ impl Default for Config {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             heartbeat: DEFAULT_HEARTBEAT,
             ack: false,
+            domains: Vec::new(),
         }
     }
 }
@@ -267,6 +271,9 @@ impl Receiver {
                 )
             }
         };
+        // A descriptor per agent: this process's soft limit up to its hard one (documented in
+        // xce_receiver_start: the one process-wide change the library makes).
+        receiver::raise_fd_limit();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("xce-receiver")
@@ -311,6 +318,9 @@ impl Receiver {
             assign: Vec::new(),
             tls,
             handshake_timeout: None,
+            domains: cfg.domains.clone(),
+            hello_timeout: None,
+            max_unauthenticated: None,
         };
         let server = runtime.spawn(receiver::serve_all(
             listeners,

@@ -297,6 +297,31 @@ pub unsafe extern "C" fn xce_receiver_config_set_agent_heartbeat_ms(
     })
 }
 
+/// Add one of the cluster's DNS domains ("cluster.example"): a hello's short name
+/// `node001` is then named by a certificate SAN `node001.cluster.example`. Without any, a
+/// SAN must equal the hello's host (ASCII case ignored); nothing else names a host.
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_config_add_domain(
+    cfg: *mut xce_receiver_config,
+    domain: *const c_char,
+) -> xce_result {
+    guard("xce_receiver_config_add_domain", || {
+        not_null!(cfg);
+        // SAFETY: `domain` is NULL (checked inside) or a C string live for this call.
+        let domain = arg!(unsafe { text(domain, "domain") });
+        let d = domain.trim_end_matches('.');
+        if d.is_empty() || xce_agent::config::hostlist::validate_host_name(d).is_err() {
+            return fail(
+                XCE_INVALID_ARGUMENT,
+                format!("{domain:?} is not a DNS domain"),
+            );
+        }
+        // SAFETY: `cfg` is not NULL and a live configuration.
+        unsafe { config(cfg) }.domains.push(d.to_owned());
+        XCE_OK
+    })
+}
+
 /// Send `ack(seq)` to the agent after each batch (default: no).
 #[no_mangle]
 pub unsafe extern "C" fn xce_receiver_config_set_ack(
@@ -315,7 +340,8 @@ pub unsafe extern "C" fn xce_receiver_config_set_ack(
 // The receiver
 
 /// Read the key material, bind every address and start receiving on the library's own
-/// threads. `*out` receives the receiver; free it with `xce_receiver_free`. On error
+/// threads. Raises the process's open-file soft limit to its hard limit (a descriptor per
+/// agent). `*out` receives the receiver; free it with `xce_receiver_free`. On error
 /// nothing was started and `xce_last_error` says why. Any thread.
 #[no_mangle]
 pub unsafe extern "C" fn xce_receiver_start(

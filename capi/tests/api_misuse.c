@@ -42,6 +42,7 @@ int main(void) {
     EXPECT(xce_receiver_config_set_queue_capacity(NULL, 1), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_config_set_agent_heartbeat_ms(NULL, 1), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_config_set_ack(NULL, true), XCE_NULL_ARGUMENT);
+    EXPECT(xce_receiver_config_add_domain(NULL, "cluster.example"), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_start(NULL, &rx), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_fd(NULL, &fd), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_local_addr(NULL, 0, buf, sizeof buf), XCE_NULL_ARGUMENT);
@@ -66,6 +67,10 @@ int main(void) {
     EXPECT(xce_receiver_config_set_tls(cfg, NULL, "b", "c", NULL), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_config_set_tls(cfg, "a", NULL, "c", NULL), XCE_NULL_ARGUMENT);
     EXPECT(xce_receiver_config_set_tls(cfg, "a", "b", NULL, NULL), XCE_NULL_ARGUMENT);
+    EXPECT(xce_receiver_config_add_domain(cfg, NULL), XCE_NULL_ARGUMENT);
+    EXPECT(xce_receiver_config_add_domain(cfg, ""), XCE_INVALID_ARGUMENT);
+    EXPECT(xce_receiver_config_add_domain(cfg, "not a domain"), XCE_INVALID_ARGUMENT);
+    EXPECT(xce_receiver_config_add_domain(cfg, "cluster.example"), XCE_OK);
     EXPECT(xce_receiver_config_set_queue_capacity(cfg, 0), XCE_INVALID_ARGUMENT);
     EXPECT(xce_receiver_config_set_agent_heartbeat_ms(cfg, 0), XCE_INVALID_ARGUMENT);
     EXPECT(xce_receiver_config_set_agent_heartbeat_ms(cfg, 86400001ULL), XCE_INVALID_ARGUMENT);

@@ -4,7 +4,7 @@
  *
  *   xce-controller-example ADDR --tls-ca F --tls-cert F --tls-key F [--tls-crl F]
  *   xce-controller-example ADDR --insecure
- *     [--agent-heartbeat-ms N] [--queue N] [--assign HOST=NAME@INSTANCE]...
+ *     [--domain D]... [--agent-heartbeat-ms N] [--queue N] [--assign HOST=NAME@INSTANCE]...
  *
  * One line per event on stdout:
  *   accepted HOST peer=P subject="S" sans=A,B agent=V boot_id=B digest=D resources=N
@@ -319,7 +319,8 @@ static void die_lib(const char *what, xce_result r) {
 
 static void usage(void) {
     fputs("usage: xce-controller-example ADDR (--tls-ca F --tls-cert F --tls-key F [--tls-crl F]"
-          " | --insecure) [--agent-heartbeat-ms N] [--queue N] [--assign HOST=NAME@INSTANCE]...\n",
+          " | --insecure) [--domain D]... [--agent-heartbeat-ms N] [--queue N]"
+          " [--assign HOST=NAME@INSTANCE]...\n",
           stderr);
     exit(2);
 }
@@ -331,6 +332,8 @@ int main(int argc, char **argv) {
     size_t queue = 0;
     const char *assigns[64];
     size_t nassigns = 0;
+    const char *domains[16];
+    size_t ndomains = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -354,6 +357,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--agent-heartbeat-ms") == 0) heartbeat_ms = strtoull(v, NULL, 10);
         else if (strcmp(a, "--queue") == 0) queue = (size_t)strtoull(v, NULL, 10);
         else if (strcmp(a, "--assign") == 0 && nassigns < 64) assigns[nassigns++] = v;
+        else if (strcmp(a, "--domain") == 0 && ndomains < 16) domains[ndomains++] = v;
         else usage();
     }
     if (!addr || (!insecure && (!ca || !cert || !key)))
@@ -370,6 +374,8 @@ int main(int argc, char **argv) {
         r = xce_receiver_config_set_tls(cfg, ca, cert, key, crl);
     }
     if (r != XCE_OK) die_lib("tls", r);
+    for (size_t i = 0; i < ndomains; i++)
+        if ((r = xce_receiver_config_add_domain(cfg, domains[i])) != XCE_OK) die_lib("--domain", r);
     if (heartbeat_ms && (r = xce_receiver_config_set_agent_heartbeat_ms(cfg, heartbeat_ms)) != XCE_OK)
         die_lib("--agent-heartbeat-ms", r);
     if (queue && (r = xce_receiver_config_set_queue_capacity(cfg, queue)) != XCE_OK)

@@ -57,6 +57,29 @@ pub struct ListenOpts {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Bound on a TLS handshake; `None` is [`tls::HANDSHAKE_TIMEOUT`].
     pub handshake_timeout: Option<Duration>,
+    /// The cluster's DNS domains: a hello's short host name is named by a certificate SAN
+    /// `HOST.DOMAIN` only for these (a SAN equal to the host always names it).
+    pub domains: Vec<String>,
+    /// A connection whose hello has not been accepted by then is closed (OpenSSH's
+    /// LoginGraceTime); `None` is [`HELLO_TIMEOUT`].
+    pub hello_timeout: Option<Duration>,
+    /// Connections not yet accepted (TLS handshake or hello pending) beyond this many are
+    /// closed at once (OpenSSH's MaxStartups), so they cannot lock real agents out; `None`
+    /// is [`MAX_UNAUTHENTICATED`].
+    pub max_unauthenticated: Option<usize>,
+}
+
+/// How long a connection may take from accept to an accepted hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections at once that have not yet sent an accepted hello.
+pub const MAX_UNAUTHENTICATED: usize = 1024;
+
+/// The key of a host's live connection and assignment: the hello's host, exactly (ASCII case
+/// ignored, as DNS does). `node001` and `node001.cluster.example` are different hosts here:
+/// one cannot replace the other's connection.
+pub fn identity_key(host: &str) -> String {
+    host.to_ascii_lowercase()
 }
 
 /// What happened on one agent connection.
@@ -223,7 +246,7 @@ pub async fn serve_all(
 /// assignment changes).
 #[derive(Default)]
 pub struct Control {
-    /// By `host_key`. `None`: nothing assigned, no welcome is sent.
+    /// By `identity_key`. `None`: nothing assigned, no welcome is sent.
     assigned: Mutex<HashMap<String, AssignedTx>>,
 }
 
@@ -234,7 +257,7 @@ impl Control {
     /// Assign `instances` to `host` (replacing what it had; empty withdraws them all). A
     /// connected host is sent a welcome now; a host that connects later, after its hello.
     pub fn assign(&self, host: &str, instances: Vec<(String, String)>) {
-        let key = crate::config::hostlist::host_key(host);
+        let key = identity_key(host);
         let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key)
             .or_insert_with(|| tokio::sync::watch::channel(None).0)
@@ -248,7 +271,7 @@ impl Control {
         host: &str,
         default: &[(String, String)],
     ) -> tokio::sync::watch::Receiver<Assignment> {
-        let key = crate::config::hostlist::host_key(host);
+        let key = identity_key(host);
         let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key)
             .or_insert_with(|| {
@@ -314,6 +337,23 @@ impl Sink {
 /// How long stopping waits for connections to say close_notify before it cuts them.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// After a failed `accept` (EMFILE and the like) the loop waits this long, doubling up to
+/// `ACCEPT_BACKOFF_MAX`; a successful accept resets it.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Raise this process's open-file soft limit to its hard limit: a receiver holds a
+/// descriptor per agent (10,000 agents need more than the usual soft 1024). Returns the
+/// limit now in force; `None` where it cannot be read.
+pub fn raise_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
+}
+
 async fn serve_into(
     listeners: Vec<TcpListener>,
     opts: ListenOpts,
@@ -324,6 +364,12 @@ async fn serve_into(
     let mut conns = JoinSet::new();
     let live = Arc::new(Live::default());
     let stopping = shutdown.child_token();
+    let unauthenticated = Arc::new(Semaphore::new(
+        opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED),
+    ));
+    let mut turned_away = Warnings::new(WARN_INTERVAL);
+    let mut accept_errors = Warnings::new(WARN_INTERVAL);
+    let mut accept_backoff = ACCEPT_BACKOFF_MIN;
     loop {
         // `accept` is cancel-safe: the futures of the listeners that lost are dropped.
         let accept_any = async {
@@ -340,13 +386,41 @@ async fn serve_into(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             r = accept_any => match r {
                 Ok((stream, peer)) => {
-                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(),
-                        Arc::clone(&live), Arc::clone(&control), stopping.clone()));
+                    accept_backoff = ACCEPT_BACKOFF_MIN;
+                    let now = tokio::time::Instant::now();
+                    // MaxStartups: beyond the cap a new connection is closed at once (the
+                    // pending ones still have their hello grace), counted in one line per
+                    // interval, not one per connection.
+                    let Ok(permit) = Arc::clone(&unauthenticated).try_acquire_owned() else {
+                        drop(stream);
+                        if turned_away.admit("over the cap", now) {
+                            warn!(%peer, "too many connections without an accepted hello; \
+                                   closing new ones (more like it are summarised)");
+                        }
+                        continue;
+                    };
+                    if let Some(summary) = turned_away.summary_due(now) {
+                        warn!("connections closed for the cap on unauthenticated ones: {summary}");
+                    }
+                    let ctx = Shared {
+                        live: Arc::clone(&live),
+                        control: Arc::clone(&control),
+                        stopping: stopping.clone(),
+                    };
+                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), ctx, permit));
                 }
                 Err(e) => {
-                    // Out of file descriptors and the like: wait instead of spinning.
-                    error!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    // Out of file descriptors and the like: back off (100 ms doubling to 5 s)
+                    // instead of spinning, and say so once per interval.
+                    let now = tokio::time::Instant::now();
+                    if accept_errors.admit("accept failed", now) {
+                        error!(error = %e, ?accept_backoff,
+                               "accept failed; backing off (more like it are summarised)");
+                    } else if let Some(summary) = accept_errors.summary_due(now) {
+                        error!(error = %e, "accept failures: {summary}");
+                    }
+                    tokio::time::sleep(accept_backoff).await;
+                    accept_backoff = (accept_backoff * 2).min(ACCEPT_BACKOFF_MAX);
                 }
             },
         }
@@ -429,7 +503,7 @@ struct Live {
 impl Live {
     /// `host` is now on connection `id`; returns whether an older connection was closed.
     fn claim(&self, host: &str, id: u64, token: &CancellationToken) -> bool {
-        let key = crate::config::hostlist::host_key(host);
+        let key = identity_key(host);
         let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
         match map.insert(key, (id, token.clone())) {
             Some((older, t)) if older != id => {
@@ -441,7 +515,7 @@ impl Live {
     }
 
     fn release(&self, host: &str, id: u64) {
-        let key = crate::config::hostlist::host_key(host);
+        let key = identity_key(host);
         let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
         if map.get(&key).is_some_and(|(owner, _)| *owner == id) {
             map.remove(&key);
@@ -483,15 +557,30 @@ async fn handshake(
     Ok((Box::new(s), identity))
 }
 
+/// What every connection of one receiver shares.
+struct Shared {
+    live: Arc<Live>,
+    control: Arc<Control>,
+    /// Cancelled when the receiver stops: each connection ends itself.
+    stopping: CancellationToken,
+}
+
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     opts: ListenOpts,
     sink: Sink,
-    live: Arc<Live>,
-    control: Arc<Control>,
-    stopping: CancellationToken,
+    shared: Shared,
+    unauthenticated: OwnedSemaphorePermit,
 ) {
+    let Shared {
+        live,
+        control,
+        stopping,
+    } = shared;
+    // LoginGraceTime: from accept to an accepted hello, handshake included.
+    let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
+    let mut unauthenticated = Some(unauthenticated);
     let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
         None => (Box::new(stream), None),
         Some(cfg) => match handshake(
@@ -553,6 +642,11 @@ async fn connection(
                     _ = stopping.cancelled() => {
                         break 'conn Some((Reason::Stopped, "the receiver is stopping".into()));
                     }
+                    _ = tokio::time::sleep_until(hello_deadline), if conn.hello.is_none() => {
+                        let grace = opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
+                        break 'conn Some((Reason::Limit,
+                            format!("no hello within {grace:?} of connecting")));
+                    }
                     Ok(()) = async {
                         match assigned.as_mut() {
                             Some(rx) => rx.changed().await,
@@ -586,6 +680,8 @@ async fn connection(
         };
         let mut replies: Vec<ControllerMessage> = reply.into_iter().collect();
         if let EventKind::Hello(h) = &kind {
+            // Accepted: it no longer counts against the cap on unauthenticated connections.
+            unauthenticated.take();
             if live.claim(&h.host, id, &superseded) {
                 warn!(%peer, host = %h.host, "host connected again: closing its older connection");
             }
@@ -734,7 +830,7 @@ impl Conn {
                     (reason, format!("hello refused: {e}"))
                 })?;
                 if let Some(id) = &self.identity {
-                    if !tls::cert_names_host(&id.dns_names, &h.host) {
+                    if !tls::cert_names_host(&id.dns_names, &h.host, &opts.domains) {
                         return Err((Reason::Identity, format!(
                             "certificate {:?} (DNS SANs: [{}]) claimed host {:?}, which it does not name; refused",
                             id.subject,

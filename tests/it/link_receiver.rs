@@ -228,7 +228,7 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
         ack: true,
         assign: vec![("license".into(), "all".into())],
         tls: None, // plaintext
-        handshake_timeout: None,
+        ..ListenOpts::default()
     };
     let ctl = Controller::bind(opts).await;
     let mut s = TcpStream::connect(ctl.addr).await.unwrap();
@@ -437,5 +437,60 @@ async fn the_agent_is_told_the_verdict_and_a_version_1_agent_nothing_new() {
         [ControllerMessage::Ack(1)],
         "a version-1 agent got {got:?}"
     );
+    ctl.stop().await;
+}
+
+/// OpenSSH's LoginGraceTime: a connection that sends no hello is closed after the grace.
+#[tokio::test]
+async fn a_connection_that_never_sends_hello_is_closed_after_the_grace() {
+    let mut ctl = Controller::bind(ListenOpts {
+        hello_timeout: Some(std::time::Duration::from_millis(200)),
+        ..ListenOpts::default()
+    })
+    .await;
+    let _idle = TcpStream::connect(ctl.addr).await.unwrap();
+    let err = loop {
+        if let Event {
+            kind: EventKind::Closed(end),
+            reason,
+            ..
+        } = ctl.next().await
+        {
+            assert_eq!(reason, Some(xce_agent::link::receiver::Reason::Limit));
+            break end.expect("dropped, not closed cleanly");
+        }
+    };
+    assert!(err.contains("no hello within"), "{err}");
+    ctl.stop().await;
+}
+
+/// OpenSSH's MaxStartups: beyond the cap, a connection without an accepted hello is closed
+/// at once; once the pending ones are gone, agents get in again.
+#[tokio::test]
+async fn connections_without_an_accepted_hello_are_capped() {
+    let mut ctl = Controller::bind(ListenOpts {
+        max_unauthenticated: Some(2),
+        ..ListenOpts::default()
+    })
+    .await;
+    let a = TcpStream::connect(ctl.addr).await.unwrap();
+    let b = TcpStream::connect(ctl.addr).await.unwrap();
+    for _ in 0..2 {
+        while !matches!(ctl.next().await.kind, EventKind::Connected) {}
+    }
+    let mut over = TcpStream::connect(ctl.addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = guard(
+        "the receiver to close the connection over the cap",
+        over.read(&mut buf),
+    )
+    .await
+    .unwrap_or(0);
+    assert_eq!(n, 0, "a connection over the cap was served");
+    drop((a, b));
+    for _ in 0..2 {
+        while !matches!(ctl.next().await.kind, EventKind::Closed(_)) {}
+    }
+    good_agent_still_served(&mut ctl).await;
     ctl.stop().await;
 }

@@ -145,6 +145,45 @@ async fn a_certificate_for_another_host_is_refused_before_any_value() {
     ctl.stop().await;
 }
 
+/// Identity is exact (issue 25, item 4): a SAN in another domain names no short host, and a
+/// certificate naming only the FQDN speaks for the short name only inside a configured
+/// cluster domain.
+#[tokio::test]
+async fn a_san_names_a_host_exactly_or_by_its_short_form_in_the_clusters_domain() {
+    let mut site = Site::new();
+    let cluster = |server| ListenOpts {
+        domains: vec!["cluster.example".into()],
+        ..tls_listen(server)
+    };
+    // The red team's certificates, the hello saying node001 (link_common's hello).
+    for san in ["node001.evil", "node001.other.example"] {
+        let evil = site.pki.issue(&[san]);
+        let mut ctl = Controller::bind(cluster(site.server())).await;
+        let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&evil)));
+        let agent = Agent::start(cfg, store_with(&[]));
+        let why = next_refusal(&mut ctl).await;
+        assert!(why.contains("does not name") && why.contains(san), "{why}");
+        agent.stop().await;
+        ctl.stop().await;
+    }
+    let fqdn = site.pki.issue(&["node001.cluster.example"]);
+    // Without the domain configured, the FQDN does not name the short host...
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&fqdn)));
+    let agent = Agent::start(cfg, store_with(&[]));
+    assert!(next_refusal(&mut ctl).await.contains("does not name"));
+    agent.stop().await;
+    ctl.stop().await;
+    // ...with it, it does.
+    let mut ctl = Controller::bind(cluster(site.server())).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&fqdn)));
+    let agent = Agent::start(cfg, store_with(&[("x", "", Valtype::Numeric)]));
+    let (hello, _) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(hello.host, "node001");
+    agent.stop().await;
+    ctl.stop().await;
+}
+
 #[tokio::test]
 async fn the_receiver_refuses_a_client_certificate_from_another_ca() {
     let site = Site::new();
