@@ -149,6 +149,43 @@ fn certs(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsE
     Ok(certs)
 }
 
+/// Every CRL must be signed by one of the CA certificates. The verifier would ignore a CRL
+/// of another CA (it revokes nothing here), so a wrong file would silently turn revocation
+/// off: refused at load instead.
+fn check_crls_signed_by(
+    crls: &[CertificateRevocationListDer<'_>],
+    roots: &[CertificateDer<'_>],
+    crl_path: &Path,
+    ca_path: &Path,
+) -> Result<(), TlsError> {
+    use x509_parser::prelude::FromDer as _;
+    use x509_parser::revocation_list::CertificateRevocationList;
+    for (i, der) in crls.iter().enumerate() {
+        let crl = CertificateRevocationList::from_der(der)
+            .map(|(_, c)| c)
+            .map_err(|e| TlsError::Crl {
+                path: crl_path.to_owned(),
+                why: format!("CRL {} does not parse: {e}", i + 1),
+            })?;
+        let signed = roots.iter().any(|ca| {
+            x509_parser::parse_x509_certificate(ca)
+                .is_ok_and(|(_, ca)| crl.verify_signature(ca.public_key()).is_ok())
+        });
+        if !signed {
+            return Err(TlsError::Crl {
+                path: crl_path.to_owned(),
+                why: format!(
+                    "the CRL of {:?} is not signed by a CA in {} (a CRL of another CA would \
+                     revoke nothing)",
+                    crl.issuer().to_string(),
+                    ca_path.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -179,6 +216,7 @@ impl Material {
                     why: "no X509 CRL block in it".into(),
                 });
             }
+            check_crls_signed_by(&crls, &roots, crl, &paths.ca)?;
             contents.extend_from_slice(&crl_pem);
         }
         let material = Self {
@@ -236,7 +274,6 @@ impl Material {
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
         let verifier = WebPkiServerVerifier::builder_with_provider(self.root_store()?, provider())
             .with_crls(self.crls.clone())
-            .only_check_end_entity_revocation()
             .allow_unknown_revocation_status()
             .build()
             .map_err(|e| self.crl_error(e))?;
@@ -249,11 +286,12 @@ impl Material {
         Ok(Arc::new(cfg))
     }
 
-    /// The receiver's side: require a client certificate from the CA (and not revoked).
+    /// The receiver's side: require a client certificate from the CA (and not revoked: the
+    /// CRLs are checked for every certificate of the chain, so a revoked intermediate CA is
+    /// refused too; a certificate whose issuer has no CRL here is not checked).
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
         let verifier = WebPkiClientVerifier::builder_with_provider(self.root_store()?, provider())
             .with_crls(self.crls.clone())
-            .only_check_end_entity_revocation()
             .allow_unknown_revocation_status()
             .build()
             .map_err(|e| self.crl_error(e))?;

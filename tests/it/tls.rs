@@ -537,3 +537,107 @@ fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires
     // The test certificate is valid for 30 days from now.
     assert!((29 * 86_400..=30 * 86_400).contains(&expiry), "{expiry}");
 }
+
+/// Issue 25, item 4: a CRL signed by another CA is refused when the key material is loaded
+/// (it would revoke nothing), and revocation covers the whole chain: a certificate under a
+/// revoked intermediate CA is refused.
+#[tokio::test]
+async fn a_crl_of_another_ca_is_refused_at_load_and_a_revoked_intermediate_is_refused() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+        ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
+        RevocationReason, RevokedCertParams, SerialNumber,
+    };
+    use std::os::unix::fs::PermissionsExt;
+
+    let site = Site::new();
+    let mut other = Pki::new("other-ca");
+    let mut paths = site.pki.paths(&site.ctl);
+    paths.crl = Some(other.crl(&[1]));
+    let err = xce_agent::link::tls::Material::load(&paths)
+        .expect_err("another CA's CRL")
+        .to_string();
+    assert!(err.contains("is not signed by a CA in"), "{err}");
+
+    // root -> intermediate (serial 2) -> node001; the root's CRL revokes the intermediate.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, pem: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, pem).expect("write");
+        if name.ends_with(".key") {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        p
+    };
+    let ca_params = |cn: &str, serial: u64| {
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.serial_number = Some(SerialNumber::from(serial));
+        p
+    };
+    let leaf_params = |sans: &[&str], serial: u64| {
+        let mut p = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("params");
+        p.distinguished_name.push(DnType::CommonName, sans[0]);
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.serial_number = Some(SerialNumber::from(serial));
+        p
+    };
+    let root_key = KeyPair::generate().expect("key");
+    let root_params = ca_params("root-ca", 1);
+    let root = root_params.self_signed(&root_key).expect("root");
+    let root_issuer = Issuer::new(root_params, root_key);
+    let mid_key = KeyPair::generate().expect("key");
+    let mid_params = ca_params("intermediate-ca", 2);
+    let mid = mid_params.signed_by(&mid_key, &root_issuer).expect("mid");
+    let mid_issuer = Issuer::new(mid_params, mid_key);
+    let ctl_key = KeyPair::generate().expect("key");
+    let ctl = leaf_params(&["127.0.0.1"], 3)
+        .signed_by(&ctl_key, &root_issuer)
+        .expect("ctl");
+    let node_key = KeyPair::generate().expect("key");
+    let node = leaf_params(&["node001"], 4)
+        .signed_by(&node_key, &mid_issuer)
+        .expect("node");
+    let now = time::OffsetDateTime::now_utc();
+    let crl = CertificateRevocationListParams {
+        this_update: now - time::Duration::hours(1),
+        next_update: now + time::Duration::days(7),
+        crl_number: SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs: vec![RevokedCertParams {
+            serial_number: SerialNumber::from(2u64),
+            revocation_time: now - time::Duration::minutes(5),
+            reason_code: Some(RevocationReason::CaCompromise),
+            invalidity_date: None,
+        }],
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&root_issuer)
+    .expect("crl");
+    let ca = write("root.pem", &root.pem());
+    let server_paths = xce_agent::config::agent::TlsPaths {
+        ca: ca.clone(),
+        cert: write("ctl.pem", &ctl.pem()),
+        key: write("ctl.key", &ctl_key.serialize_pem()),
+        crl: Some(write("root.crl", &crl.pem().expect("pem"))),
+    };
+    let client_paths = xce_agent::config::agent::TlsPaths {
+        ca,
+        cert: write("node001.pem", &format!("{}{}", node.pem(), mid.pem())),
+        key: write("node001.key", &node_key.serialize_pem()),
+        crl: None,
+    };
+    let mut ctl = Controller::bind(tls_listen(server(&server_paths))).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&client_paths));
+    let agent = Agent::start(cfg, store_with(&[]));
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("revoked"), "{why}");
+    agent.stop().await;
+    ctl.stop().await;
+}
