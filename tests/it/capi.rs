@@ -19,6 +19,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::support::tls::{openssl_available, openssl_pki};
 use crate::support::*;
+use crate::support::{numeric_declared, resval, zero_sized_batch};
 use xce_agent::link::wire::{self, Envelope, Hello};
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
@@ -460,4 +461,108 @@ fn the_installed_library_links_by_pkg_config_and_its_soname() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage: xce-controller-example"));
+}
+
+fn frame(env: &Envelope) -> Vec<u8> {
+    wire::encode_envelope(env).expect("encode")
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// The hostile frames the receiver withstands hit the C program too: the amplification batch
+/// (72 bytes announcing a million resvals) drops its connection with reason `limit` and no
+/// resval; a flood of tiny frames costs nothing but time; the program's memory stays bounded
+/// and a real host still gets through.
+#[tokio::test]
+async fn hostile_frames_cost_the_c_program_a_line_each_and_bounded_memory() {
+    let Some(example) = example() else { return };
+    let mut ctl = ExampleProc::spawn(
+        example,
+        &["--insecure".into(), "--queue".into(), "64".into()],
+        false,
+    );
+    let names = vec!["gpu".to_owned()];
+    let hello = |host: &str| {
+        frame(&Envelope::Hello(Hello::new(
+            host,
+            "boot",
+            "digest",
+            numeric_declared(&names),
+        )))
+    };
+    let mut conns = Vec::new();
+    let hosts: Vec<String> = (1..=8).map(|i| format!("node10{i}")).collect();
+    for host in &hosts {
+        let mut bytes = hello(host);
+        for seq in 1..=12 {
+            bytes.extend(zero_sized_batch(seq, 1_000_000));
+        }
+        let mut s = tokio::net::TcpStream::connect(ctl.addr)
+            .await
+            .expect("connect");
+        let _ = s.write_all(&bytes).await;
+        conns.push(s);
+    }
+    let mut dropped = std::collections::BTreeSet::new();
+    while dropped.len() < hosts.len() {
+        let l = ctl.expect("gone node10", &[" limit "]);
+        assert!(l.contains("more than the 1"), "{l}");
+        dropped.insert(l.split(' ').nth(1).unwrap_or_default().to_owned());
+    }
+    // A flood of tiny frames: a host, then 100,000 heartbeats in one stream.
+    let mut flood = hello("node201");
+    flood.extend(frame(&Envelope::Batch(wire::Batch {
+        seq: 1,
+        full: true,
+        sent_at_ms: 1,
+        resvals: vec![resval("gpu", xce_agent::value::Value::Numeric(1.0))],
+    })));
+    let hb = frame(&Envelope::Heartbeat(wire::Heartbeat {
+        seq: 1,
+        sent_at_ms: 1,
+    }));
+    for _ in 0..100_000 {
+        flood.extend_from_slice(&hb);
+    }
+    let mut s = tokio::net::TcpStream::connect(ctl.addr)
+        .await
+        .expect("connect");
+    s.write_all(&flood).await.expect("write the flood");
+    s.shutdown().await.expect("close");
+    ctl.expect("gone node201 closed", &[]);
+    // A real host still gets through, its value intact.
+    let mut good = hello("node002");
+    good.extend(frame(&Envelope::Batch(wire::Batch {
+        seq: 1,
+        full: true,
+        sent_at_ms: 1,
+        resvals: vec![resval("gpu", xce_agent::value::Value::Numeric(3.0))],
+    })));
+    let mut g = tokio::net::TcpStream::connect(ctl.addr)
+        .await
+        .expect("connect");
+    g.write_all(&good).await.expect("write");
+    ctl.expect("resval node002 gpu 3 ", &[]);
+    let rss = rss_kib(ctl.child.id());
+    eprintln!("NOTE: the C program's RSS after the hostile frames: {rss} KiB");
+    // Eight million announced resvals would be gigabytes; the program holds a few MiB of
+    // its own beyond the debug library's code.
+    assert!(rss < 64 * 1024, "RSS {rss} KiB after the hostile frames");
+    drop(conns);
+    let seen = std::mem::take(&mut ctl.seen);
+    let (status, out, _) = ctl.terminate();
+    assert!(status.success());
+    let from_hostile: Vec<&String> = seen
+        .iter()
+        .chain(&out)
+        .filter(|l| l.starts_with("resval node10"))
+        .collect();
+    assert!(from_hostile.is_empty(), "{from_hostile:?}");
 }
