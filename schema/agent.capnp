@@ -20,9 +20,14 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("xce::agent");
 
-const protocolVersion :UInt16 = 1;
+const protocolVersion :UInt16 = 2;
 # Version of this protocol. Incremented only on an incompatible change; a controller that
 # receives a hello with a protocolVersion it does not speak closes the connection.
+#   1: hello, batch, heartbeat; welcome, ack.
+#   2: + accepted and refused (the controller's verdict on a connection). A controller that
+#      speaks 2 also accepts version-1 hellos and sends those agents no verdict (a version-1
+#      agent drops a connection on a controller message it does not know). Upgrade the
+#      controllers before the agents: a version-1 controller closes a version-2 hello.
 
 enum Valtype {
   # The LSF value type of a resource, as declared in resources.yaml.
@@ -130,10 +135,26 @@ struct Ack {
   seq @0 :UInt64;
 }
 
+struct Accepted {
+  # (Version 2.) The controller checked the hello (protocol version, names, and the host
+  # against the client certificate) and takes this connection's values. Sent after each
+  # hello it accepts, before any other reply to it.
+  host @0 :Text;          # The host the connection is accepted as.
+}
+
+struct Refused {
+  # (Version 2.) The controller will not take this connection, and closes it after this.
+  # The agent logs it once and backs off before trying again.
+  reason @0 :Text;        # A short label: identity, protocol, limit (more may come).
+  message @1 :Text;       # Why, in words, for the agent's log.
+}
+
 struct ControllerMessage {
   # Every message from controller to agent.
   union {
     welcome @0 :Welcome;
     ack @1 :Ack;
+    accepted @2 :Accepted;   # Version 2.
+    refused @3 :Refused;     # Version 2.
   }
 }

@@ -147,6 +147,10 @@ pub struct ListenTls {
     /// Revoked certificates, PEM.
     #[arg(long, value_name = "FILE", requires = "tls_ca")]
     pub tls_crl: Option<PathBuf>,
+    /// The cluster's DNS domain (repeatable): a hello's short name `node001` is then named by
+    /// a certificate SAN `node001.DOMAIN`. Without it a SAN must equal the hello's host.
+    #[arg(long = "domain", value_name = "DOMAIN", requires = "tls_ca")]
+    pub domains: Vec<String>,
     /// Accept plaintext agents: anyone who can reach ADDR can report values for any host.
     #[arg(long, conflicts_with = "tls_ca")]
     pub insecure: bool,

@@ -215,6 +215,8 @@ mod tests {
             peer: SocketAddr::from(([127, 0, 0, 1], peer)),
             host: Some(host.to_owned()),
             kind,
+            identity: None,
+            reason: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub async fn run(
     refresh: Option<Duration>,
     tls: &ListenTls,
 ) -> Result<u8, CmdError> {
+    let tls_opts = tls;
     let tls = match (&tls.tls_ca, &tls.tls_cert, &tls.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
             let paths = crate::config::agent::TlsPaths {
@@ -39,6 +40,8 @@ pub async fn run(
             return Ok(exit::CONFIG);
         }
     };
+    // A descriptor per agent: the soft limit (often 1024) up to the hard one.
+    receiver::raise_fd_limit();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| CmdError::ListenBind {
@@ -53,6 +56,9 @@ pub async fn run(
         assign: Vec::new(),
         tls,
         handshake_timeout: None,
+        domains: tls_opts.domains.clone(),
+        hello_timeout: None,
+        max_unauthenticated: None,
     };
     let out = tokio::io::stdout();
     let format = match format {

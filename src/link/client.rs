@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::limits::{self, Pace, Warnings, WARN_INTERVAL};
 use super::tls::{self, LinkStream};
@@ -205,6 +205,9 @@ enum SessionError {
     Tls(tls::Failure, String),
     #[error("shutting down")]
     Shutdown,
+    /// The controller's verdict (protocol 2): it will not take this connection.
+    #[error("refused by the controller ({reason}): {message}")]
+    Refused { reason: String, message: String },
 }
 
 /// Run the link until `shutdown` is cancelled. Never returns early: every failure is
@@ -228,8 +231,11 @@ pub async fn run(
     }
     let mut backoff = Backoff::new(cfg.backoff_min, cfg.backoff_max);
     let assigned = Arc::new(assigned);
+    // The controller's last refusal, logged once: the same one again is not logged again.
+    let mut last_refusal: Option<String> = None;
     'rounds: while !shutdown.is_cancelled() {
         stats.set_state(LinkState::Connecting);
+        let mut refused_round = false;
         for addr in &cfg.controllers {
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => break 'rounds,
@@ -252,7 +258,8 @@ pub async fn run(
             };
             LinkStats::add(&stats.connects, 1);
             let started = Instant::now();
-            let mut session = Session::new(stream, &cfg, &store, &stats, &assigned, &shutdown);
+            let mut session =
+                Session::new(stream, addr, &cfg, &store, &stats, &assigned, &shutdown);
             let end = session.run(addr, &mut hello).await;
             if matches!(end, Err(SessionError::Shutdown)) && session.seq > 0 {
                 // Connected and stopping: the controller gets what changed since the last
@@ -260,8 +267,20 @@ pub async fn run(
                 session.flush(&mut hello).await;
             }
             session.reader.abort();
+            let mut refused = false;
             match end {
                 Err(SessionError::Shutdown) => break 'rounds,
+                Err(SessionError::Refused { reason, message }) => {
+                    LinkStats::add(&stats.disconnects, 1);
+                    let said = format!("{reason}: {message}");
+                    if last_refusal.as_deref() != Some(said.as_str()) {
+                        error!(controller = %addr, reason = %escape(&reason),
+                               "the controller refused this agent: {}; backing off {:?} between tries",
+                               escape(&message), cfg.backoff_max);
+                        last_refusal = Some(said);
+                    }
+                    refused = true;
+                }
                 Err(SessionError::Tls(why, e)) => {
                     LinkStats::add(&stats.disconnects, 1);
                     LinkStats::add(&stats.tls_failures[why.index()], 1);
@@ -274,15 +293,25 @@ pub async fn run(
                 }
                 Ok(()) => {}
             }
+            if !refused {
+                last_refusal = None;
+            }
             // A connection that held for a while was a success: reconnect quickly. One that
-            // failed right away (controller accepts and closes) keeps the backoff growing.
-            if started.elapsed() >= cfg.backoff_max {
+            // failed right away (controller accepts and closes) keeps the backoff growing;
+            // a refusal waits at least half the longest backoff (the controller said no:
+            // asking again at once would only repeat it).
+            refused_round = refused;
+            if !refused && started.elapsed() >= cfg.backoff_max {
                 backoff.reset();
             }
             break;
         }
         stats.set_state(LinkState::Backoff);
-        let delay = backoff.next_delay();
+        let delay = if refused_round {
+            backoff.after_refusal()
+        } else {
+            backoff.next_delay()
+        };
         debug!(?delay, "waiting before reconnecting");
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -365,6 +394,7 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 impl<'a> Session<'a> {
     fn new(
         stream: Box<dyn LinkStream>,
+        addr: &str,
         cfg: &'a LinkConfig,
         store: &'a Store,
         stats: &'a Arc<LinkStats>,
@@ -374,7 +404,12 @@ impl<'a> Session<'a> {
         let (rd, writer) = tokio::io::split(stream);
         // Reading runs in its own task so a half-read frame is never cancelled by the
         // write side's select; it ends (with the reason) when the connection does.
-        let reader = tokio::spawn(read_controller(rd, Arc::clone(stats), Arc::clone(assigned)));
+        let reader = tokio::spawn(read_controller(
+            rd,
+            addr.to_owned(),
+            Arc::clone(stats),
+            Arc::clone(assigned),
+        ));
         Self {
             cfg,
             store,
@@ -424,7 +459,8 @@ impl<'a> Session<'a> {
         hello: &mut watch::Receiver<Arc<Hello>>,
     ) -> Result<(), SessionError> {
         self.resync(hello).await?;
-        info!(controller = %addr, "connected to controller; snapshot sent");
+        // "accepted by ..." comes with the controller's verdict (read_controller).
+        debug!(controller = %addr, "hello and snapshot sent; waiting for the verdict");
         self.stats.set_state(LinkState::Connected {
             controller: addr.to_owned(),
         });
@@ -580,11 +616,16 @@ async fn write_frame(
 /// (counted, logged once per interval), the loop yields after every frame and reads at most
 /// `limits::CONTROLLER_MESSAGES_PER_SEC` frames a second after a burst. Logging an
 /// assignment that took effect is the daemon's (once per change, coalesced).
+/// How much of a controller's refusal text the agent logs.
+const MAX_REFUSAL_TEXT: usize = 512;
+
 async fn read_controller(
     rd: ReadHalf<Box<dyn LinkStream>>,
+    addr: String,
     stats: Arc<LinkStats>,
     assigned: Arc<watch::Sender<Assigned>>,
 ) -> SessionError {
+    let mut accepted_as: Option<String> = None;
     let failure = tls::FailureSlot::default();
     let mut rd = BufReader::new(tls::WatchFailure::new(rd, Arc::clone(&failure))).compat();
     let mut warnings = Warnings::new(WARN_INTERVAL);
@@ -634,6 +675,20 @@ async fn read_controller(
                     warn!("welcomes refused: {summary}");
                 }
             }
+            Ok(ControllerMessage::Accepted { host }) => {
+                // Once per connection (the controller says it again after each hello).
+                if accepted_as.as_deref() != Some(host.as_str()) {
+                    info!(controller = %addr, "accepted by {addr} as host {}", escape(&host));
+                    accepted_as = Some(host);
+                }
+            }
+            Ok(ControllerMessage::Refused { reason, message }) => {
+                let cut = |s: String| s.chars().take(MAX_REFUSAL_TEXT).collect::<String>();
+                return SessionError::Refused {
+                    reason: cut(reason),
+                    message: cut(message),
+                };
+            }
             Err(e) => return SessionError::Read(e),
         }
         drop(msg);
@@ -665,6 +720,15 @@ impl Backoff {
 
     fn reset(&mut self) {
         self.attempt = 0;
+    }
+
+    /// After the controller refused us: at least half the longest backoff (jittered up to
+    /// all of it), and the backoff stays at its longest until a connection holds.
+    fn after_refusal(&mut self) -> Duration {
+        self.attempt = 20;
+        let d = self.next_delay();
+        let half = self.max / 2;
+        half + (d.saturating_sub(self.min)) / 2
     }
 
     fn next_delay(&mut self) -> Duration {
@@ -769,5 +833,16 @@ mod tests {
         assert!(delays[20..].iter().any(|d| *d > Duration::from_secs(5)));
         b.reset();
         assert_eq!(b.next_delay(), min);
+    }
+
+    #[test]
+    fn after_a_refusal_the_agent_waits_at_least_half_the_longest_backoff() {
+        let min = Duration::from_millis(500);
+        let max = Duration::from_secs(30);
+        let mut b = Backoff::new(min, max);
+        for _ in 0..100 {
+            let d = b.after_refusal();
+            assert!(d >= max / 2 && d <= max, "{d:?}");
+        }
     }
 }

@@ -32,7 +32,8 @@ use tracing::{error, info, warn};
 use super::limits::{self, FrameLimits, Warnings, LISTEN_BUFFER_BYTES, WARN_INTERVAL};
 use super::tls::{self, LinkStream};
 use super::wire::{
-    self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, PROTOCOL_VERSION,
+    self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION, VERDICT_VERSION,
 };
 use crate::text::escape;
 use crate::value::{Resval, Valtype, Value};
@@ -56,6 +57,29 @@ pub struct ListenOpts {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Bound on a TLS handshake; `None` is [`tls::HANDSHAKE_TIMEOUT`].
     pub handshake_timeout: Option<Duration>,
+    /// The cluster's DNS domains: a hello's short host name is named by a certificate SAN
+    /// `HOST.DOMAIN` only for these (a SAN equal to the host always names it).
+    pub domains: Vec<String>,
+    /// A connection whose hello has not been accepted by then is closed (OpenSSH's
+    /// LoginGraceTime); `None` is [`HELLO_TIMEOUT`].
+    pub hello_timeout: Option<Duration>,
+    /// Connections not yet accepted (TLS handshake or hello pending) beyond this many are
+    /// closed at once (OpenSSH's MaxStartups), so they cannot lock real agents out; `None`
+    /// is [`MAX_UNAUTHENTICATED`].
+    pub max_unauthenticated: Option<usize>,
+}
+
+/// How long a connection may take from accept to an accepted hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections at once that have not yet sent an accepted hello.
+pub const MAX_UNAUTHENTICATED: usize = 1024;
+
+/// The key of a host's live connection and assignment: the hello's host, exactly (ASCII case
+/// ignored, as DNS does). `node001` and `node001.cluster.example` are different hosts here:
+/// one cannot replace the other's connection.
+pub fn identity_key(host: &str) -> String {
+    host.to_ascii_lowercase()
 }
 
 /// What happened on one agent connection.
@@ -65,6 +89,108 @@ pub struct Event {
     /// The host from the connection's hello (None before it).
     pub host: Option<String>,
     pub kind: EventKind,
+    /// Who the client certificate says the peer is (`None` on a plaintext connection or
+    /// before the handshake finished).
+    pub identity: Option<Arc<Identity>>,
+    /// Why the connection ended, as a class: set on `Closed(Some(_))` only.
+    pub reason: Option<Reason>,
+}
+
+/// Why a connection was dropped or refused: the classes a controller counts and the C
+/// library reports (`xce_reason`). The text beside it (in `EventKind::Closed`) says more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The peer does not speak TLS (a plaintext agent against a TLS receiver).
+    NotTls,
+    /// The client certificate is not from the receiver's CA.
+    UnknownCa,
+    /// The client certificate has expired or is not valid yet.
+    Expired,
+    /// The client certificate is revoked by the CRL.
+    Revoked,
+    /// The peer sent no client certificate.
+    NoCertificate,
+    /// The TLS handshake failed otherwise (stalled, cut short, the peer's alert).
+    Handshake,
+    /// The hello names a host the certificate does not name.
+    Identity,
+    /// A message out of order, malformed or not by the protocol's rules.
+    Protocol,
+    /// A frame or list larger than the limits (docs/protocol.md).
+    Limit,
+    /// Reading from or writing to the peer failed (reset, write timeout).
+    Io,
+    /// A newer connection for the same host replaced this one.
+    Replaced,
+    /// The receiver is stopping.
+    Stopped,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 12] = [
+        Reason::NotTls,
+        Reason::UnknownCa,
+        Reason::Expired,
+        Reason::Revoked,
+        Reason::NoCertificate,
+        Reason::Handshake,
+        Reason::Identity,
+        Reason::Protocol,
+        Reason::Limit,
+        Reason::Io,
+        Reason::Replaced,
+        Reason::Stopped,
+    ];
+
+    /// A short label for lines and counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotTls => "not_tls",
+            Reason::UnknownCa => "unknown_ca",
+            Reason::Expired => "expired",
+            Reason::Revoked => "revoked",
+            Reason::NoCertificate => "no_certificate",
+            Reason::Handshake => "handshake",
+            Reason::Identity => "identity",
+            Reason::Protocol => "protocol",
+            Reason::Limit => "limit",
+            Reason::Io => "io",
+            Reason::Replaced => "replaced",
+            Reason::Stopped => "stopped",
+        }
+    }
+
+    fn of_tls(f: tls::Failure) -> Self {
+        use tls::Failure as F;
+        match f {
+            F::UnknownCa => Reason::UnknownCa,
+            F::Expired => Reason::Expired,
+            F::Revoked => Reason::Revoked,
+            F::NoCertificate => Reason::NoCertificate,
+            F::NotTls => Reason::NotTls,
+            F::WrongName | F::PeerRefused | F::Truncated | F::Timeout | F::Other => {
+                Reason::Handshake
+            }
+        }
+    }
+
+    /// A frame reader's or decoder's error: a bound exceeded, a read that failed, or bytes
+    /// that are not the protocol.
+    fn of_wire(e: &wire::WireError) -> Self {
+        use capnp::ErrorKind as K;
+        match e {
+            wire::WireError::TooLarge { .. } | wire::WireError::TooMany { .. } => Reason::Limit,
+            wire::WireError::Capnp(c) => match c.kind {
+                K::MessageTooLarge(_)
+                | K::MessageSizeOverflow
+                | K::ReadLimitExceeded
+                | K::NestingLimitExceeded => Reason::Limit,
+                K::Disconnected | K::Overloaded => Reason::Io,
+                _ => Reason::Protocol,
+            },
+            _ => Reason::Protocol,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +217,69 @@ pub async fn serve(
     events: mpsc::Sender<Event>,
     shutdown: CancellationToken,
 ) {
-    serve_into(listener, opts, Sink::Events(events), shutdown).await;
+    let control = Arc::new(Control::default());
+    serve_into(
+        vec![listener],
+        opts,
+        Sink::Events(events),
+        control,
+        shutdown,
+    )
+    .await;
+}
+
+/// `serve` on several listeners at once, one receiver behind them all (newest-wins per host
+/// across them), with `control` to assign shared instances to hosts while it runs: what the
+/// C library (`capi/`) runs.
+pub async fn serve_all(
+    listeners: Vec<TcpListener>,
+    opts: ListenOpts,
+    events: mpsc::Sender<Event>,
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+) {
+    serve_into(listeners, opts, Sink::Events(events), control, shutdown).await;
+}
+
+/// What the controller tells hosts while the receiver runs: the shared instances assigned
+/// to each (sent as `welcome` after each hello, and at once to a connected host when its
+/// assignment changes).
+#[derive(Default)]
+pub struct Control {
+    /// By `identity_key`. `None`: nothing assigned, no welcome is sent.
+    assigned: Mutex<HashMap<String, AssignedTx>>,
+}
+
+type Assignment = Option<Vec<(String, String)>>;
+type AssignedTx = tokio::sync::watch::Sender<Assignment>;
+
+impl Control {
+    /// Assign `instances` to `host` (replacing what it had; empty withdraws them all). A
+    /// connected host is sent a welcome now; a host that connects later, after its hello.
+    pub fn assign(&self, host: &str, instances: Vec<(String, String)>) {
+        let key = identity_key(host);
+        let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key)
+            .or_insert_with(|| tokio::sync::watch::channel(None).0)
+            .send_replace(Some(instances));
+    }
+
+    /// The assignment of `host` to watch; `default` (listen's `--assign`-style list for
+    /// every host) where the controller never assigned anything to it.
+    fn watch(
+        &self,
+        host: &str,
+        default: &[(String, String)],
+    ) -> tokio::sync::watch::Receiver<Assignment> {
+        let key = identity_key(host);
+        let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key)
+            .or_insert_with(|| {
+                let initial = (!default.is_empty()).then(|| default.to_vec());
+                tokio::sync::watch::channel(initial).0
+            })
+            .subscribe()
+    }
 }
 
 /// Where a connection's events go: to the caller's channel (its capacity bounds the events
@@ -146,33 +334,106 @@ impl Sink {
     }
 }
 
+/// How long stopping waits for connections to say close_notify before it cuts them.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// After a failed `accept` (EMFILE and the like) the loop waits this long, doubling up to
+/// `ACCEPT_BACKOFF_MAX`; a successful accept resets it.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Raise this process's open-file soft limit to its hard limit: a receiver holds a
+/// descriptor per agent (10,000 agents need more than the usual soft 1024). Returns the
+/// limit now in force; `None` where it cannot be read.
+pub fn raise_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
+}
+
 async fn serve_into(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     opts: ListenOpts,
     sink: Sink,
+    control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
     let mut conns = JoinSet::new();
     let live = Arc::new(Live::default());
+    let stopping = shutdown.child_token();
+    let unauthenticated = Arc::new(Semaphore::new(
+        opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED),
+    ));
+    let mut turned_away = Warnings::new(WARN_INTERVAL);
+    let mut accept_errors = Warnings::new(WARN_INTERVAL);
+    let mut accept_backoff = ACCEPT_BACKOFF_MIN;
     loop {
+        // `accept` is cancel-safe: the futures of the listeners that lost are dropped.
+        let accept_any = async {
+            if listeners.is_empty() {
+                return std::future::pending().await;
+            }
+            let accepts = listeners.iter().map(|l| Box::pin(l.accept()));
+            futures::future::select_all(accepts).await.0
+        };
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sink.closed() => break,
             // Reap finished connection tasks so the set does not grow without bound.
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            r = listener.accept() => match r {
+            r = accept_any => match r {
                 Ok((stream, peer)) => {
-                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), Arc::clone(&live)));
+                    accept_backoff = ACCEPT_BACKOFF_MIN;
+                    let now = tokio::time::Instant::now();
+                    // MaxStartups: beyond the cap a new connection is closed at once (the
+                    // pending ones still have their hello grace), counted in one line per
+                    // interval, not one per connection.
+                    let Ok(permit) = Arc::clone(&unauthenticated).try_acquire_owned() else {
+                        drop(stream);
+                        if turned_away.admit("over the cap", now) {
+                            warn!(%peer, "too many connections without an accepted hello; \
+                                   closing new ones (more like it are summarised)");
+                        }
+                        continue;
+                    };
+                    if let Some(summary) = turned_away.summary_due(now) {
+                        warn!("connections closed for the cap on unauthenticated ones: {summary}");
+                    }
+                    let ctx = Shared {
+                        live: Arc::clone(&live),
+                        control: Arc::clone(&control),
+                        stopping: stopping.clone(),
+                    };
+                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), ctx, permit));
                 }
                 Err(e) => {
-                    // Out of file descriptors and the like: wait instead of spinning.
-                    error!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    // Out of file descriptors and the like: back off (100 ms doubling to 5 s)
+                    // instead of spinning, and say so once per interval.
+                    let now = tokio::time::Instant::now();
+                    if accept_errors.admit("accept failed", now) {
+                        error!(error = %e, ?accept_backoff,
+                               "accept failed; backing off (more like it are summarised)");
+                    } else if let Some(summary) = accept_errors.summary_due(now) {
+                        error!(error = %e, "accept failures: {summary}");
+                    }
+                    tokio::time::sleep(accept_backoff).await;
+                    accept_backoff = (accept_backoff * 2).min(ACCEPT_BACKOFF_MAX);
                 }
             },
         }
     }
-    conns.shutdown().await;
+    // Each connection ends itself (close_notify on TLS); one stuck in a write is cut.
+    stopping.cancel();
+    let drained = tokio::time::timeout(STOP_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        conns.shutdown().await;
+    }
 }
 
 /// `serve`, printing one line per event (per resval for batches) to `out`, for the CLI.
@@ -190,7 +451,14 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
         tx,
         budget: Arc::new(Semaphore::new(LISTEN_BUFFER_BYTES)),
     });
-    let server = tokio::spawn(serve_into(listener, opts, sink, shutdown.clone()));
+    let control = Arc::new(Control::default());
+    let server = tokio::spawn(serve_into(
+        vec![listener],
+        opts,
+        sink,
+        control,
+        shutdown.clone(),
+    ));
     let mut result = Ok(());
     // The permit is released once the text is written.
     while let Some((text, _permit)) = rx.recv().await {
@@ -215,10 +483,12 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who the client certificate says the peer is.
-#[derive(Debug, Clone)]
-struct Identity {
-    subject: String,
-    dns_names: Vec<String>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub subject: String,
+    /// DNS names, then IP addresses.
+    pub sans: Vec<String>,
+    pub dns_names: Vec<String>,
 }
 
 /// The live connection of each host: a newer one for the same host replaces the older
@@ -233,7 +503,7 @@ struct Live {
 impl Live {
     /// `host` is now on connection `id`; returns whether an older connection was closed.
     fn claim(&self, host: &str, id: u64, token: &CancellationToken) -> bool {
-        let key = crate::config::hostlist::host_key(host);
+        let key = identity_key(host);
         let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
         match map.insert(key, (id, token.clone())) {
             Some((older, t)) if older != id => {
@@ -245,7 +515,7 @@ impl Live {
     }
 
     fn release(&self, host: &str, id: u64) {
-        let key = crate::config::hostlist::host_key(host);
+        let key = identity_key(host);
         let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
         if map.get(&key).is_some_and(|(owner, _)| *owner == id) {
             map.remove(&key);
@@ -281,9 +551,18 @@ async fn handshake(
     };
     let identity = Identity {
         subject: info.subject,
+        sans: info.sans,
         dns_names: info.dns_names,
     };
     Ok((Box::new(s), identity))
+}
+
+/// What every connection of one receiver shares.
+struct Shared {
+    live: Arc<Live>,
+    control: Arc<Control>,
+    /// Cancelled when the receiver stops: each connection ends itself.
+    stopping: CancellationToken,
 }
 
 async fn connection(
@@ -291,8 +570,17 @@ async fn connection(
     peer: SocketAddr,
     opts: ListenOpts,
     sink: Sink,
-    live: Arc<Live>,
+    shared: Shared,
+    unauthenticated: OwnedSemaphorePermit,
 ) {
+    let Shared {
+        live,
+        control,
+        stopping,
+    } = shared;
+    // LoginGraceTime: from accept to an accepted hello, handshake included.
+    let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
+    let mut unauthenticated = Some(unauthenticated);
     let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
         None => (Box::new(stream), None),
         Some(cfg) => match handshake(
@@ -302,7 +590,7 @@ async fn connection(
         )
         .await
         {
-            Ok((s, id)) => (s, Some(id)),
+            Ok((s, id)) => (s, Some(Arc::new(id))),
             Err((why, e)) => {
                 error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
                 let end = format!("TLS handshake failed ({}): {e}", why.as_str());
@@ -312,6 +600,8 @@ async fn connection(
                         peer,
                         host: None,
                         kind,
+                        identity: None,
+                        reason: Some(Reason::of_tls(why)),
                     })
                     .await;
                 return;
@@ -328,50 +618,110 @@ async fn connection(
         need_full: true,
         warnings: Warnings::new(WARN_INTERVAL),
         identity,
+        peer_version: None,
     };
     let id = live
         .next_id
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let superseded = CancellationToken::new();
+    // The host's assignment, once its hello is in: a change is sent as a welcome at once.
+    let mut assigned: Option<tokio::sync::watch::Receiver<Assignment>> = None;
     info!(%peer, "agent connected");
     let _ = sink.deliver(conn.event(EventKind::Connected)).await;
-    let end = loop {
-        let read = tokio::select! {
-            _ = superseded.cancelled() => {
-                break Some("a newer connection for this host replaced this one".into());
+    let end: Option<(Reason, String)> = 'conn: loop {
+        let read = {
+            // The read stays pinned while welcomes go out: a frame is never cut in half.
+            let frame = wire::read_frame(&mut rd);
+            tokio::pin!(frame);
+            loop {
+                tokio::select! {
+                    _ = superseded.cancelled() => {
+                        break 'conn Some((Reason::Replaced,
+                            "a newer connection for this host replaced this one".into()));
+                    }
+                    _ = stopping.cancelled() => {
+                        break 'conn Some((Reason::Stopped, "the receiver is stopping".into()));
+                    }
+                    _ = tokio::time::sleep_until(hello_deadline), if conn.hello.is_none() => {
+                        let grace = opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
+                        break 'conn Some((Reason::Limit,
+                            format!("no hello within {grace:?} of connecting")));
+                    }
+                    Ok(()) = async {
+                        match assigned.as_mut() {
+                            Some(rx) => rx.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let now = assigned.as_mut().and_then(|rx| rx.borrow_and_update().clone());
+                        if let Some(list) = now {
+                            if let Err(e) = send(&mut wr, &ControllerMessage::Welcome(list)).await {
+                                break 'conn Some((Reason::Io, e));
+                            }
+                        }
+                    }
+                    r = &mut frame => break r,
+                }
             }
-            r = wire::read_frame(&mut rd) => r,
         };
         let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => break None,
-            Err(e) => break Some(e.to_string()),
+            Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
         };
         let env = match wire::decode_envelope_within(&msg, conn.limits()) {
             Ok(env) => env,
-            Err(e) => break Some(e.to_string()),
+            Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
         };
         drop(msg);
         let (kind, reply) = match conn.accept(env, &opts) {
             Ok(x) => x,
             Err(e) => break Some(e),
         };
+        let mut replies: Vec<ControllerMessage> = reply.into_iter().collect();
         if let EventKind::Hello(h) = &kind {
+            // Accepted: it no longer counts against the cap on unauthenticated connections.
+            unauthenticated.take();
             if live.claim(&h.host, id, &superseded) {
                 warn!(%peer, host = %h.host, "host connected again: closing its older connection");
             }
+            // The verdict first (protocol 2), then the host's assignment.
+            if h.protocol_version >= VERDICT_VERSION {
+                replies.push(ControllerMessage::Accepted {
+                    host: h.host.clone(),
+                });
+            }
+            let rx = assigned.get_or_insert_with(|| control.watch(&h.host, &opts.assign));
+            replies.extend(
+                rx.borrow_and_update()
+                    .clone()
+                    .map(ControllerMessage::Welcome),
+            );
         }
         if sink.deliver(conn.event(kind)).await.is_err() {
             return;
         }
         // A peer whose frames are always ready must not keep this worker from the others.
         tokio::task::yield_now().await;
-        if let Some(reply) = reply {
-            if let Err(e) = send(&mut wr, &reply).await {
-                break Some(e);
+        for reply in &replies {
+            if let Err(e) = send(&mut wr, reply).await {
+                break 'conn Some((Reason::Io, e));
             }
         }
     };
+    // The verdict on a refusal, to a peer whose hello said it speaks protocol 2 or later:
+    // the agent logs why instead of only seeing the connection close. (Bytes that never made
+    // a hello get no answer: they may not be our protocol at all, e.g. a TLS ClientHello.)
+    // Bounded: a peer that does not read is not waited for.
+    if let Some((reason @ (Reason::Identity | Reason::Protocol | Reason::Limit), text)) = &end {
+        if conn.peer_version.is_some_and(|v| v >= VERDICT_VERSION) {
+            let refused = ControllerMessage::Refused {
+                reason: reason.as_str().to_owned(),
+                message: text.clone(),
+            };
+            let _ = tokio::time::timeout(STOP_GRACE, send(&mut wr, &refused)).await;
+        }
+    }
     if let Some(summary) = conn.warnings.finish() {
         warn!(%peer, host = conn.host(), "rejected resvals: {summary}");
     }
@@ -380,11 +730,22 @@ async fn connection(
     }
     match &end {
         None => info!(%peer, host = conn.host(), "agent disconnected"),
-        Some(e) => {
+        Some((Reason::Stopped, e)) => {
+            info!(%peer, host = conn.host(), "closing agent connection: {e}")
+        }
+        Some((_, e)) => {
             error!(%peer, host = conn.host(), error = %escape(e), "dropping agent connection")
         }
     }
-    let _ = sink.deliver(conn.event(EventKind::Closed(end))).await;
+    // TLS close_notify (a FIN on plaintext), bounded: a peer that does not read is cut.
+    let _ = tokio::time::timeout(WRITE_TIMEOUT.min(STOP_GRACE), wr.shutdown()).await;
+    let (reason, text) = match end {
+        Some((r, t)) => (Some(r), Some(t)),
+        None => (None, None),
+    };
+    let mut ev = conn.event(EventKind::Closed(text));
+    ev.reason = reason;
+    let _ = sink.deliver(ev).await;
 }
 
 async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Result<(), String> {
@@ -410,7 +771,9 @@ struct Conn {
     need_full: bool,
     warnings: Warnings,
     /// From the client certificate; `None` on a plaintext connection.
-    identity: Option<Identity>,
+    identity: Option<Arc<Identity>>,
+    /// The protocol version of the last hello decoded (accepted or not).
+    peer_version: Option<u16>,
 }
 
 impl Conn {
@@ -432,44 +795,56 @@ impl Conn {
             peer: self.peer,
             host: self.hello.as_ref().map(|h| h.host.clone()),
             kind,
+            identity: self.identity.clone(),
+            reason: None,
         }
     }
 
     /// Validate one message; the event to report and the reply to send, or why the
-    /// connection must be dropped.
+    /// connection must be dropped. (The welcome after a hello is the caller's: it knows the
+    /// host's assignment.)
     fn accept(
         &mut self,
         env: Envelope,
         opts: &ListenOpts,
-    ) -> Result<(EventKind, Option<ControllerMessage>), String> {
+    ) -> Result<(EventKind, Option<ControllerMessage>), (Reason, String)> {
+        let protocol = |e: String| (Reason::Protocol, e);
         match env {
             Envelope::Hello(h) => {
-                if h.protocol_version != PROTOCOL_VERSION {
-                    return Err(format!(
-                        "protocol version {} not supported (this receiver speaks {PROTOCOL_VERSION})",
+                self.peer_version = Some(h.protocol_version);
+                if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&h.protocol_version) {
+                    return Err(protocol(format!(
+                        "protocol version {} not supported (this receiver speaks \
+                         {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})",
                         h.protocol_version
-                    ));
+                    )));
                 }
                 if h.host.is_empty() {
-                    return Err("hello without a host name".into());
+                    return Err(protocol("hello without a host name".into()));
                 }
-                limits::check_hello(&h).map_err(|e| format!("hello refused: {e}"))?;
+                limits::check_hello(&h).map_err(|e| {
+                    let reason = match e {
+                        limits::HelloError::TextTooLong { .. } => Reason::Limit,
+                        _ => Reason::Protocol,
+                    };
+                    (reason, format!("hello refused: {e}"))
+                })?;
                 if let Some(id) = &self.identity {
-                    if !tls::cert_names_host(&id.dns_names, &h.host) {
-                        return Err(format!(
+                    if !tls::cert_names_host(&id.dns_names, &h.host, &opts.domains) {
+                        return Err((Reason::Identity, format!(
                             "certificate {:?} (DNS SANs: [{}]) claimed host {:?}, which it does not name; refused",
                             id.subject,
                             id.dns_names.join(", "),
                             h.host
-                        ));
+                        )));
                     }
                 }
                 if let Some(old) = &self.hello {
                     if old.host != h.host {
-                        return Err(format!(
+                        return Err(protocol(format!(
                             "host changed from {} to {} on one connection",
                             old.host, h.host
-                        ));
+                        )));
                     }
                 }
                 let mut declared = BTreeMap::new();
@@ -481,37 +856,37 @@ impl Conn {
                 } in &h.resources
                 {
                     if name.is_empty() {
-                        return Err("hello declares a resource without a name".into());
+                        return Err(protocol("hello declares a resource without a name".into()));
                     }
                     if declared
                         .insert((name.clone(), instance.clone()), *valtype)
                         .is_some()
                     {
-                        return Err(format!("hello declares {name}@{instance:?} twice"));
+                        return Err(protocol(format!(
+                            "hello declares {name}@{instance:?} twice"
+                        )));
                     }
                 }
                 self.declared = declared;
                 self.need_full = true;
                 self.hello = Some(h.clone());
-                let reply = (!opts.assign.is_empty())
-                    .then(|| ControllerMessage::Welcome(opts.assign.clone()));
-                Ok((EventKind::Hello(h), reply))
+                Ok((EventKind::Hello(h), None))
             }
             Envelope::Batch(mut batch) => {
                 if self.hello.is_none() {
-                    return Err("batch before hello".into());
+                    return Err(protocol("batch before hello".into()));
                 }
                 if batch.seq <= self.last_seq {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "batch seq {} does not increase (last {})",
                         batch.seq, self.last_seq
-                    ));
+                    )));
                 }
                 if self.need_full && !batch.full {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "delta (seq {}) before the full snapshot that must follow hello",
                         batch.seq
-                    ));
+                    )));
                 }
                 self.last_seq = batch.seq;
                 if batch.full {
@@ -543,13 +918,13 @@ impl Conn {
             }
             Envelope::Heartbeat(hb) => {
                 if self.hello.is_none() {
-                    return Err("heartbeat before hello".into());
+                    return Err(protocol("heartbeat before hello".into()));
                 }
                 if hb.seq != self.last_seq {
-                    return Err(format!(
+                    return Err(protocol(format!(
                         "heartbeat names seq {} but the last batch was {}",
                         hb.seq, self.last_seq
-                    ));
+                    )));
                 }
                 Ok((EventKind::Heartbeat(hb), None))
             }
@@ -624,7 +999,10 @@ impl Event {
             EventKind::Heartbeat(hb) => vec![format!("{host} heartbeat seq={}", hb.seq)],
             EventKind::Closed(None) => vec![format!("{host} closed peer={peer}")],
             EventKind::Closed(Some(e)) => {
-                vec![format!("{host} dropped peer={peer} error={e:?}")]
+                let reason = self.reason.map_or("-", Reason::as_str);
+                vec![format!(
+                    "{host} dropped peer={peer} reason={reason} error={e:?}"
+                )]
             }
             EventKind::Batch { batch, rejected } => {
                 let kind = if batch.full { "full" } else { "delta" };
@@ -680,6 +1058,7 @@ impl Event {
             EventKind::Closed(e) => vec![json!({
                 "event": if e.is_some() { "dropped" } else { "closed" },
                 "host": host, "peer": peer, "error": e,
+                "reason": self.reason.map(Reason::as_str),
             })],
             EventKind::Batch { batch, rejected } => {
                 let one = |r: &Resval, rejected: Option<&str>| {

@@ -4,7 +4,9 @@
 //!   name it dialed (DNS SAN, or IP SAN for an address), and presents its own certificate.
 //! - The receiver requires a client certificate from the same CA, and accepts a host's
 //!   values only when the hello's host matches one of that certificate's DNS SANs
-//!   ([`cert_names_host`], the rule resourcemap uses: case-insensitive, short name vs FQDN).
+//!   ([`cert_names_host`]: equal to a SAN, ignoring case, or the short form of a SAN inside
+//!   one of the cluster's configured domains; nothing else, as RFC 6125 / webpki and
+//!   Kubernetes' NodeRestriction bind names).
 //!
 //! Key material is read from PEM files (any site PKI, or `xce-agent tls`); a private key
 //! that group or others can read, or that someone else owns, is refused with the fix.
@@ -23,7 +25,6 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::config::agent::TlsPaths;
-use crate::config::hostlist;
 
 /// A handshake that has not finished by then is abandoned: a peer that stalls mid-handshake
 /// must not hold a connection slot (or the agent's reconnect loop) for longer.
@@ -164,6 +165,43 @@ fn certs(path: &Path, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsE
     Ok(certs)
 }
 
+/// Every CRL must be signed by one of the CA certificates. The verifier would ignore a CRL
+/// of another CA (it revokes nothing here), so a wrong file would silently turn revocation
+/// off: refused at load instead.
+fn check_crls_signed_by(
+    crls: &[CertificateRevocationListDer<'_>],
+    roots: &[CertificateDer<'_>],
+    crl_path: &Path,
+    ca_path: &Path,
+) -> Result<(), TlsError> {
+    use x509_parser::prelude::FromDer as _;
+    use x509_parser::revocation_list::CertificateRevocationList;
+    for (i, der) in crls.iter().enumerate() {
+        let crl = CertificateRevocationList::from_der(der)
+            .map(|(_, c)| c)
+            .map_err(|e| TlsError::Crl {
+                path: crl_path.to_owned(),
+                why: format!("CRL {} does not parse: {e}", i + 1),
+            })?;
+        let signed = roots.iter().any(|ca| {
+            x509_parser::parse_x509_certificate(ca)
+                .is_ok_and(|(_, ca)| crl.verify_signature(ca.public_key()).is_ok())
+        });
+        if !signed {
+            return Err(TlsError::Crl {
+                path: crl_path.to_owned(),
+                why: format!(
+                    "the CRL of {:?} is not signed by a CA in {} (a CRL of another CA would \
+                     revoke nothing)",
+                    crl.issuer().to_string(),
+                    ca_path.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -194,6 +232,7 @@ impl Material {
                     why: "no X509 CRL block in it".into(),
                 });
             }
+            check_crls_signed_by(&crls, &roots, crl, &paths.ca)?;
             contents.extend_from_slice(&crl_pem);
         }
         let material = Self {
@@ -251,7 +290,6 @@ impl Material {
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
         let verifier = WebPkiServerVerifier::builder_with_provider(self.root_store()?, provider())
             .with_crls(self.crls.clone())
-            .only_check_end_entity_revocation()
             .allow_unknown_revocation_status()
             .build()
             .map_err(|e| self.crl_error(e))?;
@@ -264,11 +302,12 @@ impl Material {
         Ok(Arc::new(cfg))
     }
 
-    /// The receiver's side: require a client certificate from the CA (and not revoked).
+    /// The receiver's side: require a client certificate from the CA (and not revoked: the
+    /// CRLs are checked for every certificate of the chain, so a revoked intermediate CA is
+    /// refused too; a certificate whose issuer has no CRL here is not checked).
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
         let verifier = WebPkiClientVerifier::builder_with_provider(self.root_store()?, provider())
             .with_crls(self.crls.clone())
-            .only_check_end_entity_revocation()
             .allow_unknown_revocation_status()
             .build()
             .map_err(|e| self.crl_error(e))?;
@@ -392,9 +431,25 @@ pub fn cert_info(der: &CertificateDer<'_>) -> Option<CertInfo> {
     })
 }
 
-/// Whether a certificate with these DNS SANs may speak for `host`.
-pub fn cert_names_host(dns_names: &[String], host: &str) -> bool {
-    dns_names.iter().any(|n| hostlist::same_host(n, host))
+/// Whether a certificate with these DNS SANs may speak for `host`: `host` equals a SAN
+/// (ASCII case ignored), or `host` is a short name (no dot) and `host.DOMAIN` is a SAN for one
+/// of the cluster's `domains`. A SAN `node001.evil` does not speak for `node001`, nor does
+/// `node001` for `node001.cluster.example`.
+pub fn cert_names_host(dns_names: &[String], host: &str, domains: &[String]) -> bool {
+    let short = !host.contains('.');
+    dns_names.iter().any(|san| {
+        if san.eq_ignore_ascii_case(host) {
+            return true;
+        }
+        short
+            && san.len() > host.len() + 1
+            && san.as_bytes()[host.len()] == b'.'
+            && san.is_char_boundary(host.len())
+            && san[..host.len()].eq_ignore_ascii_case(host)
+            && domains
+                .iter()
+                .any(|d| san[host.len() + 1..].eq_ignore_ascii_case(d.trim_end_matches('.')))
+    })
 }
 
 /// The name the agent expects on the controller's certificate: the host part of a
@@ -647,13 +702,37 @@ mod tests {
     }
 
     #[test]
-    fn a_certificate_names_a_host_by_the_resourcemap_rule() {
-        let sans = vec!["node001.cluster.example".to_owned()];
-        assert!(cert_names_host(&sans, "node001"));
-        assert!(cert_names_host(&sans, "NODE001.cluster.example"));
-        assert!(!cert_names_host(&sans, "node002"));
-        assert!(!cert_names_host(&sans, "node001.other.example"));
-        assert!(!cert_names_host(&[], "node001"));
+    fn a_certificate_names_a_host_exactly_or_by_its_short_form_in_a_cluster_domain() {
+        let fqdn = vec!["node001.cluster.example".to_owned()];
+        let domains = vec!["cluster.example".to_owned()];
+        assert!(cert_names_host(&fqdn, "node001", &domains));
+        assert!(cert_names_host(&fqdn, "NODE001.cluster.example", &[]));
+        assert!(
+            !cert_names_host(&fqdn, "node001", &[]),
+            "no domain configured"
+        );
+        assert!(!cert_names_host(&fqdn, "node002", &domains));
+        assert!(!cert_names_host(&fqdn, "node001.other.example", &domains));
+        assert!(!cert_names_host(&[], "node001", &domains));
+        // The red team's certificates: a SAN in another domain speaks for no short name.
+        for evil in ["node001.evil", "node001.other.example"] {
+            assert!(
+                !cert_names_host(&[evil.to_owned()], "node001", &domains),
+                "{evil}"
+            );
+        }
+        // A short SAN does not speak for a longer name, nor a prefix for a name.
+        assert!(!cert_names_host(
+            &["node001".to_owned()],
+            "node001.cluster.example",
+            &domains
+        ));
+        assert!(!cert_names_host(
+            &["node0011.cluster.example".to_owned()],
+            "node001",
+            &domains
+        ));
+        assert!(cert_names_host(&["node001".to_owned()], "Node001", &[]));
     }
 
     #[test]

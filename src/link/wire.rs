@@ -13,6 +13,13 @@ use crate::value::{Resval, Status, Valtype, Value};
 /// Version of the protocol this code speaks (the schema's `protocolVersion`).
 pub const PROTOCOL_VERSION: u16 = schema::PROTOCOL_VERSION;
 
+/// The oldest agent protocol a receiver still accepts: version 1 lacks only the verdict
+/// (`accepted` / `refused`), which such agents are not sent (docs/protocol.md).
+pub const MIN_PROTOCOL_VERSION: u16 = 1;
+
+/// The first version whose agents are told the verdict.
+pub const VERDICT_VERSION: u16 = 2;
+
 /// Largest frame either side accepts (and the agent will send). A full snapshot of ten
 /// thousand resvals is well under 1 MiB; anything near this is a bug or an attack.
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -105,6 +112,10 @@ pub enum ControllerMessage {
     Welcome(Vec<(String, String)>),
     /// Every batch up to this seq has been applied.
     Ack(u64),
+    /// (Version 2.) The hello passed; the connection is accepted as this host.
+    Accepted { host: String },
+    /// (Version 2.) The connection is refused and about to be closed.
+    Refused { reason: String, message: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +175,12 @@ pub fn encode_controller(m: &ControllerMessage) -> Result<Vec<u8>, WireError> {
                 }
             }
             ControllerMessage::Ack(seq) => root.init_ack().set_seq(*seq),
+            ControllerMessage::Accepted { host } => root.init_accepted().set_host(host.as_str()),
+            ControllerMessage::Refused { reason, message } => {
+                let mut r = root.init_refused();
+                r.set_reason(reason.as_str());
+                r.set_message(message.as_str());
+            }
         }
     }
     finish(&msg)
@@ -345,6 +362,16 @@ pub fn decode_controller<S: message::ReaderSegments>(
             Ok(ControllerMessage::Welcome(out))
         }
         Which::Ack(a) => Ok(ControllerMessage::Ack(a?.get_seq())),
+        Which::Accepted(a) => Ok(ControllerMessage::Accepted {
+            host: text(a?.get_host(), "Accepted.host")?,
+        }),
+        Which::Refused(r) => {
+            let r = r?;
+            Ok(ControllerMessage::Refused {
+                reason: text(r.get_reason(), "Refused.reason")?,
+                message: text(r.get_message(), "Refused.message")?,
+            })
+        }
     }
 }
 

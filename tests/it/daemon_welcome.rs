@@ -49,7 +49,7 @@ async fn welcome_assigns_a_shared_instance_and_its_value_arrives() {
         ack: false,
         assign: vec![("pool".into(), "node000,node001".into())],
         tls: None, // plaintext
-        handshake_timeout: None,
+        ..ListenOpts::default()
     };
     tokio::spawn(receiver::serve(listener, opts, tx, stop.clone()));
 

@@ -273,7 +273,7 @@ async fn welcome_assigns_shared_instances() {
         ack: true,
         assign: vec![("license".into(), "all".into())],
         tls: None, // plaintext
-        handshake_timeout: None,
+        ..ListenOpts::default()
     };
     let mut ctl = Controller::bind(opts).await;
     let mut agent = Agent::start(fast_config(vec![ctl.addr.to_string()]), Arc::clone(&store));

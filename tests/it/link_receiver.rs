@@ -228,7 +228,7 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
         ack: true,
         assign: vec![("license".into(), "all".into())],
         tls: None, // plaintext
-        handshake_timeout: None,
+        ..ListenOpts::default()
     };
     let ctl = Controller::bind(opts).await;
     let mut s = TcpStream::connect(ctl.addr).await.unwrap();
@@ -243,7 +243,7 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
     let (rd, _wr) = s.into_split();
     let mut rd = rd.compat();
     let mut got = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         let msg = guard("a controller message", wire::read_frame(&mut rd))
             .await
             .unwrap()
@@ -253,6 +253,9 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
     assert_eq!(
         got,
         [
+            ControllerMessage::Accepted {
+                host: "node007".into()
+            },
             ControllerMessage::Welcome(vec![("license".into(), "all".into())]),
             ControllerMessage::Ack(1),
             ControllerMessage::Ack(5),
@@ -323,7 +326,7 @@ async fn serve_lines_prints_what_an_agent_sends() {
         assert!(n > 0, "output closed early: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    assert!(seen.contains("node001 hello protocol=1"), "{seen}");
+    assert!(seen.contains("node001 hello protocol=2"), "{seen}");
     assert!(seen.contains("seq=1 full"), "{seen}");
     agent.stop().await;
     shutdown.cancel();
@@ -366,11 +369,128 @@ async fn capture_decodes_with_the_official_capnp_tool() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("hello = (protocolVersion = 1, host = \"node001\""),
+        text.contains("hello = (protocolVersion = 2, host = \"node001\""),
         "{text}"
     );
     assert!(text.contains("batch = (seq = 1, full = true"), "{text}");
     assert!(text.contains("value = (numeric = 42.5)"), "{text}");
     assert!(text.contains("instance = \"all\""), "{text}");
     assert!(text.contains("status = pending"), "{text}");
+}
+
+/// Read controller messages until the receiver closes the connection.
+async fn controller_messages_until_closed(s: TcpStream) -> Vec<ControllerMessage> {
+    let (rd, _wr) = s.into_split();
+    let mut rd = rd.compat();
+    let mut got = Vec::new();
+    while let Some(msg) = guard("a controller message or the end", wire::read_frame(&mut rd))
+        .await
+        .unwrap_or(None)
+    {
+        got.push(wire::decode_controller(&msg).unwrap());
+    }
+    got
+}
+
+/// Protocol 2: the verdict. A refused connection is told why before it is closed; an
+/// accepted one hears `accepted` first. A version-1 agent is accepted and told nothing it
+/// would not understand (it drops a connection on an unknown controller message).
+#[tokio::test]
+async fn the_agent_is_told_the_verdict_and_a_version_1_agent_nothing_new() {
+    let ctl = Controller::bind(ListenOpts {
+        ack: true,
+        ..ListenOpts::default()
+    })
+    .await;
+
+    let mut s = TcpStream::connect(ctl.addr).await.unwrap();
+    let future = Hello {
+        protocol_version: 99,
+        ..hello()
+    };
+    s.write_all(&frame(&Envelope::Hello(future))).await.unwrap();
+    let got = controller_messages_until_closed(s).await;
+    match got.as_slice() {
+        [ControllerMessage::Refused { reason, message }] => {
+            assert_eq!(reason, "protocol");
+            assert!(message.contains("protocol version 99"), "{message}");
+        }
+        other => panic!("expected one refusal, got {other:?}"),
+    }
+
+    let mut s = TcpStream::connect(ctl.addr).await.unwrap();
+    let old = Hello {
+        protocol_version: 1,
+        ..hello()
+    };
+    let msgs = [
+        Envelope::Hello(old),
+        batch(1, true, vec![resval("scratch", Value::Numeric(1.0))]),
+    ];
+    for m in &msgs {
+        s.write_all(&frame(m)).await.unwrap();
+    }
+    s.shutdown().await.unwrap();
+    let got = controller_messages_until_closed(s).await;
+    assert_eq!(
+        got,
+        [ControllerMessage::Ack(1)],
+        "a version-1 agent got {got:?}"
+    );
+    ctl.stop().await;
+}
+
+/// OpenSSH's LoginGraceTime: a connection that sends no hello is closed after the grace.
+#[tokio::test]
+async fn a_connection_that_never_sends_hello_is_closed_after_the_grace() {
+    let mut ctl = Controller::bind(ListenOpts {
+        hello_timeout: Some(std::time::Duration::from_millis(200)),
+        ..ListenOpts::default()
+    })
+    .await;
+    let _idle = TcpStream::connect(ctl.addr).await.unwrap();
+    let err = loop {
+        if let Event {
+            kind: EventKind::Closed(end),
+            reason,
+            ..
+        } = ctl.next().await
+        {
+            assert_eq!(reason, Some(xce_agent::link::receiver::Reason::Limit));
+            break end.expect("dropped, not closed cleanly");
+        }
+    };
+    assert!(err.contains("no hello within"), "{err}");
+    ctl.stop().await;
+}
+
+/// OpenSSH's MaxStartups: beyond the cap, a connection without an accepted hello is closed
+/// at once; once the pending ones are gone, agents get in again.
+#[tokio::test]
+async fn connections_without_an_accepted_hello_are_capped() {
+    let mut ctl = Controller::bind(ListenOpts {
+        max_unauthenticated: Some(2),
+        ..ListenOpts::default()
+    })
+    .await;
+    let a = TcpStream::connect(ctl.addr).await.unwrap();
+    let b = TcpStream::connect(ctl.addr).await.unwrap();
+    for _ in 0..2 {
+        while !matches!(ctl.next().await.kind, EventKind::Connected) {}
+    }
+    let mut over = TcpStream::connect(ctl.addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = guard(
+        "the receiver to close the connection over the cap",
+        over.read(&mut buf),
+    )
+    .await
+    .unwrap_or(0);
+    assert_eq!(n, 0, "a connection over the cap was served");
+    drop((a, b));
+    for _ in 0..2 {
+        while !matches!(ctl.next().await.kind, EventKind::Closed(_)) {}
+    }
+    good_agent_still_served(&mut ctl).await;
+    ctl.stop().await;
 }

@@ -11,6 +11,7 @@
 mod support;
 
 mod builtin;
+mod capi;
 mod cli;
 mod config_errors;
 mod config_limits;

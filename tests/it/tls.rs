@@ -145,6 +145,45 @@ async fn a_certificate_for_another_host_is_refused_before_any_value() {
     ctl.stop().await;
 }
 
+/// Identity is exact (issue 25, item 4): a SAN in another domain names no short host, and a
+/// certificate naming only the FQDN speaks for the short name only inside a configured
+/// cluster domain.
+#[tokio::test]
+async fn a_san_names_a_host_exactly_or_by_its_short_form_in_the_clusters_domain() {
+    let mut site = Site::new();
+    let cluster = |server| ListenOpts {
+        domains: vec!["cluster.example".into()],
+        ..tls_listen(server)
+    };
+    // The red team's certificates, the hello saying node001 (link_common's hello).
+    for san in ["node001.evil", "node001.other.example"] {
+        let evil = site.pki.issue(&[san]);
+        let mut ctl = Controller::bind(cluster(site.server())).await;
+        let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&evil)));
+        let agent = Agent::start(cfg, store_with(&[]));
+        let why = next_refusal(&mut ctl).await;
+        assert!(why.contains("does not name") && why.contains(san), "{why}");
+        agent.stop().await;
+        ctl.stop().await;
+    }
+    let fqdn = site.pki.issue(&["node001.cluster.example"]);
+    // Without the domain configured, the FQDN does not name the short host...
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&fqdn)));
+    let agent = Agent::start(cfg, store_with(&[]));
+    assert!(next_refusal(&mut ctl).await.contains("does not name"));
+    agent.stop().await;
+    ctl.stop().await;
+    // ...with it, it does.
+    let mut ctl = Controller::bind(cluster(site.server())).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&site.pki.paths(&fqdn)));
+    let agent = Agent::start(cfg, store_with(&[("x", "", Valtype::Numeric)]));
+    let (hello, _) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(hello.host, "node001");
+    agent.stop().await;
+    ctl.stop().await;
+}
+
 #[tokio::test]
 async fn the_receiver_refuses_a_client_certificate_from_another_ca() {
     let site = Site::new();
@@ -498,4 +537,108 @@ fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no expiry gauge in {text}"));
     assert_eq!(expiry, not_after, "{text}");
+}
+
+/// Issue 25, item 4: a CRL signed by another CA is refused when the key material is loaded
+/// (it would revoke nothing), and revocation covers the whole chain: a certificate under a
+/// revoked intermediate CA is refused.
+#[tokio::test]
+async fn a_crl_of_another_ca_is_refused_at_load_and_a_revoked_intermediate_is_refused() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+        ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
+        RevocationReason, RevokedCertParams, SerialNumber,
+    };
+    use std::os::unix::fs::PermissionsExt;
+
+    let site = Site::new();
+    let mut other = Pki::new("other-ca");
+    let mut paths = site.pki.paths(&site.ctl);
+    paths.crl = Some(other.crl(&[1]));
+    let err = xce_agent::link::tls::Material::load(&paths)
+        .expect_err("another CA's CRL")
+        .to_string();
+    assert!(err.contains("is not signed by a CA in"), "{err}");
+
+    // root -> intermediate (serial 2) -> node001; the root's CRL revokes the intermediate.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, pem: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, pem).expect("write");
+        if name.ends_with(".key") {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        p
+    };
+    let ca_params = |cn: &str, serial: u64| {
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.serial_number = Some(SerialNumber::from(serial));
+        p
+    };
+    let leaf_params = |sans: &[&str], serial: u64| {
+        let mut p = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("params");
+        p.distinguished_name.push(DnType::CommonName, sans[0]);
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.serial_number = Some(SerialNumber::from(serial));
+        p
+    };
+    let root_key = KeyPair::generate().expect("key");
+    let root_params = ca_params("root-ca", 1);
+    let root = root_params.self_signed(&root_key).expect("root");
+    let root_issuer = Issuer::new(root_params, root_key);
+    let mid_key = KeyPair::generate().expect("key");
+    let mid_params = ca_params("intermediate-ca", 2);
+    let mid = mid_params.signed_by(&mid_key, &root_issuer).expect("mid");
+    let mid_issuer = Issuer::new(mid_params, mid_key);
+    let ctl_key = KeyPair::generate().expect("key");
+    let ctl = leaf_params(&["127.0.0.1"], 3)
+        .signed_by(&ctl_key, &root_issuer)
+        .expect("ctl");
+    let node_key = KeyPair::generate().expect("key");
+    let node = leaf_params(&["node001"], 4)
+        .signed_by(&node_key, &mid_issuer)
+        .expect("node");
+    let now = time::OffsetDateTime::now_utc();
+    let crl = CertificateRevocationListParams {
+        this_update: now - time::Duration::hours(1),
+        next_update: now + time::Duration::days(7),
+        crl_number: SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs: vec![RevokedCertParams {
+            serial_number: SerialNumber::from(2u64),
+            revocation_time: now - time::Duration::minutes(5),
+            reason_code: Some(RevocationReason::CaCompromise),
+            invalidity_date: None,
+        }],
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&root_issuer)
+    .expect("crl");
+    let ca = write("root.pem", &root.pem());
+    let server_paths = xce_agent::config::agent::TlsPaths {
+        ca: ca.clone(),
+        cert: write("ctl.pem", &ctl.pem()),
+        key: write("ctl.key", &ctl_key.serialize_pem()),
+        crl: Some(write("root.crl", &crl.pem().expect("pem"))),
+    };
+    let client_paths = xce_agent::config::agent::TlsPaths {
+        ca,
+        cert: write("node001.pem", &format!("{}{}", node.pem(), mid.pem())),
+        key: write("node001.key", &node_key.serialize_pem()),
+        crl: None,
+    };
+    let mut ctl = Controller::bind(tls_listen(server(&server_paths))).await;
+    let cfg = tls_config(ctl.addr.to_string(), client(&client_paths));
+    let agent = Agent::start(cfg, store_with(&[]));
+    let why = next_refusal(&mut ctl).await;
+    assert!(why.contains("revoked"), "{why}");
+    agent.stop().await;
+    ctl.stop().await;
 }

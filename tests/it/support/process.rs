@@ -141,7 +141,7 @@ pub struct ListenProc {
     pub stderr: mpsc::Receiver<String>,
 }
 
-fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
+pub fn lines_of<R: std::io::Read + Send + 'static>(r: R) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines() {

@@ -1,0 +1,804 @@
+//! The receiver behind the C handle, in safe Rust: the project's receiver core
+//! (`xce_agent::link::receiver::serve_all`, the code `xce-agent listen` runs) on a runtime of
+//! its own, and a dispatcher that turns the core's per-connection events into the
+//! controller's events (accepted, resval, stale, gone, refused), keeps every host's state for
+//! snapshots, and queues the events for the C side.
+//!
+//! Memory is bounded: the queue holds at most `capacity` events; while it is full the
+//! dispatcher waits, the core's channel fills, and each connection stops reading its socket
+//! (TCP pushes back on the agent), as `listen` does with a slow stdout.
+//!
+//! Staleness: an agent sends a batch or a heartbeat at least every heartbeat interval (10 s,
+//! not in the hello; `Config::heartbeat`). A host from which nothing arrived for
+//! `grace = 2 x heartbeat + 1 s` is stale: one event, and its values read as unknown until it
+//! reports again. The hello's probe intervals do not shorten it (an unchanged value is not
+//! resent, so a silent interval is healthy) and cannot lengthen it (the heartbeat bounds the
+//! silence). A host whose connection ended (gone) goes stale by the same rule unless it
+//! connects again first.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use xce_agent::config::agent::TlsPaths;
+use xce_agent::link::limits::{self, MAX_ASSIGNED};
+use xce_agent::link::receiver::{
+    self, identity_key as host_key, Control, Event, EventKind, Identity, ListenOpts, Reason,
+};
+use xce_agent::link::wire::Hello;
+use xce_agent::value::{Resval, Status, Value};
+
+/// The agents' heartbeat interval unless the controller says otherwise (the agent's own
+/// default, `LinkConfig::heartbeat`).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// Events held for the controller before the library stops reading sockets.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+/// Core events in flight between the connections and the dispatcher (each at most a frame).
+const CORE_CHANNEL: usize = 16;
+/// Beyond two heartbeats: the coalescing window and scheduling delays.
+const GRACE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The grace after which a silent host is stale.
+pub fn grace(heartbeat: Duration) -> Duration {
+    heartbeat.saturating_mul(2).saturating_add(GRACE_MARGIN)
+}
+
+/// What `xce_receiver_start` is given.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: Vec<String>,
+    pub tls: Option<TlsPaths>,
+    pub insecure_plaintext: bool,
+    pub queue_capacity: usize,
+    pub heartbeat: Duration,
+    pub ack: bool,
+    /// The cluster's DNS domains (see `ListenOpts::domains`).
+    pub domains: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: Vec::new(),
+            tls: None,
+            insecure_plaintext: false,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            heartbeat: DEFAULT_HEARTBEAT,
+            ack: false,
+            domains: Vec::new(),
+        }
+    }
+}
+
+/// Why a receiver did not start; the text is for `xce_last_error`.
+#[derive(Debug)]
+pub enum StartError {
+    /// The configuration is incomplete or contradictory.
+    Config(String),
+    Tls(String),
+    Bind(String),
+    Runtime(String),
+}
+
+impl StartError {
+    pub fn text(&self) -> &str {
+        match self {
+            StartError::Config(t)
+            | StartError::Tls(t)
+            | StartError::Bind(t)
+            | StartError::Runtime(t) => t,
+        }
+    }
+}
+
+/// A host as accepted: who its certificate says it is and what its hello declared.
+#[derive(Debug)]
+pub struct Accepted {
+    pub host: String,
+    pub identity: Option<Arc<Identity>>,
+    pub hello: Hello,
+}
+
+/// One event for the controller.
+#[derive(Debug, Clone)]
+pub enum Ev {
+    /// A host passed the identity check and sent its hello (again after a reload).
+    Accepted {
+        peer: Option<SocketAddr>,
+        accepted: Arc<Accepted>,
+    },
+    Resval {
+        host: Arc<str>,
+        resval: Resval,
+    },
+    /// Nothing from the host for longer than `grace`: its values are unknown.
+    Stale {
+        host: Arc<str>,
+        grace: Duration,
+    },
+    /// The host's connection ended: `reason` None at a clean end of stream.
+    Gone {
+        host: Arc<str>,
+        peer: Option<SocketAddr>,
+        reason: Option<Reason>,
+        text: String,
+    },
+    /// A connection that never got as far as an accepted hello.
+    Refused {
+        peer: SocketAddr,
+        reason: Option<Reason>,
+        text: String,
+    },
+}
+
+/// One host as the library knows it (for snapshots and staleness).
+struct HostState {
+    host: Arc<str>,
+    /// The connection that speaks for it now; `None` once gone.
+    peer: Option<SocketAddr>,
+    accepted: Arc<Accepted>,
+    values: BTreeMap<(String, String), Resval>,
+    deadline: Instant,
+    stale: bool,
+}
+
+/// The wake-up pipe: its read end is readable exactly while events are queued.
+struct Wake {
+    rd: OwnedFd,
+    wr: OwnedFd,
+}
+
+impl Wake {
+    fn new() -> std::io::Result<Self> {
+        use nix::fcntl::OFlag;
+        let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+        Ok(Self { rd, wr })
+    }
+
+    /// One byte in the pipe (called with the queue locked, when it stops being empty).
+    fn raise(&self) {
+        let _ = nix::unistd::write(self.wr.as_fd(), &[1]);
+    }
+
+    /// The byte out again (called with the queue locked, when it becomes empty).
+    fn lower(&self) {
+        let mut b = [0u8; 8];
+        let _ = nix::unistd::read(self.rd.as_fd(), &mut b);
+    }
+}
+
+/// What the dispatcher and the C side share.
+struct Shared {
+    queue: Mutex<VecDeque<Ev>>,
+    capacity: usize,
+    /// Notified when the C side pops (there is room again).
+    space: Notify,
+    wake: Wake,
+    hosts: Mutex<Hosts>,
+    grace: Duration,
+}
+
+#[derive(Default)]
+struct Hosts {
+    by_key: HashMap<String, HostState>,
+    /// (deadline, key) of every host not yet stale, earliest first.
+    deadlines: BTreeSet<(Instant, String)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Queue one event, waiting while the queue is full.
+    async fn push(&self, ev: Ev) {
+        loop {
+            {
+                let mut q = lock(&self.queue);
+                if q.len() < self.capacity {
+                    if q.is_empty() {
+                        self.wake.raise();
+                    }
+                    q.push_back(ev);
+                    return;
+                }
+            }
+            // notify_one keeps a permit: a pop between the check and this wait is not lost.
+            self.space.notified().await;
+        }
+    }
+
+    fn pop(&self) -> Option<Ev> {
+        let ev = {
+            let mut q = lock(&self.queue);
+            let ev = q.pop_front();
+            if ev.is_some() && q.is_empty() {
+                self.wake.lower();
+            }
+            ev
+        };
+        if ev.is_some() {
+            self.space.notify_one();
+        }
+        ev
+    }
+}
+
+/// A running receiver.
+pub struct Receiver {
+    runtime: Option<tokio::runtime::Runtime>,
+    shared: Arc<Shared>,
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl Receiver {
+    pub fn start(cfg: &Config) -> Result<Self, StartError> {
+        if cfg.listen.is_empty() {
+            return Err(StartError::Config(
+                "no listen address (xce_receiver_config_add_listen)".into(),
+            ));
+        }
+        let tls = match (&cfg.tls, cfg.insecure_plaintext) {
+            (Some(_), true) => {
+                return Err(StartError::Config(
+                    "both TLS key material and insecure plaintext are set: choose one".into(),
+                ))
+            }
+            (None, false) => {
+                return Err(StartError::Config(
+                    "no TLS key material (xce_receiver_config_set_tls); plaintext only with \
+                     xce_receiver_config_set_insecure_plaintext"
+                        .into(),
+                ))
+            }
+            (None, true) => None,
+            (Some(paths), false) => {
+                let material = xce_agent::link::tls::Material::load(paths)
+                    .map_err(|e| StartError::Tls(e.to_string()))?;
+                Some(
+                    material
+                        .server_config()
+                        .map_err(|e| StartError::Tls(e.to_string()))?,
+                )
+            }
+        };
+        // A descriptor per agent: this process's soft limit up to its hard one (documented in
+        // xce_receiver_start: the one process-wide change the library makes).
+        receiver::raise_fd_limit();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("xce-receiver")
+            // A write to an agent that is gone must be EPIPE, not a SIGPIPE that kills the
+            // C program (a Rust binary ignores SIGPIPE; a C one that links us need not). The
+            // signal is blocked on the library's threads only, where all socket I/O runs.
+            .on_thread_start(|| {
+                let mut pipe = nix::sys::signal::SigSet::empty();
+                pipe.add(nix::sys::signal::Signal::SIGPIPE);
+                let _ = pipe.thread_block();
+            })
+            .enable_all()
+            .build()
+            .map_err(|e| StartError::Runtime(format!("cannot start the runtime: {e}")))?;
+        let mut listeners = Vec::new();
+        for addr in &cfg.listen {
+            let l = runtime
+                .block_on(tokio::net::TcpListener::bind(addr.as_str()))
+                .map_err(|e| StartError::Bind(format!("cannot listen on {addr}: {e}")))?;
+            listeners.push(l);
+        }
+        let addrs = listeners
+            .iter()
+            .map(|l| l.local_addr())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StartError::Bind(e.to_string()))?;
+        let wake = Wake::new()
+            .map_err(|e| StartError::Runtime(format!("cannot make the event pipe: {e}")))?;
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(VecDeque::new()),
+            capacity: cfg.queue_capacity.max(1),
+            space: Notify::new(),
+            wake,
+            hosts: Mutex::new(Hosts::default()),
+            grace: grace(cfg.heartbeat),
+        });
+        let control = Arc::new(Control::default());
+        let shutdown = CancellationToken::new();
+        let (tx, rx) = mpsc::channel(CORE_CHANNEL);
+        let opts = ListenOpts {
+            ack: cfg.ack,
+            assign: Vec::new(),
+            tls,
+            handshake_timeout: None,
+            domains: cfg.domains.clone(),
+            hello_timeout: None,
+            max_unauthenticated: None,
+        };
+        let server = runtime.spawn(receiver::serve_all(
+            listeners,
+            opts,
+            tx,
+            Arc::clone(&control),
+            shutdown.clone(),
+        ));
+        let dispatcher = runtime.spawn(dispatch(rx, Arc::clone(&shared), shutdown.clone()));
+        Ok(Self {
+            runtime: Some(runtime),
+            shared,
+            control,
+            shutdown,
+            tasks: vec![server, dispatcher],
+            addrs,
+        })
+    }
+
+    /// Readable while events are queued.
+    pub fn fd(&self) -> RawFd {
+        self.shared.wake.rd.as_raw_fd()
+    }
+
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    pub fn pop(&self) -> Option<Ev> {
+        self.shared.pop()
+    }
+
+    /// Whether `stop` ran.
+    pub fn is_stopped(&self) -> bool {
+        self.runtime.is_none()
+    }
+
+    /// Assign shared instances to `host`; Err: why the list is refused.
+    pub fn assign(&self, host: &str, instances: Vec<(String, String)>) -> Result<(), String> {
+        xce_agent::config::hostlist::validate_host_name(host)
+            .map_err(|e| format!("host {host:?}: {e}"))?;
+        if instances.len() > MAX_ASSIGNED as usize {
+            return Err(format!(
+                "{} instances, more than the {MAX_ASSIGNED} one welcome may carry",
+                instances.len()
+            ));
+        }
+        for (name, instance) in &instances {
+            limits::check_names(name, instance).map_err(|e| e.to_string())?;
+        }
+        self.control.assign(host, instances);
+        Ok(())
+    }
+
+    /// The state of one host (`Some(name)`) or of all, as events: per host its state
+    /// (accepted, stale or gone) then one resval per value (unknown while stale). `None`
+    /// when the named host is not known.
+    pub fn snapshot(&self, host: Option<&str>) -> Option<Vec<Ev>> {
+        let hosts = lock(&self.shared.hosts);
+        let mut out = Vec::new();
+        let mut states: Vec<&HostState> = match host {
+            Some(h) => vec![hosts.by_key.get(&host_key(h))?],
+            None => hosts.by_key.values().collect(),
+        };
+        states.sort_by(|a, b| a.host.cmp(&b.host));
+        for st in states {
+            out.push(if st.stale {
+                Ev::Stale {
+                    host: Arc::clone(&st.host),
+                    grace: self.shared.grace,
+                }
+            } else if st.peer.is_none() {
+                Ev::Gone {
+                    host: Arc::clone(&st.host),
+                    peer: None,
+                    reason: None,
+                    text: "not connected".into(),
+                }
+            } else {
+                Ev::Accepted {
+                    peer: st.peer,
+                    accepted: Arc::clone(&st.accepted),
+                }
+            });
+            for r in st.values.values() {
+                out.push(Ev::Resval {
+                    host: Arc::clone(&st.host),
+                    resval: if st.stale {
+                        unknown(r, self.shared.grace)
+                    } else {
+                        r.clone()
+                    },
+                });
+            }
+        }
+        Some(out)
+    }
+
+    /// Close every connection (TLS close_notify), stop the runtime. Events already queued
+    /// stay poppable. Idempotent.
+    pub fn stop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        self.shutdown.cancel();
+        let tasks = std::mem::take(&mut self.tasks);
+        runtime.block_on(async {
+            // The server waits for its connections (bounded by the core's stop grace).
+            for t in tasks {
+                let _ = t.await;
+            }
+        });
+        runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A value the library no longer vouches for (its host is stale).
+fn unknown(r: &Resval, grace: Duration) -> Resval {
+    Resval {
+        value: Value::Unknown,
+        status: Status::Stale,
+        error: Some(format!(
+            "host stale: nothing from it for {} ms",
+            grace.as_millis()
+        )),
+        ..r.clone()
+    }
+}
+
+/// The dispatcher: core events in, controller events out, and the stale timers.
+async fn dispatch(mut rx: mpsc::Receiver<Event>, shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        let next_deadline = lock(&shared.hosts).deadlines.first().map(|(t, _)| *t);
+        let evs = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            ev = rx.recv() => match ev {
+                Some(ev) => translate(&shared, ev),
+                None => break,
+            },
+            _ = async {
+                match next_deadline {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => expire(&shared, Instant::now()),
+        };
+        for ev in evs {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = shared.push(ev) => {}
+            }
+        }
+    }
+}
+
+impl Hosts {
+    /// `key` was heard from now: its deadline moves to `now + grace`.
+    fn touch(&mut self, key: &str, now: Instant, grace: Duration) {
+        let Some(st) = self.by_key.get_mut(key) else {
+            return;
+        };
+        self.deadlines.remove(&(st.deadline, key.to_owned()));
+        st.deadline = now + grace;
+        self.deadlines.insert((st.deadline, key.to_owned()));
+    }
+}
+
+/// Hosts whose grace has passed: stale.
+fn expire(shared: &Shared, now: Instant) -> Vec<Ev> {
+    let mut hosts = lock(&shared.hosts);
+    let mut out = Vec::new();
+    while let Some((t, key)) = hosts.deadlines.first().cloned() {
+        if t > now {
+            break;
+        }
+        hosts.deadlines.remove(&(t, key.clone()));
+        if let Some(st) = hosts.by_key.get_mut(&key) {
+            if !st.stale {
+                st.stale = true;
+                out.push(Ev::Stale {
+                    host: Arc::clone(&st.host),
+                    grace: shared.grace,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// One core event to the controller's events, updating the host table.
+fn translate(shared: &Shared, ev: Event) -> Vec<Ev> {
+    let now = Instant::now();
+    let mut hosts = lock(&shared.hosts);
+    let Some(host) = ev.host.as_deref() else {
+        // Before an accepted hello: only its end matters, as a refusal.
+        return match ev.kind {
+            EventKind::Closed(text) => vec![Ev::Refused {
+                peer: ev.peer,
+                reason: ev.reason.or(Some(Reason::Protocol)),
+                text: text.unwrap_or_else(|| "connection closed before hello".into()),
+            }],
+            _ => Vec::new(),
+        };
+    };
+    let key = host_key(host);
+    match ev.kind {
+        EventKind::Connected => Vec::new(),
+        EventKind::Hello(hello) => {
+            let accepted = Arc::new(Accepted {
+                host: hello.host.clone(),
+                identity: ev.identity.clone(),
+                hello,
+            });
+            let st = hosts
+                .by_key
+                .entry(key.clone())
+                .or_insert_with(|| HostState {
+                    host: Arc::from(host),
+                    peer: None,
+                    accepted: Arc::clone(&accepted),
+                    values: BTreeMap::new(),
+                    deadline: now,
+                    stale: false,
+                });
+            st.host = Arc::from(host);
+            st.peer = Some(ev.peer);
+            st.accepted = Arc::clone(&accepted);
+            st.stale = false;
+            // What the hello no longer declares is gone; the full batch that follows says
+            // the rest.
+            let declared: BTreeSet<(String, String)> = accepted
+                .hello
+                .resources
+                .iter()
+                .map(|d| (d.name.clone(), d.instance.clone()))
+                .collect();
+            st.values.retain(|k, _| declared.contains(k));
+            hosts.touch(&key, now, shared.grace);
+            vec![Ev::Accepted {
+                peer: Some(ev.peer),
+                accepted,
+            }]
+        }
+        EventKind::Batch { batch, .. } => {
+            let Some(st) = hosts.by_key.get_mut(&key) else {
+                return Vec::new();
+            };
+            if st.peer != Some(ev.peer) {
+                return Vec::new(); // an older connection's last words
+            }
+            let mut out = revive(st, shared.grace);
+            if batch.full {
+                st.values.clear();
+            }
+            for r in batch.resvals {
+                st.values
+                    .insert((r.name.clone(), r.instance.clone()), r.clone());
+                out.push(Ev::Resval {
+                    host: Arc::clone(&st.host),
+                    resval: r,
+                });
+            }
+            hosts.touch(&key, now, shared.grace);
+            out
+        }
+        EventKind::Heartbeat(_) => {
+            let Some(st) = hosts.by_key.get_mut(&key) else {
+                return Vec::new();
+            };
+            if st.peer != Some(ev.peer) {
+                return Vec::new();
+            }
+            let out = revive(st, shared.grace);
+            hosts.touch(&key, now, shared.grace);
+            out
+        }
+        EventKind::Closed(text) => {
+            let Some(st) = hosts.by_key.get_mut(&key) else {
+                return Vec::new();
+            };
+            if st.peer != Some(ev.peer) {
+                return Vec::new(); // replaced by a newer connection: the host is not gone
+            }
+            st.peer = None;
+            vec![Ev::Gone {
+                host: Arc::clone(&st.host),
+                peer: Some(ev.peer),
+                reason: ev.reason,
+                text: text.unwrap_or_else(|| "connection closed by the agent".into()),
+            }]
+        }
+    }
+}
+
+/// A stale host that reports again: it is fresh, and every value it held is current again
+/// (a heartbeat or delta says so), so they are delivered again.
+fn revive(st: &mut HostState, _grace: Duration) -> Vec<Ev> {
+    if !st.stale {
+        return Vec::new();
+    }
+    st.stale = false;
+    let mut out = vec![Ev::Accepted {
+        peer: st.peer,
+        accepted: Arc::clone(&st.accepted),
+    }];
+    out.extend(st.values.values().map(|r| Ev::Resval {
+        host: Arc::clone(&st.host),
+        resval: r.clone(),
+    }));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt as _;
+
+    /// Whether the wake-up pipe's read end is readable now (poll with no wait).
+    fn pipe_has_byte(shared: &Shared) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(shared.wake.rd.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::ZERO).expect("poll") == 1
+    }
+
+    /// When the controller stops popping, the library stops reading: an agent's writes
+    /// block once the queue, the channel and the socket buffers are full; popping resumes.
+    #[test]
+    fn a_full_queue_stops_reading_the_agents_socket_until_the_controller_pops() {
+        use std::io::{ErrorKind, Write as _};
+        use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
+        use xce_agent::value::Valtype;
+
+        let cfg = Config {
+            listen: vec!["127.0.0.1:0".into()],
+            insecure_plaintext: true,
+            queue_capacity: 4,
+            ..Config::default()
+        };
+        let rx = Receiver::start(&cfg).expect("start");
+        let mut agent = std::net::TcpStream::connect(rx.local_addrs()[0]).expect("connect");
+        let hello = Hello::new(
+            "node001",
+            "boot",
+            "digest",
+            vec![Declared {
+                name: "level".into(),
+                instance: String::new(),
+                valtype: Valtype::Numeric,
+                interval_ms: 1000,
+                shared: false,
+            }],
+        );
+        agent
+            .write_all(&wire::encode_envelope(&Envelope::Hello(hello)).expect("encode"))
+            .expect("write hello");
+        agent.set_nonblocking(true).expect("nonblocking");
+        let batch = |seq: u64| {
+            let r = Resval {
+                name: "level".into(),
+                instance: String::new(),
+                value: Value::Numeric(seq as f64),
+                status: Status::Ok,
+                last_report_ms: Some(1),
+                error: None,
+            };
+            wire::encode_envelope(&Envelope::Batch(Batch {
+                seq,
+                full: seq == 1,
+                sent_at_ms: 1,
+                resvals: vec![r],
+            }))
+            .expect("encode")
+        };
+        // Write until the kernel says the receiver is not reading any more. A receiver that
+        // kept reading would take all of it: 256 MiB is far beyond every buffer on the way.
+        let mut written = 0usize;
+        let mut seq = 1;
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            if pending.is_empty() {
+                pending = batch(seq);
+                seq += 1;
+            }
+            match agent.write(&pending) {
+                Ok(n) => {
+                    written += n;
+                    pending.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+            assert!(
+                written < 256 << 20,
+                "the receiver kept reading {written} bytes"
+            );
+        }
+        // Popping makes room, and the receiver reads again: the socket becomes writable.
+        // Waits are on descriptors only: the event fd (pop what came) and the socket.
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut popped = 0;
+        let wake = rx.shared.wake.rd.as_fd();
+        loop {
+            let mut fds = [
+                PollFd::new(agent.as_fd(), PollFlags::POLLOUT),
+                PollFd::new(wake, PollFlags::POLLIN),
+            ];
+            let n = poll(&mut fds, PollTimeout::from(60_000u16)).expect("poll");
+            assert!(
+                n > 0,
+                "neither an event nor room to write within the hang guard"
+            );
+            if fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLOUT))
+            {
+                break;
+            }
+            while rx.pop().is_some() {
+                popped += 1;
+            }
+        }
+        assert!(popped >= 4, "popped {popped}");
+    }
+
+    #[test]
+    fn grace_is_two_heartbeats_and_a_second() {
+        assert_eq!(grace(Duration::from_secs(10)), Duration::from_secs(21));
+        assert_eq!(grace(Duration::from_millis(500)), Duration::from_secs(2));
+        assert_eq!(grace(Duration::MAX), Duration::MAX);
+    }
+
+    #[test]
+    fn a_receiver_without_tls_or_plaintext_said_in_words_does_not_start() {
+        let cfg = Config {
+            listen: vec!["127.0.0.1:0".into()],
+            ..Config::default()
+        };
+        let e = Receiver::start(&cfg).err().expect("refused");
+        assert!(e.text().contains("insecure_plaintext"), "{}", e.text());
+        let none = Receiver::start(&Config::default()).err().expect("refused");
+        assert!(none.text().contains("no listen address"), "{}", none.text());
+    }
+
+    #[test]
+    fn the_fd_is_readable_exactly_while_events_are_queued() {
+        let cfg = Config {
+            listen: vec!["127.0.0.1:0".into()],
+            insecure_plaintext: true,
+            queue_capacity: 2,
+            ..Config::default()
+        };
+        let mut rx = Receiver::start(&cfg).expect("start");
+        let shared = Arc::clone(&rx.shared);
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        let refused = |i: u16| Ev::Refused {
+            peer: SocketAddr::from(([127, 0, 0, 1], i)),
+            reason: None,
+            text: String::new(),
+        };
+        assert!(!pipe_has_byte(&shared));
+        rt.block_on(shared.push(refused(1)));
+        assert!(pipe_has_byte(&shared));
+        rt.block_on(shared.push(refused(2)));
+        // Full: a third push waits (stays pending) until one is popped.
+        let third = shared.push(refused(3)).now_or_never();
+        assert!(third.is_none(), "a push into a full queue returned");
+        assert!(matches!(rx.pop(), Some(Ev::Refused { peer, .. }) if peer.port() == 1));
+        assert!(pipe_has_byte(&shared));
+        assert!(matches!(rx.pop(), Some(Ev::Refused { peer, .. }) if peer.port() == 2));
+        assert!(!pipe_has_byte(&shared));
+        assert!(rx.pop().is_none());
+        rx.stop();
+        rx.stop();
+    }
+}
