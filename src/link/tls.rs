@@ -359,15 +359,34 @@ impl Material {
                 not_before: rfc3339(info.not_before),
             });
         }
-        if !cert_names_host(&info.dns_names, host) {
+        // The receiver's rule, with the domains the controller is configured with unknown
+        // here: exactly, or as HOST.DOMAIN for a DOMAIN of the certificate's own (accepted
+        // where the controller lists that domain, which is said).
+        let own_domains: Vec<String> = info
+            .dns_names
+            .iter()
+            .filter_map(|san| san.split_once('.').map(|(_, d)| d.to_owned()))
+            .collect();
+        if !cert_names_host(&info.dns_names, host, &own_domains) {
             return Err(TlsError::WrongHost {
                 path: path.clone(),
                 host: host.to_owned(),
                 sans: info.sans,
             });
         }
+        let mut warnings = Vec::new();
+        if !cert_names_host(&info.dns_names, host, &[]) {
+            warnings.push(format!(
+                "{}: this host's certificate names {host} only with a domain ({}): the controller accepts it only where it is configured with that domain (listen --domain, xce_receiver_config_add_domain)",
+                path.display(),
+                info.dns_names.join(", ")
+            ));
+        }
         let left = info.not_after - now;
-        Ok((left < warn_before.as_secs() as i64).then(|| expiry_warning(path, &info, left)))
+        if left < warn_before.as_secs() as i64 {
+            warnings.push(expiry_warning(path, &info, left));
+        }
+        Ok((!warnings.is_empty()).then(|| warnings.join("; ")))
     }
 }
 
