@@ -119,14 +119,15 @@ async fn exec_failures_carry_their_errno_and_path() {
         )
     );
 
-    // Executable, but neither a #! script nor a binary: no silent fallback to a shell.
+    // Executable, but neither a #! script nor a binary: no silent fallback to a shell, and
+    // the kernel's errno said in words.
     let garbage = common::script(dir.path(), "garbage", "echo no shebang\n");
     let e = spawn_error(&garbage).await;
     assert_eq!(
         e,
         format!(
-            "cannot start {}: Exec format error (os error 8)",
-            garbage.display()
+            "cannot start {g}: {g} has no #! line and is not a binary the kernel can run; fix: make its first line #!/bin/sh (or the interpreter it is written for) (the kernel said: Exec format error (os error 8))",
+            g = garbage.display()
         )
     );
 }

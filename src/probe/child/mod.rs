@@ -240,7 +240,7 @@ impl ChildOutcome {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot start {program}: {}{}", stage_prefix(*.stage), why.as_ref().map_or_else(|| source.to_string(), |w| w.to_string()))]
+#[error("cannot start {program}: {}{}", stage_prefix(*.stage), why.as_ref().map_or_else(|| source.to_string(), |w| format!("{w} (the kernel said: {source})")))]
 pub struct SpawnError {
     pub program: String,
     pub stage: Option<spawn::Stage>,
