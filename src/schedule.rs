@@ -327,7 +327,7 @@ fn log_run(task: &ProbeTask, run: &ProbeRun, store: &Store) {
     let previous = store.get(&task.name, &task.instance).and_then(|r| r.error);
     if previous.as_deref() != Some(err) {
         let stderr = run.exec.as_ref().map(|e| e.stderr.as_str()).unwrap_or("");
-        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %stderr, "{err}");
+        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %crate::text::escape(stderr.trim()), "{}", crate::text::escape(err));
     }
     if let Some(Reading::Ok(_)) = run.readings.first().map(|(_, r)| r) {
         tracing::debug!(probe = %task.name, "ok");

@@ -377,7 +377,7 @@ impl OutputLog {
         self.unexpected(probe, &run.unexpected);
         if let Some(detail) = &run.exec {
             if self.stderr_due(&detail.stderr, Instant::now()) {
-                tracing::info!(probe = %probe, stderr = %detail.stderr, "probe wrote to stderr");
+                tracing::info!(probe = %probe, stderr = %crate::text::escape(detail.stderr.trim()), "probe wrote to stderr");
             }
         }
     }

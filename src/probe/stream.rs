@@ -318,7 +318,7 @@ async fn run_child(
                         if let Line::Complete(l) = l {
                             let text = String::from_utf8_lossy(&l);
                             if log.stderr_due(&text, std::time::Instant::now()) {
-                                tracing::info!(probe = %task.name, stderr = %text.trim(), "stream probe wrote to stderr");
+                                tracing::info!(probe = %task.name, stderr = %crate::text::escape(text.trim()), "stream probe wrote to stderr");
                             }
                         }
                     }
