@@ -1,7 +1,6 @@
 //! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
-use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -331,54 +330,6 @@ pub fn last_line(s: &str) -> &str {
 
 pub use process::signal_name;
 
-/// How often the same probe's stderr may be logged when its text does not change.
-pub const STDERR_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// Per-probe memory of what was already logged, so a probe that misbehaves every interval
-/// does not write the same line every interval: an unexpected output name is logged once per
-/// probe; stderr at most once per [`STDERR_LOG_EVERY`] unless its text changes.
-#[derive(Debug, Default)]
-pub struct OutputLog {
-    unexpected: BTreeSet<String>,
-    stderr_last: Option<(Instant, String)>,
-}
-
-impl OutputLog {
-    /// Names not yet logged for this probe; returns the ones it logged now.
-    pub fn unexpected(&mut self, probe: &str, names: &[String]) -> Vec<String> {
-        let mut logged = Vec::new();
-        for name in names {
-            if self.unexpected.insert(name.clone()) {
-                tracing::warn!(probe = %probe, name = %name, "output names a resource this probe does not provide (not in provides:); ignored");
-                logged.push(name.clone());
-            }
-        }
-        logged
-    }
-
-    /// Whether `stderr` should be logged now (new text, or the last log is old enough).
-    pub fn stderr_due(&mut self, stderr: &str, now: Instant) -> bool {
-        let stderr = stderr.trim();
-        if stderr.is_empty() {
-            return false;
-        }
-        let due = match &self.stderr_last {
-            None => true,
-            Some((at, text)) => text != stderr || now.duration_since(*at) >= STDERR_LOG_EVERY,
-        };
-        if due {
-            self.stderr_last = Some((now, stderr.to_owned()));
-        }
-        due
-    }
-
-    /// Log a run's unexpected names and stderr under the limits above.
-    pub fn log_run(&mut self, probe: &str, run: &super::ProbeRun) {
-        self.unexpected(probe, &run.unexpected);
-        if let Some(detail) = &run.exec {
-            if self.stderr_due(&detail.stderr, Instant::now()) {
-                tracing::info!(probe = %probe, stderr = %crate::text::escape(detail.stderr.trim()), "probe wrote to stderr");
-            }
-        }
-    }
-}
+pub use super::output_log::{
+    OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
+};

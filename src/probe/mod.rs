@@ -9,6 +9,7 @@ pub mod exec;
 pub mod file;
 pub mod file_reader;
 pub mod output;
+pub mod output_log;
 pub mod reader_creds;
 pub mod reaper;
 pub mod security;

@@ -201,6 +201,8 @@ pub async fn supervise(
             &mut said_something,
         )
         .await;
+        // What the log held back of this run is said once it has ended.
+        log.flush(&task.name);
         let why = match end {
             End::Cancelled => return,
             End::Aborted(why) => {
@@ -317,9 +319,7 @@ async fn run_child(
                     for l in got {
                         if let Line::Complete(l) = l {
                             let text = String::from_utf8_lossy(&l);
-                            if log.stderr_due(&text, std::time::Instant::now()) {
-                                tracing::info!(probe = %task.name, stderr = %crate::text::escape(text.trim()), "stream probe wrote to stderr");
-                            }
+                            log.stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
                         }
                     }
                 }
@@ -361,7 +361,7 @@ async fn run_child(
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
     }
-    updates.child_exited(task, spec, store);
+    updates.child_exited(task, spec, store, log);
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
     let mut why = exit.to_string();
@@ -419,12 +419,12 @@ impl Updates {
         match classad::push_line(ads, line) {
             AdLine::Inside => false,
             AdLine::Ended { tag, ad } => {
-                classad::apply(task, spec, store, &tag, &ad);
+                classad::apply(task, spec, store, log, &tag, &ad);
                 true
             }
             AdLine::TooLong => {
                 let msg = classad::too_long();
-                tracing::warn!(probe = %task.name, "{msg}");
+                log.malformed(&task.name, &msg, std::time::Instant::now());
                 record_all(store, task, Reading::Failed(msg));
                 false
             }
@@ -434,11 +434,17 @@ impl Updates {
     /// The child exited by itself: the attributes it printed after its last `-` are
     /// applied as one more ad, as HTCondor publishes a cron job's output when it exits.
     /// (A child the agent stops, on shutdown or for silence, has them dropped.)
-    fn child_exited(&mut self, task: &ProbeTask, spec: &StreamSpec, store: &Store) {
+    fn child_exited(
+        &mut self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        store: &Store,
+        log: &mut OutputLog,
+    ) {
         if let Updates::Ads(ads) = self {
             if let Some(ad) = ads.finish() {
                 tracing::debug!(probe = %task.name, "the stream exited after an ad without its `-`; applied as HTCondor does");
-                classad::apply(task, spec, store, "", &ad);
+                classad::apply(task, spec, store, log, "", &ad);
             }
         }
     }
@@ -448,7 +454,11 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
     let now = SystemTime::now();
     let bytes = match line {
         Line::TooLong => {
-            tracing::warn!(probe = %task.name, "stream line longer than {MAX_LINE} bytes; skipped");
+            log.malformed(
+                &task.name,
+                &format!("stream line longer than {MAX_LINE} bytes; skipped"),
+                std::time::Instant::now(),
+            );
             return;
         }
         Line::Complete(b) => b,
@@ -457,7 +467,7 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
         LineValues::Nothing => {}
         LineValues::Error(e) => {
             let msg = format!("bad {} line: {e}", spec.exec.format.as_str());
-            tracing::warn!(probe = %task.name, "{msg}");
+            log.malformed(&task.name, &msg, std::time::Instant::now());
             // Only the resources this line was meant for are unknown: fail them all, the
             // previous values stand until stale.
             record_all(store, task, Reading::Failed(msg));
