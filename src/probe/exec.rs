@@ -203,7 +203,7 @@ pub async fn run(
     let result = process::run(&child).await;
     let mut run = match result {
         Err(e) => ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e.to_string()),
-        Ok(o) => {
+        Ok(mut o) => {
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
@@ -213,7 +213,30 @@ pub async fn run(
                 Some((outcome, why)) => {
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
                 }
-                None => parse_output(task, spec, started, &o),
+                None => {
+                    // Parsed off the runtime's threads: megabytes of output never hold up
+                    // the status socket, the link or the other probes.
+                    let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
+                    let exit = match o.exit {
+                        Exit::Code(c) => Some(c),
+                        _ => None,
+                    };
+                    let stdout = std::mem::take(&mut o.stdout);
+                    let parsed = super::off_runtime(task.timeout, move || {
+                        let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
+                        (run, stdout)
+                    })
+                    .await;
+                    match parsed {
+                        Ok((run, stdout)) => {
+                            o.stdout = stdout;
+                            run
+                        }
+                        Err(why) => {
+                            ProbeRun::all_failed(task, started, o.duration, Outcome::TimedOut, why)
+                        }
+                    }
+                }
             };
             detail.stdout = o.stdout;
             run.duration = o.duration;
@@ -230,27 +253,24 @@ fn parse_output(
     task: &ProbeTask,
     spec: &ExecSpec,
     started: SystemTime,
-    o: &process::ChildOutcome,
+    (duration, exit): (Duration, Option<i32>),
+    stdout: &[u8],
 ) -> ProbeRun {
-    let exit = match o.exit {
-        Exit::Code(c) => Some(c),
-        _ => None,
-    };
-    match output::parse(spec.format, &o.stdout, exit, &task.name) {
+    match output::parse(spec.format, stdout, exit, &task.name) {
         Err(e) => ProbeRun::all_failed(
             task,
             started,
-            o.duration,
+            duration,
             Outcome::Failed,
             format!("bad {} output: {e}", spec.format.as_str()),
         ),
         Ok(parsed) => ProbeRun::from_output(
             task,
             started,
-            o.duration,
+            duration,
             (spec.format, &spec.select),
             &parsed,
-            &String::from_utf8_lossy(&o.stdout),
+            &String::from_utf8_lossy(stdout),
         ),
     }
 }

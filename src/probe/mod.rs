@@ -18,6 +18,7 @@ pub mod stream;
 /// The child engine's former name, for callers not yet moved to `child`.
 pub use child as process;
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -200,10 +201,11 @@ impl ProbeRun {
         let unexpected = if format.selectable() {
             Vec::new()
         } else {
+            let fed = feed_names(task);
             parsed
                 .samples
                 .iter()
-                .filter(|s| task.feed(&s.name).is_none())
+                .filter(|s| !fed.contains(s.name.as_str()))
                 .map(|s| s.name.clone())
                 .collect()
         };
@@ -231,12 +233,18 @@ pub fn readings_from_pairs(
     task: &ProbeTask,
     pairs: Vec<output::Pair>,
 ) -> (Vec<(String, Reading)>, Vec<String>) {
+    // One pass over the pairs, one look-up per feed: a line or an output of many pairs is
+    // never scanned once per fed resource. The first pair of a name counts, as before.
+    let mut by_name: HashMap<&str, &str> = HashMap::with_capacity(pairs.len());
+    for (n, v) in &pairs {
+        by_name.entry(n.as_str()).or_insert(v.as_str());
+    }
     let readings = task
         .feeds
         .iter()
         .map(|feed| {
-            let r = match pairs.iter().find(|(n, _)| *n == feed.name) {
-                Some((_, raw)) => match feed.valtype.parse(raw) {
+            let r = match by_name.get(feed.name.as_str()) {
+                Some(raw) => match feed.valtype.parse(raw) {
                     Ok(v) => Reading::Ok(v),
                     Err(e) => Reading::Failed(e.to_string()),
                 },
@@ -247,12 +255,38 @@ pub fn readings_from_pairs(
             (feed.name.clone(), r)
         })
         .collect();
+    let fed = feed_names(task);
     let unexpected = pairs
         .into_iter()
-        .filter(|(n, _)| task.feed(n).is_none())
+        .filter(|(n, _)| !fed.contains(n.as_str()))
         .map(|(n, _)| n)
         .collect();
     (readings, unexpected)
+}
+
+/// The names a task feeds, for look-ups per output name that cost no scan of the feeds.
+fn feed_names(task: &ProbeTask) -> HashSet<&str> {
+    task.feeds.iter().map(|f| f.name.as_str()).collect()
+}
+
+/// Run `work` (parsing a finished run's output, typing its values) on the blocking pool,
+/// off the async runtime's threads, and wait for it at most `timeout` (the probe's): the
+/// status socket, the link and the other probes go on meanwhile. `Err` says why there is
+/// no answer (the work outlived the timeout, and is left to finish on its own; or it
+/// panicked).
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    timeout: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let handle = tokio::task::spawn_blocking(work);
+    match tokio::time::timeout(timeout, handle).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(format!("parsing the output failed: {e}")),
+        Err(_) => Err(format!(
+            "parsing the output took longer than the timeout ({})",
+            humantime::format_duration(timeout)
+        )),
+    }
 }
 
 /// Run one periodic probe once.

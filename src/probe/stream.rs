@@ -488,7 +488,7 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
 /// What `first_values` has read so far.
 enum Gathered {
     /// value, kv, elim: the pairs of the lines read (a later line's value wins).
-    Pairs(Vec<output::Pair>),
+    Pairs(output::PairSet),
     /// classad: the ads ended so far, merged, and the one being read.
     Ads {
         reading: AdStream,
@@ -505,7 +505,7 @@ impl Gathered {
                 ads: output::Parsed::default(),
                 ended: 0,
             },
-            _ => Gathered::Pairs(Vec::new()),
+            _ => Gathered::Pairs(output::PairSet::default()),
         }
     }
 
@@ -533,13 +533,10 @@ impl Gathered {
                     ))),
                     LineValues::Pairs(p) => {
                         for (k, v) in p {
-                            output::upsert(pairs, &k, &v);
+                            pairs.upsert(&k, &v);
                         }
                         let complete = format != Format::Kv
-                            || task
-                                .feeds
-                                .iter()
-                                .all(|f| pairs.iter().any(|(n, _)| *n == f.name));
+                            || task.feeds.iter().all(|f| pairs.contains(&f.name));
                         complete.then_some(FirstValues::Got)
                     }
                 }
@@ -613,7 +610,9 @@ impl Gathered {
         stdout: &[u8],
     ) -> ProbeRun {
         match self {
-            Gathered::Pairs(pairs) => ProbeRun::from_pairs(task, started, duration, pairs),
+            Gathered::Pairs(pairs) => {
+                ProbeRun::from_pairs(task, started, duration, pairs.into_vec())
+            }
             Gathered::Ads { ads, .. } => ProbeRun::from_output(
                 task,
                 started,

@@ -1,6 +1,6 @@
 //! `format: elim`: LSF ELIM lines, `n name1 value1 ... nameN valueN`.
 
-use super::{clip, upsert, Exits, FormatDef, Input, OutputError, Pair, Parsed};
+use super::{clip, Exits, FormatDef, Input, OutputError, Pair, PairSet, Parsed};
 
 pub const DEF: FormatDef = FormatDef {
     name: "elim",
@@ -19,7 +19,7 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
 
 /// Every complete line updates the values it names; the last line wins.
 pub fn parse_elim(t: &str) -> Result<Vec<Pair>, OutputError> {
-    let mut pairs: Vec<Pair> = Vec::new();
+    let mut pairs = PairSet::default();
     for (i, line) in t.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -28,13 +28,13 @@ pub fn parse_elim(t: &str) -> Result<Vec<Pair>, OutputError> {
             line: i + 1,
             reason: e.to_string(),
         })? {
-            upsert(&mut pairs, &k, &v);
+            pairs.upsert(&k, &v);
         }
     }
     if pairs.is_empty() {
         return Err(OutputError::Empty);
     }
-    Ok(pairs)
+    Ok(pairs.into_vec())
 }
 
 /// Why an ELIM line is not `n name value ...`.
@@ -56,7 +56,7 @@ pub fn parse_elim_line(line: &str) -> Result<Vec<Pair>, ElimLineError> {
         None => return Ok(Vec::new()),
     };
     let rest: Vec<&str> = words.collect();
-    if rest.len() != n * 2 {
+    if n.checked_mul(2) != Some(rest.len()) {
         return Err(ElimLineError::CountMismatch {
             count: n,
             words: rest.len(),

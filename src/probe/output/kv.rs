@@ -1,6 +1,6 @@
 //! `format: kv`: `name = value` lines (HTCondor startd cron style without ClassAd typing).
 
-use super::{clip, upsert, Exits, FormatDef, Input, OutputError, Pair, Parsed};
+use super::{clip, Exits, FormatDef, Input, OutputError, Pair, PairSet, Parsed};
 
 pub const DEF: FormatDef = FormatDef {
     name: "kv",
@@ -20,7 +20,7 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
 /// `name = value` lines; blank lines and `#` comments are ignored; a value in double quotes
 /// (HTCondor strings) loses its quotes. A later line for the same name wins.
 pub fn parse_kv(t: &str) -> Result<Vec<Pair>, OutputError> {
-    let mut pairs: Vec<Pair> = Vec::new();
+    let mut pairs = PairSet::default();
     for (i, line) in t.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -42,10 +42,10 @@ pub fn parse_kv(t: &str) -> Result<Vec<Pair>, OutputError> {
         if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
             v = &v[1..v.len() - 1];
         }
-        upsert(&mut pairs, k, v);
+        pairs.upsert(k, v);
     }
     if pairs.is_empty() {
         return Err(OutputError::Empty);
     }
-    Ok(pairs)
+    Ok(pairs.into_vec())
 }
