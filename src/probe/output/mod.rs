@@ -339,6 +339,57 @@ impl PairSet {
     }
 }
 
+/// What the samples of one parse may hold, against the output's size: a format that
+/// repeats text per sample (a JSON path per leaf, an influx line's measurement and tags per
+/// field) would otherwise turn a 16 MiB output into gigabytes. Each sample costs its struct,
+/// its name, labels and value; a parse may spend [`SAMPLE_BYTES_PER_OUTPUT_BYTE`] times the
+/// output's size plus [`SAMPLE_BYTES_FREE`], and output that would take more is refused.
+/// (The line formats, kv, elim, value, Prometheus, Nagios and ClassAd, take each sample's
+/// text from its own line, so they stay within a like factor without counting.)
+#[derive(Debug)]
+pub(crate) struct Budget {
+    left: usize,
+    spent: bool,
+}
+
+/// See [`Budget`].
+pub const SAMPLE_BYTES_PER_OUTPUT_BYTE: usize = 8;
+/// See [`Budget`]: what any output may spend, however short.
+pub const SAMPLE_BYTES_FREE: usize = 4 << 20;
+
+impl Budget {
+    pub fn for_output(len: usize) -> Self {
+        Self {
+            left: len
+                .saturating_mul(SAMPLE_BYTES_PER_OUTPUT_BYTE)
+                .saturating_add(SAMPLE_BYTES_FREE),
+            spent: false,
+        }
+    }
+
+    /// A charge failed: the parse is refused as a whole.
+    pub fn spent(&self) -> bool {
+        self.spent
+    }
+
+    /// Spend what one sample with these parts costs; `Err` once the budget is gone.
+    pub fn charge(&mut self, name: usize, labels: usize, value: usize) -> Result<(), String> {
+        let cost = std::mem::size_of::<Sample>() + name + labels + value;
+        match self.left.checked_sub(cost) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => {
+                self.spent = true;
+                Err(format!(
+                "its samples would take more than {SAMPLE_BYTES_PER_OUTPUT_BYTE} times the output's size (the names repeat too much text); refused"
+                ))
+            }
+        }
+    }
+}
+
 fn clip(s: &str) -> String {
     s.chars().take(40).collect()
 }
