@@ -70,8 +70,11 @@ pub struct ProbeRun {
     pub outcome: Outcome,
     /// One per resource the probe feeds, in the task's feed order.
     pub readings: Vec<(String, Reading)>,
-    /// Names the output reported that the probe does not provide (logged once, ignored).
+    /// Names the output reported that the probe does not provide (logged once, ignored):
+    /// the first [`UNEXPECTED_LISTED`] of them.
     pub unexpected: Vec<String>,
+    /// How many more there were (counted, not listed).
+    pub unexpected_more: usize,
     /// For exec probes: the child's details.
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
@@ -97,6 +100,7 @@ impl ProbeRun {
                 .map(|f| (f.name.clone(), Reading::Failed(why.clone())))
                 .collect(),
             unexpected: Vec::new(),
+            unexpected_more: 0,
             exec: None,
             bad_lines: Vec::new(),
         }
@@ -134,6 +138,7 @@ impl ProbeRun {
             },
             readings,
             unexpected,
+            unexpected_more: 0,
             exec: None,
             bad_lines,
         }
@@ -157,6 +162,7 @@ impl ProbeRun {
             outcome,
             readings: vec![(task.name.clone(), reading)],
             unexpected: Vec::new(),
+            unexpected_more: 0,
             exec: None,
             bad_lines: Vec::new(),
         }
@@ -198,19 +204,32 @@ impl ProbeRun {
                 }
             }
         }
-        let unexpected = if format.selectable() {
-            Vec::new()
-        } else {
+        let (mut unexpected, mut unexpected_more) = (Vec::new(), 0);
+        if !format.selectable() {
             let fed = feed_names(task);
-            parsed
+            for s in parsed
                 .samples
                 .iter()
                 .filter(|s| !fed.contains(s.name.as_str()))
-                .map(|s| s.name.clone())
-                .collect()
-        };
-        let bad_lines = parsed.bad_lines.iter().map(ToString::to_string).collect();
-        Self::parsed(started, duration, readings, unexpected, bad_lines)
+            {
+                if unexpected.len() < UNEXPECTED_LISTED {
+                    unexpected.push(s.name.clone());
+                } else {
+                    unexpected_more += 1;
+                }
+            }
+        }
+        let mut bad_lines: Vec<String> = parsed.bad_lines.iter().map(ToString::to_string).collect();
+        if parsed.bad_lines_more > 0 {
+            bad_lines.push(format!(
+                "and {} more lines (the first {} are listed)",
+                parsed.bad_lines_more,
+                parsed.bad_lines.len()
+            ));
+        }
+        let mut run = Self::parsed(started, duration, readings, unexpected, bad_lines);
+        run.unexpected_more = unexpected_more;
+        run
     }
 
     /// Whether the run counts as ok: what `--once` and `probe NAME` both exit by.
@@ -227,6 +246,9 @@ impl ProbeRun {
         })
     }
 }
+
+/// Names outside `provides:` one run lists (its output may hold a million).
+pub const UNEXPECTED_LISTED: usize = 1000;
 
 /// Turn parsed `name -> raw` pairs into one typed reading per fed resource.
 pub fn readings_from_pairs(

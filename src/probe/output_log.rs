@@ -199,6 +199,9 @@ impl OutputLog {
     /// Log a run's unexpected names and stderr under the limits above.
     pub fn log_run(&mut self, probe: &str, run: &super::ProbeRun) {
         self.unexpected(probe, &run.unexpected);
+        // Names past what a run lists are new as far as anyone can tell: counted as such.
+        self.unexpected_total += run.unexpected_more as u64;
+        self.unexpected_unlogged += run.unexpected_more as u64;
         if let Some(detail) = &run.exec {
             self.stderr(
                 probe,

@@ -243,6 +243,13 @@ impl ProbeDebug<'_> {
                 escape(name)
             );
         }
+        if run.unexpected_more > 0 {
+            let _ = writeln!(
+                t,
+                "    (ignored: {} more names not in this probe's provides)",
+                run.unexpected_more
+            );
+        }
         let result = if self.ok() {
             "ok".to_owned()
         } else {

@@ -182,42 +182,56 @@ impl Sample {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Parsed {
     pub samples: Vec<Sample>,
+    /// The first [`MAX_BAD_LINES`] lines that did not parse.
     pub bad_lines: Vec<OutputError>,
+    /// Lines that did not parse after those (counted, not kept: 16 MiB of garbage would
+    /// otherwise cost an error text per line).
+    pub bad_lines_more: usize,
 }
+
+/// Malformed lines of one output kept with their reasons; the rest are counted.
+pub const MAX_BAD_LINES: usize = 100;
 
 impl Parsed {
     pub fn of(samples: Vec<Sample>) -> Self {
         Self {
             samples,
             bad_lines: Vec::new(),
+            bad_lines_more: 0,
         }
-    }
-
-    fn from_pairs(pairs: Vec<Pair>) -> Self {
-        Self::of(
-            pairs
-                .into_iter()
-                .map(|(k, v)| Sample {
-                    name: k,
-                    labels: Vec::new(),
-                    value: v,
-                    line: 0,
-                })
-                .collect(),
-        )
     }
 
     /// Add the next part of the same output (a stream's next ClassAd).
     pub fn append(&mut self, mut other: Parsed) {
         self.samples.append(&mut other.samples);
-        self.bad_lines.append(&mut other.bad_lines);
+        self.bad_lines_more += other.bad_lines_more;
+        for e in other.bad_lines {
+            self.keep_bad(e);
+        }
+    }
+
+    /// Lines that did not parse, kept or counted.
+    pub fn bad_count(&self) -> usize {
+        self.bad_lines.len() + self.bad_lines_more
     }
 
     fn bad(&mut self, line: usize, reason: impl Into<String>) {
-        self.bad_lines.push(OutputError::Line {
+        if self.bad_lines.len() >= MAX_BAD_LINES {
+            self.bad_lines_more += 1;
+            return;
+        }
+        self.keep_bad(OutputError::Line {
             line,
             reason: reason.into(),
         });
+    }
+
+    fn keep_bad(&mut self, e: OutputError) {
+        if self.bad_lines.len() < MAX_BAD_LINES {
+            self.bad_lines.push(e);
+        } else {
+            self.bad_lines_more += 1;
+        }
     }
 
     /// The samples as `name -> value` pairs (labels dropped), for the formats without them.
@@ -336,6 +350,45 @@ impl PairSet {
 
     pub fn into_vec(self) -> Vec<Pair> {
         self.pairs
+    }
+}
+
+/// Samples without labels, one per name, in the order each name first came, a later value
+/// replacing the earlier one: what kv and ELIM output means. Indexed by name borrowed from
+/// the output, so n lines cost O(n) time and one sample each, never a scan per line.
+pub(crate) struct LastWins<'a> {
+    samples: Vec<Sample>,
+    index: HashMap<&'a str, usize>,
+}
+
+impl<'a> LastWins<'a> {
+    pub fn new() -> Self {
+        Self {
+            samples: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    pub fn set(&mut self, name: &'a str, value: &str) {
+        match self.index.get(name) {
+            Some(&i) => value.clone_into(&mut self.samples[i].value),
+            None => {
+                self.index.insert(name, self.samples.len());
+                self.samples.push(Sample {
+                    name: name.to_owned(),
+                    labels: Vec::new(),
+                    value: value.to_owned(),
+                    line: 0,
+                });
+            }
+        }
+    }
+
+    pub fn into_parsed(self) -> Result<Parsed, OutputError> {
+        if self.samples.is_empty() {
+            return Err(OutputError::Empty);
+        }
+        Ok(Parsed::of(self.samples))
     }
 }
 
@@ -472,6 +525,16 @@ mod tests {
         // A count whose double does not fit is a mismatch, not an overflow.
         assert!(parse_elim_line("9223372036854775808").is_err());
         assert!(parse_elim_line("18446744073709551615 a 1").is_err());
+    }
+
+    #[test]
+    fn malformed_lines_past_the_first_hundred_are_counted_not_kept() {
+        let mut text = "good 1\n".to_owned();
+        text.push_str(&"!\n".repeat(1000));
+        let p = parse(Format::Prometheus, text.as_bytes(), Some(0), "x").unwrap();
+        assert_eq!(p.samples.len(), 1);
+        assert_eq!(p.bad_lines.len(), MAX_BAD_LINES);
+        assert_eq!(p.bad_count(), 1000);
     }
 
     #[test]

@@ -310,7 +310,7 @@ pub fn absent_reason(
     if let Some(first) = parsed.bad_lines.first() {
         why.push_str(&format!(
             "; {} line(s) did not parse, the first: {first}",
-            parsed.bad_lines.len()
+            parsed.bad_count()
         ));
     }
     match super::looks_like(text) {
@@ -321,7 +321,7 @@ pub fn absent_reason(
         )),
         _ => {}
     }
-    if format.def().empty_is_an_answer && parsed.samples.is_empty() && parsed.bad_lines.is_empty() {
+    if format.def().empty_is_an_answer && parsed.samples.is_empty() && parsed.bad_count() == 0 {
         why.push_str(
             "; it printed no samples: if that means a value, give it as `default:` in `select:`",
         );
