@@ -292,6 +292,18 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
     )?;
     family(
         enc,
+        "xce_probe_agent_cpu_seconds",
+        "Agent CPU spent on the probe's output: a stream's lines read, parsed and applied, an exec or file run's output parsed (the probe's own CPU is xce_probe_cpu_seconds).",
+        MetricType::Counter,
+        probes.iter().map(|(name, p)| {
+            (
+                [("probe", name.as_str())],
+                Sample::CounterF(p.agent_cpu_ns.load(Ordering::Relaxed) as f64 / 1e9),
+            )
+        }),
+    )?;
+    family(
+        enc,
         "xce_probe_restarts",
         "Restarts of stream probes.",
         MetricType::Counter,

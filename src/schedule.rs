@@ -44,6 +44,8 @@ fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
     }
     s.last_duration_us
         .store(run.duration.as_micros() as u64, Ordering::Relaxed);
+    s.agent_cpu_ns
+        .fetch_add(run.agent_cpu.as_nanos() as u64, Ordering::Relaxed);
     s.duration.observe(run.duration);
 }
 

@@ -228,8 +228,9 @@ pub async fn run(
                     })
                     .await;
                     match parsed {
-                        Ok((run, stdout)) => {
+                        Ok(((mut run, stdout), cpu)) => {
                             o.stdout = stdout;
+                            run.agent_cpu = cpu;
                             run
                         }
                         Err(why) => {

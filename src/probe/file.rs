@@ -75,11 +75,17 @@ pub async fn run(
     // What was read is parsed off the runtime's threads (a file may hold megabytes).
     let elapsed = t0.elapsed();
     let (t, sp) = (task.clone(), spec.clone());
-    super::off_runtime(task.timeout, move || {
+    match super::off_runtime(task.timeout, move || {
         interpret(&t, &sp, result, started, elapsed)
     })
     .await
-    .unwrap_or_else(|why| fail(why, Outcome::TimedOut))
+    {
+        Ok((mut run, cpu)) => {
+            run.agent_cpu = cpu;
+            run
+        }
+        Err(why) => fail(why, Outcome::TimedOut),
+    }
 }
 
 /// What was read, as the probe's readings.

@@ -75,6 +75,8 @@ pub struct ProbeRun {
     pub unexpected: Vec<String>,
     /// How many more there were (counted, not listed).
     pub unexpected_more: usize,
+    /// Agent CPU spent parsing the run's output (on the blocking pool).
+    pub agent_cpu: Duration,
     /// For exec probes: the child's details.
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
@@ -101,6 +103,7 @@ impl ProbeRun {
                 .collect(),
             unexpected: Vec::new(),
             unexpected_more: 0,
+            agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
         }
@@ -139,6 +142,7 @@ impl ProbeRun {
             readings,
             unexpected,
             unexpected_more: 0,
+            agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines,
         }
@@ -163,6 +167,7 @@ impl ProbeRun {
             readings: vec![(task.name.clone(), reading)],
             unexpected: Vec::new(),
             unexpected_more: 0,
+            agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
         }
@@ -299,8 +304,12 @@ fn feed_names(task: &ProbeTask) -> HashSet<&str> {
 pub(crate) async fn off_runtime<T: Send + 'static>(
     timeout: Duration,
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
-    let handle = tokio::task::spawn_blocking(work);
+) -> Result<(T, Duration), String> {
+    let handle = tokio::task::spawn_blocking(move || {
+        let cpu = crate::stats::thread_cpu();
+        let answer = work();
+        (answer, crate::stats::thread_cpu().saturating_sub(cpu))
+    });
     match tokio::time::timeout(timeout, handle).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(e)) => Err(format!("parsing the output failed: {e}")),

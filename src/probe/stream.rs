@@ -41,6 +41,11 @@ pub const BACKOFF_START: Duration = Duration::from_secs(1);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// A child that ran this long (and said something) earns a fresh backoff.
 pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// Most stdout a stream's lines may bring per second: past it the agent stops reading until
+/// the second is over (the pipe fills and the child waits in its write), so a stream printing
+/// at full speed costs the agent a bounded share of a core, which `status` and `/metrics`
+/// (`xce_probe_agent_cpu_seconds`) attribute to it. An ELIM prints a line per interval.
+pub const STREAM_BYTES_PER_SEC: usize = 1 << 20;
 
 /// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
 /// then the probe's `env:` (which may override them).
@@ -293,6 +298,10 @@ async fn run_child(
     let mut dropped_ticks = 0u64;
     // Set when the leader exits: until then its last lines are still read and applied.
     let mut drain_until = Instant::now();
+    let probe_stats = stats.probe(&task.name);
+    // The read rate: bytes this second, and when reading resumes once past the bound.
+    let (mut second, mut second_bytes) = (Instant::now(), 0usize);
+    let mut paused_until: Option<Instant> = None;
     loop {
         if child.exited() && !reader.open() {
             break;
@@ -302,8 +311,13 @@ async fn run_child(
                 stop(&mut child, &mut reader, child_spec.grace).await;
                 return End::Cancelled;
             }
-            got = reader.next(), if reader.open() => match got {
+            _ = sleep_until(paused_until.unwrap_or(second)), if paused_until.is_some() => {
+                paused_until = None;
+                (second, second_bytes) = (Instant::now(), 0);
+            }
+            got = reader.next(), if reader.open() && paused_until.is_none() => match got {
                 Got::Stdout(chunk) => {
+                    let cpu = crate::stats::thread_cpu();
                     lines.push(&chunk, &mut batch);
                     for line in batch.drain(..) {
                         *said_something = true;
@@ -312,8 +326,19 @@ async fn run_child(
                             marked_stale = false;
                         }
                     }
+                    let now = Instant::now();
+                    if now.duration_since(second) >= Duration::from_secs(1) {
+                        (second, second_bytes) = (now, 0);
+                    }
+                    second_bytes += chunk.len();
+                    if second_bytes >= STREAM_BYTES_PER_SEC {
+                        paused_until = Some(second + Duration::from_secs(1));
+                    }
+                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
                 }
                 Got::Stderr(chunk) => {
+                    let cpu = crate::stats::thread_cpu();
                     let mut got = Vec::new();
                     err_lines.push(&chunk, &mut got);
                     for l in got {
@@ -322,6 +347,8 @@ async fn run_child(
                             log.stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
                         }
                     }
+                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
                 }
                 Got::Closed => {}
             },

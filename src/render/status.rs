@@ -111,7 +111,15 @@ pub fn render(report: &StatusReport) -> String {
     if !report.probes.is_empty() {
         out.push('\n');
         let mut rows = cells(&[
-            "PROBE", "OK", "FAILED", "TIMEOUT", "OVERLAP", "RESTARTS", "LAST_RUN", "LAST_OK",
+            "PROBE",
+            "OK",
+            "FAILED",
+            "TIMEOUT",
+            "OVERLAP",
+            "RESTARTS",
+            "AGENT_CPU",
+            "LAST_RUN",
+            "LAST_OK",
         ]);
         for p in &report.probes {
             rows.push(vec![
@@ -121,6 +129,7 @@ pub fn render(report: &StatusReport) -> String {
                 p.runs_timeout.to_string(),
                 p.skipped_overlap.to_string(),
                 p.restarts.to_string(),
+                format!("{:.1}ms", p.agent_cpu_ms),
                 p.last_duration_ms
                     .map_or_else(|| "-".into(), |ms| format!("{ms:.1}ms")),
                 p.last_success_ms
