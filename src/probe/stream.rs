@@ -211,7 +211,8 @@ pub async fn supervise(
         let why = match end {
             End::Cancelled => return,
             End::Aborted(why) => {
-                tracing::warn!(probe = %task.name, "{why}; not restarted");
+                // `why` ends with the child's last stderr line: escaped for the journal too.
+                tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why));
                 record_all(&store, &task, Reading::Failed(why));
                 cancel.cancelled().await;
                 return;
@@ -230,7 +231,7 @@ pub async fn supervise(
                 "{why}; restarting in {}",
                 humantime::format_duration(backoff)
             );
-            tracing::warn!(probe = %task.name, "{msg}");
+            tracing::warn!(probe = %task.name, "{}", crate::text::escape(&msg));
             record_all(&store, &task, Reading::Failed(msg));
         }
         tokio::select! {
