@@ -520,8 +520,11 @@ enum Gathered {
     /// classad: the ads ended so far, merged, and the one being read.
     Ads {
         reading: AdStream,
-        ads: output::Parsed,
+        ads: output::MergedAds,
         ended: usize,
+        /// Per fed resource: whether the ads so far give it a value (checked against each
+        /// new ad only: a value once given stays).
+        answered: Vec<bool>,
     },
 }
 
@@ -530,8 +533,9 @@ impl Gathered {
         match format {
             Format::Classad => Gathered::Ads {
                 reading: AdStream::default(),
-                ads: output::Parsed::default(),
+                ads: output::MergedAds::default(),
                 ended: 0,
+                answered: Vec::new(),
             },
             _ => Gathered::Pairs(output::PairSet::default()),
         }
@@ -573,6 +577,7 @@ impl Gathered {
                 reading,
                 ads,
                 ended,
+                answered,
             } => match classad::push_line(reading, line) {
                 AdLine::Inside => None,
                 AdLine::TooLong => Some(FirstValues::Bad(classad::too_long())),
@@ -580,12 +585,19 @@ impl Gathered {
                     // An ad with a malformed line answers at once: the line may be the
                     // value still missing, and waiting would not bring it.
                     let malformed = !ad.bad_lines.is_empty();
-                    output::merge_ads(ads, ad);
-                    *ended += 1;
-                    let complete = task.feeds.iter().all(|f| {
+                    answered.resize(task.feeds.len(), false);
+                    for (f, done) in task.feeds.iter().zip(answered.iter_mut()) {
                         let pick = spec.exec.select.pick(&f.name);
-                        output::select::reading(format, &pick, ads, &f.name, f.valtype).is_some()
-                    });
+                        *done = *done
+                            || output::select::always_answers(&pick)
+                            || ad
+                                .samples
+                                .iter()
+                                .any(|s| output::select::matches(format, &pick, s, &f.name));
+                    }
+                    ads.add(ad);
+                    *ended += 1;
+                    let complete = answered.iter().all(|d| *d);
                     (complete || malformed).then_some(FirstValues::Got)
                 }
             },
@@ -603,9 +615,10 @@ impl Gathered {
                 reading,
                 ads,
                 ended,
+                ..
             } => {
                 if let Some(ad) = exited.then(|| reading.finish()).flatten() {
-                    output::merge_ads(ads, ad);
+                    ads.add(ad);
                     *ended += 1;
                 }
                 *ended > 0
@@ -646,7 +659,7 @@ impl Gathered {
                 started,
                 duration,
                 (spec.exec.format, &spec.exec.select),
-                &ads,
+                ads.parsed(),
                 &String::from_utf8_lossy(stdout),
             ),
         }

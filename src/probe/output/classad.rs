@@ -55,6 +55,41 @@ pub fn merge_ads(into: &mut Parsed, ad: Parsed) {
     into.samples = later_wins(std::mem::take(&mut into.samples));
 }
 
+/// Ads merged as they end (a stream's first values): a later value of an attribute, in the
+/// ad of the same name, replaces the earlier one. Indexed, so each ad costs its own size,
+/// never another pass over the ads before it.
+#[derive(Debug, Default)]
+pub struct MergedAds {
+    parsed: Parsed,
+    index: HashMap<(String, Vec<(String, String)>), usize>,
+}
+
+impl MergedAds {
+    pub fn add(&mut self, ad: Parsed) {
+        for s in ad.samples {
+            match self
+                .index
+                .entry((s.name.to_ascii_lowercase(), s.labels.clone()))
+            {
+                Entry::Occupied(e) => self.parsed.samples[*e.get()] = s,
+                Entry::Vacant(e) => {
+                    e.insert(self.parsed.samples.len());
+                    self.parsed.samples.push(s);
+                }
+            }
+        }
+        self.parsed.append(Parsed {
+            samples: Vec::new(),
+            bad_lines: ad.bad_lines,
+            bad_lines_more: ad.bad_lines_more,
+        });
+    }
+
+    pub fn parsed(&self) -> &Parsed {
+        &self.parsed
+    }
+}
+
 /// Longest ad a stream may print before its `-` (a finished run's whole output is capped
 /// at the same size): a stream that never prints `-` must not grow the agent's memory.
 pub const MAX_AD_BYTES: usize = 64 * 1024;

@@ -7,7 +7,7 @@ pub mod select;
 
 use std::collections::HashMap;
 
-pub use classad::{merge_ads, AdLine, AdStream, AD_LABEL, MAX_AD_BYTES};
+pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};

@@ -219,6 +219,19 @@ fn matches_selector(format: Format, sample: &Sample, sel: &Selector) -> bool {
     name_ok && sel.labels.iter().all(|l| sample.labels.contains(l))
 }
 
+/// Whether `sample` is one `pick` takes for `resource`.
+pub fn matches(format: Format, pick: &Pick, sample: &Sample, resource: &str) -> bool {
+    match &pick.selector {
+        Some(sel) => matches_selector(format, sample, sel),
+        None => matches_directly(format, sample, resource),
+    }
+}
+
+/// Whether `pick` gives `resource` a reading whatever the output holds (a count, a default).
+pub fn always_answers(pick: &Pick) -> bool {
+    pick.aggregate == Some(Aggregate::Count) || pick.default.is_some()
+}
+
 /// The reading `parsed` gives `resource`, or `None` when it holds nothing for it.
 pub fn reading(
     format: Format,
@@ -230,10 +243,7 @@ pub fn reading(
     let found: Vec<&Sample> = parsed
         .samples
         .iter()
-        .filter(|s| match &pick.selector {
-            Some(sel) => matches_selector(format, s, sel),
-            None => matches_directly(format, s, resource),
-        })
+        .filter(|s| matches(format, pick, s, resource))
         .collect();
     let typed = |s: &Sample| match valtype.parse(&s.value) {
         Ok(v) => Reading::Ok(v),
