@@ -304,6 +304,18 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
     )?;
     family(
         enc,
+        "xce_probe_unexpected_names",
+        "Names the probe's output gave that are not in its provides: (ignored; counted, only the first 64 remembered for the log).",
+        MetricType::Counter,
+        probes.iter().map(|(name, p)| {
+            (
+                [("probe", name.as_str())],
+                Sample::Counter(p.unexpected_names.load(Ordering::Relaxed)),
+            )
+        }),
+    )?;
+    family(
+        enc,
         "xce_probe_restarts",
         "Restarts of stream probes.",
         MetricType::Counter,

@@ -46,6 +46,10 @@ fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
         .store(run.duration.as_micros() as u64, Ordering::Relaxed);
     s.agent_cpu_ns
         .fetch_add(run.agent_cpu.as_nanos() as u64, Ordering::Relaxed);
+    s.unexpected_names.fetch_add(
+        (run.unexpected.len() + run.unexpected_more) as u64,
+        Ordering::Relaxed,
+    );
     s.duration.observe(run.duration);
 }
 

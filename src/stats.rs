@@ -18,6 +18,9 @@ pub struct ProbeStats {
     /// Agent CPU (ns, on the thread that did it) spent on the probe's output: a stream's
     /// lines read, parsed and applied; an exec or file run's output parsed.
     pub agent_cpu_ns: AtomicU64,
+    /// Names the probe's output gave that are not in its `provides:` (each time; counted,
+    /// not remembered).
+    pub unexpected_names: AtomicU64,
     pub last_success_ms: AtomicU64,
     pub last_duration_us: AtomicU64,
     /// Unix ms of the next scheduled run (0: not scheduled, e.g. a stream).

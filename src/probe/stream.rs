@@ -337,6 +337,7 @@ async fn run_child(
                     }
                     let spent = crate::stats::thread_cpu().saturating_sub(cpu);
                     probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+                    probe_stats.unexpected_names.store(log.unexpected_total(), Ordering::Relaxed);
                 }
                 Got::Stderr(chunk) => {
                     let cpu = crate::stats::thread_cpu();

@@ -740,17 +740,23 @@ async fn a_hostile_stream_costs_the_log_a_bounded_number_of_lines() {
 }
 
 /// The agent CPU a stream's lines cost is counted for that probe (status and /metrics show
-/// it): 20,000 lines read, parsed and applied cost more than nothing.
+/// it): 20,000 lines read, parsed and applied cost more than nothing. So are the names
+/// outside `provides:`, each time, though only a bounded set is remembered.
 #[tokio::test]
 async fn the_agent_cpu_a_streams_lines_cost_is_attributed_to_it() {
     let s = setup(
         ELIM,
-        "#!/bin/sh\ni=0\nwhile [ $i -lt 20000 ]; do echo \"1 b $i\"; i=$((i+1)); done\necho \"1 a 5\"\nexec sleep 1000\n",
+        "#!/bin/sh\ni=0\nwhile [ $i -lt 20000 ]; do echo \"2 b $i job_$i 1\"; i=$((i+1)); done\necho \"1 a 5\"\nexec sleep 1000\n",
     );
     let r = start(&s);
     wait_for(&r.store, "a", num(5.0)).await;
     let cpu = r.stats.probe("a").agent_cpu_ns.load(Ordering::Relaxed);
     assert!(cpu > 0, "no agent CPU counted for 20,000 lines");
+    let stats = r.stats.probe("a");
+    common::wait_until("20,000 names outside provides: counted", || {
+        stats.unexpected_names.load(Ordering::Relaxed) == 20_000
+    })
+    .await;
     assert_eq!(
         r.store.get("b", "").map(|v| v.value),
         Some(Value::Numeric(19999.0))
