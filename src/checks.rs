@@ -30,7 +30,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         };
         let plugin_dir = &config.agent.plugin_dir;
         let program = exec::resolve_program(plugin_dir, &spec.command[0]);
-        match security::verdict(&program, &spec.command, plugin_dir, uid) {
+        match security::verdict(&program, &spec.command, &spec.env, plugin_dir, uid) {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))
@@ -55,12 +55,22 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             }
         }
     }
+    if let Some(text) = root_probes_text(config, plan) {
+        notes.push(("-".to_owned(), text));
+    }
     let runs_programs = plan
         .tasks
         .iter()
         .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)));
     if runs_programs {
         notes.push(("-".to_owned(), crate::probe::cgroup::check_text()));
+        let limits = plan
+            .tasks
+            .iter()
+            .filter_map(|t| Some((t.name.as_str(), &t.kind.exec_spec()?.limits)));
+        for text in crate::probe::cgroup::unenforced_limits_text(limits) {
+            notes.push(("-".to_owned(), text));
+        }
     }
     if !root && runs_programs {
         notes.push((
@@ -72,6 +82,65 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         ));
     }
     (problems, notes)
+}
+
+/// The exec and stream probes of `plan` that run as root: the agent is root and the probe's
+/// `run_as` (else agent.yaml's) is root or a user with uid 0. None for a non-root agent: it
+/// runs every probe as itself.
+pub fn root_probes(config: &Config, plan: &Plan) -> Vec<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Vec::new();
+    }
+    plan.tasks
+        .iter()
+        .filter(|t| {
+            let spec = match &t.kind {
+                ProbeKind::Exec(e) => e,
+                ProbeKind::Stream(s) => &s.exec,
+                _ => return false,
+            };
+            match exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as) {
+                Ok(None) => true,
+                Ok(Some(c)) => c.uid.is_root(),
+                Err(_) => false,
+            }
+        })
+        .map(|t| t.name.clone())
+        .collect()
+}
+
+/// Names listed in [`root_probes_text`] before "and N more".
+const ROOT_PROBES_LISTED: usize = 10;
+
+/// What `check` notes and the daemon logs at start when probes run as root.
+pub fn root_probes_text(config: &Config, plan: &Plan) -> Option<String> {
+    let names = root_probes(config, plan);
+    if names.is_empty() {
+        return None;
+    }
+    let total = plan
+        .tasks
+        .iter()
+        .filter(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)))
+        .count();
+    let mut listed = names
+        .iter()
+        .take(ROOT_PROBES_LISTED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > ROOT_PROBES_LISTED {
+        listed.push_str(&format!(" and {} more", names.len() - ROOT_PROBES_LISTED));
+    }
+    let whose = if config.agent.run_as == "root" {
+        "agent.yaml says run_as: root"
+    } else {
+        "their run_as is root"
+    };
+    Some(format!(
+        "{} of {total} probe(s) run as root ({whose}): {listed}; a probe as root can do anything on this host: give it run_as: an unprivileged user unless it needs root",
+        names.len()
+    ))
 }
 
 #[cfg(test)]
@@ -319,6 +388,9 @@ mod tests {
             if let Some(i) = containment {
                 notes.remove(i);
             }
+            // Whether the default pids limit is enforced depends on the host: the
+            // containment tests check that note.
+            notes.retain(|(r, t)| !(r == "-" && t.starts_with("limits NOT ENFORCED")));
             let expect = if root { &case.as_root } else { &case.as_user };
             assert_findings(case.name, "problems", &problems, expect.problems);
             assert_findings(case.name, "notes", &notes, expect.notes);

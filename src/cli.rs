@@ -74,7 +74,9 @@ pub enum StatusFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate agent.yaml and resources.yaml and print this host's plan: what it probes,
-    /// and why it skips the rest. Exit 0 when valid, 2 otherwise.
+    /// and why it skips the rest. Exit 0 when all is well, 1 when the files are valid but
+    /// this host cannot run its plan as written, 2 when a file cannot be read, parsed or
+    /// trusted.
     Check,
     /// Run one probe now, verbosely: argv, user, environment, exit, duration, output and the
     /// parsed value. Exit 0 when the probe succeeded.
@@ -156,7 +158,8 @@ pub enum TlsCommand {
     Init {
         dir: PathBuf,
         /// Validity of the CA certificate.
-        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_CA_DAYS)]
+        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_CA_DAYS,
+              value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
     },
     /// Issue a certificate and key per host (OUT/NAME.pem, OUT/NAME.key 0600), signed by
@@ -172,7 +175,8 @@ pub enum TlsCommand {
         #[arg(long)]
         domain: Option<String>,
         /// Validity of each certificate.
-        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_HOST_DAYS)]
+        #[arg(long, default_value_t = crate::tls_ca::DEFAULT_HOST_DAYS,
+              value_parser = clap::value_parser!(u32).range(1..=36_500))]
         days: u32,
         #[arg(required = true, value_name = "NAMES")]
         names: Vec<String>,

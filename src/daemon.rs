@@ -31,7 +31,10 @@ pub fn load_config(
     agent_path: &std::path::Path,
     resources_override: Option<&std::path::Path>,
 ) -> Result<Config, crate::config::ConfigErrors> {
+    // agent.yaml is believed (its opt-out included) only once it passes.
+    crate::trust::check_agent_file(agent_path)?;
     let config = crate::config::load(agent_path, resources_override)?;
+    crate::trust::check_named_files(&config.agent)?;
     config
         .resources
         .check_builtin_indices(&crate::probe::builtin::index_names())?;
@@ -136,7 +139,7 @@ pub struct Reloaded {
     /// In both plans, stopped and started again.
     pub restarted: usize,
     /// plugin_dir, run_as or max_parallel changed: every probe was restarted.
-    pub probes_restarted: bool,
+    pub all_probes_restarted: bool,
     /// The controller list or the key material changed: the link was re-made.
     pub link_restarted: bool,
 }
@@ -148,7 +151,7 @@ impl Reloaded {
             stopped: changes.stop.len(),
             started: changes.start.len(),
             restarted: changes.restart.len(),
-            probes_restarted: changes.restarts_every_probe(),
+            all_probes_restarted: changes.restarts_every_probe(),
             link_restarted: changes.reconnects(),
         }
     }
@@ -294,6 +297,13 @@ impl Agent {
         self.loaded_tx.subscribe()
     }
 
+    /// Record how a reload went (after its plan, if any, was applied), for `status` and
+    /// `/metrics`.
+    pub fn note_reload(&self, ok: bool, error: Option<String>) {
+        self.loaded_tx
+            .send_modify(|l| *l = Arc::new(l.reloaded(ok, error)));
+    }
+
     fn was(&self) -> Was {
         Was {
             agent: self.config.agent.clone(),
@@ -410,8 +420,24 @@ impl Agent {
         if !problems.is_empty() {
             return Err(ReloadError::Checks(problems));
         }
+        // New material the controller would refuse is refused here: the working link stays.
         let tls = match config.agent.tls.as_ref().map(Material::load).transpose() {
-            Ok(m) => m,
+            Ok(Some(m)) => {
+                match m.usable_for(
+                    host,
+                    std::time::SystemTime::now(),
+                    config.agent.tls_expiry_warning,
+                ) {
+                    Ok(warning) => {
+                        if let Some(w) = warning {
+                            tracing::warn!("{w}");
+                        }
+                    }
+                    Err(e) => return Err(ReloadError::Tls(e.to_string())),
+                }
+                Some(m)
+            }
+            Ok(None) => None,
             Err(e) => return Err(ReloadError::Tls(e.to_string())),
         };
         // The settings are acted on first: the link's restart forgets the controller's

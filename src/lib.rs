@@ -2,7 +2,7 @@
 //!
 //! Layers, each importing only those below it:
 //! `value`, `text` -> `config` -> `plan`, `reload` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
-//! `checks`, `render`, `status`, `daemon`, `metrics`, `cluster_table` -> `cli` -> `cmd` (one
+//! `checks`, `trust`, `render`, `status`, `daemon`, `metrics`, `cluster_table` -> `cli` -> `cmd` (one
 //! module per command) -> the binary (parse, log, dispatch).
 
 pub mod checks;
@@ -23,4 +23,5 @@ pub mod status;
 pub mod store;
 pub mod text;
 pub mod tls_ca;
+pub mod trust;
 pub mod value;

@@ -35,6 +35,8 @@ use crate::stats::{DurationHistogram, Stats};
 use crate::store::Store;
 use crate::value::{Status, Value};
 
+mod process;
+
 /// A request head longer than this is refused (431): a scraper's is a few hundred bytes.
 /// (hyper's smallest read buffer is 8 KiB, which is also its head limit.)
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -58,6 +60,8 @@ pub struct Sources {
     pub probes: watch::Receiver<Arc<Stats>>,
     /// File reads, for the stuck-read gauge.
     pub files: Arc<crate::probe::file_reader::FileReads>,
+    /// The running configuration and the last reload's result.
+    pub loaded: watch::Receiver<Arc<crate::status::Loaded>>,
 }
 
 impl fmt::Debug for Sources {
@@ -127,8 +131,56 @@ impl Collector for Exposition {
         encode_probes(&mut enc, &stats)?;
         encode_probe_usage(&mut enc, &crate::probe::cgroup::usage_by_probe())?;
         encode_link(&mut enc, &self.0.link)?;
-        encode_file_reads(&mut enc, &self.0.files)
+        encode_file_reads(&mut enc, &self.0.files)?;
+        encode_config(&mut enc, &self.0.loaded.borrow())?;
+        encode_build_info(&mut enc)?;
+        process::encode(&mut enc)
     }
+}
+
+/// As Prometheus does for its own configuration: whether the last reload applied, and when
+/// the running configuration was last loaded.
+fn encode_config(enc: &mut DescriptorEncoder, loaded: &crate::status::Loaded) -> fmt::Result {
+    let ok = loaded.last_reload.as_ref().is_none_or(|r| r.ok);
+    family::<0>(
+        enc,
+        "xce_config_last_reload_successful",
+        "Whether the last reload (SIGHUP) applied: 0 while the agent runs an older configuration than the files hold.",
+        MetricType::Gauge,
+        [([], Sample::Flag(ok))],
+    )?;
+    family::<0>(
+        enc,
+        "xce_config_last_reload_success_timestamp_seconds",
+        "Unix time of the last successful load or reload of the configuration.",
+        MetricType::Gauge,
+        [([], Sample::Gauge(loaded.last_success_ms as f64 / 1000.0))],
+    )?;
+    family::<0>(
+        enc,
+        "xce_config_generation",
+        "1 for the configuration the agent started with, +1 for each reload that changed it.",
+        MetricType::Gauge,
+        [([], Sample::Int(loaded.generation as i64))],
+    )
+}
+
+/// `xce_build_info{version="..."} 1`: which build runs, joinable onto every other series.
+fn encode_build_info(enc: &mut DescriptorEncoder) -> fmt::Result {
+    let protocol = crate::link::wire::PROTOCOL_VERSION.to_string();
+    family(
+        enc,
+        "xce_build_info",
+        "The agent's version and the link protocol it speaks; always 1.",
+        MetricType::Gauge,
+        [(
+            [
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("protocol", protocol.as_str()),
+            ],
+            Sample::Int(1),
+        )],
+    )
 }
 
 fn encode_file_reads(
@@ -201,7 +253,10 @@ fn encode_resources(enc: &mut DescriptorEncoder, store: &Store) -> fmt::Result {
                 Value::String(_) | Value::Unknown => return None,
             };
             Some((
-                [("name", r.name.as_str()), ("instance", r.instance.as_str())],
+                [
+                    ("name", r.name.as_str()),
+                    ("resource_instance", r.instance.as_str()),
+                ],
                 Sample::Gauge(v),
             ))
         }),
@@ -216,7 +271,7 @@ fn encode_resources(enc: &mut DescriptorEncoder, store: &Store) -> fmt::Result {
                 (
                     [
                         ("name", r.name.as_str()),
-                        ("instance", r.instance.as_str()),
+                        ("resource_instance", r.instance.as_str()),
                         ("status", s.as_str()),
                     ],
                     Sample::Flag(r.status == s),
@@ -226,13 +281,16 @@ fn encode_resources(enc: &mut DescriptorEncoder, store: &Store) -> fmt::Result {
     )?;
     family(
         enc,
-        "xce_resource_last_report_seconds",
+        "xce_resource_last_report_timestamp_seconds",
         "Unix time of the resource's last good reading.",
         MetricType::Gauge,
         resvals.iter().filter_map(|r| {
             r.last_report_ms.map(|ms| {
                 (
-                    [("name", r.name.as_str()), ("instance", r.instance.as_str())],
+                    [
+                        ("name", r.name.as_str()),
+                        ("resource_instance", r.instance.as_str()),
+                    ],
                     Sample::Gauge(ms as f64 / 1000.0),
                 )
             })
@@ -277,7 +335,7 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
     }
     family(
         enc,
-        "xce_probe_last_success_seconds",
+        "xce_probe_last_success_timestamp_seconds",
         "Unix time of the probe's last successful run.",
         MetricType::Gauge,
         probes.iter().filter_map(|(name, p)| {
@@ -476,15 +534,14 @@ fn encode_tls(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
     )?;
     let not_after = link.cert_not_after.load(Ordering::Relaxed);
     if not_after != 0 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+        // A timestamp, not a countdown: alert on `xce_tls_cert_not_after_timestamp_seconds
+        // - time() < 14 * 86400`, as node_exporter's and blackbox_exporter's users do.
         family::<0>(
             enc,
-            "xce_tls_cert_expiry_seconds",
-            "Seconds until this host's TLS certificate expires (negative once expired).",
+            "xce_tls_cert_not_after_timestamp_seconds",
+            "Unix time at which this host's TLS certificate expires.",
             MetricType::Gauge,
-            [([], Sample::Int(not_after - now))],
+            [([], Sample::Int(not_after))],
         )?;
     }
     Ok(())

@@ -15,7 +15,7 @@ pub const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(30);
 /// (resource, instance label): a shared instance the controller asked this host to report.
 pub type Assignment = (String, String);
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
     pub host: String,
     pub tasks: Vec<ProbeTask>,
@@ -112,7 +112,11 @@ pub fn provided_by<'a>(resources: &'a Resources, name: &str) -> Option<&'a Resou
 pub fn why_not_probed(resources: &Resources, plan: &Plan, name: &str) -> String {
     let skipped = |n: &str| plan.skipped.iter().find(|s| s.name == n);
     if let Some(s) = skipped(name) {
-        return s.reason.to_string();
+        let hint = match s.reason {
+            SkipReason::NotHere => near_hosts_hint(resources, name, &plan.host),
+            _ => String::new(),
+        };
+        return format!("{}{hint}", s.reason);
     }
     match provided_by(resources, name) {
         Some(feeder) => match skipped(&feeder.name) {
@@ -125,7 +129,49 @@ pub fn why_not_probed(resources: &Resources, plan: &Plan, name: &str) -> String 
                 feeder.name
             ),
         },
-        None => "no such resource in resources.yaml".to_owned(),
+        None => {
+            let names: Vec<&str> = resources
+                .resources
+                .iter()
+                .flat_map(|r| {
+                    let fed = r.probe.iter().flat_map(|p| p.provides.iter());
+                    std::iter::once(r.name.as_str()).chain(fed.map(String::as_str))
+                })
+                .collect();
+            match crate::config::near_miss(name, &names) {
+                Some(near) => format!("no such resource in resources.yaml; did you mean {near}?"),
+                None => "no such resource in resources.yaml".to_owned(),
+            }
+        }
+    }
+}
+
+/// For a resource no instance of which covers `host`: the host names its resourcemap lists
+/// that look like typos of `host` (`node0001` for `node001`), for `check` and `probe NAME`.
+pub fn near_hosts<'a>(resources: &'a Resources, name: &str, host: &str) -> Vec<&'a str> {
+    let Some(res) = resources.resources.iter().find(|r| r.name == name) else {
+        return Vec::new();
+    };
+    res.instances
+        .iter()
+        .filter_map(|i| match &i.location {
+            Location::Hosts(hosts) => Some(hosts),
+            _ => None,
+        })
+        .flatten()
+        .map(String::as_str)
+        .filter(|h| crate::config::hostlist::looks_like_typo_of(h, host))
+        .collect()
+}
+
+/// ` (resourcemap names node0001: a typo of node001?)` where [`near_hosts`] finds any.
+pub fn near_hosts_hint(resources: &Resources, name: &str, host: &str) -> String {
+    match near_hosts(resources, name, host)[..] {
+        [] => String::new(),
+        ref near => format!(
+            " (resourcemap names {}: a typo of {host}?)",
+            near.join(", ")
+        ),
     }
 }
 

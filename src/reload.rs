@@ -120,6 +120,9 @@ pub enum Setting {
     InsecurePlaintext,
     MaxStuckReads,
     MaxInterval,
+    TrustConfigFiles,
+    ProbePidsMax,
+    TlsExpiryWarning,
 }
 
 /// What a changed setting takes to be in effect.
@@ -151,6 +154,9 @@ impl Setting {
             Setting::InsecurePlaintext => "insecure_plaintext",
             Setting::MaxStuckReads => "max_stuck_reads",
             Setting::MaxInterval => "max_interval",
+            Setting::TrustConfigFiles => "trust_config_files_of_any_owner",
+            Setting::ProbePidsMax => "probe_pids_max",
+            Setting::TlsExpiryWarning => "tls.expiry_warning",
         }
     }
 
@@ -158,7 +164,12 @@ impl Setting {
         match self {
             Setting::PluginDir | Setting::RunAs | Setting::MaxParallel => Effect::RestartProbes,
             Setting::Controllers | Setting::Tls | Setting::InsecurePlaintext => Effect::Reconnect,
-            Setting::Resources | Setting::MaxInterval => Effect::Loaded,
+            // Bounds resources.yaml is loaded with: a probe whose limits change restarts.
+            Setting::Resources
+            | Setting::MaxInterval
+            | Setting::ProbePidsMax
+            | Setting::TrustConfigFiles
+            | Setting::TlsExpiryWarning => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -188,6 +199,9 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        trust_config_files_of_any_owner,
+        probe_pids_max,
+        tls_expiry_warning,
     } = new.agent;
     let was = old.agent;
     [
@@ -209,6 +223,15 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             Setting::MaxStuckReads,
         ),
         (was.max_interval != *max_interval, Setting::MaxInterval),
+        (
+            was.trust_config_files_of_any_owner != *trust_config_files_of_any_owner,
+            Setting::TrustConfigFiles,
+        ),
+        (was.probe_pids_max != *probe_pids_max, Setting::ProbePidsMax),
+        (
+            was.tls_expiry_warning != *tls_expiry_warning,
+            Setting::TlsExpiryWarning,
+        ),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))
@@ -713,13 +736,14 @@ mod tests {
                 what: "what was used at load time",
                 old: BASE,
                 new: agent(
-                    "host: node001\nrun_as: nobody\nresources: /srv/r.yaml\nmax_interval: 2d\n",
+                    "host: node001\nrun_as: nobody\nresources: /srv/r.yaml\nmax_interval: 2d\n\
+                     trust_config_files_of_any_owner: true\n",
                 ),
                 keep: ALL,
                 start: &[],
                 stop: &[],
                 restart: &[],
-                settings: &[Resources, MaxInterval],
+                settings: &[Resources, MaxInterval, TrustConfigFiles],
             },
             Row {
                 what: "the host override (refused before a diff when it resolves elsewhere)",

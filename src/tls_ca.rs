@@ -88,6 +88,21 @@ fn make_dir(dir: &Path) -> Result<(), CaError> {
         .map_err(io_err(dir))
 }
 
+/// A CA's common name, unique per CA: two CAs made by `tls init` (a test cluster's and the
+/// real one's) never share a subject, so a certificate from the wrong one shows as signed by
+/// another CA (by name) rather than as a bad signature from the same one.
+fn ca_name(key: &KeyPair) -> String {
+    // The public key's X coordinate after the 0x04 prefix: random per key.
+    let id: String = key
+        .public_key_raw()
+        .iter()
+        .skip(1)
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("xce cluster CA {id}")
+}
+
 /// Make a cluster CA in `dir`. Returns the files written.
 pub fn init(dir: &Path, days: u32) -> Result<Vec<PathBuf>, CaError> {
     make_dir(dir)?;
@@ -101,7 +116,7 @@ pub fn init(dir: &Path, days: u32) -> Result<Vec<PathBuf>, CaError> {
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(rcgen_err("CA"))?;
     params
         .distinguished_name
-        .push(DnType::CommonName, "xce cluster CA");
+        .push(DnType::CommonName, ca_name(&key));
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,

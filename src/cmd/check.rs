@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
-use super::{exit, host_name, load, CmdError};
+use super::{exit, host_name, load_files, CmdError};
 use crate::checks::plan_checks;
 use crate::cli::Common;
 use crate::config::ProbeKind;
@@ -14,7 +14,7 @@ use crate::probe::builtin;
 use crate::render::plan::{plan_text, tls_text};
 
 pub async fn run(common: &Common) -> Result<u8, CmdError> {
-    let Some(config) = load(common) else {
+    let Some(config) = load_files(common) else {
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
@@ -38,18 +38,24 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         }
     }
     print!("{}", plan_text(&config, &plan, &problems, &notes));
-    let tls = config
-        .agent
-        .tls
-        .as_ref()
-        .map(|paths| crate::link::tls::check(paths, SystemTime::now()));
+    let tls = config.agent.tls.as_ref().map(|paths| {
+        crate::link::tls::check(
+            paths,
+            SystemTime::now(),
+            &host,
+            config.agent.tls_expiry_warning,
+        )
+    });
     print!("{}", tls_text(&config, tls.as_ref()));
+    for w in crate::trust::waived(&config.agent) {
+        println!("\nWARNING: {w}");
+    }
     let total = problems.len() + tls.map_or(0, |r| r.problems.len());
     if total == 0 {
         println!("\nconfiguration OK");
         Ok(exit::OK)
     } else {
         println!("\nconfiguration has {total} problem(s) on this host");
-        Ok(exit::CONFIG)
+        Ok(exit::HOST_PROBLEMS)
     }
 }

@@ -19,16 +19,32 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     let Some(config) = load(common) else {
         return Ok(exit::CONFIG);
     };
+    let host = host_name(common, &config)?;
     if let Some(paths) = &config.agent.tls {
-        if let Err(e) = crate::link::tls::Material::load(paths) {
-            eprintln!("xce-agent: {e}");
-            return Ok(exit::CONFIG);
+        // A certificate the controller would refuse (expired, not yet valid, naming another
+        // host) stops the start here, said plainly, instead of a TLS error in a loop.
+        let usable = crate::link::tls::Material::load(paths).and_then(|m| {
+            m.usable_for(
+                &host,
+                std::time::SystemTime::now(),
+                config.agent.tls_expiry_warning,
+            )
+        });
+        match usable {
+            Ok(warning) => {
+                if let Some(w) = warning {
+                    tracing::warn!("{w}");
+                }
+            }
+            Err(e) => {
+                eprintln!("xce-agent: {e}");
+                return Ok(exit::CONFIG);
+            }
         }
     } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
         tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
     }
     start_supervision();
-    let host = host_name(common, &config)?;
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
     // not kill the process with the default action).
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -60,6 +76,9 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         Arc::new(builtin::Live(sampler)),
         LinkConfig::default(),
     );
+    if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
+        tracing::warn!("{text}");
+    }
     let metrics_stop = CancellationToken::new();
     if let Some(listener) = metrics_listener {
         if let Ok(addr) = listener.local_addr() {
@@ -70,6 +89,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
             link: agent.link_stats.clone(),
             probes: agent.stats(),
             files: agent.scheduler.context().files.clone(),
+            loaded: agent.loaded(),
         };
         tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
     }
@@ -142,49 +162,70 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
 }
 
 /// SIGHUP: load both files again and move the agent to them. Any error keeps the running
-/// config; every error is logged on its own line with its file:line:column.
+/// config; every error is logged on its own line with its file:line:column, and the result
+/// is kept for `status` and `/metrics` (`xce_config_last_reload_successful`).
 async fn reload(common: &Common, agent: &mut Agent) {
     tracing::info!("SIGHUP: reloading the configuration");
-    let config = match crate::daemon::load_config(&common.config, common.resources.as_deref()) {
-        Ok(c) => c,
-        Err(errors) => {
-            for e in &errors.0 {
-                tracing::error!("{e}");
+    match try_reload(common, agent).await {
+        Ok(()) => agent.note_reload(true, None),
+        Err((verdict, lines)) => {
+            let (summary, details) = lines.split_last().expect("a reason");
+            for line in details {
+                tracing::error!("{line}");
             }
             tracing::error!(
-                errors = errors.0.len(),
-                "reload failed; still running the previous configuration"
+                "reload {verdict}: {summary}; still running the previous configuration"
             );
-            return;
+            agent.note_reload(false, Some(lines.join("\n")));
         }
-    };
-    let host = match host_name(common, &config) {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::error!("reload failed: {e}; still running the previous configuration");
-            return;
-        }
-    };
+    }
+}
+
+/// A reload, or why not: "failed" (the files could not be loaded) or "refused" (they
+/// loaded, but this host cannot run them), with every line of the reason, its summary last.
+async fn try_reload(common: &Common, agent: &mut Agent) -> Result<(), (&'static str, Vec<String>)> {
+    let config = crate::daemon::load_config(&common.config, common.resources.as_deref()).map_err(
+        |errors| {
+            let mut lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+            lines.push(format!("{} error(s) in the configuration", errors.0.len()));
+            ("failed", lines)
+        },
+    )?;
+    let host = host_name(common, &config).map_err(|e| ("failed", vec![e.to_string()]))?;
+    for w in crate::trust::waived(&config.agent) {
+        tracing::warn!("{w}");
+    }
     if config.digest == agent.config.digest && !agent.tls_changed(&config) {
         tracing::info!("configuration unchanged");
-        return;
+        return Ok(());
     }
     match agent.reload(config, &host).await {
-        Ok(r) => tracing::info!(
-            kept = r.kept,
-            stopped = r.stopped,
-            started = r.started,
-            probes_restarted = r.probes_restarted,
-            link_restarted = r.link_restarted,
-            "reloaded"
-        ),
-        Err(e) => {
-            if let crate::daemon::ReloadError::Checks(problems) = &e {
-                for (name, text) in problems {
-                    tracing::error!("{name}: {text}");
-                }
+        Ok(r) => {
+            tracing::info!(
+                kept = r.kept,
+                stopped = r.stopped,
+                started = r.started,
+                restarted = r.restarted,
+                all_probes_restarted = r.all_probes_restarted,
+                link_restarted = r.link_restarted,
+                "reloaded"
+            );
+            if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
+                tracing::warn!("{text}");
             }
-            tracing::error!("reload refused: {e}; still running the previous configuration")
+            Ok(())
+        }
+        Err(e) => {
+            let mut lines = Vec::new();
+            if let crate::daemon::ReloadError::Checks(problems) = &e {
+                lines.extend(
+                    problems
+                        .iter()
+                        .map(|(name, text)| format!("{name}: {text}")),
+                );
+            }
+            lines.push(e.to_string());
+            Err(("refused", lines))
         }
     }
 }

@@ -35,6 +35,11 @@ pub mod exit {
     pub const CONFIG: u8 = 2;
     /// `status`: nothing answers on the socket.
     pub const NOT_RUNNING: u8 = 3;
+    /// `check`: both files are valid, but this host cannot run its plan as written (a
+    /// script refused or missing, an unknown `run_as` user, a certificate problem): the
+    /// files may be right for other hosts. A file that cannot be read, parsed or trusted
+    /// is [`CONFIG`].
+    pub const HOST_PROBLEMS: u8 = 1;
 }
 
 /// Why a command could not run. The binary prints it with its causes (`{:#}`).
@@ -98,8 +103,18 @@ pub fn host_name(common: &Common, config: &Config) -> Result<String, CmdError> {
     Ok(h)
 }
 
-/// Load both files; on error print every problem with its position and return None.
+/// Load both files; on error print every problem with its position and return None. What
+/// `trust_config_files_of_any_owner` lets through is logged at WARN.
 pub fn load(common: &Common) -> Option<Config> {
+    let config = load_files(common)?;
+    for w in crate::trust::waived(&config.agent) {
+        tracing::warn!("{w}");
+    }
+    Some(config)
+}
+
+/// [`load`] without the warnings (`check` prints them in its report).
+pub fn load_files(common: &Common) -> Option<Config> {
     match crate::daemon::load_config(&common.config, common.resources.as_deref()) {
         Ok(c) => {
             for (res, field, pos) in &c.resources.ignored_fields {

@@ -17,7 +17,6 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
     let Some(config) = load(common) else {
         return Ok(exit::CONFIG);
     };
-    start_supervision();
     let host = host_name(common, &config)?;
     let mut plan = make_plan(&config.resources, &host, &BTreeSet::new());
     if !only.is_empty() {
@@ -27,6 +26,8 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
         plan.tasks
             .retain(|t| only.iter().any(|n| n == &t.name || t.feed(n).is_some()));
     }
+    // Only once there is something to run: a refused name touches no cgroup.
+    start_supervision();
     let store = Store::new();
     store.declare(declared(&plan));
     let builtin = one_shot_builtins(uses_builtins(&plan)).await;

@@ -59,7 +59,7 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             Ok(RunsAs::User(c)) => Some(c.uid),
             _ => None,
         };
-        let verdict = security::verdict(&program, &spec.command, &ctx.plugin_dir, uid);
+        let verdict = security::verdict(&program, &spec.command, &spec.env, &ctx.plugin_dir, uid);
         ExecFacts {
             spec,
             user,

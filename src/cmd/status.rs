@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::exit;
 use crate::cli::{Common, StatusFormat};
 use crate::render;
-use crate::status::client::{query, ClientError};
+use crate::status::client::{query, running_daemons, ClientError};
 use crate::status::StatusReport;
 use crate::value::Status;
 
@@ -23,7 +23,17 @@ pub async fn run(common: &Common, format: StatusFormat, watch: bool, names: &[St
         }
     };
     let json = format == StatusFormat::Json;
-    ask(agent.status_socket_path(), json, watch, names).await
+    let asking = Asking {
+        socket: agent.status_socket_path(),
+        config: &common.config,
+    };
+    ask(&asking, json, watch, names).await
+}
+
+/// Where the daemon answers, and the agent.yaml it was started with.
+struct Asking<'a> {
+    socket: &'a Path,
+    config: &'a Path,
 }
 
 /// 0 when every resource is ok or pending and the link is connected (or not configured).
@@ -32,7 +42,8 @@ fn exit_code(report: &StatusReport) -> u8 {
         .resources
         .iter()
         .any(|r| matches!(r.status, Status::Failed | Status::Stale))
-        || !matches!(report.link.state.as_str(), "connected" | "none");
+        || !matches!(report.link.state.as_str(), "connected" | "none")
+        || report.config.last_reload.as_ref().is_some_and(|r| !r.ok);
     if trouble {
         exit::TROUBLE
     } else {
@@ -41,8 +52,12 @@ fn exit_code(report: &StatusReport) -> u8 {
 }
 
 /// One frame: what to print and the exit code it means.
-async fn frame(path: &Path, json: bool, names: &[String]) -> Result<(String, u8), (String, u8)> {
-    match query(path, names).await {
+async fn frame(
+    asking: &Asking<'_>,
+    json: bool,
+    names: &[String],
+) -> Result<(String, u8), (String, u8)> {
+    match query(asking.socket, names).await {
         Ok(report) => {
             let text = if json {
                 match serde_json::to_string_pretty(&report) {
@@ -54,22 +69,28 @@ async fn frame(path: &Path, json: bool, names: &[String]) -> Result<(String, u8)
             };
             Ok((text, exit_code(&report)))
         }
-        Err(e) => {
+        Err(ClientError::NotRunning { path, why }) => {
+            // Nothing answers: is a daemon with this agent.yaml running all the same?
+            let e = match running_daemons(Path::new("/proc"), asking.config) {
+                pids if pids.is_empty() => ClientError::NotRunning { path, why },
+                pids => ClientError::SocketOff { path, pids },
+            };
             let code = match e {
                 ClientError::NotRunning { .. } => exit::NOT_RUNNING,
                 _ => exit::CONFIG,
             };
             Err((format!("xce-agent: {e}\n"), code))
         }
+        Err(e) => Err((format!("xce-agent: {e}\n"), exit::CONFIG)),
     }
 }
 
 /// Returns the exit code. Without `watch` an error goes to stderr; with it, into the
 /// frame (the daemon may come back), and the loop runs until the process is interrupted
 /// or stdout is gone.
-async fn ask(path: &Path, json: bool, watch: bool, names: &[String]) -> u8 {
+async fn ask(asking: &Asking<'_>, json: bool, watch: bool, names: &[String]) -> u8 {
     if !watch {
-        return match frame(path, json, names).await {
+        return match frame(asking, json, names).await {
             Ok((text, code)) => {
                 print!("{text}");
                 code
@@ -85,7 +106,7 @@ async fn ask(path: &Path, json: bool, watch: bool, names: &[String]) -> u8 {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let (text, code) = frame(path, json, names).await.unwrap_or_else(|e| e);
+        let (text, code) = frame(asking, json, names).await.unwrap_or_else(|e| e);
         let mut out = std::io::stdout().lock();
         // A terminal gets the frame redrawn in place; a pipe gets frames one after another.
         let written = if terminal {

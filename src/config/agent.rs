@@ -33,6 +33,8 @@ struct RawAgent {
     insecure_plaintext: Option<Spanned<bool>>,
     max_stuck_reads: Option<Spanned<i64>>,
     max_interval: Option<Spanned<super::scalar::Scalar>>,
+    trust_config_files_of_any_owner: Option<Spanned<bool>>,
+    probe_pids_max: Option<Spanned<super::scalar::Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +44,7 @@ struct RawTls {
     cert: String,
     key: String,
     crl: Option<String>,
+    expiry_warning: Option<Spanned<super::scalar::Scalar>>,
 }
 
 /// The link's key material (`tls:` in agent.yaml), paths resolved against agent.yaml's
@@ -84,6 +87,15 @@ pub struct AgentConfig {
     pub max_stuck_reads: usize,
     /// The longest `interval` resources.yaml may give.
     pub max_interval: std::time::Duration,
+    /// A root agent reads resources.yaml, the CA bundle and the CRL whoever owns them and
+    /// whoever may write them (a site with another trust model, e.g. shared storage with
+    /// root_squash): chosen in words, warned about at every load. Never agent.yaml itself.
+    pub trust_config_files_of_any_owner: bool,
+    /// `pids.max` of a probe's cgroup where its `limits:` give none (`None`: no limit).
+    pub probe_pids_max: Option<u64>,
+    /// `tls.expiry_warning`: how long before this host's certificate expires the agent
+    /// starts warning (at start, at each reload, and in `check`).
+    pub tls_expiry_warning: std::time::Duration,
 }
 
 impl AgentConfig {
@@ -97,17 +109,21 @@ impl AgentConfig {
     pub fn bounds(&self) -> super::limits::Bounds {
         super::limits::Bounds {
             max_interval: self.max_interval,
+            probe_pids_max: self.probe_pids_max,
         }
     }
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
-    let raw: RawAgent = if text.trim().is_empty() {
-        RawAgent::default()
+    let (raw, shape_errors): (RawAgent, _) = if text.trim().is_empty() {
+        (RawAgent::default(), Vec::new())
     } else {
-        super::limits::parse_yaml(path, text)?
+        super::recover::parse_all(text, super::recover::Items::TopLevelKeys, |t| {
+            super::limits::parse_yaml(path, t)
+        })?
     };
     let mut errs = Errors::new(path);
+    errs.list.extend(shape_errors);
     // Children run in `/`, so every path must be absolute, whatever the agent's cwd.
     let parent = path.parent().unwrap_or(Path::new("."));
     let base = if parent.is_absolute() {
@@ -139,6 +155,13 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         }
     };
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
+    let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
+    let tls_expiry_warning = tls_expiry_warning(
+        &mut errs,
+        raw.tls
+            .as_ref()
+            .and_then(|t| t.value.expiry_warning.as_ref()),
+    );
     if let Some(m) = &raw.metrics {
         if m.value.parse::<std::net::SocketAddr>().is_err() {
             errs.at(
@@ -217,7 +240,64 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         insecure_plaintext,
         max_stuck_reads,
         max_interval,
+        trust_config_files_of_any_owner: raw
+            .trust_config_files_of_any_owner
+            .is_some_and(|t| t.value),
+        probe_pids_max,
+        tls_expiry_warning,
     })
+}
+
+/// Default of `tls.expiry_warning`.
+pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
+    std::time::Duration::from_secs(14 * 86_400);
+
+/// `tls.expiry_warning`: a duration of at most a year.
+fn tls_expiry_warning(
+    errs: &mut Errors,
+    raw: Option<&Spanned<super::scalar::Scalar>>,
+) -> std::time::Duration {
+    let Some(w) = raw else {
+        return DEFAULT_TLS_EXPIRY_WARNING;
+    };
+    let year = super::limits::MAX_INTERVAL_CEILING;
+    match w
+        .value
+        .to_duration()
+        .map_err(|e| e.to_string())
+        .and_then(|d| {
+            super::limits::check_duration("tls.expiry_warning", d, year).map_err(|e| e.to_string())
+        }) {
+        Ok(d) => d,
+        Err(e) => {
+            errs.at(Pos::of(w), e);
+            DEFAULT_TLS_EXPIRY_WARNING
+        }
+    }
+}
+
+/// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.
+fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<super::scalar::Scalar>>) -> Option<u64> {
+    use super::limits::{count_bound, DEFAULT_PROBE_PIDS_MAX};
+    let Some(m) = raw else {
+        return Some(DEFAULT_PROBE_PIDS_MAX);
+    };
+    let bound = count_bound("pids");
+    match m.value.to_count() {
+        Ok(0) => None,
+        Ok(n) if n <= bound => Some(n),
+        Ok(n) => {
+            errs.at(
+                Pos::of(m),
+                format!("probe_pids_max {n} is larger than the limit of {bound} (0 sets no default limit)"),
+            );
+            Some(DEFAULT_PROBE_PIDS_MAX)
+        }
+        Err(e) => {
+            errs.at(Pos::of(m), format!("bad probe_pids_max: {e}"));
+            Some(DEFAULT_PROBE_PIDS_MAX)
+        }
+    }
 }
 
 /// `max_stuck_reads` and `max_interval`, range-checked (the bounds in the messages).

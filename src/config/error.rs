@@ -139,6 +139,10 @@ pub fn from_yaml(file: &Path, text: &str, err: &serde_saphyr::Error) -> ConfigEr
             " (a host range such as node[1-3] inside [ ] must be quoted: [\"node[1-3]\"])",
         );
     }
+    if let Some(hint) = super::recover::shape_hint(&message) {
+        message.push_str("; ");
+        message.push_str(hint);
+    }
     let (pos, hint) = super::yaml_hint::hint(text, pos, &message);
     if let Some(hint) = hint {
         message.push_str("; ");

@@ -196,6 +196,45 @@ pub fn same_host(a: &str, b: &str) -> bool {
     (dom_a.is_none() || dom_b.is_none()) && short_a.eq_ignore_ascii_case(short_b)
 }
 
+/// `listed` looks like a typo of `host` (short names, case ignored): one character more or
+/// less, two neighbours swapped, or one changed where either is not a digit. A changed digit
+/// is not a typo: `node002` is another node, not a misspelt `node001`.
+pub fn looks_like_typo_of(listed: &str, host: &str) -> bool {
+    let a: Vec<char> = split_fqdn(listed).0.to_ascii_lowercase().chars().collect();
+    let b: Vec<char> = split_fqdn(host).0.to_ascii_lowercase().chars().collect();
+    if a == b {
+        return false;
+    }
+    let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let suffix = |x: &[char], y: &[char]| {
+        x.iter()
+            .rev()
+            .zip(y.iter().rev())
+            .take_while(|(p, q)| p == q)
+            .count()
+    };
+    match a.len().abs_diff(b.len()) {
+        // One character inserted or deleted.
+        1 => {
+            let (long, short) = if a.len() > b.len() {
+                (&a, &b)
+            } else {
+                (&b, &a)
+            };
+            prefix + suffix(long, short) >= short.len()
+        }
+        0 => {
+            let differ: Vec<usize> = (0..a.len()).filter(|&i| a[i] != b[i]).collect();
+            match differ[..] {
+                [i] => !(a[i].is_ascii_digit() && b[i].is_ascii_digit()),
+                [i, j] => j == i + 1 && a[i] == b[j] && a[j] == b[i],
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
 fn split_fqdn(h: &str) -> (&str, Option<&str>) {
     match h.split_once('.') {
         Some((s, d)) => (s, Some(d)),
@@ -211,6 +250,30 @@ pub fn host_key(h: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_typo_of_this_host_is_told_from_another_host() {
+        for typo in [
+            "node0001",
+            "node01",
+            "nod001",
+            "ndoe001",
+            "nodeO01",
+            "NODE0001.other",
+        ] {
+            assert!(looks_like_typo_of(typo, "node001"), "{typo}");
+        }
+        for other in [
+            "node002",
+            "node101",
+            "node001",
+            "Node001",
+            "gpu001",
+            "node00123",
+        ] {
+            assert!(!looks_like_typo_of(other, "node001"), "{other}");
+        }
+    }
 
     #[test]
     fn plain_and_ranges() {

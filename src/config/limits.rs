@@ -38,6 +38,12 @@ pub fn count_bound(field: &str) -> u64 {
     }
 }
 
+/// agent.yaml's `probe_pids_max`: the `pids.max` of each exec and stream probe's cgroup
+/// unless its `limits: {pids: N}` says otherwise. One probe's fork bomb then stops at this
+/// many tasks instead of filling the unit's `TasksMax` (1024 in the shipped unit) and keeping
+/// every other probe from starting; a probe script with a few pipelines needs a handful.
+pub const DEFAULT_PROBE_PIDS_MAX: u64 = 128;
+
 /// agent.yaml's `max_stuck_reads`: default and range.
 pub const DEFAULT_MAX_STUCK_READS: usize = 32;
 pub const MAX_STUCK_READS_RANGE: std::ops::RangeInclusive<i64> = 1..=1024;
@@ -46,12 +52,15 @@ pub const MAX_STUCK_READS_RANGE: std::ops::RangeInclusive<i64> = 1..=1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
     pub max_interval: Duration,
+    /// `pids.max` for probes whose `limits:` give none; `None`: no default limit.
+    pub probe_pids_max: Option<u64>,
 }
 
 impl Default for Bounds {
     fn default() -> Self {
         Self {
             max_interval: DEFAULT_MAX_INTERVAL,
+            probe_pids_max: Some(DEFAULT_PROBE_PIDS_MAX),
         }
     }
 }

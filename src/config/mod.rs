@@ -8,6 +8,8 @@ pub mod pattern;
 mod probe_output;
 pub mod probe_spec;
 mod raw;
+mod recover;
+pub use raw::near_miss;
 pub mod resources;
 pub mod scalar;
 pub mod stdio;

@@ -165,6 +165,14 @@ impl ProbeKind {
         }
     }
 
+    pub fn exec_spec_mut(&mut self) -> Option<&mut ExecSpec> {
+        match self {
+            ProbeKind::Exec(e) => Some(e),
+            ProbeKind::Stream(s) => Some(&mut s.exec),
+            _ => None,
+        }
+    }
+
     /// One line saying what the probe reads, for `check`'s plan.
     pub fn summary(&self) -> String {
         match self {

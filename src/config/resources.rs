@@ -206,8 +206,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
 
 /// Parse with the bounds agent.yaml sets (the longest interval).
 pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources, ConfigErrors> {
-    let raw: RawResourcesFile = super::limits::parse_yaml(path, text)?;
+    let (raw, shape_errors): (RawResourcesFile, _) =
+        super::recover::parse_all(text, super::recover::Items::ResourceEntries, |t| {
+            super::limits::parse_yaml(path, t)
+        })?;
     let mut errs = Errors::new(path);
+    errs.list.extend(shape_errors);
     for key in &raw.other_sections {
         if near_miss(&key.value, &["resources"]).is_some() {
             errs.at(
@@ -358,7 +362,11 @@ fn resource(
                 ),
             );
         }
-        super::probe_spec::probe(errs, p, &name.value)
+        let mut probe = super::probe_spec::probe(errs, p, &name.value)?;
+        if let Some(spec) = probe.kind.exec_spec_mut() {
+            spec.limits.pids = spec.limits.pids.or(bounds.probe_pids_max);
+        }
+        Some(probe)
     });
     if errs.list.len() > before {
         return None;

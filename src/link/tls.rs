@@ -29,9 +29,6 @@ use crate::config::hostlist;
 /// must not hold a connection slot (or the agent's reconnect loop) for longer.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `check` warns when a certificate expires sooner than this.
-pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
-
 /// A PEM file larger than this is not key material (a wrong path pointing at a log).
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
@@ -64,6 +61,25 @@ pub enum TlsError {
     Crl { path: PathBuf, why: String },
     #[error("TLS setup: {0}")]
     Setup(String),
+    #[error(
+        "{}: this host's certificate expired on {not_after}: the controller will refuse it; install a renewed one (xce-agent tls issue, or the site's PKI) and reload",
+        path.display()
+    )]
+    Expired { path: PathBuf, not_after: String },
+    #[error(
+        "{}: this host's certificate is not valid before {not_before} (is this machine's clock right?)",
+        path.display()
+    )]
+    NotYetValid { path: PathBuf, not_before: String },
+    #[error(
+        "{}: this host's certificate names [{}], not this host {host:?}: the controller accepts a host only when the certificate names it; issue one for {host} (xce-agent tls issue ... {host}), or set `host:` in agent.yaml to the name it carries",
+        path.display(), sans.join(", ")
+    )]
+    WrongHost {
+        path: PathBuf,
+        host: String,
+        sans: Vec<String>,
+    },
 }
 
 /// The key material of one end, read and checked; turned into rustls configs on demand.
@@ -276,6 +292,59 @@ impl Material {
     pub fn leaf_not_after(&self) -> Option<i64> {
         cert_info(self.leaf()).map(|i| i.not_after)
     }
+
+    /// Whether this end's certificate can speak for `host` at `now`: valid now, and naming
+    /// `host` by the rule the receiver applies. What the controller would refuse is refused
+    /// here first, where the admin is looking, instead of as a TLS error in a reconnect
+    /// loop. `Ok(Some(text))`: usable, but it expires within `warn_before`.
+    pub fn usable_for(
+        &self,
+        host: &str,
+        now: SystemTime,
+        warn_before: Duration,
+    ) -> Result<Option<String>, TlsError> {
+        let Some(info) = cert_info(self.leaf()) else {
+            return Ok(None);
+        };
+        let path = &self.paths.cert;
+        let now = unix(now);
+        if info.not_after < now {
+            return Err(TlsError::Expired {
+                path: path.clone(),
+                not_after: rfc3339(info.not_after),
+            });
+        }
+        if info.not_before > now {
+            return Err(TlsError::NotYetValid {
+                path: path.clone(),
+                not_before: rfc3339(info.not_before),
+            });
+        }
+        if !cert_names_host(&info.dns_names, host) {
+            return Err(TlsError::WrongHost {
+                path: path.clone(),
+                host: host.to_owned(),
+                sans: info.sans,
+            });
+        }
+        let left = info.not_after - now;
+        Ok((left < warn_before.as_secs() as i64).then(|| expiry_warning(path, &info, left)))
+    }
+}
+
+fn unix(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn expiry_warning(path: &Path, info: &CertInfo, left: i64) -> String {
+    format!(
+        "{}: certificate {:?} expires in {} days ({}): renew it",
+        path.display(),
+        info.subject,
+        left / 86_400,
+        rfc3339(info.not_after)
+    )
 }
 
 /// What `check` prints about a certificate.
@@ -496,7 +565,10 @@ pub struct Report {
     pub warnings: Vec<String>,
 }
 
-pub fn check(paths: &TlsPaths, now: SystemTime) -> Report {
+/// `check`'s view of the key material: each certificate described, what makes it unusable
+/// (expired, not yet valid, not naming `host`) a problem, an expiry within `warn_before` a
+/// warning.
+pub fn check(paths: &TlsPaths, now: SystemTime, host: &str, warn_before: Duration) -> Report {
     let mut report = Report::default();
     let material = match Material::load(paths) {
         Ok(m) => m,
@@ -505,9 +577,10 @@ pub fn check(paths: &TlsPaths, now: SystemTime) -> Report {
             return report;
         }
     };
-    let now = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    if let Err(e @ TlsError::WrongHost { .. }) = material.usable_for(host, now, warn_before) {
+        report.problems.push(e.to_string());
+    }
+    let now = unix(now);
     let described = material
         .chain
         .iter()
@@ -536,14 +609,8 @@ pub fn check(paths: &TlsPaths, now: SystemTime) -> Report {
                 info.subject,
                 rfc3339(info.not_after)
             ));
-        } else if left < EXPIRY_WARNING.as_secs() as i64 {
-            report.warnings.push(format!(
-                "{}: certificate {:?} expires in {} days ({}): renew it",
-                path.display(),
-                info.subject,
-                left / 86_400,
-                rfc3339(info.not_after)
-            ));
+        } else if left < warn_before.as_secs() as i64 {
+            report.warnings.push(expiry_warning(path, &info, left));
         }
         if info.not_before > now {
             report.problems.push(format!(

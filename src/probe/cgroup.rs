@@ -27,10 +27,21 @@
 //! `<base>` is `<own>` when systemd started the agent as a service (`Delegate=yes` hands it
 //! that subtree), otherwise `<own>/xce-agent.<pid>.<start>` (`<start>`: the process's start
 //! time, in clock ticks since boot, from `/proc/<pid>/stat`): several agents (or test
-//! processes) on one host never share a subtree, one that died is cleaned up by the next one
-//! to start, and a later process that gets a dead one's pid (pids are reused; a container's
-//! agent may get the same low pid at every start) neither takes its subtree for its own nor
-//! finds its own name taken, nor has a live subtree removed while it makes its own.
+//! processes) on one host never share a subtree, and a later process that gets a dead one's
+//! pid (pids are reused; a container's agent may get the same low pid at every start) never
+//! finds its own name taken.
+//!
+//! Who owns a subtree is never judged by its pid: a pid means nothing outside its PID
+//! namespace, and agents in containers or under `unshare -p` share the cgroup tree with the
+//! host's. The owner holds an exclusive `flock` on `<base>` from just after making it until
+//! its process ends, however it ends (the kernel drops the lock with the last descriptor).
+//! The lock lives on the cgroup's inode, which every PID namespace, cgroup namespace and
+//! mount of the hierarchy shares. An agent that starts removes a sibling subtree only when
+//! it is provably abandoned: it takes the sibling's lock itself (no live agent holds it),
+//! and the sibling's `agent/` exists (so its owner had taken the lock before making it) and
+//! is unpopulated (no agent, not even an earlier version that took no lock, is in it). It
+//! holds that lock while it kills and removes the subtree, and says so at WARN; anything
+//! else is left alone.
 //! Where no v2 hierarchy is writable (not root, v1-only host) probes are contained by process
 //! group only, and the log and `check` say so.
 
@@ -61,6 +72,9 @@ pub enum Containment {
 #[derive(Debug)]
 pub struct Tree {
     pub base: PathBuf,
+    /// The flock on `base` that tells other agents this subtree's agent is alive; held for
+    /// the process's life.
+    _owned: SubtreeLock,
     /// Controllers enabled for the probes' cgroups.
     pub controllers: Vec<String>,
     /// The cgroup the agent was in before it moved into `agent/`, to go back to at shutdown.
@@ -68,6 +82,9 @@ pub struct Tree {
     /// `<base>` was made by us (and is removed at shutdown), not handed over by systemd.
     own_base: bool,
     probes: Mutex<HashMap<String, Arc<ProbeCgroup>>>,
+    /// A limit's controller found missing was logged (once per controller, not per probe:
+    /// the default `pids` limit is on every probe).
+    missing_logged: [std::sync::atomic::AtomicBool; 2],
 }
 
 /// One probe's cgroup: the parent of its runs' leaves, where its limits are set and its
@@ -256,6 +273,56 @@ pub fn check_text() -> String {
     }
 }
 
+/// What to do where a controller the limits need is missing from the agent's cgroup tree.
+const ENABLE_CONTROLLER: &str = "a hybrid host keeps it on cgroup v1 (boot with systemd.unified_cgroup_hierarchy=1); under systemd the unit's Delegate=yes (as shipped) hands it to the agent";
+
+/// `check`'s note on the `memory` and `pids` limits this host would not enforce, from each
+/// probe's `(name, limits)`: a limit needs its controller in the agent's cgroup v2 tree.
+pub fn unenforced_limits_text<'a>(
+    probes: impl Iterator<Item = (&'a str, &'a Limits)> + Clone,
+) -> Vec<String> {
+    let host = detect()
+        .ok()
+        .filter(|h| nix::unistd::access(&h.own, nix::unistd::AccessFlags::W_OK).is_ok());
+    let mut out = Vec::new();
+    for (controller, file) in [("memory", "memory.max"), ("pids", "pids.max")] {
+        let limited: Vec<&str> = probes
+            .clone()
+            .filter(|(_, l)| match controller {
+                "memory" => l.memory.is_some(),
+                _ => l.pids.is_some(),
+            })
+            .map(|(name, _)| name)
+            .collect();
+        if limited.is_empty() {
+            continue;
+        }
+        let why = match &host {
+            Some(h) if h.controllers.iter().any(|c| c == controller) => continue,
+            Some(h) => format!(
+                "the {controller} controller is not available in the cgroup v2 tree at {}: {ENABLE_CONTROLLER}",
+                h.own.display()
+            ),
+            None => "there is no cgroup containment here (see the containment line)".to_owned(),
+        };
+        out.push(format!(
+            "limits NOT ENFORCED: {file} of {} is not set on this host: {why}",
+            list_some(&limited)
+        ));
+    }
+    out
+}
+
+/// `a, b, c and 7 more`.
+fn list_some(names: &[&str]) -> String {
+    const SHOWN: usize = 5;
+    let shown = names[..names.len().min(SHOWN)].join(", ");
+    match names.len().saturating_sub(SHOWN) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
 /// The tree, if `init` set one up.
 pub fn active() -> Option<&'static Tree> {
     match STATE.get() {
@@ -269,18 +336,37 @@ fn set_up() -> Result<Tree, String> {
     let io = |what: &str, p: &Path, e: io::Error| format!("cannot {what} {}: {e}", p.display());
     let delegated = std::env::var_os("INVOCATION_ID").is_some()
         && host.own.extension().is_some_and(|e| e == "service");
-    let base = if delegated {
-        host.own.clone()
+    let (base, owned) = if delegated {
+        let owned = match lock_subtree(&host.own, Wait::No) {
+            Ok(Some(lock)) => lock,
+            Ok(None) => {
+                return Err(format!(
+                    "another agent holds this unit's cgroup {}",
+                    host.own.display()
+                ))
+            }
+            Err(e) => return Err(io("lock", &host.own, e)),
+        };
+        (host.own.clone(), owned)
     } else {
-        remove_dead_siblings(&host.own);
+        remove_abandoned_siblings(&host.own);
         let pid = std::process::id();
         let start =
             start_time(pid).ok_or("cannot read this process's start time from /proc/self/stat")?;
-        host.own.join(format!("xce-agent.{pid}.{start}"))
+        let base = create_subtree(&host.own, &format!("xce-agent.{pid}.{start}"))
+            .map_err(|(p, e)| io("create", &p, e))?;
+        // Blocking: a neighbour judging this new subtree holds its lock for as long as it
+        // takes to see that it has no `agent/` yet, and then leaves it alone.
+        let locked = lock_subtree(&base, Wait::Yes)
+            .and_then(|lock| lock.ok_or_else(|| io::ErrorKind::WouldBlock.into()));
+        match locked {
+            Ok(lock) => (base, lock),
+            Err(e) => {
+                let _ = fs::remove_dir(&base);
+                return Err(io("lock", &base, e));
+            }
+        }
     };
-    if !delegated {
-        fs::create_dir(&base).map_err(|e| io("create", &base, e))?;
-    }
     let undo = |base: &Path| {
         let _ = fs::remove_dir(base.join("agent"));
         if !delegated {
@@ -297,8 +383,15 @@ fn set_up() -> Result<Tree, String> {
     let probes = base.join("probes");
     // A delegated subtree may still hold the probe cgroups (and processes) of the agent
     // that ran in it before this one (systemd restarted it after a crash): none of them are
-    // this agent's, and a leaf left there would refuse this agent's run of the same name.
-    remove_stale(&probes);
+    // this agent's (its lock is ours now), and a leaf left there would refuse this agent's
+    // run of the same name.
+    if delegated && probes.is_dir() {
+        tracing::warn!(
+            "removing {} left by the agent that ran in this unit before (and any process still in it): this agent holds the unit's lock",
+            probes.display()
+        );
+        remove_tree(&probes);
+    }
     if let Err(e) = create_dir_if_missing(&probes) {
         let _ = fs::write(host.own.join("cgroup.procs"), "0");
         undo(&base);
@@ -307,10 +400,12 @@ fn set_up() -> Result<Tree, String> {
     let controllers = enable_controllers(&base, &probes);
     Ok(Tree {
         base,
+        _owned: owned,
         controllers,
         origin: host.own,
         own_base: !delegated,
         probes: Mutex::new(HashMap::new()),
+        missing_logged: Default::default(),
     })
 }
 
@@ -327,38 +422,120 @@ fn enable_controllers(base: &Path, probes: &Path) -> Vec<String> {
     read_words(&probes.join("cgroup.subtree_control"))
 }
 
-/// `xce-agent.<pid>.<start>` subtrees left by agents that died without cleaning up: no
-/// process `<pid>` started at `<start>` is alive. (`xce-agent.<pid>`, as earlier versions
-/// named it, is stale once `<pid>` is gone, or is this process's own pid.)
-fn remove_dead_siblings(own: &Path) {
+/// The exclusive flock an agent holds on its subtree's directory (see the module's doc).
+type SubtreeLock = nix::fcntl::Flock<fs::File>;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    Yes,
+    No,
+}
+
+/// Lock `dir`; `None` when another process holds it (only with `Wait::No`).
+fn lock_subtree(dir: &Path, wait: Wait) -> io::Result<Option<SubtreeLock>> {
+    use nix::fcntl::{Flock, FlockArg};
+    // std opens close-on-exec: no probe ever inherits the lock (it would outlive the agent).
+    let file = fs::File::open(dir)?;
+    let arg = match wait {
+        Wait::Yes => FlockArg::LockExclusive,
+        Wait::No => FlockArg::LockExclusiveNonblock,
+    };
+    match Flock::lock(file, arg) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) if wait == Wait::No => Ok(None),
+        Err((_, e)) => Err(e.into()),
+    }
+}
+
+/// `<own>/<name>`, or `<name>.<n>` where that is taken (two PID namespaces can each have a
+/// process with the same pid that started in the same clock tick).
+fn create_subtree(own: &Path, name: &str) -> Result<PathBuf, (PathBuf, io::Error)> {
+    let mut path = own.join(name);
+    for n in 1..=16 {
+        match fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                path = own.join(format!("{name}.{n}"));
+            }
+            Err(e) => return Err((path, e)),
+        }
+    }
+    Err((path, io::ErrorKind::AlreadyExists.into()))
+}
+
+/// Why a sibling subtree is left alone, or that it is abandoned.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// Another process holds its lock: a live agent.
+    Locked,
+    /// No `agent/` yet: an agent may have made it and not locked it yet.
+    SettingUp,
+    /// Its `agent/` holds a process: an agent alive in it (one of an earlier version, which
+    /// takes no lock, or one that is moving out of it at its stop).
+    AgentInside,
+    /// Nobody holds its lock and its `agent/` is empty: its agent has ended.
+    Abandoned,
+}
+
+fn judge(dir: &Path, lock: Option<&SubtreeLock>) -> Verdict {
+    if lock.is_none() {
+        return Verdict::Locked;
+    }
+    let agent = dir.join("agent");
+    if !agent.is_dir() {
+        return Verdict::SettingUp;
+    }
+    match fs::read_to_string(agent.join("cgroup.events")) {
+        Ok(events) if events.lines().any(|l| l == "populated 0") => Verdict::Abandoned,
+        _ => Verdict::AgentInside,
+    }
+}
+
+/// Kill and remove the sibling subtrees (`xce-agent.<pid>.<start>`, or `xce-agent.<pid>` as
+/// earlier versions named them) that agents which ended without cleaning up have left:
+/// only those [`judge`] finds abandoned, each while holding its lock.
+fn remove_abandoned_siblings(own: &Path) {
     let Ok(entries) = fs::read_dir(own) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some((pid, start)) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("xce-agent."))
-            .and_then(subtree_owner)
-        else {
+        if !name.to_str().is_some_and(is_subtree_name) {
             continue;
-        };
-        let alive = match start {
-            Some(start) => start_time(pid) == Some(start),
-            None => pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists(),
-        };
-        if !alive {
-            remove_stale(&e.path());
         }
+        let dir = e.path();
+        let lock = match lock_subtree(&dir, Wait::No) {
+            Ok(lock) => lock,
+            Err(e) => {
+                tracing::debug!("cannot lock {}: {e}; left alone", dir.display());
+                continue;
+            }
+        };
+        let verdict = judge(&dir, lock.as_ref());
+        if verdict != Verdict::Abandoned {
+            tracing::debug!("cgroup subtree {} left alone: {verdict:?}", dir.display());
+            continue;
+        }
+        tracing::warn!(
+            "removing the cgroup subtree {} (and any process still in it): its agent has ended (nobody holds its lock and its agent/ cgroup is empty)",
+            dir.display()
+        );
+        remove_tree(&dir);
+        drop(lock);
     }
 }
 
-/// `<pid>.<start>` (or `<pid>`, as earlier versions named a subtree).
-fn subtree_owner(name: &str) -> Option<(u32, Option<u64>)> {
-    match name.split_once('.') {
-        Some((pid, start)) => Some((pid.parse().ok()?, Some(start.parse().ok()?))),
-        None => Some((name.parse().ok()?, None)),
-    }
+/// `xce-agent.` followed by one to three dot-separated numbers: `<pid>.<start>`, `<pid>` (as
+/// earlier versions named a subtree), `<pid>.<start>.<n>` (where the first was taken).
+fn is_subtree_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("xce-agent.") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() <= 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// When process `pid` started (clock ticks since boot); `None` if there is no such process.
@@ -368,17 +545,6 @@ fn start_time(pid: u32) -> Option<u64> {
     procfs::process::Stat::from_read(&stat[..])
         .ok()
         .map(|s| s.starttime)
-}
-
-/// Kill and remove a subtree another agent left, and say so: it held that agent's probes.
-fn remove_stale(dir: &Path) {
-    if dir.is_dir() {
-        tracing::info!(
-            "removing the cgroup subtree {} left by an earlier agent (and any process still in it)",
-            dir.display()
-        );
-        remove_tree(dir);
-    }
 }
 
 /// Kill whatever is in a cgroup subtree and remove it, deepest first.
@@ -475,7 +641,7 @@ impl Tree {
             }
         };
         drop(probes);
-        cg.apply(limits, &self.controllers);
+        cg.apply(limits, &self.controllers, &self.missing_logged);
         Ok(cg)
     }
 
@@ -551,20 +717,28 @@ pub struct Usage {
 }
 
 impl ProbeCgroup {
-    fn apply(&self, limits: &Limits, enabled: &[String]) {
+    fn apply(
+        &self,
+        limits: &Limits,
+        enabled: &[String],
+        missing_logged: &[std::sync::atomic::AtomicBool; 2],
+    ) {
         let want = (limits.memory, limits.pids);
         let mut applied = self.limits.lock().unwrap_or_else(|p| p.into_inner());
         if *applied == Some(want) {
             return;
         }
-        for (controller, file, value) in [
+        for ((controller, file, value), logged) in [
             ("memory", "memory.max", want.0),
             ("pids", "pids.max", want.1),
-        ] {
+        ]
+        .into_iter()
+        .zip(missing_logged)
+        {
             let text = value.map_or_else(|| "max".to_owned(), |v| v.to_string());
             if !enabled.iter().any(|c| c == controller) {
-                if value.is_some() {
-                    tracing::warn!(probe = %self.name, "limits: the {controller} controller is not enabled in this cgroup tree; {file} not set");
+                if value.is_some() && !logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(probe = %self.name, "limits NOT ENFORCED: the {controller} controller is not enabled in this agent's cgroup tree, so {file} is not set for this probe or any other: {ENABLE_CONTROLLER}");
                 }
                 continue;
             }
@@ -870,12 +1044,47 @@ mod tests {
     }
 
     #[test]
-    fn a_subtree_names_its_owner_by_pid_and_start_time() {
-        assert_eq!(subtree_owner("4242.123456"), Some((4242, Some(123456))));
-        assert_eq!(subtree_owner("4242"), Some((4242, None)));
-        assert_eq!(subtree_owner("4242.x"), None);
-        assert_eq!(subtree_owner("x.1"), None);
-        assert_eq!(subtree_owner(""), None);
+    fn only_agent_subtree_names_are_considered() {
+        for ok in [
+            "xce-agent.4242.123456",
+            "xce-agent.4242",
+            "xce-agent.1.99.2",
+        ] {
+            assert!(is_subtree_name(ok), "{ok}");
+        }
+        for not in [
+            "xce-agent.service",
+            "xce-agent.4242.x",
+            "xce-agent.",
+            "xce-agent.1..2",
+            "xce-agent.1.2.3.4",
+            "other.4242",
+            "",
+        ] {
+            assert!(!is_subtree_name(not), "{not}");
+        }
+    }
+
+    /// The verdicts on a plain directory tree (no cgroupfs needed: the lock is a flock, the
+    /// events a file).
+    #[test]
+    fn a_sibling_is_abandoned_only_when_unlocked_set_up_and_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let sib = dir.path();
+        let held = lock_subtree(sib, Wait::No).unwrap().expect("free");
+        assert!(
+            lock_subtree(sib, Wait::No).unwrap().is_none(),
+            "flock is per open file"
+        );
+        assert_eq!(judge(sib, None), Verdict::Locked);
+        assert_eq!(judge(sib, Some(&held)), Verdict::SettingUp);
+        fs::create_dir(sib.join("agent")).unwrap();
+        fs::write(sib.join("agent/cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert_eq!(judge(sib, Some(&held)), Verdict::AgentInside);
+        fs::write(sib.join("agent/cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        assert_eq!(judge(sib, Some(&held)), Verdict::Abandoned);
+        drop(held);
+        assert!(lock_subtree(sib, Wait::No).unwrap().is_some());
     }
 
     #[test]

@@ -139,10 +139,10 @@ pub fn child_spec(
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
     if super::security::enforced() {
-        super::security::check_command(
+        super::security::check_probe(
             &program,
             &spec.command[1..],
-            &ctx.plugin_dir,
+            &spec.env,
             creds.as_ref().map(|c| c.uid),
         )?;
     }

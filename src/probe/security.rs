@@ -10,9 +10,16 @@
 //!   the entry itself is checked by this same rule, so the path cannot be swapped;
 //! - the program itself is a regular file.
 //!
+//! It follows the code that will run ([`check_probe`]): `#!` interpreters, an interpreter's
+//! script or the files its inline code names, the command a launcher runs, every argument
+//! that names an existing file, and the `env:` entries that load code — where a directory
+//! that is *searched* (`PATH`, `PYTHONPATH`, ...) gets no sticky exception, since anyone who
+//! may add a name to it may plant the one a search finds first.
+//!
 //! Enforced only when the agent runs as root: a non-root agent runs its own scripts with its
 //! own rights (the developer case), and `check` says so.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
@@ -29,21 +36,47 @@ pub struct InsecureProgram {
     /// The file or directory at fault (the program itself or one of its directories).
     pub path: PathBuf,
     pub problem: Problem,
+    /// How the command reaches `path` when it is neither the program nor a directory above
+    /// it, e.g. "named by env: BASH_ENV"; `None`: an interpreter or script it runs.
+    pub via: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Problem {
-    WritableByOthers { mode: u32 },
-    BadOwner { uid: u32 },
+    WritableByOthers {
+        mode: u32,
+    },
+    BadOwner {
+        uid: u32,
+    },
     NotRegularFile,
     Missing(String),
     TooManySymlinks,
+    /// An `env:` entry whose value loads code by a name the agent cannot follow
+    /// ([`REFUSED_ENV`]).
+    CodeLoadingEnv {
+        name: String,
+    },
+    /// A file or directory a code-loading `env:` entry names does not exist, and the directory
+    /// it would be created in (`path`) is writable by others: whoever creates it first decides
+    /// what the child loads.
+    Creatable {
+        missing: PathBuf,
+        mode: u32,
+    },
+    /// A sticky directory anyone may write (`/tmp`) on a search path: its entries cannot be
+    /// swapped, but anyone may add the name a search finds first.
+    SharedSearchDir {
+        mode: u32,
+    },
 }
 
 impl fmt::Display for InsecureProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = self.path.display();
-        let what = if self.path == self.program {
+        let what = if let Some(via) = &self.via {
+            format!("{p} ({via}, or a directory above it)")
+        } else if self.path == self.program {
             format!("{p}")
         } else if self.program.starts_with(&self.path) {
             format!("{p} (a directory above {})", self.program.display())
@@ -65,6 +98,25 @@ impl fmt::Display for InsecureProgram {
             Problem::NotRegularFile => write!(f, "{p} is not a regular file"),
             Problem::Missing(e) => write!(f, "cannot check {p}: {e}"),
             Problem::TooManySymlinks => write!(f, "{p}: too many levels of symbolic links"),
+            Problem::SharedSearchDir { mode } => write!(
+                f,
+                "refusing to run {}: {what} is searched for code, and its sticky bit does not stop anyone from adding a name to it (mode {:04o}); fix: name a directory only root can write",
+                self.program.display(),
+                mode & 0o7777
+            ),
+            Problem::Creatable { missing, mode } => write!(
+                f,
+                "refusing to run {}: {} does not exist, and anyone who may write {p} (mode {:04o}) may create it{}; fix: create it, root-owned, or name another path",
+                self.program.display(),
+                missing.display(),
+                mode & 0o7777,
+                self.via.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+            ),
+            Problem::CodeLoadingEnv { name } => write!(
+                f,
+                "refusing to run {}: env: {name} makes it load code by names the agent cannot check; fix: remove {name} from the probe's env: and name what it loads in command:, where the script rule checks it",
+                self.program.display()
+            ),
         }
     }
 }
@@ -74,10 +126,26 @@ impl std::error::Error for InsecureProgram {}
 /// Check `path` (absolute) and every directory up to `/`. `run_as_uid`: the user the probe
 /// runs as, who may own them too (`None`: only root).
 pub fn check_program(path: &Path, run_as_uid: Option<Uid>) -> Result<(), InsecureProgram> {
+    walk(path, run_as_uid, Last::File)
+}
+
+/// What the last component of a walked path must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Last {
+    /// A regular file, not writable by group or other.
+    File,
+    /// A directory that is searched for code (an entry of `PATH`, `PYTHONPATH`, ...): not
+    /// writable by group or other, sticky or not, since anyone who may create an entry in it
+    /// may plant a name that the search finds first.
+    SearchDir,
+}
+
+fn walk(path: &Path, run_as_uid: Option<Uid>, last: Last) -> Result<(), InsecureProgram> {
     let fail = |at: &Path, problem| InsecureProgram {
         program: path.to_owned(),
         path: at.to_owned(),
         problem,
+        via: None,
     };
     let owner_ok = |uid: u32| uid == 0 || run_as_uid.is_some_and(|u| u.as_raw() == uid);
     let check_dir = |dir: &Path| -> Result<(), InsecureProgram> {
@@ -134,7 +202,27 @@ pub fn check_program(path: &Path, run_as_uid: Option<Uid>) -> Result<(), Insecur
                         break;
                     }
                     current = candidate;
-                    if comps.is_empty() && pending.is_empty() {
+                    if comps.is_empty() && pending.is_empty() && last == Last::SearchDir {
+                        if !m.is_dir() {
+                            // A file on a search path (a zip on PYTHONPATH): the file rule.
+                            return walk(&current, run_as_uid, Last::File).map_err(|e| {
+                                InsecureProgram {
+                                    program: path.to_owned(),
+                                    ..e
+                                }
+                            });
+                        }
+                        if !owner_ok(m.uid()) {
+                            return Err(fail(&current, Problem::BadOwner { uid: m.uid() }));
+                        }
+                        let mode = m.permissions().mode();
+                        if mode & 0o022 != 0 && mode & 0o1000 != 0 {
+                            return Err(fail(&current, Problem::SharedSearchDir { mode }));
+                        }
+                        if mode & 0o022 != 0 {
+                            return Err(fail(&current, Problem::WritableByOthers { mode }));
+                        }
+                    } else if comps.is_empty() && pending.is_empty() {
                         // The program itself.
                         if !m.is_file() {
                             return Err(fail(&current, Problem::NotRegularFile));
@@ -174,12 +262,13 @@ pub enum Verdict {
 }
 
 /// Check a probe's `command:` (argv; the first word resolved to `program`): the program
-/// exists, is an executable regular file, and it, its `#!` interpreter and the scripts it is
-/// given pass [`check_command`] (only enforced when the agent is root). `run_as_uid`: the
+/// exists, is an executable regular file, and everything it will run (with `env`, the probe's
+/// `env:`) passes [`check_probe`] (only enforced when the agent is root). `run_as_uid`: the
 /// user the probe runs as.
 pub fn verdict(
     program: &Path,
     command: &[String],
+    env: &BTreeMap<String, String>,
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
 ) -> Verdict {
@@ -188,7 +277,7 @@ pub fn verdict(
         return Verdict::Problem(e.to_string());
     }
     let args = command.get(1..).unwrap_or_default();
-    match check_command(program, args, plugin_dir, run_as_uid) {
+    match check_probe(program, args, env, run_as_uid) {
         Ok(()) => Verdict::Ok,
         Err(e) if enforced() => Verdict::Refused(e.to_string()),
         Err(e) => Verdict::Unenforced(e.to_string()),
@@ -286,25 +375,259 @@ fn interpreter_script(args: &[String]) -> Option<PathBuf> {
     None
 }
 
-/// Every file a command runs or feeds to an interpreter, besides the program itself: the
-/// interpreter's script and any argument that is a path under `plugin_dir`.
-fn scripts_among_args(program: &Path, args: &[String], plugin_dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    if is_interpreter(program) {
-        files.extend(interpreter_script(args));
+/// Programs that run the command their arguments name (`stdbuf -oL x.sh`): the command they
+/// run is followed as the probe's own program is.
+const LAUNCHERS: &[&str] = &[
+    "env", "stdbuf", "timeout", "nice", "ionice", "setsid", "chrt", "nohup", "taskset", "numactl",
+    "prlimit", "setpriv", "unshare", "flock", "cgexec", "time", "unbuffer", "xargs", "chronic",
+    "sudo", "runuser", "su", "doas",
+];
+
+fn file_name(program: &Path) -> &str {
+    program.file_name().and_then(|n| n.to_str()).unwrap_or("")
+}
+
+/// How deep launchers are followed (`nice timeout 5 stdbuf -oL env x.sh` is 4).
+const MAX_LAUNCHERS: usize = 16;
+
+/// Where the probe's processes look a bare command name up: its `PATH` (agent default, or
+/// its `env:`), then its working directory `/` (bash's `.` and `source` also look there).
+/// Relative names and PATH entries are relative to `/`, the probe's working directory.
+fn lookup(word: &str, path_var: &str) -> Option<PathBuf> {
+    if word.is_empty() || word.len() > 4096 {
+        return None;
     }
-    for a in args {
-        let p = Path::new(a);
-        // Only files that exist: an argument may name an output the probe will create.
-        if p.is_absolute()
-            && p.starts_with(plugin_dir)
-            && p.exists()
-            && !files.iter().any(|f| f == p)
-        {
-            files.push(p.to_owned());
+    if word.contains('/') {
+        let p = Path::new("/").join(word);
+        return p.is_file().then_some(p);
+    }
+    path_var
+        .split(':')
+        .chain(std::iter::once("/"))
+        .map(|d| Path::new("/").join(d).join(word))
+        .find(|p| p.is_file())
+}
+
+/// The words of inline code (`sh -c CODE`, `python3 -c CODE`, `perl -e CODE`) that may name a
+/// file: split at blanks, quotes and the shell's operators. Each is then looked up as
+/// [`lookup`] does: `. x.sh`, `exec /opt/x`, `open('/opt/x.py')` all name a file.
+fn code_words(code: &str) -> impl Iterator<Item = &str> {
+    code.split(|c: char| c.is_whitespace() || "\"'`;|&<>(){}[]$=,:".contains(c))
+        .filter(|w| !w.is_empty() && !w.starts_with('-'))
+}
+
+/// The inline code an interpreter is given (`-c CODE`, `-e CODE`; `-ec CODE` too).
+fn inline_code(args: &[String]) -> Option<&str> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let inline = a.starts_with('-')
+            && !a.starts_with("--")
+            && a[1..].chars().any(|c| c == 'c' || c == 'e' || c == 'E');
+        if inline {
+            return it.next().map(String::as_str);
+        }
+        if !a.starts_with('-') {
+            return None;
         }
     }
-    files
+    None
+}
+
+/// The paths an argument word may name: the word, what follows `=` in `--opt=/x` or
+/// `NAME=/x`, what follows the option letters in `-I/x`. Only words with a `/`: a bare word
+/// is data to most programs (a launcher's bare command is followed on its own).
+fn path_words(word: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    if !word.contains('/') {
+        return found;
+    }
+    if !word.starts_with('-') {
+        found.push(word);
+    }
+    if let Some((_, v)) = word.split_once('=') {
+        found.push(v);
+    }
+    if word.starts_with('-') {
+        if let Some(i) = word.find('/') {
+            if !found.contains(&&word[i..]) {
+                found.push(&word[i..]);
+            }
+        }
+    }
+    found
+}
+
+/// Every file a command runs or may read code from, besides the program itself, as the child
+/// will see them (`path_var`: its PATH): every argument that names an existing regular file;
+/// an interpreter's script, or the files its inline code names; and for a launcher
+/// ([`LAUNCHERS`]) the command it runs, followed in turn, with `env NAME=VALUE` entries
+/// checked as the probe's own `env:` is.
+fn code_files(
+    program: &Path,
+    args: &[String],
+    path_var: &str,
+    depth: usize,
+    files: &mut Vec<(PathBuf, Option<String>)>,
+    env_entries: &mut Vec<(String, String)>,
+) {
+    let mut add = |p: PathBuf, via: Option<String>| {
+        if !files.iter().any(|(f, _)| *f == p) {
+            files.push((p, via));
+        }
+    };
+    for a in args {
+        for w in path_words(a) {
+            let p = Path::new("/").join(w);
+            if p.is_file() {
+                add(p, Some("named in its arguments".to_owned()));
+            }
+        }
+    }
+    if is_interpreter(program) {
+        match inline_code(args) {
+            Some(code) => {
+                for w in code_words(code) {
+                    if let Some(p) = lookup(w, path_var) {
+                        add(p, Some(format!("named in its inline code ({w})")));
+                    }
+                }
+            }
+            None => {
+                if let Some(script) = interpreter_script(args) {
+                    add(script, None);
+                }
+            }
+        }
+    }
+    let name = file_name(program);
+    // Launchers that hand a `-c`/`--command` string to a shell.
+    if ["flock", "su", "runuser"].contains(&name) {
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if a == "-c" || a == "--command" {
+                for w in code_words(it.next().map_or("", String::as_str)) {
+                    if let Some(p) = lookup(w, path_var) {
+                        add(p, Some(format!("named in the command {name} runs ({w})")));
+                    }
+                }
+                break;
+            }
+        }
+    }
+    if depth < MAX_LAUNCHERS && LAUNCHERS.contains(&name) {
+        // The command is the first word the launcher would find as a program; options and
+        // their values (`-n 5`, `-s KILL 10`) find none. Over-reaching is safe: a word taken
+        // for the command is only checked.
+        for (i, a) in args.iter().enumerate() {
+            if a.starts_with('-') {
+                continue;
+            }
+            if name == "env" {
+                if let Some((k, v)) = a.split_once('=') {
+                    env_entries.push((k.to_owned(), v.to_owned()));
+                    continue;
+                }
+            }
+            if let Some(inner) = lookup(a, path_var) {
+                add(inner.clone(), Some(format!("run by {name}")));
+                code_files(
+                    &inner,
+                    &args[i + 1..],
+                    path_var,
+                    depth + 1,
+                    files,
+                    env_entries,
+                );
+                break;
+            }
+        }
+    }
+}
+
+/// `env:` entries whose value is interpreter options that load code by module or file names
+/// (`-Mfoo`, `--require x`, `-javaagent:x.jar`): refused, as the agent cannot follow them
+/// without each interpreter's option parser; the same options in `command:` are visible, and
+/// the files they name are checked there.
+pub const REFUSED_ENV: &[&str] = &[
+    "PERL5OPT",
+    "NODE_OPTIONS",
+    "RUBYOPT",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "PYTHONSTARTUP",
+];
+
+/// `env:` entries that are search paths for code, checked entry by entry: a directory must
+/// not be writable by group or other, sticky or not (anyone who may add a name to it may
+/// plant the one a search finds first); a file entry gets the file rule.
+pub const SEARCH_PATH_ENV: &[&str] = &[
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PERL5LIB",
+    "PERLLIB",
+    "RUBYLIB",
+    "NODE_PATH",
+    "GCONV_PATH",
+    "LUA_PATH",
+    "LUA_CPATH",
+    "TCLLIBPATH",
+    "CLASSPATH",
+];
+
+/// `env:` entries that name files the child loads or runs: each file gets the file rule.
+pub const CODE_FILE_ENV: &[&str] = &["BASH_ENV", "ENV", "LD_PRELOAD", "LD_AUDIT"];
+
+/// The paths a code-loading `env:` value names: split at `:` (and at blanks and `;` where the
+/// variable allows them); relative entries are relative to `/`, the probe's working directory.
+/// `LUA_PATH`'s `?` templates name the directory before the first `?`.
+fn env_paths(name: &str, value: &str) -> Vec<PathBuf> {
+    let seps: &[char] = match name {
+        "LD_PRELOAD" => &[':', ' ', '\t'],
+        "LUA_PATH" | "LUA_CPATH" => &[';'],
+        "TCLLIBPATH" => &[' ', '\t'],
+        _ => &[':'],
+    };
+    value
+        .split(seps)
+        .filter_map(|e| {
+            // A `?` template (`/opt/lua/?.lua`) names the directory it is in.
+            let e = match e.find('?') {
+                Some(i) => {
+                    let head = &e[..i];
+                    &head[..head.rfind('/')?.max(1)]
+                }
+                None => e,
+            };
+            // An empty PATH entry is the working directory.
+            if e.is_empty() && name != "PATH" {
+                return None;
+            }
+            // A bare library name is searched for in the system's and LD_LIBRARY_PATH's
+            // directories, which are checked on their own.
+            if name == "LD_PRELOAD" && !e.contains('/') {
+                return None;
+            }
+            Some(Path::new("/").join(e))
+        })
+        .collect()
+}
+
+/// A path the child may load code from that does not exist yet: whoever may create it
+/// decides what it holds, so the nearest directory above it that exists must pass the
+/// search-directory rule.
+fn nearest_existing(path: &Path) -> &Path {
+    let mut p = path;
+    while std::fs::symlink_metadata(p).is_err() {
+        match p.parent() {
+            Some(up) => p = up,
+            None => break,
+        }
+    }
+    p
 }
 
 /// The interpreter(s) a file's `#!` line names: the path, and for `#!/usr/bin/env NAME` also
@@ -436,25 +759,166 @@ fn check_file_cached(
 }
 
 /// The whole rule for a command: the program, the interpreters its `#!` names, the script an
-/// interpreter is given, and any argument that is a path under `plugin_dir`.
+/// interpreter is given, and every existing file its arguments name (see [`check_probe`]).
 pub fn check_command(
     program: &Path,
     args: &[String],
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
 ) -> Result<(), InsecureProgram> {
+    let _ = plugin_dir;
+    check_probe(program, args, &BTreeMap::new(), run_as_uid)
+}
+
+/// The rule for everything a probe will run: the program and the interpreters its `#!`
+/// names; every existing regular file an argument names; an interpreter's script or the files
+/// its inline code (`-c`, `-e`) names; the command a launcher runs ([`LAUNCHERS`]), followed
+/// in turn; and the `env:` entries that load code: [`REFUSED_ENV`] refused, the files and
+/// directories of [`CODE_FILE_ENV`] and [`SEARCH_PATH_ENV`] checked. Every file checked has
+/// its `#!` interpreters checked too. Arguments are checked wherever they point, not only
+/// under plugin_dir.
+pub fn check_probe(
+    program: &Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    run_as_uid: Option<Uid>,
+) -> Result<(), InsecureProgram> {
+    let as_program = |e: InsecureProgram, via: Option<String>| InsecureProgram {
+        program: program.to_owned(),
+        via: e.via.or(via),
+        ..e
+    };
     let interpreters = check_file_cached(program, run_as_uid)?;
     for i in interpreters {
-        check_file_cached(&i, run_as_uid).map_err(|e| InsecureProgram {
-            program: program.to_owned(),
-            ..e
-        })?;
+        check_file_cached(&i, run_as_uid).map_err(|e| as_program(e, None))?;
     }
-    for script in scripts_among_args(program, args, plugin_dir) {
-        check_file_cached(&script, run_as_uid).map_err(|e| InsecureProgram {
-            program: program.to_owned(),
-            ..e
+    let path_var = env
+        .get("PATH")
+        .map_or(super::child::PROBE_PATH, String::as_str);
+    let mut files = Vec::new();
+    let mut env_entries: Vec<(String, String)> =
+        env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    code_files(program, args, path_var, 0, &mut files, &mut env_entries);
+    for (file, via) in files {
+        for i in check_file_cached(&file, run_as_uid).map_err(|e| as_program(e, via.clone()))? {
+            check_file_cached(&i, run_as_uid).map_err(|e| as_program(e, via.clone()))?;
+        }
+    }
+    for (name, value) in &env_entries {
+        check_env_entry(name, value, run_as_uid).map_err(|e| as_program(e, None))?;
+    }
+    Ok(())
+}
+
+/// One `env:` entry (or an `env NAME=VALUE` word of the command): see [`check_probe`].
+fn check_env_entry(
+    name: &str,
+    value: &str,
+    run_as_uid: Option<Uid>,
+) -> Result<(), InsecureProgram> {
+    let last = if REFUSED_ENV.contains(&name) {
+        return Err(InsecureProgram {
+            program: PathBuf::new(),
+            path: PathBuf::from(name),
+            problem: Problem::CodeLoadingEnv {
+                name: name.to_owned(),
+            },
+            via: None,
+        });
+    } else if SEARCH_PATH_ENV.contains(&name) {
+        Last::SearchDir
+    } else if CODE_FILE_ENV.contains(&name) {
+        Last::File
+    } else {
+        return Ok(());
+    };
+    let via = Some(format!("named by env: {name}"));
+    for path in env_paths(name, value) {
+        let existing = nearest_existing(&path);
+        if existing == path {
+            walk(&path, run_as_uid, last).map_err(|e| InsecureProgram {
+                via: via.clone(),
+                ..e
+            })?;
+            continue;
+        }
+        // Not there yet: who may create it decides what it holds.
+        walk(existing, run_as_uid, Last::SearchDir).map_err(|e| match e.problem {
+            Problem::WritableByOthers { mode } if e.path == existing => InsecureProgram {
+                problem: Problem::Creatable {
+                    missing: path.clone(),
+                    mode,
+                },
+                via: via.clone(),
+                ..e
+            },
+            _ => InsecureProgram {
+                via: via.clone(),
+                ..e
+            },
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn inline_code_is_the_word_after_an_option_that_says_so() {
+        let table: &[(&[&str], Option<&str>)] = &[
+            (&["-c", "echo 1"], Some("echo 1")),
+            (&["-ec", "set -x"], Some("set -x")),
+            (&["-u", "-c", "print(1)"], Some("print(1)")),
+            (&["-e", "print 1"], Some("print 1")),
+            (&["-E", "say 1"], Some("say 1")),
+            (&["x.sh", "-c", "not code"], None),
+            (&["--norc", "x.sh"], None),
+            (&["-c"], None),
+            (&[], None),
+        ];
+        for (args, code) in table {
+            assert_eq!(inline_code(&strings(args)), *code, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn path_words_are_the_paths_an_argument_may_name() {
+        let table: &[(&str, &[&str])] = &[
+            ("/opt/x.sh", &["/opt/x.sh"]),
+            ("dir/x.sh", &["dir/x.sh"]),
+            ("--config=/etc/x.conf", &["/etc/x.conf"]),
+            ("-I/opt/lib", &["/opt/lib"]),
+            ("KEY=/opt/x", &["KEY=/opt/x", "/opt/x"]),
+            ("value", &[]),
+            ("-oL", &[]),
+            ("10", &[]),
+        ];
+        for (word, paths) in table {
+            assert_eq!(path_words(word), *paths, "{word:?}");
+        }
+    }
+
+    #[test]
+    fn env_paths_split_each_variable_as_its_reader_does() {
+        let table: &[(&str, &str, &[&str])] = &[
+            ("PATH", "/a:/b", &["/a", "/b"]),
+            // An empty PATH entry is the working directory, `/`.
+            ("PATH", "/a::/b", &["/a", "/", "/b"]),
+            ("PYTHONPATH", "/a::rel", &["/a", "/rel"]),
+            ("LD_PRELOAD", "/a.so libc.so.6:/b.so", &["/a.so", "/b.so"]),
+            ("LUA_PATH", "/opt/lua/?.lua;;", &["/opt/lua"]),
+            ("TCLLIBPATH", "/a /b", &["/a", "/b"]),
+            ("BASH_ENV", "/etc/x.sh", &["/etc/x.sh"]),
+        ];
+        for (name, value, paths) in table {
+            let want: Vec<PathBuf> = paths.iter().map(PathBuf::from).collect();
+            assert_eq!(env_paths(name, value), want, "{name}={value}");
+        }
+    }
 }

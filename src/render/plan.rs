@@ -15,6 +15,9 @@ fn secs(d: Duration) -> String {
 }
 
 /// `check`'s output: the files, the probes this host runs, and what it skips and why.
+/// What the SPLAY column means: nobody guessed it.
+const SPLAY_LEGEND: &str = "SPLAY: where in each interval the probe runs (a run falls due when the wall clock minus SPLAY is a multiple of INTERVAL). It comes from a hash of host and resource name: the same after every restart, and different across hosts, so 5,000 nodes do not run a probe in the same second.\n";
+
 pub fn plan_text(
     config: &Config,
     plan: &Plan,
@@ -98,10 +101,19 @@ pub fn plan_text(
         }
     }
     out.push_str(&columns(&rows));
+    if !plan.tasks.is_empty() {
+        out.push_str(SPLAY_LEGEND);
+    }
     let _ = writeln!(out, "\nSKIPPED ({skipped})");
     let mut rows = Vec::new();
     for s in &plan.skipped {
-        rows.push(vec![s.name.clone(), s.reason.to_string()]);
+        let hint = match s.reason {
+            crate::plan::SkipReason::NotHere => {
+                crate::plan::near_hosts_hint(&config.resources, &s.name, &plan.host)
+            }
+            _ => String::new(),
+        };
+        rows.push(vec![s.name.clone(), format!("{}{hint}", s.reason)]);
         let provides = provided_by_skipped.iter().find(|(n, _)| *n == s.name);
         for p in provides.map(|(_, p)| *p).unwrap_or_default() {
             rows.push(vec![

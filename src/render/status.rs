@@ -23,6 +23,27 @@ fn ago(now_ms: u64, at_ms: u64) -> String {
     format!("{} ago", age(now_ms.saturating_sub(at_ms)))
 }
 
+/// The last reload: `RELOAD  ok 5m ago`, or refused with the first line of why.
+fn reload_line(r: &crate::status::ReloadResult, now_ms: u64) -> String {
+    if r.ok {
+        return format!(
+            "RELOAD  ok {} ({})\n",
+            format_time(r.at_ms),
+            ago(now_ms, r.at_ms)
+        );
+    }
+    let why = r.error.as_deref().unwrap_or("");
+    let lines = why.lines().count();
+    let first = why.lines().next().unwrap_or("");
+    format!(
+        "RELOAD  FAILED {} ({}): {}{}; still running the configuration above (the log has every line)\n",
+        format_time(r.at_ms),
+        ago(now_ms, r.at_ms),
+        escape(first),
+        if lines > 1 { format!(" (+{} more)", lines - 1) } else { String::new() }
+    )
+}
+
 fn link_line(link: &LinkInfo, now_ms: u64) -> String {
     let mut line = match (link.state.as_str(), &link.controller) {
         ("none", _) => "LINK  no controllers configured: values are not sent".to_owned(),
@@ -76,6 +97,9 @@ pub fn render(report: &StatusReport) -> String {
         c.probes,
         c.skipped
     );
+    if let Some(r) = &c.last_reload {
+        out.push_str(&reload_line(r, now));
+    }
     out.push_str(&link_line(&report.link, now));
     out.push_str("\n\n");
     let with_instance = report.resources.iter().any(|r| !r.instance.is_empty());

@@ -23,6 +23,13 @@ pub enum ClientError {
         path.display()
     )]
     NotRunning { path: PathBuf, why: std::io::Error },
+    /// Nothing answers on the socket, but an agent daemon is running: its socket is off.
+    #[error(
+        "the agent is running (pid {}, with this agent.yaml) but nothing answers on {}: its status socket is off (the daemon logs why at start: `status socket off: ...`; under systemd the unit's RuntimeDirectory=xce-agent makes /run/xce-agent)",
+        pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        path.display()
+    )]
+    SocketOff { path: PathBuf, pids: Vec<u32> },
     #[error("permission denied: run as root or as a member of status_group ({})", path.display())]
     PermissionDenied { path: PathBuf },
     #[error("the agent did not answer on {} within {ANSWER_TIMEOUT:?}", path.display())]
@@ -37,6 +44,85 @@ pub enum ClientError {
     },
     #[error("unreadable answer from the agent: {0}")]
     BadAnswer(String),
+}
+
+/// Commands that are not the daemon: an `xce-agent` process with one of these is a one-off.
+const NOT_THE_DAEMON: &[&str] = &[
+    "status",
+    "check",
+    "probe",
+    "listen",
+    "tls",
+    "generate-assets",
+    "help",
+    "--once",
+    "--help",
+    "-h",
+    "--version",
+    "-V",
+];
+
+/// Pids of the `xce-agent` daemons under `proc` (a /proc tree) that run with the agent.yaml
+/// `config`, other than this process: nothing answering on the socket then means the
+/// daemon's socket is off, not that no daemon runs.
+pub fn running_daemons(proc: &Path, config: &Path) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    let wanted = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_owned());
+    let mut pids: Vec<u32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            let dir = proc.join(pid.to_string());
+            daemon_config(&dir).is_some_and(|c| {
+                let c = match c.is_absolute() {
+                    true => c,
+                    false => std::fs::read_link(dir.join("cwd"))
+                        .unwrap_or_default()
+                        .join(c),
+                };
+                std::fs::canonicalize(&c).unwrap_or(c) == wanted
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The agent.yaml of the daemon whose /proc directory is `dir`, as it was given; `None`
+/// when the process is not an `xce-agent` daemon.
+fn daemon_config(dir: &Path) -> Option<PathBuf> {
+    let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let (argv0, rest) = args.split_first()?;
+    if Path::new(argv0).file_name()? != "xce-agent"
+        || rest.iter().any(|a| NOT_THE_DAEMON.contains(&a.as_str()))
+    {
+        return None;
+    }
+    let given = rest.iter().enumerate().find_map(|(i, a)| match a.as_str() {
+        "--config" | "-c" => rest.get(i + 1).cloned(),
+        _ => a.strip_prefix("--config=").map(str::to_owned),
+    });
+    let from_env = || {
+        let environ = std::fs::read(dir.join("environ")).ok()?;
+        environ.split(|b| *b == 0).find_map(|v| {
+            v.strip_prefix(b"XCE_AGENT_CONFIG=")
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+        })
+    };
+    Some(PathBuf::from(
+        given
+            .or_else(from_env)
+            .unwrap_or_else(|| crate::cli::DEFAULT_CONFIG.to_owned()),
+    ))
 }
 
 /// Ask the daemon behind `path` for its state (only `names`, when not empty).
@@ -108,5 +194,47 @@ async fn exchange(path: &Path, names: &[String]) -> Result<StatusReport, ClientE
             path: path.to_owned(),
         }),
         Response::Error(e) => Err(ClientError::Refused(e.error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_daemons_with_this_agent_yaml_are_found_in_a_proc_tree() {
+        let proc = tempfile::tempdir().unwrap();
+        let site = tempfile::tempdir().unwrap();
+        let config = site.path().join("agent.yaml");
+        std::fs::write(&config, "").unwrap();
+        let c = config.to_str().unwrap();
+        let relative = "xce-agent\0-c\0agent.yaml\0".to_owned();
+        for (pid, cmdline) in [
+            ("100", format!("/usr/bin/xce-agent\0--config\0{c}\0")),
+            ("101", format!("xce-agent\0status\0--config\0{c}\0")),
+            ("102", format!("bash\0-c\0xce-agent --config {c}\0")),
+            (
+                "103",
+                format!("./target/debug/xce-agent\0-c\0{c}\0--once\0"),
+            ),
+            ("104", format!("xce-agent\0--config={c}\0")),
+            ("106", "xce-agent\0".to_owned()),
+            ("107", relative),
+            ("108", "xce-agent\0--config\0/other/agent.yaml\0".to_owned()),
+            ("self", "xce-agent\0".to_owned()),
+        ] {
+            std::fs::create_dir(proc.path().join(pid)).unwrap();
+            std::fs::write(proc.path().join(pid).join("cmdline"), cmdline).unwrap();
+        }
+        // Relative to its working directory; by the environment.
+        std::os::unix::fs::symlink(site.path(), proc.path().join("107/cwd")).unwrap();
+        std::fs::write(
+            proc.path().join("106/environ"),
+            format!("HOME=/root\0XCE_AGENT_CONFIG={c}\0"),
+        )
+        .unwrap();
+        // A process that has gone between the listing and the read.
+        std::fs::create_dir(proc.path().join("105")).unwrap();
+        assert_eq!(running_daemons(proc.path(), &config), [100, 104, 106, 107]);
     }
 }

@@ -88,6 +88,19 @@ pub struct ConfigInfo {
     pub resources_file: PathBuf,
     pub probes: usize,
     pub skipped: usize,
+    /// The last reload (SIGHUP) and how it went; `None` before the first.
+    #[serde(default)]
+    pub last_reload: Option<ReloadResult>,
+}
+
+/// How a reload went: a refused one keeps the running configuration, and says why here as
+/// well as in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadResult {
+    pub at_ms: u64,
+    pub ok: bool,
+    /// Why it was refused (every line of it).
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,7 +162,8 @@ pub struct ProbeInfo {
 }
 
 /// The configuration the daemon runs, as published by it at start and on every re-plan.
-#[derive(Debug, Clone)]
+/// (`Default`: nothing loaded, for readers built without a daemon.)
+#[derive(Debug, Clone, Default)]
 pub struct Loaded {
     pub generation: u64,
     pub loaded_ms: u64,
@@ -158,6 +172,10 @@ pub struct Loaded {
     pub resources_file: PathBuf,
     pub controllers: Vec<String>,
     pub plan: Plan,
+    pub last_reload: Option<ReloadResult>,
+    /// When the running configuration was last loaded or reloaded successfully (a reload
+    /// that found nothing changed counts).
+    pub last_success_ms: u64,
 }
 
 impl Loaded {
@@ -171,6 +189,18 @@ impl Loaded {
             resources_file: config.resources.path.clone(),
             controllers: config.agent.controllers.clone(),
             plan: plan.clone(),
+            last_reload: None,
+            last_success_ms: unix_ms(SystemTime::now()),
+        }
+    }
+
+    /// The same configuration, with a reload's result recorded.
+    pub fn reloaded(&self, ok: bool, error: Option<String>) -> Self {
+        let at_ms = unix_ms(SystemTime::now());
+        Self {
+            last_reload: Some(ReloadResult { at_ms, ok, error }),
+            last_success_ms: if ok { at_ms } else { self.last_success_ms },
+            ..self.clone()
         }
     }
 
@@ -183,7 +213,10 @@ impl Loaded {
                 ..self.clone()
             }
         } else {
-            Self::new(config, plan, self.generation + 1)
+            Self {
+                last_reload: self.last_reload.clone(),
+                ..Self::new(config, plan, self.generation + 1)
+            }
         }
     }
 }
@@ -294,6 +327,7 @@ pub fn snapshot(src: &Sources, names: &[String]) -> StatusReport {
             resources_file: loaded.resources_file.clone(),
             probes: loaded.plan.tasks.len(),
             skipped: loaded.plan.skipped.len(),
+            last_reload: loaded.last_reload.clone(),
         },
         link: link_info(src, &loaded.controllers),
         resources,

@@ -4,7 +4,9 @@
 //! group. Every connection is bounded: one request of at most [`MAX_REQUEST_BYTES`] read
 //! within [`READ_TIMEOUT`], one answer written within [`WRITE_TIMEOUT`], at most
 //! [`MAX_CONNECTIONS`] at once; a client that does not read costs one task until then and
-//! never holds anything the daemon needs.
+//! never holds anything the daemon needs. [`RESERVED_FOR_ROOT`] of those slots serve only
+//! root and the agent's own user: members of `status_group` holding every other slot are
+//! answered "busy" at once, and cannot lock root's own `status` out.
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -14,7 +16,7 @@ use std::time::Duration;
 use nix::unistd::{Gid, Uid};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::{snapshot, ErrorReply, Request, Response, Sources, PROTOCOL_VERSION};
@@ -24,8 +26,11 @@ use crate::config::AgentConfig;
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-/// More connections than this wait in the listen backlog.
+/// Connections answered at once. Root's past this wait in the listen backlog; others get
+/// "busy".
 pub const MAX_CONNECTIONS: usize = 8;
+/// Of those, the slots only root and the agent's own user may take.
+pub const RESERVED_FOR_ROOT: usize = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
@@ -68,10 +73,9 @@ pub fn open(agent: &AgentConfig) -> Result<Option<StatusListener>, BindError> {
     match bind(path, agent.status_group.as_deref()) {
         Ok(l) => Ok(Some(l)),
         Err(e) if agent.status_socket.is_none() => {
-            match e {
-                BindError::NoDirectory(_) => tracing::info!("status socket off: {e}"),
-                _ => tracing::warn!("status socket off: {e}"),
-            }
+            // WARN, also for a missing directory: `xce-agent status` will not reach this
+            // daemon, and the admin asking will look here for why.
+            tracing::warn!("status socket off: {e}; `xce-agent status` cannot reach this daemon");
             Ok(None)
         }
         Err(e) => Err(e),
@@ -154,22 +158,29 @@ fn remove_if_stale(path: &Path) -> Result<(), BindError> {
 /// Answer status requests until `shutdown`, then remove the socket file.
 pub async fn serve(listener: StatusListener, src: Sources, shutdown: CancellationToken) {
     tracing::info!(path = %listener.path.display(), "status socket listening");
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new();
     let group = listener.group;
     loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.listener.accept() => r,
         };
         match accepted {
             Ok((stream, _)) => {
+                let privileged = stream
+                    .peer_cred()
+                    .is_ok_and(|c| privileged(Uid::from_raw(c.uid())));
+                let permit = match slots.try_take(privileged) {
+                    Some(p) => p,
+                    None if privileged => tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        p = slots.take_privileged() => p,
+                    },
+                    None => {
+                        refuse_busy(&stream);
+                        continue;
+                    }
+                };
                 let src = src.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
@@ -244,6 +255,55 @@ async fn answer(mut stream: UnixStream, src: &Sources, group: Option<Gid>) -> st
     Ok(())
 }
 
+/// The connection slots (see the module's doc).
+struct Slots {
+    shared: Arc<Semaphore>,
+    reserved: Arc<Semaphore>,
+}
+
+impl Slots {
+    fn new() -> Self {
+        Self {
+            shared: Arc::new(Semaphore::new(MAX_CONNECTIONS - RESERVED_FOR_ROOT)),
+            reserved: Arc::new(Semaphore::new(RESERVED_FOR_ROOT)),
+        }
+    }
+
+    /// A shared slot for anyone, else (root and the agent's user) a reserved one.
+    fn try_take(&self, privileged: bool) -> Option<OwnedSemaphorePermit> {
+        self.shared.clone().try_acquire_owned().ok().or_else(|| {
+            privileged
+                .then(|| self.reserved.clone().try_acquire_owned().ok())
+                .flatten()
+        })
+    }
+
+    /// The first slot of either kind to come free.
+    async fn take_privileged(&self) -> OwnedSemaphorePermit {
+        // Neither semaphore is ever closed, so neither acquire fails.
+        loop {
+            let taken = tokio::select! {
+                p = self.shared.clone().acquire_owned() => p,
+                p = self.reserved.clone().acquire_owned() => p,
+            };
+            if let Ok(p) = taken {
+                return p;
+            }
+        }
+    }
+}
+
+/// The text a client over its slots gets, at once and without blocking the accept loop (it
+/// fits in the socket's buffer; if it does not, the client sees the connection close).
+pub const BUSY: &str = "busy: every status connection open to group members is in use; try again (root always gets through)";
+
+fn refuse_busy(stream: &UnixStream) {
+    if let Ok(mut body) = serde_json::to_vec(&Response::Error(error_reply(BUSY))) {
+        body.push(b'\n');
+        let _ = stream.try_write(&body);
+    }
+}
+
 /// The text of the refusal; the client recognises it and says what to do.
 pub const PERMISSION_DENIED: &str = "permission denied";
 
@@ -266,7 +326,7 @@ fn respond(src: &Sources, req: Request) -> Response {
 /// Root and the agent's own user always; members of `group` (primary or supplementary,
 /// as the connecting process holds them now) when one is configured.
 fn allowed(uid: Uid, pid: Option<i32>, group: Option<Gid>) -> bool {
-    if uid.is_root() || uid == Uid::effective() {
+    if privileged(uid) {
         return true;
     }
     let (Some(gid), Some(pid)) = (group, pid) else {
@@ -276,6 +336,11 @@ fn allowed(uid: Uid, pid: Option<i32>, group: Option<Gid>) -> bool {
         return false;
     };
     process_in_group(&status, gid.as_raw())
+}
+
+/// Root and the agent's own user.
+fn privileged(uid: Uid) -> bool {
+    uid.is_root() || uid == Uid::effective()
 }
 
 /// Whether a /proc/PID/status text lists `gid` as its real/effective or a supplementary gid.
@@ -336,5 +401,29 @@ mod tests {
         assert!(process_in_group(status, 65534));
         assert!(!process_in_group(status, 0));
         assert!(!process_in_group("Groups:\n", 100));
+    }
+
+    #[tokio::test]
+    async fn the_last_slots_are_kept_for_root() {
+        let slots = Slots::new();
+        let mut held: Vec<_> = (0..MAX_CONNECTIONS - RESERVED_FOR_ROOT)
+            .map(|_| slots.try_take(false).expect("a shared slot"))
+            .collect();
+        assert!(
+            slots.try_take(false).is_none(),
+            "a member took a reserved slot"
+        );
+        let root: Vec<_> = (0..RESERVED_FOR_ROOT)
+            .map(|_| slots.try_take(true).expect("a reserved slot"))
+            .collect();
+        assert!(slots.try_take(true).is_none());
+        // Root waits for the next slot to come free, of either kind.
+        held.pop();
+        let _next = slots.take_privileged().await;
+        drop(root);
+        assert!(
+            slots.try_take(false).is_none(),
+            "reserved slots went to a member"
+        );
     }
 }

@@ -458,3 +458,55 @@ fn a_stream_reads_the_formats_that_stream_and_classad_takes_a_select() {
         "{e}"
     );
 }
+
+/// Three mistakes in one file are three errors in one pass, whether serde stops at them (a
+/// string where a list belongs, a list where one value belongs) or validation finds them, in
+/// file order; and the entries around them are still checked.
+#[test]
+fn every_error_of_a_file_comes_in_one_pass_even_the_ones_serde_stops_at() {
+    let e = errors(
+        "resources:
+  - name: a
+    interval: 5m
+    resourcemap: [{location: vm, node002}]
+  - name: b
+    valtype: numerc
+  - name: c
+    interval: 5m
+    probe: {kind: exec, command: [x], timeout: [1]}
+  - name: d
+    intervall: 5m
+",
+    );
+    assert_eq!(e.len(), 4, "{e:#?}");
+    assert!(e[0].starts_with("resources.yaml:4:"), "{e:#?}");
+    assert!(
+        e[0].contains("this field takes a list: write it as [a, b]"),
+        "{e:#?}"
+    );
+    assert!(
+        e[1].starts_with("resources.yaml:6:14: unknown valtype"),
+        "{e:#?}"
+    );
+    assert!(e[2].starts_with("resources.yaml:9:"), "{e:#?}");
+    assert!(
+        e[2].contains("this field takes one value, not a list"),
+        "{e:#?}"
+    );
+    assert!(e[3].contains("did you mean `interval`?"), "{e:#?}");
+    // agent.yaml the same way: a word where a number belongs, a list where a name does.
+    let e = config::agent::parse(
+        Path::new("agent.yaml"),
+        "host: node001\nmax_parallel: many\nrun_as: [a]\nmax_stuck_reads: 0\n",
+    )
+    .unwrap_err()
+    .to_string();
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 3, "{e}");
+    assert!(
+        lines[0].starts_with("agent.yaml:2:15: ") && lines[0].contains("whole number"),
+        "{e}"
+    );
+    assert!(lines[1].starts_with("agent.yaml:3:9: "), "{e}");
+    assert!(lines[2].starts_with("agent.yaml:4:"), "{e}");
+}

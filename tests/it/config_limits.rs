@@ -59,6 +59,42 @@ fn max_interval_in_agent_yaml_moves_the_bound_up_to_a_year() {
     );
 }
 
+/// Every exec and stream probe gets agent.yaml's `probe_pids_max` (128 unless set; 0 for none)
+/// as its cgroup's pids.max unless its own `limits:` say otherwise: one probe's fork bomb
+/// cannot fill the unit's TasksMax and stop the others from starting.
+#[test]
+fn probes_get_a_default_pids_limit_from_agent_yaml() {
+    let yaml = "resources:\n  - name: own\n    interval: 10s\n    probe: {kind: exec, command: [x], limits: {pids: 8}}\n  - name: plain\n    interval: 10s\n    probe: {kind: stream, command: [x]}\n";
+    let pids = |agent_yaml: &str| {
+        let site = common::Setup::with_agent(yaml, agent_yaml);
+        let c = config::load(&site.agent_yaml(), None).expect("loads");
+        c.resources
+            .resources
+            .iter()
+            .map(|r| {
+                r.probe
+                    .as_ref()
+                    .unwrap()
+                    .kind
+                    .exec_spec()
+                    .unwrap()
+                    .limits
+                    .pids
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pids(""), [Some(8), Some(128)]);
+    assert_eq!(pids("probe_pids_max: 40\n"), [Some(8), Some(40)]);
+    assert_eq!(pids("probe_pids_max: 0\n"), [Some(8), None]);
+    let e = agent::parse(Path::new("agent.yaml"), "probe_pids_max: 5000000\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("agent.yaml:1:17: probe_pids_max 5000000 is larger than the limit of 4194304 (0 sets no default limit)"),
+        "{e}"
+    );
+}
+
 #[test]
 fn every_other_duration_size_and_count_names_its_bound() {
     let cases = [
@@ -268,7 +304,10 @@ async fn sighup_with_an_overflowing_interval_keeps_the_running_plan() {
     let pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
     agent
-        .wait_log("reload failed; still running the previous configuration", 1)
+        .wait_log(
+            "reload failed: 1 error(s) in the configuration; still running the previous configuration",
+            1,
+        )
         .await;
     assert!(
         agent

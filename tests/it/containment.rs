@@ -175,12 +175,19 @@ async fn a_probe_runs_in_its_own_cgroup() {
     );
 }
 
-/// A stale probe leaf under `subtree` (`probes/old/run-1`) holding a running `sleep`, as an
-/// agent that died (or a process that had this pid before) would have left it; `None` where
-/// this process may not make cgroups (the caller skips).
+/// A stale probe leaf under `subtree` (`probes/old/run-1`) holding a running `sleep`, beside
+/// the empty `agent/` its agent left, as an agent that died (or a process that had this pid
+/// before) would have left them; `None` where this process may not make cgroups (the caller
+/// skips).
 fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
     let leaf = subtree.join("probes/old/run-1");
-    if let Err(e) = std::fs::create_dir_all(&leaf) {
+    if let Err(e) = std::fs::create_dir_all(&leaf).and_then(|()| {
+        std::fs::create_dir(subtree.join("agent")).or_else(|e| {
+            (e.kind() == std::io::ErrorKind::AlreadyExists)
+                .then_some(())
+                .ok_or(e)
+        })
+    }) {
         eprintln!(
             "skipped: cannot make {} ({e}); CI runs as root on a host with a cgroup v2 mount",
             leaf.display()
@@ -254,6 +261,47 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
     assert_stale_probe_ended(earlier_sleep, &earlier);
     assert_stale_probe_ended(legacy_sleep, &legacy);
     assert!(!earlier.exists() && !legacy.exists());
+}
+
+/// A sibling whose `agent/` holds a process is an agent's, alive, whatever its name says and
+/// whether or not it holds the lock (an agent of an earlier version takes none): it is left
+/// alone, and so is what runs in it.
+#[tokio::test]
+async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
+    if !in_own_process!("a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone") {
+        return;
+    }
+    let Some(host) = v2_host() else {
+        return;
+    };
+    // Named as if by a process with this pid that started one tick after boot: by pid and
+    // start time it would be dead.
+    let sibling = host.own.join(format!("xce-agent.{}.2", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(sibling.join("agent")) {
+        eprintln!(
+            "skipped: cannot make {} ({e}); CI runs as root on a host with a cgroup v2 mount",
+            sibling.display()
+        );
+        return;
+    }
+    let agent = common::KillOnDrop(
+        Command::new("sleep")
+            .arg("1000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::fs::write(sibling.join("agent/cgroup.procs"), agent.0.id().to_string()).unwrap();
+    let contained = contained();
+    let left_alone = sibling.join("agent").is_dir() && common::alive(agent.0.id() as i32);
+    drop((contained, agent));
+    remove_dirs(&sibling);
+    assert!(
+        left_alone,
+        "the live sibling {} was removed",
+        sibling.display()
+    );
 }
 
 /// Under systemd (`Delegate=yes`) the unit's cgroup is the agent's subtree, and after a
@@ -405,6 +453,16 @@ async fn check_names_the_containment_and_its_controllers() {
     if cgroup::detect().is_ok() {
         assert!(text.contains("controllers available"), "{text}");
     }
+    // The default pids limit: said to be unenforced where the controller is missing.
+    let pids_available = cgroup::detect().is_ok_and(|h| {
+        h.controllers.iter().any(|c| c == "pids")
+            && nix::unistd::access(&h.own, nix::unistd::AccessFlags::W_OK).is_ok()
+    });
+    assert_eq!(
+        text.contains("limits NOT ENFORCED: pids.max of shown is not set on this host"),
+        !pids_available,
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -464,7 +522,55 @@ fn cgroup_limits_and_the_no_new_privs_opt_out_are_read_from_the_config() {
     assert_eq!(spec(0).limits.pids, Some(64));
     assert!(!spec(0).no_new_privs);
     assert!(spec(1).no_new_privs);
-    assert_eq!(spec(1).limits, Limits::default());
+    // The default pids limit (agent.yaml's probe_pids_max).
+    assert_eq!(
+        spec(1).limits,
+        Limits {
+            pids: Some(xce_agent::config::limits::DEFAULT_PROBE_PIDS_MAX),
+            ..Limits::default()
+        }
+    );
+}
+
+/// Where the pids controller is enabled for the probes, the default limit is their cgroup's
+/// pids.max; where it is not, `--once` says once (not once per probe) that the limit is not
+/// enforced, and what to do.
+#[tokio::test]
+async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
+    if !in_own_process!("the_default_pids_limit_is_set_or_said_to_be_unenforced") {
+        return;
+    }
+    let Some(_contained) = contained() else {
+        return;
+    };
+    let (s, _) = setup("limited", "", "#!/bin/sh\necho 1\n");
+    // Two probes, so that "once" means once.
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        format!(
+            "resources:\n{}{}",
+            resource("limited", "{kind: exec, command: [limited]}"),
+            resource("limited2", "{kind: exec, command: [limited]}")
+        ),
+    )
+    .unwrap();
+    let enabled = cgroup::active().unwrap().controllers.clone();
+    if enabled.iter().any(|c| c == "pids") {
+        let (task, ctx) = load_task(&s, "limited");
+        run_once(&task, &ctx).await;
+        let max = std::fs::read_to_string(probe_cgroup("limited").join("pids.max")).unwrap();
+        assert_eq!(max.trim(), "128");
+    } else {
+        eprintln!("the pids controller is not enabled here ({enabled:?}): checking the warning");
+        let out = agent_command(&s).arg("--once").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stderr.matches("limits NOT ENFORCED").count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("pids.max is not set for this probe or any other"),
+            "{stderr}"
+        );
+    }
 }
 
 // Reloads: an old task's teardown (`cgroup.kill` of the probe's cgroup) must never reach
@@ -721,7 +827,12 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
     for pid in pids_listed(&pids.join("left.pids")) {
         assert_gone(pid);
     }
-    // The retired leaves go as later runs start: at most the last one is left.
+    // The retired leaves go as later runs start, once their processes have gone (a leaf
+    // whose killed processes are still exiting is busy: its removal waits for the next run).
+    // Here they have all gone, so the next run's start removes them all: at most its own
+    // leaf, and the one before it, are left.
+    let done = run_once(&task, &ctx).await;
+    assert_eq!(done.outcome, Outcome::Ok, "run 4: {:?}", done.error());
     let leaves = std::fs::read_dir(probe_cgroup("leaves"))
         .unwrap()
         .flatten()
@@ -873,4 +984,180 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
         "v2 started during shutdown"
     );
     assert!(!probes.exists(), "{} left behind", probes.display());
+}
+
+/// `unshare --pid --fork --mount-proc` (util-linux): whether this host lets a test start a
+/// process in a PID namespace of its own, with the reason to skip if not.
+fn pid_namespaces() -> bool {
+    let ok = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: `unshare --pid --fork --mount-proc` fails here (not root, or no util-linux); CI runs as root");
+    }
+    ok
+}
+
+/// A daemon on `s` whose probe `held` runs for the test's whole length (its pid written to
+/// held.pid, as seen from the daemon's PID namespace).
+fn holding_site() -> (Setup, PathBuf) {
+    setup(
+        "held",
+        ", timeout: 60s",
+        "#!/bin/sh\necho $$ > \"$D/held.tmp\"\nmv \"$D/held.tmp\" \"$D/held.pid\"\nexec sleep 1000\n",
+    )
+}
+
+/// Whether the agent whose cgroup subtree is `subtree` is still whole: the subtree is there,
+/// its agent in `agent/` and its probe running in `probes/held`.
+fn whole(subtree: &Path) -> bool {
+    subtree.join("agent").is_dir()
+        && populated(&subtree.join("agent"))
+        && populated(&subtree.join("probes/held"))
+}
+
+/// The process `unshare --fork` started (the agent, pid 1 in its namespace), by its host pid.
+fn forked_child(unshare: u32) -> u32 {
+    let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children"))
+        .expect("unshare's children");
+    children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("unshare has forked the agent")
+}
+
+/// An agent in a PID namespace of its own (a container's, `unshare -p`) shares the cgroup
+/// tree with the host's agents but sees none of their pids: it must not take their subtrees
+/// for dead ones. Here a host daemon runs a probe; an agent in another PID namespace runs
+/// `--once` beside it, in the same parent cgroup; the daemon and its probe live on.
+#[tokio::test]
+async fn an_agent_in_another_pid_namespace_leaves_a_host_agent_alone() {
+    let Some(host) = v2_host() else {
+        return;
+    };
+    if nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK).is_err() {
+        eprintln!(
+            "skipped: {} is not writable; CI runs as root",
+            host.own.display()
+        );
+        return;
+    }
+    if !pid_namespaces() {
+        return;
+    }
+    let (s, pids) = holding_site();
+    let daemon = common::KillOnDrop(
+        agent_command(&s)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    common::wait_for_file(&pids.join("held.pid"));
+    let subtree = subtree_of(daemon.0.id()).expect("the daemon's cgroup");
+    assert!(whole(&subtree), "{} before", subtree.display());
+
+    let (other, _) = setup("quick", "", "#!/bin/sh\necho 1\n");
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(common::agent_bin())
+        .args(["--config", other.agent_yaml().to_str().unwrap(), "--once"])
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("INVOCATION_ID")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no cgroup containment"), "{stderr}");
+    assert!(
+        whole(&subtree),
+        "the namespaced agent removed {}: {stderr}",
+        subtree.display()
+    );
+    stop(daemon);
+    assert!(!subtree.exists(), "{} left behind", subtree.display());
+}
+
+/// The other way: a daemon in a PID namespace of its own (pid 1 there, so by the host's pid 1
+/// it would look dead), and a host agent running `--once` beside it.
+#[tokio::test]
+async fn a_host_agent_leaves_an_agent_in_another_pid_namespace_alone() {
+    let Some(host) = v2_host() else {
+        return;
+    };
+    if nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK).is_err() {
+        eprintln!(
+            "skipped: {} is not writable; CI runs as root",
+            host.own.display()
+        );
+        return;
+    }
+    if !pid_namespaces() {
+        return;
+    }
+    let (s, pids) = holding_site();
+    let unshare = common::KillOnDrop(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(common::agent_bin())
+            .args(["--config", s.agent_yaml().to_str().unwrap()])
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("INVOCATION_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    common::wait_for_file(&pids.join("held.pid"));
+    let daemon = forked_child(unshare.0.id());
+    let subtree = subtree_of(daemon).expect("the namespaced daemon's cgroup");
+    assert!(
+        subtree
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("xce-agent.1."),
+        "{}",
+        subtree.display()
+    );
+    assert!(whole(&subtree), "{} before", subtree.display());
+
+    let (other, _) = setup("quick", "", "#!/bin/sh\necho 1\n");
+    let out = agent_command(&other).arg("--once").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        whole(&subtree),
+        "the host agent removed {}: {stderr}",
+        subtree.display()
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    stop_waited(unshare);
+    assert!(!subtree.exists(), "{} left behind", subtree.display());
+}
+
+/// SIGTERM to a daemon we started; it exits 0.
+fn stop(daemon: common::KillOnDrop) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    stop_waited(daemon);
+}
+
+fn stop_waited(mut child: common::KillOnDrop) {
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -252,6 +252,17 @@ async fn a_changed_probe_restarts_and_the_reload_says_what_changed() {
         assert!(log.contains(&line), "{line:?} not in\n{log}");
     }
     assert!(!log.contains("probe steady"), "{log}");
+    // The summary counts the restart (it once said only `probes_restarted=false`, which
+    // read as "none restarted").
+    wait_until("the reload's count", || {
+        daemon.log_text().contains("reloaded")
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(
+        log.contains("restarted=1 all_probes_restarted=false"),
+        "{log}"
+    );
 
     let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "exit {status:?}\n{stderr}");

@@ -14,6 +14,7 @@ mod builtin;
 mod cli;
 mod config_errors;
 mod config_limits;
+mod config_trust;
 mod containment;
 mod daemon;
 mod daemon_flush;

@@ -82,14 +82,14 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     const GET: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
     let scrape = || request(&addr, GET);
     let want = [
-        "xce_resource_value{name=\"num\",instance=\"\"} 7.0\n",
-        "xce_resource_status{name=\"broken\",instance=\"\",status=\"failed\"} 1\n",
+        "xce_resource_value{name=\"num\",resource_instance=\"\"} 7.0\n",
+        "xce_resource_status{name=\"broken\",resource_instance=\"\",status=\"failed\"} 1\n",
         "xce_probe_runs_total{probe=\"broken\",outcome=\"failed\"} ",
         "xce_probe_duration_seconds_bucket{probe=\"num\",le=\"+Inf\"} ",
-        "xce_probe_last_success_seconds{probe=\"num\"} ",
+        "xce_probe_last_success_timestamp_seconds{probe=\"num\"} ",
         "xce_link_connect_failures_total ",
         "xce_link_state{state=\"",
-        "xce_resource_status{name=\"label\",instance=\"\",status=\"ok\"} 1\n",
+        "xce_resource_status{name=\"label\",resource_instance=\"\",status=\"ok\"} 1\n",
     ];
     let text = scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
         want.iter().all(|w| text.contains(w))
@@ -102,6 +102,37 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     );
     assert!(text.contains("xce_probe_runs_total{probe=\"num\",outcome=\"ok\"} "));
     assert!(text.contains("xce_link_bytes_sent_total 0\n"), "{text}");
+    // Prometheus' conventions: no label named `instance` (it collides with the target's and
+    // becomes `exported_instance`), unix times named `_timestamp_seconds`, a build_info, the
+    // standard process metrics, and the configuration's health.
+    assert!(
+        !text.contains("{instance=\"") && !text.contains(",instance=\""),
+        "{text}"
+    );
+    for want in [
+        format!(
+            "xce_build_info{{version=\"{}\",protocol=\"",
+            env!("CARGO_PKG_VERSION")
+        ),
+        "process_cpu_seconds_total ".to_owned(),
+        "process_resident_memory_bytes ".to_owned(),
+        "process_open_fds ".to_owned(),
+        "process_max_fds ".to_owned(),
+        "process_start_time_seconds ".to_owned(),
+        "process_threads ".to_owned(),
+        "xce_config_last_reload_successful 1\n".to_owned(),
+        "xce_config_last_reload_success_timestamp_seconds ".to_owned(),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in\n{text}");
+    }
+    // A reload that fails keeps the running configuration, and says so here too.
+    std::fs::write(setup.path().join("resources.yaml"), "resources: [\n").unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    daemon.wait_log("reload failed", 1).await;
+    scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
+        text.contains("xce_config_last_reload_successful 0\n")
+    })
+    .await;
 
     // Not a scrape.
     let r = request(&addr, b"GET / HTTP/1.1\r\n\r\n").await;
@@ -189,7 +220,7 @@ async fn openmetrics_is_served_when_the_scraper_asks_for_it() {
     let ask = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n";
     let openmetrics = "application/openmetrics-text; version=1.0.0";
     let text = scrape_until(&addr, ask, openmetrics, |text| {
-        text.contains("xce_resource_value{name=\"num\",instance=\"\"} 7.0\n")
+        text.contains("xce_resource_value{name=\"num\",resource_instance=\"\"} 7.0\n")
     })
     .await;
     assert!(text.ends_with("# EOF\n"), "{text}");
@@ -243,6 +274,7 @@ fn exposition_of_every_kind(format: xce_agent::metrics::ExpositionFormat) -> Str
         link: Default::default(),
         probes,
         files: xce_agent::probe::file_reader::FileReads::new(32),
+        loaded: tokio::sync::watch::channel(Default::default()).1,
     });
     xce_agent::metrics::render(&registry, format)
 }
@@ -315,4 +347,41 @@ print(len(fams))
         "prometheus_client rejected the exposition: {}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// docs/metrics.md's table and the exposition name the same metrics: a metric added without
+/// its row, or a row left after its metric went, fails here.
+#[test]
+fn every_metric_is_documented() {
+    let text = exposition_of_every_kind(xce_agent::metrics::ExpositionFormat::PrometheusText);
+    let exposed: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md"))
+        .expect("docs/metrics.md");
+    let documented: std::collections::BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    let undocumented: Vec<&String> = exposed.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/metrics.md: {undocumented:?}"
+    );
+    // The ones this exposition has no source for (no cgroup, no TLS): documented all the same.
+    let only_sometimes = [
+        "xce_probe_cpu_seconds_total",
+        "xce_probe_memory_peak_bytes",
+        "xce_tls_cert_not_after_timestamp_seconds",
+    ];
+    let stale: Vec<&String> = documented
+        .difference(&exposed)
+        .filter(|n| !only_sometimes.contains(&n.as_str()))
+        .collect();
+    assert!(stale.is_empty(), "documented but not exposed: {stale:?}");
 }

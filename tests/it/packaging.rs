@@ -255,7 +255,27 @@ fn deb_and_rpm_from_the_release_build_hold_the_same_files_and_their_check_passes
             script.contains("install -d -m 0700 -o root -g root /etc/xce/tls"),
             "{script}"
         );
+        // An upgrade restarts a running agent on the new binary.
+        assert!(
+            script.contains("systemctl try-restart xce-agent.service"),
+            "{script}"
+        );
     }
+    // Removal stops the service (and its probes): the .deb's prerm, the .rpm's preun.
+    let prerm = std::fs::read_to_string(ctrl.join("prerm")).expect("prerm");
+    assert!(
+        prerm.contains("\"$1\" = \"remove\"") && prerm.contains("systemctl stop xce-agent.service"),
+        "{prerm}"
+    );
+    assert!(ctrl.join("postrm").exists(), "no postrm");
+    let preun = scripts
+        .split("preuninstall scriptlet")
+        .nth(1)
+        .expect("a preun scriptlet");
+    assert!(
+        preun.contains("disable --now xce-agent.service"),
+        "{scripts}"
+    );
     let control = run_ok(Command::new("dpkg-deb").arg("-f").arg(&deb).arg("Package"));
     assert_eq!(control.trim(), "xce-agent");
 

@@ -166,7 +166,8 @@ fn every_plugin_is_an_executable_sh_script_that_parses() {
     }
 }
 
-/// shellcheck is not on every build machine (CI installs it): plugins and stubs are clean.
+/// shellcheck is not on every build machine (CI installs it): plugins, stubs and the .deb's
+/// maintainer scripts are clean.
 #[test]
 #[ignore = "needs shellcheck; CI runs it with `cargo test -- --ignored`"]
 fn plugins_and_stubs_are_shellcheck_clean() {
@@ -174,6 +175,9 @@ fn plugins_and_stubs_are_shellcheck_clean() {
     let mut files = plugin_files();
     for dir in ["df", "nvidia-smi", "stat", "lmutil"] {
         files.push(stubs(dir).join(dir));
+    }
+    for script in ["postinst", "prerm", "postrm"] {
+        files.push(root().join("packaging/debian").join(script));
     }
     let out = Command::new("shellcheck")
         .args(&files)

@@ -186,6 +186,34 @@ fn unknown_or_skipped_names_exit_2_with_the_reason() {
     let (code, _, err) = probe(&s, "st");
     assert_eq!(code, 2);
     assert!(err.contains("static (no interval)"), "{err}");
+    // A near miss of a name, and of this host's name in a resourcemap, is pointed out.
+    let (code, _, err) = probe(&s, "xx");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no such resource in resources.yaml; did you mean x?"),
+        "{err}"
+    );
+    let s = setup(
+        "  - {name: mine, valtype: numeric, interval: 60s, resourcemap: [{location: [node002, node0001]}], probe: {kind: exec, command: [x]}}\n",
+    );
+    let (code, _, err) = probe(&s, "mine");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(
+            "no instance covers this host (resourcemap names node0001: a typo of node001?)"
+        ),
+        "{err}"
+    );
+    let out = assert_cmd::Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["-c", s.agent_yaml().to_str().unwrap(), "check"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(resourcemap names node0001: a typo of node001?)"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -193,4 +221,79 @@ fn a_config_error_exits_2() {
     let s = setup("  - name: [broken\n");
     let (code, _, err) = probe(&s, "x");
     assert_eq!(code, 2, "{err}");
+}
+
+/// An admin runs `probe NAME` from a root terminal; the probe runs as `nobody`. It must not
+/// reach that terminal: not open `/dev/tty` (which is whatever terminal controls the
+/// process), so not type into the admin's shell with TIOCSTI either (as su and bubblewrap
+/// once let their children do). The terminal here is a real pty made this process's child's
+/// controlling terminal by util-linux's `setsid --ctty`.
+#[test]
+fn a_probe_cannot_reach_the_terminal_of_the_admin_who_runs_probe_name() {
+    use std::os::fd::AsRawFd;
+    if std::process::Command::new("setsid")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no setsid(1) (util-linux) to give the agent a controlling terminal");
+        return;
+    }
+    let s = Setup::with_agent(
+        &format!(
+            "resources:\n{}",
+            resource("tty", "{kind: exec, command: [tty_probe]}")
+        ),
+        "run_as: nobody\n",
+    );
+    // 1 when the probe could open a controlling terminal, after trying to type a command
+    // into it; 0 when it has none.
+    s.script(
+        "tty_probe",
+        "#!/bin/sh\n\
+         if (: </dev/tty) 2>/dev/null; then\n\
+         python3 -c 'import fcntl, termios\n\
+         with open(\"/dev/tty\", \"rb\") as t:\n\
+         \x20   for b in b\"echo typed-by-a-probe\\n\": fcntl.ioctl(t, termios.TIOCSTI, bytes([b]))' 2>/dev/null\n\
+         echo 1\n\
+         else\n\
+         echo 0\n\
+         fi\n",
+    );
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let out = std::process::Command::new("setsid")
+        .arg("--ctty")
+        .arg(assert_cmd::cargo::cargo_bin("xce-agent"))
+        .args(["-c", s.agent_yaml().to_str().unwrap(), "probe", "tty"])
+        .stdin(std::fs::File::from(pty.slave.try_clone().unwrap()))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("tty = 0"),
+        "the probe opened the admin's terminal:\n{stdout}{stderr}"
+    );
+    // Whatever reached the terminal's input queue would be readable on the slave, and echoed
+    // to the master.
+    for (end, fd) in [("slave", &pty.slave), ("master", &pty.master)] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .unwrap();
+        let mut buf = [0u8; 4096];
+        match nix::unistd::read(fd, &mut buf) {
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EIO) => {}
+            Ok(n) => panic!(
+                "the terminal's {end} holds {:?} (fd {})",
+                String::from_utf8_lossy(&buf[..n]),
+                fd.as_raw_fd()
+            ),
+            Err(e) => panic!("reading the {end}: {e}"),
+        }
+    }
 }

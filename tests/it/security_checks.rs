@@ -176,7 +176,7 @@ fn check_lists_each_refusal_under_problems() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("PROBLEMS (2)"), "{text}");
     assert!(text.contains(&format!(
         "a: refusing to run {}",

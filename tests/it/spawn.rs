@@ -1,5 +1,5 @@
 //! The spawn itself (clone with CLONE_VM | CLONE_VFORK, raw system calls in the child): what
-//! a child starts with — its own process group, only descriptors 0-2, an empty signal mask,
+//! a child starts with — its own session and process group, only descriptors 0-2, an empty signal mask,
 //! default dispositions, no_new_privs — and exec failures reported with their errno and path.
 
 use crate::support as common;
@@ -37,6 +37,15 @@ async fn the_child_leads_its_own_process_group() {
     let (o, out) = output(&sh("awk '{print $5}' /proc/$$/stat")).await;
     assert_eq!(o.exit, Exit::Code(0));
     assert_eq!(out.trim(), o.pid.to_string());
+}
+
+/// A session of its own: no controlling terminal, whatever terminal the agent has (fields 6
+/// and 7 of /proc/<pid>/stat: the session and the terminal, 0 for none).
+#[tokio::test]
+async fn the_child_leads_a_session_of_its_own_without_a_terminal() {
+    let (o, out) = output(&sh("awk '{print $6, $7}' /proc/$$/stat")).await;
+    assert_eq!(o.exit, Exit::Code(0));
+    assert_eq!(out.trim(), format!("{} 0", o.pid));
 }
 
 #[tokio::test]

@@ -342,6 +342,65 @@ async fn members_of_status_group_may_read() {
     assert_eq!(code, 2, "{err}");
 }
 
+/// A member of status_group who opens every connection the daemon answers at once and
+/// holds them idle cannot lock root out: root's `status` is answered while they are held,
+/// and the member's connections past the shared slots are told "busy" at once.
+#[tokio::test]
+async fn a_member_holding_every_slot_cannot_lock_root_out() {
+    use xce_agent::status::server::{MAX_CONNECTIONS, RESERVED_FOR_ROOT};
+    if !is_root() {
+        eprintln!("skipped: needs root to run the holder as nobody");
+        return;
+    }
+    let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(NOBODY))
+        .ok()
+        .flatten()
+        .expect("a group with gid 65534");
+    let site = status_site(&[], &format!("status_group: {}\n", group.name));
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+    // Connects MAX_CONNECTIONS times, says so, then (when told) reports how many of its
+    // connections have been answered "busy" by then.
+    let holder = format!(
+        "import select, socket, sys\n\
+         conns = []\n\
+         for _ in range({MAX_CONNECTIONS}):\n\
+         \x20   s = socket.socket(socket.AF_UNIX); s.connect({path:?}); conns.append(s)\n\
+         print('held', flush=True)\n\
+         sys.stdin.readline()\n\
+         busy = 0\n\
+         for s in conns:\n\
+         \x20   if select.select([s], [], [], 0)[0] and b'busy' in s.recv(4096): busy += 1\n\
+         print(busy, flush=True)\n",
+        path = socket(&site).display().to_string()
+    );
+    let mut python = Command::new("python3");
+    python
+        .args(["-c", &holder])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut holder = e2e_common::KillOnDrop(python.spawn().expect("python3"));
+    let mut out = std::io::BufReader::new(holder.0.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    let (code, text, err) = status(&site, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("HOST  node001"), "{text}");
+    holder.0.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    // Each busy answer was written as its connection was accepted, before root's.
+    assert_eq!(
+        line.trim(),
+        RESERVED_FOR_ROOT.to_string(),
+        "connections told busy"
+    );
+    agent.assert_alive();
+}
+
 /// One raw exchange on the socket.
 fn exchange(site: &Site, request: &[u8]) -> serde_json::Value {
     let mut s = UnixStream::connect(socket(site)).expect("connect");
@@ -466,6 +525,67 @@ fn status_socket_and_group_in_agent_yaml() {
             .ends_with("agent.yaml:2:15: status_group is empty"),
         "{e:?}"
     );
+}
+
+/// A reload that fails is seen in `status` (it exits 1: the daemon runs an older
+/// configuration than the files hold), with the first line of why; the next good one clears it.
+#[tokio::test]
+async fn a_failed_reload_shows_in_status_until_one_succeeds() {
+    let site = status_site(&[], "");
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket listening", 1).await;
+    let good = std::fs::read_to_string(site.file("resources.yaml")).unwrap();
+    std::fs::write(
+        site.file("resources.yaml"),
+        "resources:\n  - name: [broken\n",
+    )
+    .unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    agent.wait_log("reload failed", 1).await;
+    let (code, out, err) = status(&site, &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("RELOAD  FAILED "), "{out}");
+    assert!(out.contains("resources.yaml:2:"), "{out}");
+    assert!(
+        out.contains("still running the configuration above"),
+        "{out}"
+    );
+    let (_, json, _) = status(&site, &["--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["config"]["last_reload"]["ok"], false, "{json}");
+
+    std::fs::write(site.file("resources.yaml"), good).unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    agent.wait_log("configuration unchanged", 1).await;
+    let (_, out, _) = status(&site, &[]);
+    assert!(out.contains("RELOAD  ok "), "{out}");
+    agent.assert_alive();
+}
+
+/// A daemon whose status socket is off (the default path's directory is missing, as in a
+/// checkout outside systemd) is running: `status` says so and why, not "not running".
+#[tokio::test]
+async fn status_tells_a_running_daemon_with_its_socket_off_from_no_daemon() {
+    if std::path::Path::new("/run/xce-agent").exists() {
+        eprintln!("skipped: /run/xce-agent exists here, so the default status socket is not off");
+        return;
+    }
+    let site = Site::new(&[], RESOURCES);
+    site.counter_script("scratch");
+    site.script("mode.sh", "#!/bin/sh\necho fine\n");
+    let mut agent = site.spawn_agent();
+    agent.wait_log("status socket off", 1).await;
+    assert!(
+        agent.log_text().contains(" WARN "),
+        "logged below WARN: {}",
+        agent.log_text()
+    );
+    let (code, _, err) = status(&site, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the agent is running (pid "), "{err}");
+    assert!(err.contains(&agent.pid().to_string()), "{err}");
+    assert!(err.contains("its status socket is off"), "{err}");
+    agent.assert_alive();
 }
 
 #[tokio::test]

@@ -181,7 +181,7 @@ async fn an_agent_streams_to_listen_over_tls_and_rotates_its_certificate_on_sigh
     assert!(check.status.success(), "{report}");
     assert!(report.contains("subject \"CN=node001\""), "{report}");
     assert!(report.contains("SANs [node001]"), "{report}");
-    assert!(report.contains("issuer \"CN=xce cluster CA\""), "{report}");
+    assert!(report.contains("issuer \"CN=xce cluster CA "), "{report}");
     assert!(
         report.contains("expires 20") && report.contains(" days)"),
         "{report}"
@@ -207,6 +207,28 @@ async fn an_agent_streams_to_listen_over_tls_and_rotates_its_certificate_on_sigh
     agent.wait_log("TLS key material changed", 1).await;
     listen.next_json(|v| v["event"] == "hello" && v["host"] == "node001");
     listen.next_json(|v| v["event"] == "resval" && v["name"] == "level" && v["full"] == true);
+
+    // Material for another host: the controller would refuse it, so the reload is refused
+    // with the reason and the working link keeps going.
+    let elsewhere = dir.path().join("elsewhere");
+    let o = xce(&[
+        "tls",
+        "issue",
+        "--ca",
+        s(&ca),
+        "--out",
+        s(&elsewhere),
+        "node002",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (good_cert, good_key) = (std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
+    std::fs::copy(elsewhere.join("node002.pem"), &cert).expect("copy cert");
+    std::fs::copy(elsewhere.join("node002.key"), &key).expect("copy key");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    agent.wait_log("not this host \"node001\"", 1).await;
+    std::fs::write(&cert, good_cert).expect("restore cert");
+    std::fs::write(&key, good_key).expect("restore key");
+    agent.assert_alive();
 
     // A key that became readable by others: the reload is refused, the link keeps going.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
@@ -285,9 +307,59 @@ fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_expiry(
         text(&o)
     );
 
+    // The warning window is agent.yaml's tls.expiry_warning (14 days unless set).
+    let later = pki.issue_valid(&["node001"], -1, 20);
+    let o = run(&later);
+    assert!(
+        o.status.success() && !text(&o).contains("renew it"),
+        "{}",
+        text(&o)
+    );
+    let yaml = std::fs::read_to_string(site.agent_yaml()).unwrap();
+    std::fs::write(site.agent_yaml(), format!("{yaml}  expiry_warning: 30d\n")).unwrap();
+    let o = xce(&["check", "--config", s(&site.agent_yaml())]);
+    assert!(
+        o.status.success() && text(&o).contains("renew it"),
+        "{}",
+        text(&o)
+    );
+
+    // A certificate for another host: check names both, the daemon does not start.
+    let other_host = pki.issue(&["node002"]);
+    let o = run(&other_host);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("names [node002], not this host \"node001\""),
+        "{}",
+        text(&o)
+    );
+    let daemon = || {
+        Command::new(agent_bin())
+            .args(["--config", s(&site.agent_yaml())])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run")
+    };
+    let o = daemon();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("not this host \"node001\""),
+        "{}",
+        text(&o)
+    );
+
     let expired = pki.issue_valid(&["node001"], -30, -2);
     let o = run(&expired);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // ... and the daemon refuses to start on it, saying so (not a TLS error in a loop).
+    let o = daemon();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("this host's certificate expired on"),
+        "{}",
+        text(&o)
+    );
+    let o = run(&expired);
     assert!(
         text(&o).contains("PROBLEM:") && text(&o).contains("expired on"),
         "{}",
@@ -297,7 +369,7 @@ fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_expiry(
     let open = pki.issue(&["node001"]);
     std::fs::set_permissions(&open.key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let o = run(&open);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains(&format!("chmod 600 {}", open.key.display())),
         "{}",
@@ -310,7 +382,7 @@ fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_expiry(
         key: other.key.clone(),
     };
     let o = run(&mismatched);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
         text(&o).contains("does not match the certificate"),
         "{}",
@@ -484,4 +556,40 @@ fn openssl_s_client_against_listen_needs_a_client_certificate() {
     assert!(line.contains("no_certificate"), "{line}");
     drop(without);
     listen.assert_alive();
+}
+
+/// Two CAs made by `tls init` never share a subject (a certificate from the wrong one then
+/// names another issuer instead of failing as a bad signature from "the same" CA), and a
+/// certificate valid for 0 days is refused before anything is written.
+#[test]
+fn each_ca_has_its_own_subject_and_zero_days_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let subject = |name: &str| {
+        let ca = dir.path().join(name);
+        let o = xce(&["tls", "init", s(&ca)]);
+        assert!(o.status.success(), "{}", text(&o));
+        let pem = std::fs::read(ca.join("ca.pem")).expect("ca.pem");
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("pem");
+        let cert = pem.parse_x509().expect("x509");
+        cert.subject().to_string()
+    };
+    let (one, two) = (subject("one"), subject("two"));
+    assert!(one.starts_with("CN=xce cluster CA "), "{one}");
+    assert_ne!(one, two);
+    for args in [
+        vec!["tls", "init", "--days", "0"],
+        vec![
+            "tls", "issue", "--ca", "x", "--out", "y", "--days", "0", "node001",
+        ],
+    ] {
+        let zero = dir.path().join("zero");
+        let mut args = args;
+        if args[1] == "init" {
+            args.push(s(&zero));
+        }
+        let o = xce(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("--days"), "{}", text(&o));
+        assert!(!zero.exists());
+    }
 }

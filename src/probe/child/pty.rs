@@ -9,8 +9,9 @@
 //! a session leader without a terminal, and opening a tty without it would make the probe's
 //! pty the agent's controlling terminal.
 //!
-//! The slave is the child's fd 1 only, never its controlling terminal: the child keeps the
-//! process group it gets (`setpgid`) in the agent's session, so no `setsid`/`TIOCSCTTY`.
+//! The slave is the child's fd 1 only, never its controlling terminal: the child starts a
+//! session of its own (`setsid`, as every probe does) and nothing calls `TIOCSCTTY`; the slave
+//! was opened `O_NOCTTY` in the agent and is inherited, not opened by the session leader.
 //! `isatty(1)` is all stdio looks at; a controlling terminal would add job control and
 //! SIGHUP on the master's close, and let a program that prompts (`ssh`, `sudo`) open
 //! `/dev/tty` and wait forever for a reply nobody types.

@@ -18,6 +18,8 @@
 //! - Every signal is blocked in the parent around the clone, so no handler of the agent's can
 //!   run on the child's stack; the child resets every disposition to the default and then
 //!   unblocks everything (a probe starts with an empty mask).
+//! - The child starts a session of its own (`setsid`): its own process group, and no
+//!   controlling terminal, whoever started the agent from which terminal.
 //! - Everything the parent opened for the child is close-on-exec, and the child marks every
 //!   descriptor above 2 close-on-exec (`close_range`), so a probe sees only 0, 1 and 2 whatever
 //!   the agent inherited.
@@ -33,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Where a child failed before its `execve` succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    SetPgid,
+    SetSid,
     JoinCgroup,
     Redirect,
     Rlimit,
@@ -48,7 +50,7 @@ pub enum Stage {
 
 impl Stage {
     const ALL: [Stage; 11] = [
-        Stage::SetPgid,
+        Stage::SetSid,
         Stage::JoinCgroup,
         Stage::Redirect,
         Stage::Rlimit,
@@ -63,7 +65,7 @@ impl Stage {
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Stage::SetPgid => "setpgid",
+            Stage::SetSid => "setsid",
             Stage::JoinCgroup => "joining the probe's cgroup",
             Stage::Redirect => "redirecting stdin/stdout/stderr",
             Stage::Rlimit => "setting a resource limit",
@@ -541,8 +543,14 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
                 );
             }
         }
-        if libc::syscall(libc::SYS_setpgid, 0, 0) != 0 {
-            fail(Stage::SetPgid);
+        // A session of its own, which makes it a process group of its own too (pgid = pid,
+        // what the group kill relies on) and leaves it without a controlling terminal: a
+        // probe must not reach the terminal of an admin who runs `probe NAME` or `--once`
+        // (open("/dev/tty"), TIOCSTI into a root shell), as su, runuser and bubblewrap
+        // learnt (CVE-2005-4890, CVE-2016-2779, CVE-2017-5226). Cannot fail: the child is
+        // new, so it leads no process group yet.
+        if libc::syscall(libc::SYS_setsid) < 0 {
+            fail(Stage::SetSid);
         }
         if let (true, Some((_, procs))) = (p.join_by_write, p.cgroup) {
             if libc::syscall(libc::SYS_write, procs, c"0".as_ptr(), 1) != 1 {

@@ -305,12 +305,26 @@ pub fn wait_gone(pid: i32) {
         events: libc::POLLIN,
         revents: 0,
     };
-    let guard_ms = HANG_GUARD.as_millis() as i32;
-    // SAFETY: one valid pollfd; fd is closed right after.
-    let n = unsafe { libc::poll(&mut pfd, 1, guard_ms) };
+    // A signal handled on this thread (SIGCHLD, with many children exiting) ends poll early
+    // with EINTR: poll again for the rest of the guard. (Taken for a hang, it failed
+    // `two_hundred_background_sleeps_are_all_ended` at once as "still running after 60s".)
+    let give_up = std::time::Instant::now() + HANG_GUARD;
+    let n = loop {
+        let left = give_up.saturating_duration_since(std::time::Instant::now());
+        // SAFETY: one valid pollfd; fd is closed right after the loop.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        break n;
+    };
     // SAFETY: fd came from pidfd_open above and nothing else owns it.
     unsafe { libc::close(fd) };
-    assert!(n == 1, "process {pid} still running after {HANG_GUARD:?}");
+    assert!(
+        n == 1,
+        "process {pid} still running after {HANG_GUARD:?} (poll: {n}, {})",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Where a test needs a tool that not every build machine has, the test is marked
