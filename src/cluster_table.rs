@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::link::receiver::{serve, Event, EventKind, ListenOpts};
-use crate::render::status::{age, printable};
+use crate::render::status::age;
 use crate::render::{columns, format_time};
 use crate::value::{Resval, Status, Value};
 
@@ -129,11 +129,11 @@ impl Cluster {
             only.to_vec()
         };
         let mut header = vec!["HOST".to_owned(), "LINK".to_owned(), "AGE".to_owned()];
-        header.extend(resources.iter().map(|r| printable(r)));
+        header.extend(resources.iter().cloned());
         let mut rows = vec![header];
         for (host, row) in &self.hosts {
             let mut cells = vec![
-                printable(host),
+                host.clone(),
                 if row.connections.is_empty() {
                     "down"
                 } else {
@@ -159,8 +159,8 @@ fn cell(rv: Option<&Resval>) -> String {
     match (rv.status, &rv.value) {
         (Status::Pending, _) => "?".into(),
         (_, Value::Unknown) => "-".into(),
-        (Status::Failed, v) => format!("{}!", printable(&v.to_string())),
-        (_, v) => printable(&v.to_string()),
+        (Status::Failed, v) => format!("{v}!"),
+        (_, v) => v.to_string(),
     }
 }
 

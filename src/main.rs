@@ -87,6 +87,7 @@ fn init_logging(level: Option<&str>, interactive: bool) {
         .flatten();
     let fmt = journald.is_none().then(|| {
         tracing_subscriber::fmt::layer()
+            .fmt_fields(log_fields())
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(false)
@@ -96,6 +97,24 @@ fn init_logging(level: Option<&str>, interactive: bool) {
         .with(journald)
         .with(fmt)
         .try_init();
+}
+
+/// How a log line's fields are written: as tracing-subscriber's default (the message, then
+/// `name=value`), each value passed through [`xce_agent::text::sanitize`], so what a probe
+/// printed (its stderr, a bad line in an error) can neither split the line nor reach the
+/// terminal as an escape sequence.
+fn log_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = format!("{value:?}");
+        let text = xce_agent::text::sanitize(&text);
+        if field.name() == "message" {
+            w.write_str(&text)
+        } else {
+            write!(w, "{}={text}", field.name())
+        }
+    })
+    .delimited(" ")
 }
 
 /// systemd sets JOURNAL_STREAM=DEV:INODE for the stream it connects to stderr; the variable

@@ -350,6 +350,30 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
     )?;
     family(
         enc,
+        "xce_probe_agent_cpu_seconds",
+        "Agent CPU spent on the probe's output: a stream's lines read, parsed and applied, an exec or file run's output parsed (the probe's own CPU is xce_probe_cpu_seconds).",
+        MetricType::Counter,
+        probes.iter().map(|(name, p)| {
+            (
+                [("probe", name.as_str())],
+                Sample::CounterF(p.agent_cpu_ns.load(Ordering::Relaxed) as f64 / 1e9),
+            )
+        }),
+    )?;
+    family(
+        enc,
+        "xce_probe_unexpected_names",
+        "Names the probe's output gave that are not in its provides: (ignored; counted, only the first 64 remembered for the log).",
+        MetricType::Counter,
+        probes.iter().map(|(name, p)| {
+            (
+                [("probe", name.as_str())],
+                Sample::Counter(p.unexpected_names.load(Ordering::Relaxed)),
+            )
+        }),
+    )?;
+    family(
+        enc,
         "xce_probe_restarts",
         "Restarts of stream probes.",
         MetricType::Counter,

@@ -44,6 +44,12 @@ fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
     }
     s.last_duration_us
         .store(run.duration.as_micros() as u64, Ordering::Relaxed);
+    s.agent_cpu_ns
+        .fetch_add(run.agent_cpu.as_nanos() as u64, Ordering::Relaxed);
+    s.unexpected_names.fetch_add(
+        (run.unexpected.len() + run.unexpected_more) as u64,
+        Ordering::Relaxed,
+    );
     s.duration.observe(run.duration);
 }
 
@@ -327,7 +333,7 @@ fn log_run(task: &ProbeTask, run: &ProbeRun, store: &Store) {
     let previous = store.get(&task.name, &task.instance).and_then(|r| r.error);
     if previous.as_deref() != Some(err) {
         let stderr = run.exec.as_ref().map(|e| e.stderr.as_str()).unwrap_or("");
-        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %stderr, "{err}");
+        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %crate::text::escape(stderr.trim()), "{}", crate::text::escape(err));
     }
     if let Some(Reading::Ok(_)) = run.readings.first().map(|(_, r)| r) {
         tracing::debug!(probe = %task.name, "ok");

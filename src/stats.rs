@@ -15,6 +15,12 @@ pub struct ProbeStats {
     pub timeout: AtomicU64,
     pub skipped_overlap: AtomicU64,
     pub restarts: AtomicU64,
+    /// Agent CPU (ns, on the thread that did it) spent on the probe's output: a stream's
+    /// lines read, parsed and applied; an exec or file run's output parsed.
+    pub agent_cpu_ns: AtomicU64,
+    /// Names the probe's output gave that are not in its `provides:` (each time; counted,
+    /// not remembered).
+    pub unexpected_names: AtomicU64,
     pub last_success_ms: AtomicU64,
     pub last_duration_us: AtomicU64,
     /// Unix ms of the next scheduled run (0: not scheduled, e.g. a stream).
@@ -80,4 +86,19 @@ impl Stats {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }
+}
+
+/// CPU time this thread has used (CLOCK_THREAD_CPUTIME_ID): what a piece of work cost the
+/// agent, measured around it on the thread that does it.
+pub fn thread_cpu() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }

@@ -1,7 +1,6 @@
 //! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
-use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -210,7 +209,7 @@ pub async fn run(
     let result = process::run(&child).await;
     let mut run = match result {
         Err(e) => ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e.to_string()),
-        Ok(o) => {
+        Ok(mut o) => {
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
@@ -220,7 +219,31 @@ pub async fn run(
                 Some((outcome, why)) => {
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
                 }
-                None => parse_output(task, spec, started, &o),
+                None => {
+                    // Parsed off the runtime's threads: megabytes of output never hold up
+                    // the status socket, the link or the other probes.
+                    let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
+                    let exit = match o.exit {
+                        Exit::Code(c) => Some(c),
+                        _ => None,
+                    };
+                    let stdout = std::mem::take(&mut o.stdout);
+                    let parsed = super::off_runtime(task.timeout, move || {
+                        let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
+                        (run, stdout)
+                    })
+                    .await;
+                    match parsed {
+                        Ok(((mut run, stdout), cpu)) => {
+                            o.stdout = stdout;
+                            run.agent_cpu = cpu;
+                            run
+                        }
+                        Err(why) => {
+                            ProbeRun::all_failed(task, started, o.duration, Outcome::TimedOut, why)
+                        }
+                    }
+                }
             };
             detail.stdout = o.stdout;
             run.duration = o.duration;
@@ -237,27 +260,24 @@ fn parse_output(
     task: &ProbeTask,
     spec: &ExecSpec,
     started: SystemTime,
-    o: &process::ChildOutcome,
+    (duration, exit): (Duration, Option<i32>),
+    stdout: &[u8],
 ) -> ProbeRun {
-    let exit = match o.exit {
-        Exit::Code(c) => Some(c),
-        _ => None,
-    };
-    match output::parse(spec.format, &o.stdout, exit, &task.name) {
+    match output::parse(spec.format, stdout, exit, &task.name) {
         Err(e) => ProbeRun::all_failed(
             task,
             started,
-            o.duration,
+            duration,
             Outcome::Failed,
             format!("bad {} output: {e}", spec.format.as_str()),
         ),
         Ok(parsed) => ProbeRun::from_output(
             task,
             started,
-            o.duration,
+            duration,
             (spec.format, &spec.select),
             &parsed,
-            &String::from_utf8_lossy(&o.stdout),
+            &String::from_utf8_lossy(stdout),
         ),
     }
 }
@@ -337,54 +357,6 @@ pub fn last_line(s: &str) -> &str {
 
 pub use process::signal_name;
 
-/// How often the same probe's stderr may be logged when its text does not change.
-pub const STDERR_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// Per-probe memory of what was already logged, so a probe that misbehaves every interval
-/// does not write the same line every interval: an unexpected output name is logged once per
-/// probe; stderr at most once per [`STDERR_LOG_EVERY`] unless its text changes.
-#[derive(Debug, Default)]
-pub struct OutputLog {
-    unexpected: BTreeSet<String>,
-    stderr_last: Option<(Instant, String)>,
-}
-
-impl OutputLog {
-    /// Names not yet logged for this probe; returns the ones it logged now.
-    pub fn unexpected(&mut self, probe: &str, names: &[String]) -> Vec<String> {
-        let mut logged = Vec::new();
-        for name in names {
-            if self.unexpected.insert(name.clone()) {
-                tracing::warn!(probe = %probe, name = %name, "output names a resource this probe does not provide (not in provides:); ignored");
-                logged.push(name.clone());
-            }
-        }
-        logged
-    }
-
-    /// Whether `stderr` should be logged now (new text, or the last log is old enough).
-    pub fn stderr_due(&mut self, stderr: &str, now: Instant) -> bool {
-        let stderr = stderr.trim();
-        if stderr.is_empty() {
-            return false;
-        }
-        let due = match &self.stderr_last {
-            None => true,
-            Some((at, text)) => text != stderr || now.duration_since(*at) >= STDERR_LOG_EVERY,
-        };
-        if due {
-            self.stderr_last = Some((now, stderr.to_owned()));
-        }
-        due
-    }
-
-    /// Log a run's unexpected names and stderr under the limits above.
-    pub fn log_run(&mut self, probe: &str, run: &super::ProbeRun) {
-        self.unexpected(probe, &run.unexpected);
-        if let Some(detail) = &run.exec {
-            if self.stderr_due(&detail.stderr, Instant::now()) {
-                tracing::info!(probe = %probe, stderr = %detail.stderr, "probe wrote to stderr");
-            }
-        }
-    }
-}
+pub use super::output_log::{
+    OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
+};

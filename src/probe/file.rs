@@ -72,25 +72,50 @@ pub async fn run(
         Err(ReadError::Failed(e)) => Err(e),
         Ok(r) => Ok(r),
     };
-    if let Some(format) = spec.format {
-        return in_format(task, spec, format, result, started, t0.elapsed());
+    // What was read is parsed off the runtime's threads (a file may hold megabytes).
+    let elapsed = t0.elapsed();
+    let (t, sp) = (task.clone(), spec.clone());
+    match super::off_runtime(task.timeout, move || {
+        interpret(&t, &sp, result, started, elapsed)
+    })
+    .await
+    {
+        Ok((mut run, cpu)) => {
+            run.agent_cpu = cpu;
+            run
+        }
+        Err(why) => fail(why, Outcome::TimedOut),
     }
+}
+
+/// What was read, as the probe's readings.
+fn interpret(
+    task: &ProbeTask,
+    spec: &FileSpec,
+    result: Result<ReadOutcome, String>,
+    started: SystemTime,
+    elapsed: Duration,
+) -> ProbeRun {
+    if let Some(format) = spec.format {
+        return in_format(task, spec, format, result, started, elapsed);
+    }
+    let fail = |why: String| ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
     let text = match result {
-        Err(e) => return fail(e, Outcome::Failed),
+        Err(e) => return fail(e),
         Ok(ReadOutcome::TooOld(path, age)) => {
             let stale = Reading::Stale(too_old(&path, age, spec));
-            return ProbeRun::single(task, started, t0.elapsed(), stale);
+            return ProbeRun::single(task, started, elapsed, stale);
         }
         Ok(ReadOutcome::Text(text)) => text,
     };
     let reading = match extract(spec, &text) {
-        Err(e) => return fail(e, Outcome::Failed),
+        Err(e) => return fail(e),
         Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
             Ok(v) => Reading::Ok(v),
-            Err(e) => return fail(e.to_string(), Outcome::Failed),
+            Err(e) => return fail(e.to_string()),
         },
     };
-    ProbeRun::single(task, started, t0.elapsed(), reading)
+    ProbeRun::single(task, started, elapsed, reading)
 }
 
 fn too_old(path: &Path, age: Duration, spec: &FileSpec) -> String {

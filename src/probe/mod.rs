@@ -9,6 +9,7 @@ pub mod exec;
 pub mod file;
 pub mod file_reader;
 pub mod output;
+pub mod output_log;
 pub mod reader_creds;
 pub mod reaper;
 pub mod security;
@@ -17,6 +18,7 @@ pub mod stream;
 /// The child engine's former name, for callers not yet moved to `child`.
 pub use child as process;
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -68,8 +70,13 @@ pub struct ProbeRun {
     pub outcome: Outcome,
     /// One per resource the probe feeds, in the task's feed order.
     pub readings: Vec<(String, Reading)>,
-    /// Names the output reported that the probe does not provide (logged once, ignored).
+    /// Names the output reported that the probe does not provide (logged once, ignored):
+    /// the first [`UNEXPECTED_LISTED`] of them.
     pub unexpected: Vec<String>,
+    /// How many more there were (counted, not listed).
+    pub unexpected_more: usize,
+    /// Agent CPU spent parsing the run's output (on the blocking pool).
+    pub agent_cpu: Duration,
     /// For exec probes: the child's details.
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
@@ -95,6 +102,8 @@ impl ProbeRun {
                 .map(|f| (f.name.clone(), Reading::Failed(why.clone())))
                 .collect(),
             unexpected: Vec::new(),
+            unexpected_more: 0,
+            agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
         }
@@ -132,6 +141,8 @@ impl ProbeRun {
             },
             readings,
             unexpected,
+            unexpected_more: 0,
+            agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines,
         }
@@ -155,6 +166,8 @@ impl ProbeRun {
             outcome,
             readings: vec![(task.name.clone(), reading)],
             unexpected: Vec::new(),
+            unexpected_more: 0,
+            agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
         }
@@ -196,18 +209,32 @@ impl ProbeRun {
                 }
             }
         }
-        let unexpected = if format.selectable() {
-            Vec::new()
-        } else {
-            parsed
+        let (mut unexpected, mut unexpected_more) = (Vec::new(), 0);
+        if !format.selectable() {
+            let fed = feed_names(task);
+            for s in parsed
                 .samples
                 .iter()
-                .filter(|s| task.feed(&s.name).is_none())
-                .map(|s| s.name.clone())
-                .collect()
-        };
-        let bad_lines = parsed.bad_lines.iter().map(ToString::to_string).collect();
-        Self::parsed(started, duration, readings, unexpected, bad_lines)
+                .filter(|s| !fed.contains(s.name.as_str()))
+            {
+                if unexpected.len() < UNEXPECTED_LISTED {
+                    unexpected.push(s.name.clone());
+                } else {
+                    unexpected_more += 1;
+                }
+            }
+        }
+        let mut bad_lines: Vec<String> = parsed.bad_lines.iter().map(ToString::to_string).collect();
+        if parsed.bad_lines_more > 0 {
+            bad_lines.push(format!(
+                "and {} more lines (the first {} are listed)",
+                parsed.bad_lines_more,
+                parsed.bad_lines.len()
+            ));
+        }
+        let mut run = Self::parsed(started, duration, readings, unexpected, bad_lines);
+        run.unexpected_more = unexpected_more;
+        run
     }
 
     /// Whether the run counts as ok: what `--once` and `probe NAME` both exit by.
@@ -225,17 +252,26 @@ impl ProbeRun {
     }
 }
 
+/// Names outside `provides:` one run lists (its output may hold a million).
+pub const UNEXPECTED_LISTED: usize = 1000;
+
 /// Turn parsed `name -> raw` pairs into one typed reading per fed resource.
 pub fn readings_from_pairs(
     task: &ProbeTask,
     pairs: Vec<output::Pair>,
 ) -> (Vec<(String, Reading)>, Vec<String>) {
+    // One pass over the pairs, one look-up per feed: a line or an output of many pairs is
+    // never scanned once per fed resource. The first pair of a name counts, as before.
+    let mut by_name: HashMap<&str, &str> = HashMap::with_capacity(pairs.len());
+    for (n, v) in &pairs {
+        by_name.entry(n.as_str()).or_insert(v.as_str());
+    }
     let readings = task
         .feeds
         .iter()
         .map(|feed| {
-            let r = match pairs.iter().find(|(n, _)| *n == feed.name) {
-                Some((_, raw)) => match feed.valtype.parse(raw) {
+            let r = match by_name.get(feed.name.as_str()) {
+                Some(raw) => match feed.valtype.parse(raw) {
                     Ok(v) => Reading::Ok(v),
                     Err(e) => Reading::Failed(e.to_string()),
                 },
@@ -246,12 +282,42 @@ pub fn readings_from_pairs(
             (feed.name.clone(), r)
         })
         .collect();
+    let fed = feed_names(task);
     let unexpected = pairs
         .into_iter()
-        .filter(|(n, _)| task.feed(n).is_none())
+        .filter(|(n, _)| !fed.contains(n.as_str()))
         .map(|(n, _)| n)
         .collect();
     (readings, unexpected)
+}
+
+/// The names a task feeds, for look-ups per output name that cost no scan of the feeds.
+fn feed_names(task: &ProbeTask) -> HashSet<&str> {
+    task.feeds.iter().map(|f| f.name.as_str()).collect()
+}
+
+/// Run `work` (parsing a finished run's output, typing its values) on the blocking pool,
+/// off the async runtime's threads, and wait for it at most `timeout` (the probe's): the
+/// status socket, the link and the other probes go on meanwhile. `Err` says why there is
+/// no answer (the work outlived the timeout, and is left to finish on its own; or it
+/// panicked).
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    timeout: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<(T, Duration), String> {
+    let handle = tokio::task::spawn_blocking(move || {
+        let cpu = crate::stats::thread_cpu();
+        let answer = work();
+        (answer, crate::stats::thread_cpu().saturating_sub(cpu))
+    });
+    match tokio::time::timeout(timeout, handle).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(format!("parsing the output failed: {e}")),
+        Err(_) => Err(format!(
+            "parsing the output took longer than the timeout ({})",
+            humantime::format_duration(timeout)
+        )),
+    }
 }
 
 /// Run one periodic probe once.

@@ -41,6 +41,11 @@ pub const BACKOFF_START: Duration = Duration::from_secs(1);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// A child that ran this long (and said something) earns a fresh backoff.
 pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(60);
+/// Most stdout a stream's lines may bring per second: past it the agent stops reading until
+/// the second is over (the pipe fills and the child waits in its write), so a stream printing
+/// at full speed costs the agent a bounded share of a core, which `status` and `/metrics`
+/// (`xce_probe_agent_cpu_seconds`) attribute to it. An ELIM prints a line per interval.
+pub const STREAM_BYTES_PER_SEC: usize = 1 << 20;
 
 /// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
 /// then the probe's `env:` (which may override them).
@@ -201,10 +206,13 @@ pub async fn supervise(
             &mut said_something,
         )
         .await;
+        // What the log held back of this run is said once it has ended.
+        log.flush(&task.name);
         let why = match end {
             End::Cancelled => return,
             End::Aborted(why) => {
-                tracing::warn!(probe = %task.name, "{why}; not restarted");
+                // `why` ends with the child's last stderr line: escaped for the journal too.
+                tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why));
                 record_all(&store, &task, Reading::Failed(why));
                 cancel.cancelled().await;
                 return;
@@ -223,7 +231,7 @@ pub async fn supervise(
                 "{why}; restarting in {}",
                 humantime::format_duration(backoff)
             );
-            tracing::warn!(probe = %task.name, "{msg}");
+            tracing::warn!(probe = %task.name, "{}", crate::text::escape(&msg));
             record_all(&store, &task, Reading::Failed(msg));
         }
         tokio::select! {
@@ -291,6 +299,10 @@ async fn run_child(
     let mut dropped_ticks = 0u64;
     // Set when the leader exits: until then its last lines are still read and applied.
     let mut drain_until = Instant::now();
+    let probe_stats = stats.probe(&task.name);
+    // The read rate: bytes this second, and when reading resumes once past the bound.
+    let (mut second, mut second_bytes) = (Instant::now(), 0usize);
+    let mut paused_until: Option<Instant> = None;
     loop {
         if child.exited() && !reader.open() {
             break;
@@ -300,8 +312,13 @@ async fn run_child(
                 stop(&mut child, &mut reader, child_spec.grace).await;
                 return End::Cancelled;
             }
-            got = reader.next(), if reader.open() => match got {
+            _ = sleep_until(paused_until.unwrap_or(second)), if paused_until.is_some() => {
+                paused_until = None;
+                (second, second_bytes) = (Instant::now(), 0);
+            }
+            got = reader.next(), if reader.open() && paused_until.is_none() => match got {
                 Got::Stdout(chunk) => {
+                    let cpu = crate::stats::thread_cpu();
                     lines.push(&chunk, &mut batch);
                     for line in batch.drain(..) {
                         *said_something = true;
@@ -310,18 +327,30 @@ async fn run_child(
                             marked_stale = false;
                         }
                     }
+                    let now = Instant::now();
+                    if now.duration_since(second) >= Duration::from_secs(1) {
+                        (second, second_bytes) = (now, 0);
+                    }
+                    second_bytes += chunk.len();
+                    if second_bytes >= STREAM_BYTES_PER_SEC {
+                        paused_until = Some(second + Duration::from_secs(1));
+                    }
+                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+                    probe_stats.unexpected_names.store(log.unexpected_total(), Ordering::Relaxed);
                 }
                 Got::Stderr(chunk) => {
+                    let cpu = crate::stats::thread_cpu();
                     let mut got = Vec::new();
                     err_lines.push(&chunk, &mut got);
                     for l in got {
                         if let Line::Complete(l) = l {
                             let text = String::from_utf8_lossy(&l);
-                            if log.stderr_due(&text, std::time::Instant::now()) {
-                                tracing::info!(probe = %task.name, stderr = %text.trim(), "stream probe wrote to stderr");
-                            }
+                            log.stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
                         }
                     }
+                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
                 }
                 Got::Closed => {}
             },
@@ -361,7 +390,7 @@ async fn run_child(
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
     }
-    updates.child_exited(task, spec, store);
+    updates.child_exited(task, spec, store, log);
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
     let mut why = exit.to_string();
@@ -419,12 +448,12 @@ impl Updates {
         match classad::push_line(ads, line) {
             AdLine::Inside => false,
             AdLine::Ended { tag, ad } => {
-                classad::apply(task, spec, store, &tag, &ad);
+                classad::apply(task, spec, store, log, &tag, &ad);
                 true
             }
             AdLine::TooLong => {
                 let msg = classad::too_long();
-                tracing::warn!(probe = %task.name, "{msg}");
+                log.malformed(&task.name, &msg, std::time::Instant::now());
                 record_all(store, task, Reading::Failed(msg));
                 false
             }
@@ -434,11 +463,17 @@ impl Updates {
     /// The child exited by itself: the attributes it printed after its last `-` are
     /// applied as one more ad, as HTCondor publishes a cron job's output when it exits.
     /// (A child the agent stops, on shutdown or for silence, has them dropped.)
-    fn child_exited(&mut self, task: &ProbeTask, spec: &StreamSpec, store: &Store) {
+    fn child_exited(
+        &mut self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        store: &Store,
+        log: &mut OutputLog,
+    ) {
         if let Updates::Ads(ads) = self {
             if let Some(ad) = ads.finish() {
                 tracing::debug!(probe = %task.name, "the stream exited after an ad without its `-`; applied as HTCondor does");
-                classad::apply(task, spec, store, "", &ad);
+                classad::apply(task, spec, store, log, "", &ad);
             }
         }
     }
@@ -448,7 +483,11 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
     let now = SystemTime::now();
     let bytes = match line {
         Line::TooLong => {
-            tracing::warn!(probe = %task.name, "stream line longer than {MAX_LINE} bytes; skipped");
+            log.malformed(
+                &task.name,
+                &format!("stream line longer than {MAX_LINE} bytes; skipped"),
+                std::time::Instant::now(),
+            );
             return;
         }
         Line::Complete(b) => b,
@@ -457,7 +496,7 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
         LineValues::Nothing => {}
         LineValues::Error(e) => {
             let msg = format!("bad {} line: {e}", spec.exec.format.as_str());
-            tracing::warn!(probe = %task.name, "{msg}");
+            log.malformed(&task.name, &msg, std::time::Instant::now());
             // Only the resources this line was meant for are unknown: fail them all, the
             // previous values stand until stale.
             record_all(store, task, Reading::Failed(msg));
@@ -478,12 +517,15 @@ fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut Outp
 /// What `first_values` has read so far.
 enum Gathered {
     /// value, kv, elim: the pairs of the lines read (a later line's value wins).
-    Pairs(Vec<output::Pair>),
+    Pairs(output::PairSet),
     /// classad: the ads ended so far, merged, and the one being read.
     Ads {
         reading: AdStream,
-        ads: output::Parsed,
+        ads: output::MergedAds,
         ended: usize,
+        /// Per fed resource: whether the ads so far give it a value (checked against each
+        /// new ad only: a value once given stays).
+        answered: Vec<bool>,
     },
 }
 
@@ -492,10 +534,11 @@ impl Gathered {
         match format {
             Format::Classad => Gathered::Ads {
                 reading: AdStream::default(),
-                ads: output::Parsed::default(),
+                ads: output::MergedAds::default(),
                 ended: 0,
+                answered: Vec::new(),
             },
-            _ => Gathered::Pairs(Vec::new()),
+            _ => Gathered::Pairs(output::PairSet::default()),
         }
     }
 
@@ -523,13 +566,10 @@ impl Gathered {
                     ))),
                     LineValues::Pairs(p) => {
                         for (k, v) in p {
-                            output::upsert(pairs, &k, &v);
+                            pairs.upsert(&k, &v);
                         }
                         let complete = format != Format::Kv
-                            || task
-                                .feeds
-                                .iter()
-                                .all(|f| pairs.iter().any(|(n, _)| *n == f.name));
+                            || task.feeds.iter().all(|f| pairs.contains(&f.name));
                         complete.then_some(FirstValues::Got)
                     }
                 }
@@ -538,6 +578,7 @@ impl Gathered {
                 reading,
                 ads,
                 ended,
+                answered,
             } => match classad::push_line(reading, line) {
                 AdLine::Inside => None,
                 AdLine::TooLong => Some(FirstValues::Bad(classad::too_long())),
@@ -545,12 +586,19 @@ impl Gathered {
                     // An ad with a malformed line answers at once: the line may be the
                     // value still missing, and waiting would not bring it.
                     let malformed = !ad.bad_lines.is_empty();
-                    output::merge_ads(ads, ad);
-                    *ended += 1;
-                    let complete = task.feeds.iter().all(|f| {
+                    answered.resize(task.feeds.len(), false);
+                    for (f, done) in task.feeds.iter().zip(answered.iter_mut()) {
                         let pick = spec.exec.select.pick(&f.name);
-                        output::select::reading(format, &pick, ads, &f.name, f.valtype).is_some()
-                    });
+                        *done = *done
+                            || output::select::always_answers(&pick)
+                            || ad
+                                .samples
+                                .iter()
+                                .any(|s| output::select::matches(format, &pick, s, &f.name));
+                    }
+                    ads.add(ad);
+                    *ended += 1;
+                    let complete = answered.iter().all(|d| *d);
                     (complete || malformed).then_some(FirstValues::Got)
                 }
             },
@@ -568,9 +616,10 @@ impl Gathered {
                 reading,
                 ads,
                 ended,
+                ..
             } => {
                 if let Some(ad) = exited.then(|| reading.finish()).flatten() {
-                    output::merge_ads(ads, ad);
+                    ads.add(ad);
                     *ended += 1;
                 }
                 *ended > 0
@@ -603,13 +652,15 @@ impl Gathered {
         stdout: &[u8],
     ) -> ProbeRun {
         match self {
-            Gathered::Pairs(pairs) => ProbeRun::from_pairs(task, started, duration, pairs),
+            Gathered::Pairs(pairs) => {
+                ProbeRun::from_pairs(task, started, duration, pairs.into_vec())
+            }
             Gathered::Ads { ads, .. } => ProbeRun::from_output(
                 task,
                 started,
                 duration,
                 (spec.exec.format, &spec.exec.select),
-                &ads,
+                ads.parsed(),
                 &String::from_utf8_lossy(stdout),
             ),
         }

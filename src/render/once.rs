@@ -9,6 +9,7 @@ use crate::plan::ProbeTask;
 use crate::probe::exec::last_line;
 use crate::probe::ProbeRun;
 use crate::store::Store;
+use crate::text::escape;
 use crate::value::{Status, Value};
 
 /// One printed row: one resource instance.
@@ -118,7 +119,7 @@ impl OnceReport {
                 row.remove(1);
             }
         }
-        let mut out = format!("HOST {}\n", self.host);
+        let mut out = format!("HOST {}\n", escape(&self.host));
         out.push_str(&columns(&cells));
         out
     }

@@ -8,6 +8,7 @@ use super::columns;
 use crate::config::{Config, ProbeKind};
 use crate::link::tls;
 use crate::plan::Plan;
+use crate::text::escape;
 
 fn secs(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
@@ -126,7 +127,8 @@ pub fn plan_text(
         if !list.is_empty() {
             let _ = writeln!(out, "\n{title} ({})", list.len());
             for (name, text) in list {
-                let _ = writeln!(out, "{name}: {text}");
+                let text: Vec<_> = crate::text::escape_lines(text).collect();
+                let _ = writeln!(out, "{}: {}", escape(name), text.join("\n"));
             }
         }
     }

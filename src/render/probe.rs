@@ -16,6 +16,7 @@ use crate::probe::output::Parsed;
 use crate::probe::process::{Credentials, Ending, Exit, UserError, DEFAULT_STDOUT_CAP};
 use crate::probe::security::Verdict;
 use crate::probe::ProbeRun;
+use crate::text::escape;
 use crate::value::Reading;
 
 /// Shown bytes of stdout/stderr at most (the agent's caps are larger; this is a terminal).
@@ -65,25 +66,25 @@ pub enum Containment {
     },
 }
 
-/// Text, escaped where it is not UTF-8 or holds control characters, indented.
+/// A probe's stdout or stderr as indented lines, each escaped ([`crate::text::escape`]):
+/// control characters, terminal escapes (clipboard, title, clear screen) and bidi overrides
+/// written out, bytes that are not UTF-8 as `\xNN`. What a probe prints never acts on the
+/// terminal that shows it.
 fn shown(bytes: &[u8]) -> String {
     let cut = &bytes[..bytes.len().min(SHOW_MAX)];
+    let cut = cut.strip_suffix(b"\n").unwrap_or(cut);
     let mut out = String::new();
-    let text = match std::str::from_utf8(cut) {
-        Ok(t) => t
-            .chars()
-            .map(|c| {
-                if c.is_control() && c != '\n' && c != '\t' {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
+    if !cut.is_empty() {
+        for line in cut.split(|&b| b == b'\n') {
+            out.push_str("    | ");
+            for chunk in line.utf8_chunks() {
+                out.push_str(&escape(chunk.valid()));
+                for b in chunk.invalid() {
+                    let _ = write!(out, "\\x{b:02x}");
                 }
-            })
-            .collect::<String>(),
-        Err(_) => cut.escape_ascii().to_string().replace("\\n", "\n"),
-    };
-    for line in text.lines() {
-        let _ = writeln!(out, "    | {line}");
+            }
+            out.push('\n');
+        }
     }
     if bytes.len() > SHOW_MAX {
         let _ = writeln!(
@@ -164,7 +165,7 @@ impl ProbeDebug<'_> {
             self.host
         );
         if !task.instance.is_empty() {
-            let _ = writeln!(t, "  instance:  {}", task.instance);
+            let _ = writeln!(t, "  instance:  {}", escape(&task.instance));
         }
         let feeds: Vec<String> = task
             .feeds
@@ -202,10 +203,10 @@ impl ProbeDebug<'_> {
             let _ = writeln!(t, "  script check: {}", verdict_text(&exec.verdict));
         }
         if let Some(d) = &run.exec {
-            let _ = writeln!(t, "  argv:      {}", shell_words(&d.argv));
+            let _ = writeln!(t, "  argv:      {}", escape(&shell_words(&d.argv)));
             let _ = writeln!(t, "  env:");
             for (k, v) in &d.env {
-                let _ = writeln!(t, "    {k}={v}");
+                let _ = writeln!(t, "    {}={}", escape(k), escape(v));
             }
             let _ = writeln!(t, "  ended:     {}", exit_line(d));
         }
@@ -223,7 +224,7 @@ impl ProbeDebug<'_> {
             t.push_str(&parsed_samples(parsed));
         }
         for bad in &run.bad_lines {
-            let _ = writeln!(t, "  did not parse: {bad}");
+            let _ = writeln!(t, "  did not parse: {}", escape(bad));
         }
         let _ = writeln!(t, "  values:");
         for (name, r) in &run.readings {
@@ -233,10 +234,21 @@ impl ProbeDebug<'_> {
                 Reading::Stale(e) => format!("STALE: {e}"),
                 Reading::Pending(e) => format!("not reported: {e}"),
             };
-            let _ = writeln!(t, "    {name} = {line}");
+            let _ = writeln!(t, "    {} = {}", escape(name), escape(&line));
         }
         for name in &run.unexpected {
-            let _ = writeln!(t, "    (ignored: {name} is not in this probe's provides)");
+            let _ = writeln!(
+                t,
+                "    (ignored: {} is not in this probe's provides)",
+                escape(name)
+            );
+        }
+        if run.unexpected_more > 0 {
+            let _ = writeln!(
+                t,
+                "    (ignored: {} more names not in this probe's provides)",
+                run.unexpected_more
+            );
         }
         let result = if self.ok() {
             "ok".to_owned()
@@ -247,7 +259,7 @@ impl ProbeDebug<'_> {
                 run.error().unwrap_or("failed")
             )
         };
-        let _ = writeln!(t, "result: {result}");
+        let _ = writeln!(t, "result: {}", escape(&result));
         t
     }
 }
@@ -269,7 +281,7 @@ fn parsed_samples(parsed: &Parsed) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "  parsed ({} samples):", parsed.samples.len());
     for s in parsed.samples.iter().take(SHOW_SAMPLES) {
-        let _ = writeln!(t, "    {} = {}", s.key(), s.value);
+        let _ = writeln!(t, "    {} = {}", escape(&s.key()), escape(&s.value));
     }
     if parsed.samples.len() > SHOW_SAMPLES {
         let _ = writeln!(t, "    … ({} more)", parsed.samples.len() - SHOW_SAMPLES);

@@ -6,23 +6,7 @@ use std::fmt::Write as _;
 
 use super::{columns, format_time};
 use crate::status::{LinkInfo, StatusReport};
-
-/// Control characters (a probe's output, a terminal escape) shown escaped, never sent to
-/// the terminal as they are.
-pub fn printable(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_owned();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
+use crate::text::escape;
 
 /// A short age like `4s`, `3m12s`, `2h5m`, `3d4h`.
 pub fn age(ms: u64) -> String {
@@ -55,7 +39,7 @@ fn reload_line(r: &crate::status::ReloadResult, now_ms: u64) -> String {
         "RELOAD  FAILED {} ({}): {}{}; still running the configuration above (the log has every line)\n",
         format_time(r.at_ms),
         ago(now_ms, r.at_ms),
-        printable(first),
+        escape(first),
         if lines > 1 { format!(" (+{} more)", lines - 1) } else { String::new() }
     )
 }
@@ -65,7 +49,7 @@ fn link_line(link: &LinkInfo, now_ms: u64) -> String {
         ("none", _) => "LINK  no controllers configured: values are not sent".to_owned(),
         ("connected", Some(c)) => format!(
             "LINK  connected to {} since {} ({})",
-            printable(c),
+            escape(c),
             format_time(link.since_ms),
             ago(now_ms, link.since_ms)
         ),
@@ -73,7 +57,7 @@ fn link_line(link: &LinkInfo, now_ms: u64) -> String {
             "LINK  {state} since {} ({}); controllers {}; {} connect failures",
             format_time(link.since_ms),
             ago(now_ms, link.since_ms),
-            printable(&link.controllers.join(", ")),
+            escape(&link.controllers.join(", ")),
             link.connect_failures
         ),
     };
@@ -102,7 +86,7 @@ pub fn render(report: &StatusReport) -> String {
     let c = &report.config;
     let mut out = format!(
         "HOST  {}  (xce-agent {}, pid {}, up {})\nCONF  generation {}, loaded {} ({}), digest {}; {} probes, {} skipped\n",
-        printable(&a.host),
+        escape(&a.host),
         a.version,
         a.pid,
         age(a.uptime_s * 1000),
@@ -124,13 +108,13 @@ pub fn render(report: &StatusReport) -> String {
     ]);
     for r in &report.resources {
         rows.push(vec![
-            printable(&r.name),
+            r.name.clone(),
             if r.instance.is_empty() {
                 "-".into()
             } else {
-                printable(&r.instance)
+                r.instance.clone()
             },
-            printable(&r.value.to_string()),
+            r.value.to_string(),
             r.status.to_string(),
             r.last_report_ms
                 .map_or_else(|| "-".into(), |t| age(now.saturating_sub(t))),
@@ -138,8 +122,8 @@ pub fn render(report: &StatusReport) -> String {
                 || "-".into(),
                 |t| format!("in {}", age(t.saturating_sub(now))),
             ),
-            format!("{} ({})", printable(&r.probe), r.kind),
-            printable(r.error.as_deref().unwrap_or("")),
+            format!("{} ({})", r.probe, r.kind),
+            r.error.clone().unwrap_or_default(),
         ]);
     }
     if !with_instance {
@@ -151,16 +135,25 @@ pub fn render(report: &StatusReport) -> String {
     if !report.probes.is_empty() {
         out.push('\n');
         let mut rows = cells(&[
-            "PROBE", "OK", "FAILED", "TIMEOUT", "OVERLAP", "RESTARTS", "LAST_RUN", "LAST_OK",
+            "PROBE",
+            "OK",
+            "FAILED",
+            "TIMEOUT",
+            "OVERLAP",
+            "RESTARTS",
+            "AGENT_CPU",
+            "LAST_RUN",
+            "LAST_OK",
         ]);
         for p in &report.probes {
             rows.push(vec![
-                printable(&p.name),
+                p.name.clone(),
                 p.runs_ok.to_string(),
                 p.runs_failed.to_string(),
                 p.runs_timeout.to_string(),
                 p.skipped_overlap.to_string(),
                 p.restarts.to_string(),
+                format!("{:.1}ms", p.agent_cpu_ms),
                 p.last_duration_ms
                     .map_or_else(|| "-".into(), |ms| format!("{ms:.1}ms")),
                 p.last_success_ms
@@ -183,11 +176,5 @@ mod tests {
         assert_eq!(age(192_000), "3m12s");
         assert_eq!(age(7_500_000), "2h5m");
         assert_eq!(age(3 * 86_400_000 + 4 * 3_600_000), "3d4h");
-    }
-
-    #[test]
-    fn control_characters_are_escaped() {
-        assert_eq!(printable("ok"), "ok");
-        assert_eq!(printable("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
     }
 }

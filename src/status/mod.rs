@@ -150,6 +150,12 @@ pub struct ProbeInfo {
     pub runs_timeout: u64,
     pub skipped_overlap: u64,
     pub restarts: u64,
+    /// Agent CPU (ms) spent on the probe's output (`xce_probe_agent_cpu_seconds`).
+    #[serde(default)]
+    pub agent_cpu_ms: f64,
+    /// Names its output gave outside `provides:` (`xce_probe_unexpected_names`).
+    #[serde(default)]
+    pub unexpected_names: u64,
     pub last_duration_ms: Option<f64>,
     pub last_success_ms: Option<u64>,
     pub next_run_ms: Option<u64>,
@@ -291,6 +297,8 @@ pub fn snapshot(src: &Sources, names: &[String]) -> StatusReport {
                 runs_timeout: load(&s.timeout),
                 skipped_overlap: load(&s.skipped_overlap),
                 restarts: load(&s.restarts),
+                agent_cpu_ms: load(&s.agent_cpu_ns) as f64 / 1e6,
+                unexpected_names: load(&s.unexpected_names),
                 last_duration_ms: (runs > 0).then(|| load(&s.last_duration_us) as f64 / 1000.0),
                 last_success_ms: nonzero(load(&s.last_success_ms)),
                 next_run_ms: next_run(&stats, &t.name, &t.kind),

@@ -482,6 +482,7 @@ proptest! {
         prop_assert_eq!(got.len(), ads.len());
         prop_assert!(rest.is_none());
         let mut merged = Parsed::default();
+        let mut indexed = output::MergedAds::default();
         for ((tag, ad), (_, want_tag)) in got.into_iter().zip(&ads) {
             prop_assert_eq!(&tag, want_tag.as_deref().unwrap_or(""));
             for s in &ad.samples {
@@ -489,8 +490,11 @@ proptest! {
                     want_tag.iter().map(|t| ("ad".to_owned(), t.clone())).collect();
                 prop_assert_eq!(&s.labels, &want);
             }
+            indexed.add(ad.clone());
             output::merge_ads(&mut merged, ad);
         }
+        // The indexed merge a stream's first values use is the same merge.
+        prop_assert_eq!(&indexed.parsed().samples, &merged.samples);
         prop_assert_eq!(merged.samples, parsed(Format::Classad, &lines.join("\n")).samples);
         // One malformed line: named by its number, in an ad or after the last one.
         let bad = insert_line(&mut lines, at, garbage);

@@ -680,3 +680,86 @@ async fn an_ad_that_never_ends_is_dropped_at_its_bound_and_the_next_ad_applies()
     wait_for(&r.store, "a", num(3.0)).await;
     r.stop().await;
 }
+
+/// A hostile stream through the real daemon (issue 26, item 5): 1000 malformed lines, 1000
+/// distinct stderr lines and 5000 ever-new names outside `provides:`, then it aborts. The log
+/// gets a burst of each and one summary line with the count of the rest; the agent remembers
+/// a bounded set of names.
+#[tokio::test]
+async fn a_hostile_stream_costs_the_log_a_bounded_number_of_lines() {
+    use xce_agent::probe::exec::{LOG_BURST, UNEXPECTED_REMEMBERED};
+    let site = common::Site::new(
+        &[],
+        "resources:\n  - {name: a, valtype: numeric, interval: 60s, resourcemap: [{location: [default]}], probe: {kind: stream, command: [hostile], format: kv}}\n",
+    );
+    site.script(
+        "hostile",
+        "#!/bin/sh\ni=0\nwhile [ $i -lt 1000 ]; do echo \"garbage $i\"; echo \"err $i\" >&2; i=$((i+1)); done\n\
+         i=0\nwhile [ $i -lt 5000 ]; do echo \"job_$i = 1\"; i=$((i+1)); done\necho 'a = 1'\nexit 97\n",
+    );
+    let mut agent = site.spawn_agent();
+    common::wait_until("the stream to abort", || {
+        agent.log_text().contains("not restarted")
+    })
+    .await;
+    let log = agent.log_text();
+    let count = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(count("bad kv line"), LOG_BURST as usize, "{log}");
+    assert_eq!(
+        count(&format!(
+            "{} more malformed lines not logged",
+            1000 - LOG_BURST
+        )),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        count("stream probe wrote to stderr"),
+        LOG_BURST as usize,
+        "{log}"
+    );
+    assert_eq!(
+        count(&format!(
+            "{} more stderr lines not logged",
+            1000 - LOG_BURST
+        )),
+        1,
+        "{log}"
+    );
+    assert_eq!(count("not in provides:"), UNEXPECTED_REMEMBERED, "{log}");
+    assert_eq!(
+        count(&format!(
+            "{} more names outside provides: not logged",
+            5000 - UNEXPECTED_REMEMBERED
+        )),
+        1,
+        "{log}"
+    );
+    assert!(log.lines().count() < 200, "{log}");
+    agent.assert_alive();
+}
+
+/// The agent CPU a stream's lines cost is counted for that probe (status and /metrics show
+/// it): 20,000 lines read, parsed and applied cost more than nothing. So are the names
+/// outside `provides:`, each time, though only a bounded set is remembered.
+#[tokio::test]
+async fn the_agent_cpu_a_streams_lines_cost_is_attributed_to_it() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\ni=0\nwhile [ $i -lt 20000 ]; do echo \"2 b $i job_$i 1\"; i=$((i+1)); done\necho \"1 a 5\"\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "a", num(5.0)).await;
+    let cpu = r.stats.probe("a").agent_cpu_ns.load(Ordering::Relaxed);
+    assert!(cpu > 0, "no agent CPU counted for 20,000 lines");
+    let stats = r.stats.probe("a");
+    common::wait_until("20,000 names outside provides: counted", || {
+        stats.unexpected_names.load(Ordering::Relaxed) == 20_000
+    })
+    .await;
+    assert_eq!(
+        r.store.get("b", "").map(|v| v.value),
+        Some(Value::Numeric(19999.0))
+    );
+    r.stop().await;
+}

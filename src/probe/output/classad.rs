@@ -55,9 +55,47 @@ pub fn merge_ads(into: &mut Parsed, ad: Parsed) {
     into.samples = later_wins(std::mem::take(&mut into.samples));
 }
 
+/// Ads merged as they end (a stream's first values): a later value of an attribute, in the
+/// ad of the same name, replaces the earlier one. Indexed, so each ad costs its own size,
+/// never another pass over the ads before it.
+#[derive(Debug, Default)]
+pub struct MergedAds {
+    parsed: Parsed,
+    index: HashMap<(String, Vec<(String, String)>), usize>,
+}
+
+impl MergedAds {
+    pub fn add(&mut self, ad: Parsed) {
+        for s in ad.samples {
+            match self
+                .index
+                .entry((s.name.to_ascii_lowercase(), s.labels.clone()))
+            {
+                Entry::Occupied(e) => self.parsed.samples[*e.get()] = s,
+                Entry::Vacant(e) => {
+                    e.insert(self.parsed.samples.len());
+                    self.parsed.samples.push(s);
+                }
+            }
+        }
+        self.parsed.append(Parsed {
+            samples: Vec::new(),
+            bad_lines: ad.bad_lines,
+            bad_lines_more: ad.bad_lines_more,
+        });
+    }
+
+    pub fn parsed(&self) -> &Parsed {
+        &self.parsed
+    }
+}
+
 /// Longest ad a stream may print before its `-` (a finished run's whole output is capped
 /// at the same size): a stream that never prints `-` must not grow the agent's memory.
 pub const MAX_AD_BYTES: usize = 64 * 1024;
+
+/// Longest name a `- NAME` line may give its ad.
+pub const MAX_AD_NAME: usize = 1024;
 
 /// Reads ClassAd output one line at a time: the one rule for `-` and `- NAME`, for a
 /// finished run's output and for a stream probe's updates. Lines are numbered from 1.
@@ -92,11 +130,26 @@ impl AdStream {
         self.line += 1;
         let line = raw.trim();
         if let Some(tag) = line.strip_prefix('-') {
+            let tag = tag.trim();
             return match std::mem::take(&mut self.skipping) {
                 true => AdLine::Inside,
+                // Each attribute carries its ad's name: a long one would be copied into
+                // every attribute of the ad.
+                false if tag.len() > MAX_AD_NAME => {
+                    let mut ad = self.end("");
+                    ad.samples.clear();
+                    ad.bad(
+                        self.line,
+                        format!("ad name longer than {MAX_AD_NAME} bytes; the ad is dropped"),
+                    );
+                    AdLine::Ended {
+                        tag: String::new(),
+                        ad,
+                    }
+                }
                 false => AdLine::Ended {
-                    tag: tag.trim().to_owned(),
-                    ad: self.end(tag.trim()),
+                    tag: tag.to_owned(),
+                    ad: self.end(tag),
                 },
             };
         }
@@ -270,6 +323,19 @@ mod tests {
                 ("Real", "1.5e3"),
             ]
         );
+    }
+
+    #[test]
+    fn an_ad_name_too_long_to_copy_into_every_attribute_drops_its_ad() {
+        let attrs: String = (0..1000).map(|i| format!("A{i} = {i}\n")).collect();
+        let p = run(&format!(
+            "{attrs}- {}\nKept = 1\n- SHORT\n",
+            "N".repeat(MAX_AD_NAME + 1)
+        ));
+        let got: Vec<String> = p.samples.iter().map(|s| s.key()).collect();
+        assert_eq!(got, ["Kept{ad=\"SHORT\"}"]);
+        assert_eq!(p.bad_lines.len(), 1);
+        assert!(p.bad_lines[0].to_string().contains("ad name longer than"));
     }
 
     #[test]

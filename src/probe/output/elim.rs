@@ -1,6 +1,6 @@
 //! `format: elim`: LSF ELIM lines, `n name1 value1 ... nameN valueN`.
 
-use super::{clip, upsert, Exits, FormatDef, Input, OutputError, Pair, Parsed};
+use super::{clip, Exits, FormatDef, Input, LastWins, OutputError, Pair, Parsed};
 
 pub const DEF: FormatDef = FormatDef {
     name: "elim",
@@ -14,27 +14,30 @@ pub const DEF: FormatDef = FormatDef {
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
-    parse_elim(input.text).map(Parsed::from_pairs)
+    let mut out = LastWins::new();
+    for (i, line) in input.text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let words = elim_words(line).map_err(|e| OutputError::Line {
+            line: i + 1,
+            reason: e.to_string(),
+        })?;
+        for pair in words.chunks(2) {
+            out.set(pair[0], pair[1]);
+        }
+    }
+    out.into_parsed()
 }
 
 /// Every complete line updates the values it names; the last line wins.
 pub fn parse_elim(t: &str) -> Result<Vec<Pair>, OutputError> {
-    let mut pairs: Vec<Pair> = Vec::new();
-    for (i, line) in t.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        for (k, v) in parse_elim_line(line).map_err(|e| OutputError::Line {
-            line: i + 1,
-            reason: e.to_string(),
-        })? {
-            upsert(&mut pairs, &k, &v);
-        }
-    }
-    if pairs.is_empty() {
-        return Err(OutputError::Empty);
-    }
-    Ok(pairs)
+    parse(&Input {
+        text: t,
+        exit: None,
+        own: "",
+    })
+    .map(|p| p.pairs())
 }
 
 /// Why an ELIM line is not `n name value ...`.
@@ -48,6 +51,14 @@ pub enum ElimLineError {
 
 /// One ELIM line. `0` alone is valid: nothing to report this time.
 pub fn parse_elim_line(line: &str) -> Result<Vec<Pair>, ElimLineError> {
+    Ok(elim_words(line)?
+        .chunks(2)
+        .map(|c| (c[0].to_owned(), c[1].to_owned()))
+        .collect())
+}
+
+/// The names and values of one ELIM line, in turn.
+fn elim_words(line: &str) -> Result<Vec<&str>, ElimLineError> {
     let mut words = line.split_whitespace();
     let n: usize = match words.next() {
         Some(w) => w
@@ -56,14 +67,11 @@ pub fn parse_elim_line(line: &str) -> Result<Vec<Pair>, ElimLineError> {
         None => return Ok(Vec::new()),
     };
     let rest: Vec<&str> = words.collect();
-    if rest.len() != n * 2 {
+    if n.checked_mul(2) != Some(rest.len()) {
         return Err(ElimLineError::CountMismatch {
             count: n,
             words: rest.len(),
         });
     }
-    Ok(rest
-        .chunks(2)
-        .map(|c| (c[0].to_owned(), c[1].to_owned()))
-        .collect())
+    Ok(rest)
 }

@@ -4,7 +4,7 @@
 //! strings. Backslash escapes `,`, `=`, space (and `"` and `\` in strings). One sample per
 //! field, named `measurement.field`, with the tags as its labels.
 
-use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
+use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
     name: "influx",
@@ -19,16 +19,25 @@ pub const DEF: FormatDef = FormatDef {
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut out = Parsed::default();
+    // Each field repeats its line's measurement and tags: charged, so a line of many tags
+    // and many fields cannot cost the square of its length.
+    let mut budget = Budget::for_output(input.text.len());
     for (i, raw) in input.text.lines().enumerate() {
         let line = raw.trim_start();
         if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
-        match point(line) {
+        match point(line, &mut budget) {
             Ok(samples) => out.samples.extend(samples.into_iter().map(|mut s| {
                 s.line = i + 1;
                 s
             })),
+            Err(reason) if budget.spent() => {
+                return Err(OutputError::Line {
+                    line: i + 1,
+                    reason,
+                })
+            }
             Err(why) => out.bad(i + 1, why),
         }
     }
@@ -57,7 +66,7 @@ fn take<'a>(s: &'a str, stops: &[char]) -> (String, &'a str) {
     (out, "")
 }
 
-fn point(line: &str) -> Result<Vec<Sample>, String> {
+fn point(line: &str, budget: &mut Budget) -> Result<Vec<Sample>, String> {
     let (measurement, mut rest) = take(line, &[',', ' ']);
     if measurement.is_empty() {
         return Err("no measurement name".into());
@@ -104,6 +113,11 @@ fn point(line: &str) -> Result<Vec<Sample>, String> {
             let v = field_value(&raw).map_err(|why| format!("{measurement}.{key}: {why}"))?;
             (v, after)
         };
+        let tag_bytes: usize = tags
+            .iter()
+            .map(|(k, v): &(String, String)| 2 * std::mem::size_of::<String>() + k.len() + v.len())
+            .sum();
+        budget.charge(measurement.len() + 1 + key.len(), tag_bytes, value.len())?;
         samples.push(Sample {
             name: format!("{measurement}.{key}"),
             labels: tags.clone(),
@@ -153,7 +167,7 @@ fn field_value(raw: &str) -> Result<String, String> {
 
 /// A line that parses as a point with at least one field.
 pub fn looks_like_line(line: &str) -> bool {
-    line.contains(' ') && point(line).is_ok()
+    line.contains(' ') && point(line, &mut Budget::for_output(line.len())).is_ok()
 }
 
 #[cfg(test)]
@@ -190,6 +204,27 @@ mod tests {
         assert_eq!(p.samples[3].value, "say \"hi\"");
         assert_eq!(p.samples[4].value, "7");
         assert_eq!(p.samples[4].line, 3);
+    }
+
+    #[test]
+    fn a_line_of_many_tags_and_many_fields_is_refused_at_the_budget() {
+        // 2,000 tags and 2,000 fields on one 60 kB line: each field would copy every tag.
+        let tags: String = (0..2000).map(|i| format!(",t{i}=v{i}")).collect();
+        let fields: Vec<String> = (0..2000).map(|i| format!("f{i}=1")).collect();
+        let text = format!("m{tags} {}\n", fields.join(","));
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&e, OutputError::Line { line: 1, reason } if reason.contains("times the output's size")),
+            "{e:?}"
+        );
+        // The fields without the tags are an answer.
+        let text = format!("m {}\n", fields.join(","));
+        assert_eq!(run(&text).samples.len(), 2000);
     }
 
     #[test]

@@ -5,10 +5,18 @@
 //! Without `select:`, a resource named like the path with `_` for `.` (`gpu_0_temp`) is fed
 //! by it; `select:` names the path itself (`gpu.0.temp`). Output that is not JSON is a failed
 //! run whose error says where the document broke.
+//!
+//! The document is read as it is parsed (never built as a tree first) and its leaves are
+//! charged against the parse's [`Budget`]: 16 MiB of JSON costs the agent its samples, at
+//! most [`super::SAMPLE_BYTES_PER_OUTPUT_BYTE`] times its size, not a tree of values on top.
+//! serde_json bounds the nesting (128 levels). A key repeated in one object gives a sample
+//! for each (a resource they both feed names both).
 
-use serde_json::Value as Json;
+use std::fmt;
 
-use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
     name: "json",
@@ -22,22 +30,32 @@ pub const DEF: FormatDef = FormatDef {
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
-    if input.text.trim().is_empty() {
+    let text = input.text.trim_start();
+    if text.trim_end().is_empty() {
         return Err(OutputError::Empty);
     }
-    // serde_json bounds nesting (128 levels), so the walk below is bounded too.
-    let doc: Json = serde_json::from_str(input.text).map_err(|e| OutputError::Line {
-        line: e.line(),
-        reason: without_position(&e),
-    })?;
-    if !(doc.is_object() || doc.is_array()) {
+    if !(text.starts_with('{') || text.starts_with('[')) {
+        let skipped = input.text.len() - text.len();
         return Err(OutputError::Line {
-            line: 1,
+            line: 1 + input.text[..skipped].matches('\n').count(),
             reason: "expected a JSON object or array, as Telegraf's json format reads".into(),
         });
     }
     let mut out = Parsed::default();
-    flatten(&doc, &mut String::new(), &mut out.samples);
+    let mut budget = Budget::for_output(input.text.len());
+    let mut path = String::new();
+    let mut de = serde_json::Deserializer::from_str(input.text);
+    let read = Leaves {
+        path: &mut path,
+        out: &mut out.samples,
+        budget: &mut budget,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    read.map_err(|e| OutputError::Line {
+        line: e.line(),
+        reason: without_position(&e),
+    })?;
     Ok(out)
 }
 
@@ -50,32 +68,108 @@ fn without_position(e: &serde_json::Error) -> String {
     }
 }
 
-/// Every leaf under `value`, its name `path` plus the keys and indices down to it.
-fn flatten(value: &Json, path: &mut String, out: &mut Vec<Sample>) {
-    let mut child = |key: &str, value: &Json, path: &mut String| {
-        let len = path.len();
-        if !path.is_empty() {
-            path.push('.');
+/// Every leaf under the value being read, its name `path` plus the keys and indices down to
+/// it, pushed to `out` as it is read.
+struct Leaves<'a> {
+    path: &'a mut String,
+    out: &'a mut Vec<Sample>,
+    budget: &'a mut Budget,
+}
+
+impl Leaves<'_> {
+    fn child(&mut self) -> Leaves<'_> {
+        Leaves {
+            path: self.path,
+            out: self.out,
+            budget: self.budget,
         }
-        path.push_str(key);
-        flatten(value, path, out);
-        path.truncate(len);
-    };
-    match value {
-        Json::Object(map) => {
-            for (key, v) in map {
-                child(key, v, path);
+    }
+
+    fn enter(&mut self, key: &str) -> usize {
+        let len = self.path.len();
+        if !self.path.is_empty() {
+            self.path.push('.');
+        }
+        self.path.push_str(key);
+        len
+    }
+
+    fn leaf<E: serde::de::Error>(self, value: &str) -> Result<(), E> {
+        self.budget
+            .charge(self.path.len(), 0, value.len())
+            .map_err(E::custom)?;
+        self.out.push(Sample::plain(self.path, value));
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Leaves<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Leaves<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<(), E> {
+        self.leaf(if b { "true" } else { "false" })
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<(), E> {
+        self.leaf(&n.to_string())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<(), E> {
+        self.leaf(&n.to_string())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<(), E> {
+        // Written as serde_json writes a number (`-3e2` is `-300.0`).
+        match serde_json::Number::from_f64(n) {
+            Some(n) => self.leaf(&n.to_string()),
+            None => Err(E::custom("a number that is not finite")),
+        }
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        self.leaf(s)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0usize;
+        loop {
+            let len = self.enter(&i.to_string());
+            let more = seq.next_element_seed(self.child())?;
+            self.path.truncate(len);
+            if more.is_none() {
+                return Ok(());
             }
+            i += 1;
         }
-        Json::Array(items) => {
-            for (i, v) in items.iter().enumerate() {
-                child(&i.to_string(), v, path);
-            }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            let len = self.enter(&key);
+            map.next_value_seed(self.child())?;
+            self.path.truncate(len);
         }
-        Json::Null => {}
-        Json::Bool(b) => out.push(Sample::plain(path, if *b { "true" } else { "false" })),
-        Json::Number(n) => out.push(Sample::plain(path, &n.to_string())),
-        Json::String(s) => out.push(Sample::plain(path, s)),
+        Ok(())
     }
 }
 
@@ -101,16 +195,53 @@ mod tests {
         assert_eq!(
             got,
             [
-                ("a.b", "two words"),
-                ("gpu.0.ok", "true"),
                 ("gpu.0.temp", "61"),
-                ("gpu.1.ok", "false"),
+                ("gpu.0.ok", "true"),
                 ("gpu.1.temp", "58.5"),
+                ("gpu.1.ok", "false"),
+                ("a.b", "two words"),
                 ("n", "-300.0"),
             ]
             .map(|(n, v)| (n.to_owned(), v.to_owned()))
         );
         assert_eq!(names_and_values("[1, [2]]")[1], ("1.0".into(), "2".into()));
+    }
+
+    #[test]
+    fn a_document_whose_paths_repeat_too_much_text_is_refused_at_its_budget() {
+        // 50 kB of JSON whose 20,000 leaves each repeat a 10 kB key: 200 MB of sample names.
+        let key = "k".repeat(10_000);
+        let zeros = vec!["0"; 20_000].join(",");
+        let text = format!("{{\"{key}\": [{zeros}]}}");
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&e, OutputError::Line { line: 1, reason } if reason.contains("times the output's size")),
+            "{e:?}"
+        );
+        // The same leaves under a short key are an answer.
+        let text = format!("{{\"k\": [{zeros}]}}");
+        assert_eq!(parse_ok(parse, &text).samples.len(), 20_000);
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let text = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        });
+        assert!(
+            matches!(&e, Err(OutputError::Line { reason, .. }) if reason.contains("recursion limit")),
+            "{e:?}"
+        );
+        let text = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+        assert_eq!(parse_ok(parse, &text).samples.len(), 1);
     }
 
     #[test]

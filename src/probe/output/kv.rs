@@ -1,6 +1,6 @@
 //! `format: kv`: `name = value` lines (HTCondor startd cron style without ClassAd typing).
 
-use super::{clip, upsert, Exits, FormatDef, Input, OutputError, Pair, Parsed};
+use super::{clip, Exits, FormatDef, Input, LastWins, OutputError, Pair, Parsed};
 
 pub const DEF: FormatDef = FormatDef {
     name: "kv",
@@ -14,38 +14,47 @@ pub const DEF: FormatDef = FormatDef {
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
-    parse_kv(input.text).map(Parsed::from_pairs)
+    let mut out = LastWins::new();
+    for (i, line) in input.text.lines().enumerate() {
+        if let Some((k, v)) = kv_line(line, i + 1)? {
+            out.set(k, v);
+        }
+    }
+    out.into_parsed()
 }
 
 /// `name = value` lines; blank lines and `#` comments are ignored; a value in double quotes
 /// (HTCondor strings) loses its quotes. A later line for the same name wins.
 pub fn parse_kv(t: &str) -> Result<Vec<Pair>, OutputError> {
-    let mut pairs: Vec<Pair> = Vec::new();
-    for (i, line) in t.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            return Err(OutputError::Line {
-                line: i + 1,
-                reason: format!("expected `name = value`, got {:?}", clip(line)),
-            });
-        };
-        let (k, mut v) = (k.trim(), v.trim());
-        if k.is_empty() || k.contains(char::is_whitespace) {
-            return Err(OutputError::Line {
-                line: i + 1,
-                reason: format!("bad name {:?}", clip(k)),
-            });
-        }
-        if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
-            v = &v[1..v.len() - 1];
-        }
-        upsert(&mut pairs, k, v);
+    parse(&Input {
+        text: t,
+        exit: None,
+        own: "",
+    })
+    .map(|p| p.pairs())
+}
+
+/// One line: `None` for a blank or comment line.
+fn kv_line(line: &str, number: usize) -> Result<Option<(&str, &str)>, OutputError> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Ok(None);
     }
-    if pairs.is_empty() {
-        return Err(OutputError::Empty);
+    let Some((k, v)) = line.split_once('=') else {
+        return Err(OutputError::Line {
+            line: number,
+            reason: format!("expected `name = value`, got {:?}", clip(line)),
+        });
+    };
+    let (k, mut v) = (k.trim(), v.trim());
+    if k.is_empty() || k.contains(char::is_whitespace) {
+        return Err(OutputError::Line {
+            line: number,
+            reason: format!("bad name {:?}", clip(k)),
+        });
     }
-    Ok(pairs)
+    if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
+        v = &v[1..v.len() - 1];
+    }
+    Ok(Some((k, v)))
 }

@@ -5,7 +5,9 @@
 
 pub mod select;
 
-pub use classad::{merge_ads, AdLine, AdStream, AD_LABEL, MAX_AD_BYTES};
+use std::collections::HashMap;
+
+pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
@@ -180,42 +182,56 @@ impl Sample {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Parsed {
     pub samples: Vec<Sample>,
+    /// The first [`MAX_BAD_LINES`] lines that did not parse.
     pub bad_lines: Vec<OutputError>,
+    /// Lines that did not parse after those (counted, not kept: 16 MiB of garbage would
+    /// otherwise cost an error text per line).
+    pub bad_lines_more: usize,
 }
+
+/// Malformed lines of one output kept with their reasons; the rest are counted.
+pub const MAX_BAD_LINES: usize = 100;
 
 impl Parsed {
     pub fn of(samples: Vec<Sample>) -> Self {
         Self {
             samples,
             bad_lines: Vec::new(),
+            bad_lines_more: 0,
         }
-    }
-
-    fn from_pairs(pairs: Vec<Pair>) -> Self {
-        Self::of(
-            pairs
-                .into_iter()
-                .map(|(k, v)| Sample {
-                    name: k,
-                    labels: Vec::new(),
-                    value: v,
-                    line: 0,
-                })
-                .collect(),
-        )
     }
 
     /// Add the next part of the same output (a stream's next ClassAd).
     pub fn append(&mut self, mut other: Parsed) {
         self.samples.append(&mut other.samples);
-        self.bad_lines.append(&mut other.bad_lines);
+        self.bad_lines_more += other.bad_lines_more;
+        for e in other.bad_lines {
+            self.keep_bad(e);
+        }
+    }
+
+    /// Lines that did not parse, kept or counted.
+    pub fn bad_count(&self) -> usize {
+        self.bad_lines.len() + self.bad_lines_more
     }
 
     fn bad(&mut self, line: usize, reason: impl Into<String>) {
-        self.bad_lines.push(OutputError::Line {
+        if self.bad_lines.len() >= MAX_BAD_LINES {
+            self.bad_lines_more += 1;
+            return;
+        }
+        self.keep_bad(OutputError::Line {
             line,
             reason: reason.into(),
         });
+    }
+
+    fn keep_bad(&mut self, e: OutputError) {
+        if self.bad_lines.len() < MAX_BAD_LINES {
+            self.bad_lines.push(e);
+        } else {
+            self.bad_lines_more += 1;
+        }
     }
 
     /// The samples as `name -> value` pairs (labels dropped), for the formats without them.
@@ -303,10 +319,127 @@ pub fn looks_like(text: &str) -> Option<Format> {
     None
 }
 
-pub(crate) fn upsert(pairs: &mut Vec<Pair>, k: &str, v: &str) {
-    match pairs.iter_mut().find(|(n, _)| n == k) {
-        Some(p) => p.1 = v.to_owned(),
-        None => pairs.push((k.to_owned(), v.to_owned())),
+/// `name -> value` pairs in the order each name first came, a later value for a name
+/// replacing the earlier one (an ELIM's or a kv file's "the last line wins"). Indexed by
+/// name, so n pairs cost O(n) time, never a scan per pair: 2 MB of distinct kv names took
+/// seconds on a runtime thread with the scan.
+#[derive(Debug, Default, Clone)]
+pub struct PairSet {
+    pairs: Vec<Pair>,
+    index: HashMap<String, usize>,
+}
+
+impl PairSet {
+    pub fn upsert(&mut self, k: &str, v: &str) {
+        match self.index.get(k) {
+            Some(&i) => v.clone_into(&mut self.pairs[i].1),
+            None => {
+                self.index.insert(k.to_owned(), self.pairs.len());
+                self.pairs.push((k.to_owned(), v.to_owned()));
+            }
+        }
+    }
+
+    pub fn contains(&self, k: &str) -> bool {
+        self.index.contains_key(k)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    pub fn into_vec(self) -> Vec<Pair> {
+        self.pairs
+    }
+}
+
+/// Samples without labels, one per name, in the order each name first came, a later value
+/// replacing the earlier one: what kv and ELIM output means. Indexed by name borrowed from
+/// the output, so n lines cost O(n) time and one sample each, never a scan per line.
+pub(crate) struct LastWins<'a> {
+    samples: Vec<Sample>,
+    index: HashMap<&'a str, usize>,
+}
+
+impl<'a> LastWins<'a> {
+    pub fn new() -> Self {
+        Self {
+            samples: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    pub fn set(&mut self, name: &'a str, value: &str) {
+        match self.index.get(name) {
+            Some(&i) => value.clone_into(&mut self.samples[i].value),
+            None => {
+                self.index.insert(name, self.samples.len());
+                self.samples.push(Sample {
+                    name: name.to_owned(),
+                    labels: Vec::new(),
+                    value: value.to_owned(),
+                    line: 0,
+                });
+            }
+        }
+    }
+
+    pub fn into_parsed(self) -> Result<Parsed, OutputError> {
+        if self.samples.is_empty() {
+            return Err(OutputError::Empty);
+        }
+        Ok(Parsed::of(self.samples))
+    }
+}
+
+/// What the samples of one parse may hold, against the output's size: a format that
+/// repeats text per sample (a JSON path per leaf, an influx line's measurement and tags per
+/// field) would otherwise turn a 16 MiB output into gigabytes. Each sample costs its struct,
+/// its name, labels and value; a parse may spend [`SAMPLE_BYTES_PER_OUTPUT_BYTE`] times the
+/// output's size plus [`SAMPLE_BYTES_FREE`], and output that would take more is refused.
+/// (The line formats, kv, elim, value, Prometheus, Nagios and ClassAd, take each sample's
+/// text from its own line, so they stay within a like factor without counting.)
+#[derive(Debug)]
+pub(crate) struct Budget {
+    left: usize,
+    spent: bool,
+}
+
+/// See [`Budget`].
+pub const SAMPLE_BYTES_PER_OUTPUT_BYTE: usize = 8;
+/// See [`Budget`]: what any output may spend, however short.
+pub const SAMPLE_BYTES_FREE: usize = 4 << 20;
+
+impl Budget {
+    pub fn for_output(len: usize) -> Self {
+        Self {
+            left: len
+                .saturating_mul(SAMPLE_BYTES_PER_OUTPUT_BYTE)
+                .saturating_add(SAMPLE_BYTES_FREE),
+            spent: false,
+        }
+    }
+
+    /// A charge failed: the parse is refused as a whole.
+    pub fn spent(&self) -> bool {
+        self.spent
+    }
+
+    /// Spend what one sample with these parts costs; `Err` once the budget is gone.
+    pub fn charge(&mut self, name: usize, labels: usize, value: usize) -> Result<(), String> {
+        let cost = std::mem::size_of::<Sample>() + name + labels + value;
+        match self.left.checked_sub(cost) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => {
+                self.spent = true;
+                Err(format!(
+                "its samples would take more than {SAMPLE_BYTES_PER_OUTPUT_BYTE} times the output's size (the names repeat too much text); refused"
+                ))
+            }
+        }
     }
 }
 
@@ -389,6 +522,35 @@ mod tests {
         assert!(parse_elim("2 a 1\n").is_err());
         assert!(parse_elim("x a 1\n").is_err());
         assert_eq!(parse_elim_line("0").unwrap(), vec![]);
+        // A count whose double does not fit is a mismatch, not an overflow.
+        assert!(parse_elim_line("9223372036854775808").is_err());
+        assert!(parse_elim_line("18446744073709551615 a 1").is_err());
+    }
+
+    #[test]
+    fn malformed_lines_past_the_first_hundred_are_counted_not_kept() {
+        let mut text = "good 1\n".to_owned();
+        text.push_str(&"!\n".repeat(1000));
+        let p = parse(Format::Prometheus, text.as_bytes(), Some(0), "x").unwrap();
+        assert_eq!(p.samples.len(), 1);
+        assert_eq!(p.bad_lines.len(), MAX_BAD_LINES);
+        assert_eq!(p.bad_count(), 1000);
+    }
+
+    #[test]
+    fn a_later_pair_replaces_an_earlier_one_in_its_place() {
+        let mut text = String::new();
+        for round in 0..3 {
+            for i in 0..1000 {
+                text.push_str(&format!("n{i} = {round}\n"));
+            }
+        }
+        let got = parse_kv(&text).unwrap();
+        assert_eq!(got.len(), 1000);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, (k, v))| *k == format!("n{i}") && v == "2"));
     }
 
     #[test]

@@ -219,6 +219,19 @@ fn matches_selector(format: Format, sample: &Sample, sel: &Selector) -> bool {
     name_ok && sel.labels.iter().all(|l| sample.labels.contains(l))
 }
 
+/// Whether `sample` is one `pick` takes for `resource`.
+pub fn matches(format: Format, pick: &Pick, sample: &Sample, resource: &str) -> bool {
+    match &pick.selector {
+        Some(sel) => matches_selector(format, sample, sel),
+        None => matches_directly(format, sample, resource),
+    }
+}
+
+/// Whether `pick` gives `resource` a reading whatever the output holds (a count, a default).
+pub fn always_answers(pick: &Pick) -> bool {
+    pick.aggregate == Some(Aggregate::Count) || pick.default.is_some()
+}
+
 /// The reading `parsed` gives `resource`, or `None` when it holds nothing for it.
 pub fn reading(
     format: Format,
@@ -230,10 +243,7 @@ pub fn reading(
     let found: Vec<&Sample> = parsed
         .samples
         .iter()
-        .filter(|s| match &pick.selector {
-            Some(sel) => matches_selector(format, s, sel),
-            None => matches_directly(format, s, resource),
-        })
+        .filter(|s| matches(format, pick, s, resource))
         .collect();
     let typed = |s: &Sample| match valtype.parse(&s.value) {
         Ok(v) => Reading::Ok(v),
@@ -310,7 +320,7 @@ pub fn absent_reason(
     if let Some(first) = parsed.bad_lines.first() {
         why.push_str(&format!(
             "; {} line(s) did not parse, the first: {first}",
-            parsed.bad_lines.len()
+            parsed.bad_count()
         ));
     }
     match super::looks_like(text) {
@@ -321,7 +331,7 @@ pub fn absent_reason(
         )),
         _ => {}
     }
-    if format.def().empty_is_an_answer && parsed.samples.is_empty() && parsed.bad_lines.is_empty() {
+    if format.def().empty_is_an_answer && parsed.samples.is_empty() && parsed.bad_count() == 0 {
         why.push_str(
             "; it printed no samples: if that means a value, give it as `default:` in `select:`",
         );

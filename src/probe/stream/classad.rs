@@ -8,6 +8,7 @@ use super::{Line, MAX_LINE};
 use crate::config::StreamSpec;
 use crate::plan::ProbeTask;
 use crate::probe::output::{self, AdLine, AdStream};
+use crate::probe::output_log::OutputLog;
 use crate::store::Store;
 use crate::value::Reading;
 
@@ -38,13 +39,18 @@ pub(super) fn apply(
     task: &ProbeTask,
     spec: &StreamSpec,
     store: &Store,
+    log: &mut OutputLog,
     tag: &str,
     ad: &output::Parsed,
 ) {
     let now = SystemTime::now();
     let format = spec.exec.format;
     for bad in &ad.bad_lines {
-        tracing::warn!(probe = %task.name, "bad classad line: {bad}");
+        log.malformed(
+            &task.name,
+            &format!("bad classad line: {bad}"),
+            std::time::Instant::now(),
+        );
     }
     for feed in &task.feeds {
         let pick = spec.exec.select.pick(&feed.name);
