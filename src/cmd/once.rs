@@ -69,7 +69,7 @@ async fn say_what_it_waits_for(running: InFlight) {
         if !waiting.is_empty() {
             eprint!(
                 "\r\x1b[2Kwaiting for: {}",
-                crate::render::status::printable(&waiting.join(", "))
+                crate::text::escape(&waiting.join(", "))
             );
         }
     }
