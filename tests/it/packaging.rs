@@ -366,3 +366,115 @@ fn find_file(dir: &Path, ext: &str) -> std::path::PathBuf {
     }
     panic!("no .{ext} under {}", dir.display())
 }
+
+/// The C library's packages for the controller host (`packaging/build-receiver.sh`, release
+/// profile): the same library, header and pkg-config file in both, the soname and its links,
+/// ldconfig on install and removal, and a C program built from the unpacked .deb with
+/// pkg-config alone links `libxce_receiver.so.0` and runs.
+#[test]
+#[ignore = "needs dpkg-deb, rpmbuild, rpm2cpio, cpio, readelf, pkg-config and cc; CI runs it with `cargo test -- --ignored`"]
+fn the_receiver_library_packages_carry_library_header_and_pkg_config() {
+    common::require_tool("dpkg-deb", &["--version"], "apt-get install dpkg");
+    common::require_tool("rpmbuild", &["--version"], "apt-get install rpm");
+    common::require_tool("readelf", &["--version"], "apt-get install binutils");
+    common::require_tool("pkg-config", &["--version"], "apt-get install pkg-config");
+    common::require_tool("cc", &["--version"], "apt-get install gcc");
+    let work = tempfile::tempdir().expect("tempdir");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    run_ok(
+        Command::new(repo.join("packaging/build-receiver.sh"))
+            .arg("-o")
+            .arg(work.path())
+            .current_dir(repo),
+    );
+    let find = |suffix: &str| {
+        walk(work.path())
+            .into_iter()
+            .find(|p| p.to_string_lossy().ends_with(suffix))
+            .unwrap_or_else(|| panic!("no *{suffix} in {}", work.path().display()))
+    };
+    let (deb, rpm) = (find(".deb"), find(".rpm"));
+    let deb_files = run_ok(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    let rpm_files = run_ok(Command::new("rpm").arg("-qlp").arg(&rpm));
+    for (files, lib) in [
+        (&deb_files, "/usr/lib/x86_64-linux-gnu"),
+        (&rpm_files, "/usr/lib64"),
+    ] {
+        for f in [
+            format!("{lib}/libxce_receiver.so.0.1.0"),
+            format!("{lib}/libxce_receiver.so.0"),
+            format!("{lib}/libxce_receiver.so"),
+            format!("{lib}/libxce_receiver.a"),
+            format!("{lib}/pkgconfig/xce_receiver.pc"),
+            "/usr/include/xce_receiver.h".to_owned(),
+        ] {
+            assert!(files.contains(&f), "{f} not in\n{files}");
+        }
+    }
+    assert!(
+        deb_files.contains("libxce_receiver.so.0 -> libxce_receiver.so.0.1.0"),
+        "{deb_files}"
+    );
+    let scripts = run_ok(Command::new("rpm").arg("-qp").arg("--scripts").arg(&rpm));
+    assert!(scripts.contains("/sbin/ldconfig"), "{scripts}");
+    let ctrl = work.path().join("ctrl");
+    run_ok(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&ctrl));
+    let postinst = std::fs::read_to_string(ctrl.join("postinst")).expect("postinst");
+    assert!(postinst.contains("ldconfig"), "{postinst}");
+
+    let root = work.path().join("root");
+    run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
+    let libdir = root.join("usr/lib/x86_64-linux-gnu");
+    let dynamic = run_ok(
+        Command::new("readelf")
+            .arg("-d")
+            .arg(libdir.join("libxce_receiver.so.0.1.0")),
+    );
+    assert!(
+        dynamic.contains("Library soname: [libxce_receiver.so.0]"),
+        "{dynamic}"
+    );
+    let pc = std::fs::read_to_string(libdir.join("pkgconfig/xce_receiver.pc")).expect(".pc");
+    assert!(pc.contains("prefix=/usr\n"), "{pc}");
+    // Built from the unpacked tree with pkg-config alone, as a controller's Makefile would.
+    let flags = run_ok(
+        Command::new("pkg-config")
+            .args(["--cflags", "--libs", "xce_receiver"])
+            .env("PKG_CONFIG_PATH", libdir.join("pkgconfig"))
+            .env("PKG_CONFIG_SYSROOT_DIR", &root),
+    );
+    let source = work.path().join("uses.c");
+    std::fs::write(
+        &source,
+        "#include <stdio.h>\n#include <xce_receiver.h>\nint main(void) { puts(xce_result_str(0)); return 0; }\n",
+    )
+    .expect("write uses.c");
+    let program = work.path().join("uses");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "cc -o {} {} {}",
+        program.display(),
+        source.display(),
+        flags.trim()
+    )));
+    let needed = run_ok(Command::new("readelf").arg("-d").arg(&program));
+    assert!(
+        needed.contains("Shared library: [libxce_receiver.so.0]"),
+        "{needed}"
+    );
+    let said = run_ok(Command::new(&program).env("LD_LIBRARY_PATH", &libdir));
+    assert!(!said.trim().is_empty(), "xce_result_str(0) said nothing");
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
