@@ -21,8 +21,10 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     };
     let host = host_name(common, &config)?;
     if let Some(paths) = &config.agent.tls {
-        // A certificate the controller would refuse (expired, not yet valid, naming another
-        // host) stops the start here, said plainly, instead of a TLS error in a loop.
+        // A certificate no controller accepts (expired, not yet valid) stops the start here,
+        // said plainly, instead of a TLS error in a reconnect loop. One that names another
+        // host is said at ERROR and the agent starts: a controller configured with another
+        // domain may take it, and one that does not tells this agent why (protocol 2).
         let usable = crate::link::tls::Material::load(paths).and_then(|m| {
             m.usable_for(
                 &host,
@@ -36,6 +38,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
                     tracing::warn!("{w}");
                 }
             }
+            Err(e @ crate::link::tls::TlsError::WrongHost { .. }) => tracing::error!("{e}"),
             Err(e) => {
                 eprintln!("xce-agent: {e}");
                 return Ok(exit::CONFIG);
