@@ -163,10 +163,14 @@ impl ExampleProc {
         me
     }
 
-    /// The next stdout line that starts with `prefix` and contains every one of `parts`.
+    /// The next stdout line that starts with `prefix` and contains every one of `parts`,
+    /// within the hang guard in all (other lines, such as a host's resvals every second, keep
+    /// coming: they must not keep a line that never comes waited for forever).
     fn expect(&mut self, prefix: &str, parts: &[&str]) -> String {
+        let give_up = std::time::Instant::now() + HANG_GUARD;
         loop {
-            match self.stdout.recv_timeout(HANG_GUARD) {
+            let left = give_up.saturating_duration_since(std::time::Instant::now());
+            match self.stdout.recv_timeout(left) {
                 Ok(l) => {
                     self.seen.push(l.clone());
                     if l.starts_with(prefix) && parts.iter().all(|p| l.contains(p)) {
