@@ -986,6 +986,21 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
     assert!(!probes.exists(), "{} left behind", probes.display());
 }
 
+/// A writable cgroup v2 tree and PID namespaces, or a printed reason to skip.
+fn cgroups_and_pid_namespaces() -> bool {
+    let Some(host) = v2_host() else {
+        return false;
+    };
+    if nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK).is_err() {
+        eprintln!(
+            "skipped: {} is not writable; CI runs as root",
+            host.own.display()
+        );
+        return false;
+    }
+    pid_namespaces()
+}
+
 /// `unshare --pid --fork --mount-proc` (util-linux): whether this host lets a test start a
 /// process in a PID namespace of its own, with the reason to skip if not.
 fn pid_namespaces() -> bool {
@@ -1036,17 +1051,7 @@ fn forked_child(unshare: u32) -> u32 {
 /// `--once` beside it, in the same parent cgroup; the daemon and its probe live on.
 #[tokio::test]
 async fn an_agent_in_another_pid_namespace_leaves_a_host_agent_alone() {
-    let Some(host) = v2_host() else {
-        return;
-    };
-    if nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK).is_err() {
-        eprintln!(
-            "skipped: {} is not writable; CI runs as root",
-            host.own.display()
-        );
-        return;
-    }
-    if !pid_namespaces() {
+    if !cgroups_and_pid_namespaces() {
         return;
     }
     let (s, pids) = holding_site();
@@ -1087,17 +1092,7 @@ async fn an_agent_in_another_pid_namespace_leaves_a_host_agent_alone() {
 /// it would look dead), and a host agent running `--once` beside it.
 #[tokio::test]
 async fn a_host_agent_leaves_an_agent_in_another_pid_namespace_alone() {
-    let Some(host) = v2_host() else {
-        return;
-    };
-    if nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK).is_err() {
-        eprintln!(
-            "skipped: {} is not writable; CI runs as root",
-            host.own.display()
-        );
-        return;
-    }
-    if !pid_namespaces() {
+    if !cgroups_and_pid_namespaces() {
         return;
     }
     let (s, pids) = holding_site();

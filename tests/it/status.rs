@@ -319,12 +319,8 @@ async fn an_unprivileged_user_is_refused() {
     );
 }
 
-#[tokio::test]
-async fn members_of_status_group_may_read() {
-    if !is_root() {
-        eprintln!("skipped: needs root to run the command as nobody");
-        return;
-    }
+/// A daemon whose status_group is gid 65534's group (nobody's), serving its socket.
+async fn nobody_group_site() -> (Site, e2e_common::AgentProc) {
     let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(NOBODY))
         .ok()
         .flatten()
@@ -332,6 +328,16 @@ async fn members_of_status_group_may_read() {
     let site = status_site(&[], &format!("status_group: {}\n", group.name));
     let mut agent = site.spawn_agent();
     agent.wait_log("status socket listening", 1).await;
+    (site, agent)
+}
+
+#[tokio::test]
+async fn members_of_status_group_may_read() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the command as nobody");
+        return;
+    }
+    let (site, _agent) = nobody_group_site().await;
     let meta = std::fs::metadata(socket(&site)).expect("socket");
     assert_eq!(meta.permissions().mode() & 0o777, 0o660);
     let (code, out, err) = status_as_nobody(&site, NOBODY);
@@ -352,13 +358,7 @@ async fn a_member_holding_every_slot_cannot_lock_root_out() {
         eprintln!("skipped: needs root to run the holder as nobody");
         return;
     }
-    let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(NOBODY))
-        .ok()
-        .flatten()
-        .expect("a group with gid 65534");
-    let site = status_site(&[], &format!("status_group: {}\n", group.name));
-    let mut agent = site.spawn_agent();
-    agent.wait_log("status socket listening", 1).await;
+    let (site, mut agent) = nobody_group_site().await;
     // Connects MAX_CONNECTIONS times, says so, then (when told) reports how many of its
     // connections have been answered "busy" by then.
     let holder = format!(

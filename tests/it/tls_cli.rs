@@ -336,7 +336,11 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
     );
     let mut started = site.spawn_agent();
     started.wait_log("not this host \"node001\"", 1).await;
-    assert!(started.log_text().contains(" ERROR "), "{}", started.log_text());
+    assert!(
+        started.log_text().contains(" ERROR "),
+        "{}",
+        started.log_text()
+    );
     assert!(started.terminate().await.success());
     let daemon = || {
         Command::new(agent_bin())
