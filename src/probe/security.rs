@@ -303,9 +303,10 @@ pub enum NotRunnable {
     /// The permission bits.
     #[error("{p} is not executable (mode {mode:04o}); fix: chmod 755 {p}", p = .program.display())]
     NotExecutable { program: PathBuf, mode: u32 },
+    // No backslash in the text: tables and logs escape one (`\\r`), which would spoil the fix.
     #[error(
-        "{p} has Windows (CRLF) line endings: its #! line names interpreter {:?} with a carriage return, which does not exist; fix: sed -i 's/\\r$//' {p}",
-        .interpreter, p = .program.display()
+        "{p} has Windows (CRLF) line endings: its #! line names interpreter {} followed by a carriage return, and no such file exists; fix: sed -i 's/[[:cntrl:]]*$//' {p}",
+        .interpreter.trim_end_matches('\r'), p = .program.display()
     )]
     CrLf {
         program: PathBuf,

@@ -201,7 +201,7 @@ fn a_script_that_cannot_start_says_why_everywhere() {
         (
             "crlf",
             "#!/bin/sh\r\necho 1\r\n",
-            Some("has Windows (CRLF) line endings: its #! line names interpreter \"/bin/sh\\r\""),
+            Some("has Windows (CRLF) line endings: its #! line names interpreter /bin/sh followed by a carriage return"),
             "has Windows (CRLF) line endings",
         ),
         (
