@@ -288,7 +288,7 @@ mod tests {
         );
         assert_eq!(
             lines[2].split_whitespace().collect::<Vec<_>>(),
-            ["node002", "up", "3s", "5", "7.5!"]
+            ["node002", "up", "3s", "5M", "7.5!"]
         );
         let view = |in_place| TableView {
             only: Vec::new(),
