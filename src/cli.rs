@@ -178,7 +178,7 @@ pub enum Command {
     /// Write the man pages and the bash, zsh and fish completions into DIR (packaging).
     #[command(hide = true, name = "generate-assets")]
     GenerateAssets {
-        /// Output directory (created if missing): DIR/man/*.1, DIR/completions/*.
+        /// Output directory (created if missing): DIR/man/*.1 and *.5, DIR/completions/*.
         dir: PathBuf,
     },
     /// Reference receiver: accept agents' streams on ADDR and print every resval received.
@@ -274,7 +274,8 @@ pub enum ListenFormat {
     Table,
 }
 
-/// Generate the man pages (one per visible subcommand, `xce-agent.1` first) into
+/// Generate the man pages (one per visible subcommand, `xce-agent.1` first, and the two
+/// files' section-5 pages, `xce-agent.yaml.5` and `xce-resources.yaml.5`) into
 /// `dir/man` and the shell completions into `dir/completions`, from this very definition,
 /// so they never drift from the binary. Returns the files written.
 pub fn generate_assets(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -285,6 +286,14 @@ pub fn generate_assets(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(&completions)?;
     let cmd = Cli::command();
     clap_mangen::generate_to(cmd.clone(), &man)?;
+    std::fs::write(
+        man.join("xce-agent.yaml.5"),
+        crate::render::man::agent_yaml(),
+    )?;
+    std::fs::write(
+        man.join("xce-resources.yaml.5"),
+        crate::render::man::resources_yaml(),
+    )?;
     let mut written = Vec::new();
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
         written.push(clap_complete::generate_to(

@@ -2,6 +2,7 @@
 //! `check`'s plan ([`plan`]), `probe NAME`'s report ([`probe`]), `status`'s table
 //! ([`status`]), and the pieces `listen --format table` shares with them.
 
+pub mod man;
 pub mod once;
 pub mod plan;
 pub mod probe;
