@@ -38,24 +38,94 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+/// The daemon's (and `--once`'s) files and logging. Given before a subcommand they also
+/// reach `check`, `probe` and `status` (`xce-agent -c FILE probe NAME`), which take them after
+/// their name too ([`ConfigArgs`]); the commands that read no configuration refuse them.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
     /// agent.yaml to use.
-    #[arg(long, short = 'c', global = true, env = "XCE_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
+    #[arg(long, short = 'c', env = "XCE_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
     pub config: PathBuf,
 
     /// resources.yaml to use instead of the one agent.yaml names.
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub resources: Option<PathBuf>,
 
     /// Act as this host (default: agent.yaml's `host`, else the machine's host name).
-    #[arg(long, global = true)]
+    #[arg(long)]
     pub host: Option<String>,
 
     /// Log level or filter (error, warn, info, debug, trace; RUST_LOG syntax accepted).
-    #[arg(long, global = true, env = "XCE_LOG")]
+    #[arg(long, env = "XCE_LOG")]
     pub log_level: Option<String>,
 }
+
+impl Common {
+    /// These options with a subcommand's own, which win: `xce-agent -c A check -c B` reads B.
+    pub fn with(&self, sub: &ConfigArgs) -> Common {
+        Common {
+            config: sub
+                .config
+                .config
+                .clone()
+                .unwrap_or_else(|| self.config.clone()),
+            resources: sub.resources.clone().or_else(|| self.resources.clone()),
+            host: sub.host.clone().or_else(|| self.host.clone()),
+            log_level: sub.log.log_level.clone().or_else(|| self.log_level.clone()),
+        }
+    }
+
+    /// With only a subcommand's `--config` (`status` reads nothing else).
+    pub fn with_config(&self, sub: &ConfigFile) -> Common {
+        Common {
+            config: sub.config.clone().unwrap_or_else(|| self.config.clone()),
+            ..self.clone()
+        }
+    }
+}
+
+/// `--config` after a subcommand's name (`status`).
+#[derive(Debug, Clone, Args)]
+pub struct ConfigFile {
+    /// agent.yaml to use [default: $XCE_AGENT_CONFIG, else /etc/xce/agent.yaml].
+    #[arg(long, short = 'c', value_name = "CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// `--log-level` after a subcommand's name (`listen`, `check`, `probe`).
+#[derive(Debug, Clone, Args)]
+pub struct LogArg {
+    /// Log level or filter (error, warn, info, debug, trace; RUST_LOG syntax accepted)
+    /// [default: $XCE_LOG, else warn].
+    #[arg(long, value_name = "LOG_LEVEL")]
+    pub log_level: Option<String>,
+}
+
+/// What `check` and `probe` read, after their name: [`Common`]'s options.
+#[derive(Debug, Clone, Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub config: ConfigFile,
+
+    /// resources.yaml to use instead of the one agent.yaml names.
+    #[arg(long, value_name = "RESOURCES")]
+    pub resources: Option<PathBuf>,
+
+    /// Act as this host (default: agent.yaml's `host`, else the machine's host name).
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+
+    #[command(flatten)]
+    pub log: LogArg,
+}
+
+/// The ids of [`Common`]'s options, and the subcommands that read each (see `main`).
+pub const COMMON_OPTIONS: [(&str, &str, &[&str]); 4] = [
+    ("config", "--config", &["check", "probe", "status"]),
+    ("resources", "--resources", &["check", "probe"]),
+    ("host", "--host", &["check", "probe"]),
+    ("log_level", "--log-level", &["check", "probe", "listen"]),
+];
 
 /// `--once`'s output: the lsload-like table or JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,12 +147,17 @@ pub enum Command {
     /// and why it skips the rest. Exit 0 when all is well, 1 when the files are valid but
     /// this host cannot run its plan as written, 2 when a file cannot be read, parsed or
     /// trusted.
-    Check,
+    Check {
+        #[command(flatten)]
+        args: ConfigArgs,
+    },
     /// Run one probe now, verbosely: argv, user, environment, exit, duration, output and the
     /// parsed value. Exit 0 when the probe succeeded.
     Probe {
         /// The resource whose probe to run.
         name: String,
+        #[command(flatten)]
+        args: ConfigArgs,
     },
     /// Show what the running daemon holds and sends: the link to the controller, then every
     /// resource's value, status, age, next run and error, read from its status socket
@@ -97,11 +172,13 @@ pub enum Command {
         watch: bool,
         /// Only these resources.
         names: Vec<String>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Write the man pages and the bash, zsh and fish completions into DIR (packaging).
     #[command(hide = true, name = "generate-assets")]
     GenerateAssets {
-        /// Output directory (created if missing): DIR/man/*.1, DIR/completions/*.
+        /// Output directory (created if missing): DIR/man/*.1 and *.5, DIR/completions/*.
         dir: PathBuf,
     },
     /// Reference receiver: accept agents' streams on ADDR and print every resval received.
@@ -124,6 +201,8 @@ pub enum Command {
         refresh: Option<std::time::Duration>,
         #[command(flatten)]
         tls: ListenTls,
+        #[command(flatten)]
+        log: LogArg,
     },
     /// A cluster CA for sites without a PKI: `tls init DIR`, then `tls issue`.
     Tls {
@@ -195,7 +274,8 @@ pub enum ListenFormat {
     Table,
 }
 
-/// Generate the man pages (one per visible subcommand, `xce-agent.1` first) into
+/// Generate the man pages (one per visible subcommand, `xce-agent.1` first, and the two
+/// files' section-5 pages, `xce-agent.yaml.5` and `xce-resources.yaml.5`) into
 /// `dir/man` and the shell completions into `dir/completions`, from this very definition,
 /// so they never drift from the binary. Returns the files written.
 pub fn generate_assets(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -206,6 +286,14 @@ pub fn generate_assets(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(&completions)?;
     let cmd = Cli::command();
     clap_mangen::generate_to(cmd.clone(), &man)?;
+    std::fs::write(
+        man.join("xce-agent.yaml.5"),
+        crate::render::man::agent_yaml(),
+    )?;
+    std::fs::write(
+        man.join("xce-resources.yaml.5"),
+        crate::render::man::resources_yaml(),
+    )?;
     let mut written = Vec::new();
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
         written.push(clap_complete::generate_to(

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::link::receiver::{serve, Event, EventKind, ListenOpts};
 use crate::render::status::age;
-use crate::render::{columns, format_time};
+use crate::render::{columns, format_time, human_value};
 use crate::value::{Resval, Status, Value};
 
 /// How the table is shown.
@@ -159,8 +159,8 @@ fn cell(rv: Option<&Resval>) -> String {
     match (rv.status, &rv.value) {
         (Status::Pending, _) => "?".into(),
         (_, Value::Unknown) => "-".into(),
-        (Status::Failed, v) => format!("{v}!"),
-        (_, v) => v.to_string(),
+        (Status::Failed, v) => format!("{}!", human_value(&rv.name, v)),
+        (_, v) => human_value(&rv.name, v),
     }
 }
 
@@ -288,7 +288,7 @@ mod tests {
         );
         assert_eq!(
             lines[2].split_whitespace().collect::<Vec<_>>(),
-            ["node002", "up", "3s", "5", "7.5!"]
+            ["node002", "up", "3s", "5M", "7.5!"]
         );
         let view = |in_place| TableView {
             only: Vec::new(),

@@ -4,14 +4,25 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use xce_agent::cli::{Cli, Command};
+use clap::{CommandFactory as _, FromArgMatches as _};
+use xce_agent::cli::{Cli, Command, Common, COMMON_OPTIONS};
 use xce_agent::cmd::{self, exit};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    refuse_unread_options(&matches);
+    let common = &match &cli.command {
+        Some(Command::Check { args } | Command::Probe { args, .. }) => cli.common.with(args),
+        Some(Command::Status { config, .. }) => cli.common.with_config(config),
+        Some(Command::Listen { log, .. }) => Common {
+            log_level: log.log_level.clone().or(cli.common.log_level.clone()),
+            ..cli.common.clone()
+        },
+        _ => cli.common.clone(),
+    };
     init_logging(
-        cli.common.log_level.as_deref(),
+        common.log_level.as_deref(),
         cli.once || cli.command.is_some(),
     );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -25,11 +36,10 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::CONFIG);
         }
     };
-    let common = &cli.common;
     let result = runtime.block_on(async {
         match &cli.command {
-            Some(Command::Check) => cmd::check::run(common).await,
-            Some(Command::Probe { name }) => cmd::probe::run(common, name).await,
+            Some(Command::Check { .. }) => cmd::check::run(common).await,
+            Some(Command::Probe { name, .. }) => cmd::probe::run(common, name).await,
             Some(Command::Listen {
                 addr,
                 format,
@@ -37,11 +47,13 @@ fn main() -> ExitCode {
                 only,
                 refresh,
                 tls,
+                ..
             }) => cmd::listen::run(addr, *format, *ack, only, *refresh, tls).await,
             Some(Command::Status {
                 format,
                 watch,
                 names,
+                ..
             }) => Ok(cmd::status::run(common, *format, *watch, names).await),
             Some(Command::Tls { command }) => cmd::tls::run(command),
             Some(Command::GenerateAssets { dir }) => cmd::assets::run(dir),
@@ -56,6 +68,27 @@ fn main() -> ExitCode {
         code
     });
     exit_now(code)
+}
+
+/// The daemon's options given before a subcommand that does not read them
+/// (`xce-agent -c F listen ...`) are an error, as clap says one: its `--help` does not list
+/// them, and an option that is silently ignored misleads.
+fn refuse_unread_options(matches: &clap::ArgMatches) {
+    let Some(sub) = matches.subcommand_name() else {
+        return;
+    };
+    for (id, flag, readers) in COMMON_OPTIONS {
+        if matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            && !readers.contains(&sub)
+        {
+            let mut cmd = Cli::command();
+            cmd.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("`{sub}` does not read {flag} (see `xce-agent {sub} --help`)"),
+            )
+            .exit();
+        }
+    }
 }
 
 /// End the process now. Returning from `main` would drop the runtime, and that waits for

@@ -16,6 +16,55 @@ pub const DEFAULT_MAX_PARALLEL: usize = 8;
 /// Under the unit's `RuntimeDirectory=xce-agent`.
 pub const DEFAULT_STATUS_SOCKET: &str = "/run/xce-agent/status.sock";
 
+/// agent.yaml's fields, one line each, in [`RawAgent`]'s order: the man page
+/// `xce-agent.yaml(5)` is written from it, and a test holds it to the struct serde reads.
+pub const FIELD_DOCS: &[(&str, &str)] = &[
+    ("host", "This host's name as resources.yaml and the controller know it (default: the machine's host name)."),
+    ("controllers", "The controllers to report to, `HOST[:PORT]` (port 6870 by default), tried in order; empty: report to none."),
+    ("resources", "resources.yaml, relative to this file's directory (default /etc/xce/resources.yaml)."),
+    ("plugin_dir", "Where a probe's relative `command` is looked up (default /usr/libexec/xce-agent/plugins)."),
+    ("run_as", "The user probes run as when the agent is root (default nobody); a probe's own `run_as` wins."),
+    ("max_parallel", "How many probes may run at once, 1 to 1024 (default 8)."),
+    ("metrics", "ADDR:PORT to serve Prometheus metrics on (`/metrics`); off when absent."),
+    ("status_socket", "The unix socket `xce-agent status` reads (default /run/xce-agent/status.sock)."),
+    ("status_group", "A group whose members may read the status socket (else root only)."),
+    ("tls", "The link's key material: `ca`, `cert`, `key`, optional `crl` and `expiry_warning` (below); required once controllers are listed, unless insecure_plaintext."),
+    ("insecure_plaintext", "true: report to the controllers without TLS, unauthenticated and readable on the network."),
+    ("max_stuck_reads", "File reads stuck in a hung filesystem before reads of new paths fail at once, 1 to 1024 (default 32)."),
+    ("max_interval", "The longest `interval` resources.yaml may give, a duration up to 365d (default 1d)."),
+    ("trust_config_files_of_any_owner", "true: a root agent believes resources.yaml, the CA bundle and the CRL whoever owns them (shared storage); never agent.yaml."),
+    ("probe_pids_max", "pids.max of each exec and stream probe's cgroup unless its `limits:` say otherwise; 0: none (default 128)."),
+];
+
+/// `tls:`'s fields, in [`RawTls`]'s order.
+pub const TLS_FIELD_DOCS: &[(&str, &str)] = &[
+    (
+        "ca",
+        "CA bundle (PEM) that signs the controllers' and the hosts' certificates.",
+    ),
+    (
+        "cert",
+        "This host's certificate (chain), PEM; a DNS SAN names the host.",
+    ),
+    (
+        "key",
+        "Its private key: PKCS#8, SEC1 or RSA PEM, mode 0600.",
+    ),
+    ("crl", "Revoked certificates, PEM (optional)."),
+    (
+        "expiry_warning",
+        "Warn this long before the host certificate expires, a duration up to 365d.",
+    ),
+];
+
+/// The fields serde reads from agent.yaml and from its `tls:` section.
+pub fn parsed_fields() -> (&'static [&'static str], &'static [&'static str]) {
+    (
+        super::raw::field_names::<RawAgent>(),
+        super::raw::field_names::<RawTls>(),
+    )
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawAgent {
@@ -388,6 +437,17 @@ pub fn normalize_controller(s: &str) -> Result<String, BadController> {
 #[cfg(test)]
 mod tests {
     use super::normalize_controller;
+    use super::{parsed_fields, FIELD_DOCS, TLS_FIELD_DOCS};
+
+    #[test]
+    fn the_field_docs_are_the_structs_serde_reads() {
+        let names = |docs: &[(&'static str, &'static str)]| -> Vec<&'static str> {
+            docs.iter().map(|(n, _)| *n).collect()
+        };
+        let (agent, tls) = parsed_fields();
+        assert_eq!(names(FIELD_DOCS), agent);
+        assert_eq!(names(TLS_FIELD_DOCS), tls);
+    }
 
     #[test]
     fn the_default_port_is_added_only_where_an_entry_gives_none() {

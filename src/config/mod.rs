@@ -9,7 +9,9 @@ mod probe_output;
 pub mod probe_spec;
 mod raw;
 mod recover;
-pub use raw::near_miss;
+pub use raw::{
+    near_miss, INSTANCE_FIELDS, INSTANCE_FIELD_DOCS, RESOURCE_FIELDS, RESOURCE_FIELD_DOCS,
+};
 pub mod resources;
 pub mod scalar;
 pub mod stdio;

@@ -39,7 +39,7 @@ impl Takes {
 /// (every field optional and positioned) and [`FIELDS`], from which "not a field of X probes"
 /// is checked. Adding a field to a kind is one line here plus its use in the kind's builder.
 macro_rules! probe_fields {
-    ($($field:ident: $ty:ty => $takes:expr,)*) => {
+    ($($field:ident: $ty:ty => $takes:expr, $doc:literal;)*) => {
         /// `probe:` as written. It is the agent's own field, so it is strict: an unknown key
         /// is an error (with a near miss, from serde's field list).
         #[derive(Debug, Default, Deserialize)]
@@ -50,6 +50,9 @@ macro_rules! probe_fields {
 
         /// Every `probe:` field and the kinds that take it, in declaration order.
         pub const FIELDS: &[(&str, Takes)] = &[$((stringify!($field), $takes),)*];
+
+        /// Every `probe:` field with one line saying what it is (the man page's).
+        pub const FIELD_DOCS: &[(&str, &str)] = &[$((stringify!($field), $doc),)*];
 
         impl RawProbe {
             /// The fields given, each with the kinds that take it and where its value is.
@@ -70,27 +73,48 @@ const EXEC_STREAM: Takes = Takes::Only(&["exec", "stream"]);
 const EXEC_FILE_STREAM: Takes = Takes::Only(&["exec", "file", "stream"]);
 
 probe_fields! {
-    kind: String => Takes::Every,
-    index: String => Takes::Only(&["builtin"]),
-    command: RawCommand => EXEC_STREAM,
-    format: String => EXEC_FILE_STREAM,
-    select: RawSelect => EXEC_FILE_STREAM,
-    aggregate: String => EXEC_FILE_STREAM,
-    env: BTreeMap<String, String> => EXEC_STREAM,
-    run_as: String => EXEC_FILE_STREAM,
-    limits: RawLimits => EXEC_STREAM,
-    no_new_privs: bool => EXEC_STREAM,
-    stdout: String => EXEC_STREAM,
-    timeout: Scalar => Takes::Every,
-    provides: Vec<Spanned<String>> => EXEC_FILE_STREAM,
-    path: String => Takes::Only(&["file"]),
-    regex: String => Takes::Only(&["file"]),
-    max_age: Scalar => Takes::Only(&["file"]),
-    max_bytes: Scalar => Takes::Only(&["file"]),
-    silence: Scalar => Takes::Only(&["stream"]),
-    restart_on_silence: bool => Takes::Only(&["stream"]),
-    stdin: String => Takes::Only(&["stream"]),
-    stale_after: Scalar => Takes::Every,
+    kind: String => Takes::Every, "builtin, exec, file or stream.";
+    index: String => Takes::Only(&["builtin"]), "The built-in index to report (default: the resource's name).";
+    command: RawCommand => EXEC_STREAM, "The program and its arguments, a list (no shell); a relative program is under plugin_dir.";
+    format: String => EXEC_FILE_STREAM, "How the output is read: value, kv, elim, nagios, prometheus, influx, classad or json.";
+    select: RawSelect => EXEC_FILE_STREAM, "Which sample of a multi-sample output each resource takes.";
+    aggregate: String => EXEC_FILE_STREAM, "How several matching samples become one value.";
+    env: BTreeMap<String, String> => EXEC_STREAM, "Environment variables for the program (the environment is otherwise cleared).";
+    run_as: String => EXEC_FILE_STREAM, "The user to run or read as, instead of agent.yaml's run_as.";
+    limits: RawLimits => EXEC_STREAM, "Resource limits of each run (fields below).";
+    no_new_privs: bool => EXEC_STREAM, "false: allow setuid helpers (PR_SET_NO_NEW_PRIVS is set by default).";
+    stdout: String => EXEC_STREAM, "pipe (default) or pty: how the program's standard output is connected.";
+    timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).";
+    provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
+    path: String => Takes::Only(&["file"]), "The absolute path of the file to read.";
+    regex: String => Takes::Only(&["file"]), "A regular expression whose first group is the value.";
+    max_age: Scalar => Takes::Only(&["file"]), "A file not modified for this long is a failure, a duration.";
+    max_bytes: Scalar => Takes::Only(&["file"]), "How much of the file is read at most, a size.";
+    silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.";
+    restart_on_silence: bool => Takes::Only(&["stream"]), "true: restart a stream that stays silent past `silence`.";
+    stdin: String => Takes::Only(&["stream"]), "none (default) or signal: what the stream's standard input is.";
+    stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).";
+}
+
+/// `limits:`'s fields, in [`RawLimits`]'s order.
+pub const LIMIT_FIELD_DOCS: &[(&str, &str)] = &[
+    ("cpu", "CPU time of one run, a duration (RLIMIT_CPU)."),
+    (
+        "address_space",
+        "Virtual memory of each process, a size (RLIMIT_AS).",
+    ),
+    ("open_files", "Open files of each process (RLIMIT_NOFILE)."),
+    ("processes", "Processes of the run's user (RLIMIT_NPROC)."),
+    ("memory", "memory.max of the probe's cgroup, a size."),
+    (
+        "pids",
+        "pids.max of the probe's cgroup (default agent.yaml's probe_pids_max).",
+    ),
+];
+
+/// The fields serde reads from `limits:`.
+pub fn parsed_limit_fields() -> &'static [&'static str] {
+    super::raw::field_names::<RawLimits>()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -543,6 +567,12 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_limit_docs_are_the_struct_serde_reads() {
+        let names: Vec<&str> = LIMIT_FIELD_DOCS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, parsed_limit_fields());
     }
 
     #[test]

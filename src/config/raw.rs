@@ -50,6 +50,30 @@ impl<'de> Deserialize<'de> for RawResourcesFile {
     }
 }
 
+/// [`RESOURCE_FIELDS`], one line each, for the man page `xce-resources.yaml(5)`.
+pub const RESOURCE_FIELD_DOCS: &[(&str, &str)] = &[
+    ("name", "The resource's name, as the controller and lsload-like tools show it."),
+    ("desc", "What it is, for people (the controller's)."),
+    ("valtype", "numeric, string or boolean: a probe's output that does not parse as it is a failure, never 0."),
+    ("ordtype", "increasing or decreasing (the controller's; checked here)."),
+    ("flags", "The controller's flags; passed through, not read by the agent."),
+    ("interval", "How often the probe runs, a duration; present and above 0 makes the resource dynamic."),
+    ("resourcemap", "Where the resource exists: a list of instances, each `{location: [HOSTS...]}` (host names, node[001-128] ranges, `default`, `all`, `others`) with the controller's `value`."),
+    ("probe", "How this agent gets the value: a mapping whose fields are below."),
+];
+
+/// [`INSTANCE_FIELDS`], one line each.
+pub const INSTANCE_FIELD_DOCS: &[(&str, &str)] = &[
+    (
+        "location",
+        "The hosts of this instance: a list (node001, node[001-128], default, all, others).",
+    ),
+    (
+        "value",
+        "The controller's static value for the instance; not read by the agent.",
+    ),
+];
+
 /// Fields of a resource entry the agent understands.
 pub const RESOURCE_FIELDS: &[&str] = &[
     "name",
@@ -221,6 +245,15 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_field_docs_are_the_lists_the_parser_reads() {
+        let names = |docs: &[(&'static str, &'static str)]| -> Vec<&'static str> {
+            docs.iter().map(|(n, _)| *n).collect()
+        };
+        assert_eq!(names(RESOURCE_FIELD_DOCS), RESOURCE_FIELDS);
+        assert_eq!(names(INSTANCE_FIELD_DOCS), INSTANCE_FIELDS);
+    }
 
     #[test]
     fn near_misses() {

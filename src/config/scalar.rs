@@ -62,10 +62,8 @@ impl<'de> Deserialize<'de> for Scalar {
 pub enum ScalarError {
     #[error("{DURATION_EXPECTED}; got {written:?} ({reason})")]
     NotADuration { written: String, reason: String },
-    #[error(
-        "{0:.0} seconds is too large (a duration is at most a year or less; see the field's limit)"
-    )]
-    DurationTooLarge(f64),
+    #[error("{0} is too large (a duration is at most a year or less; see the field's limit)")]
+    DurationTooLarge(String),
     #[error("{SIZE_EXPECTED}; got {0:?}")]
     NotASize(String),
     #[error("size {0:?} is too large")]
@@ -77,33 +75,36 @@ pub enum ScalarError {
     Expected { expected: &'static str, got: Scalar },
 }
 
-const DURATION_EXPECTED: &str = "expected a duration: seconds (30) or with a unit (30s, 5m, 500ms)";
+/// The one duration grammar of both files, the controller's reading of `interval`: whole
+/// seconds, or a whole number and one unit of `s`, `m`, `h`, `d`. No spaces, words, signs,
+/// fractions, exponents or compounds (`5m30s`): one way to write each duration.
+pub const DURATION_GRAMMAR: &str =
+    "a whole number of seconds (30) or a whole number with one unit s, m, h or d (30s, 5m, 1h, 1d)";
+const DURATION_EXPECTED: &str = "expected a duration: a whole number of seconds (30) or a whole number with one unit s, m, h or d (30s, 5m, 1h, 1d)";
 const SIZE_EXPECTED: &str =
     "expected a size in bytes (1048576) or with a unit (512KiB, 64MiB, 1GiB)";
 const COUNT_EXPECTED: &str = "expected a non-negative whole number";
 
 impl Scalar {
-    /// `30` (seconds) or a humantime string such as `30s`, `5m`, `1h 30m`, `500ms`.
+    /// A duration in [`DURATION_GRAMMAR`]: `30` (seconds), `30s`, `5m`, `1h`, `1d`.
     pub fn to_duration(&self) -> Result<Duration, ScalarError> {
         match self {
             Scalar::Int(i) if *i >= 0 => Ok(Duration::from_secs(*i as u64)),
-            Scalar::Float(x) if x.is_finite() && *x >= 0.0 && *x < 1e12 => {
-                Ok(Duration::from_secs_f64(*x))
-            }
             // Past i64 (YAML gives it as a float) or past any bound a config uses.
             Scalar::Float(x) if x.is_finite() && *x >= 1e12 => {
-                Err(ScalarError::DurationTooLarge(*x))
+                Err(ScalarError::DurationTooLarge(format!("{x:.0} seconds")))
             }
-            Scalar::Text(s) => {
-                let t = s.trim();
-                if let Ok(secs) = t.parse::<u64>() {
-                    return Ok(Duration::from_secs(secs));
-                }
-                humantime::parse_duration(t).map_err(|e| ScalarError::NotADuration {
+            Scalar::Float(x) if x.is_finite() && *x >= 0.0 => Err(ScalarError::NotADuration {
+                written: x.to_string(),
+                reason: "no fractions or exponents: whole seconds, or a smaller unit".into(),
+            }),
+            Scalar::Text(s) => parse_duration(s.trim()).map_err(|reason| match reason {
+                Refused::TooLarge => ScalarError::DurationTooLarge(format!("{s:?}")),
+                Refused::Because(reason) => ScalarError::NotADuration {
                     written: s.clone(),
-                    reason: e.to_string(),
-                })
-            }
+                    reason,
+                },
+            }),
             other => Err(other.expected(DURATION_EXPECTED)),
         }
     }
@@ -155,28 +156,188 @@ impl Scalar {
     }
 }
 
+/// A duration as [`DURATION_GRAMMAR`] writes it, in the largest unit that holds it whole
+/// (`30s`, `5m`, `36h`, `365d`); what a message says is what the admin can write back.
+/// A fraction of a second (never from a config file) shows as humantime does.
+pub fn format_duration(d: Duration) -> String {
+    if d.subsec_nanos() != 0 {
+        return humantime::format_duration(d).to_string();
+    }
+    let s = d.as_secs();
+    match [(86_400, "d"), (3600, "h"), (60, "m")]
+        .into_iter()
+        .find(|(unit, _)| s != 0 && s % unit == 0)
+    {
+        Some((unit, name)) => format!("{}{name}", s / unit),
+        None => format!("{s}s"),
+    }
+}
+
+enum Refused {
+    TooLarge,
+    Because(String),
+}
+
+fn unit_seconds(unit: &str) -> Option<u64> {
+    match unit {
+        "" | "s" => Some(1),
+        "m" => Some(60),
+        "h" => Some(3600),
+        "d" => Some(86_400),
+        _ => None,
+    }
+}
+
+/// [`DURATION_GRAMMAR`], with the reason a refused text is not in it.
+fn parse_duration(t: &str) -> Result<Duration, Refused> {
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(Refused::Because(
+            "it does not start with a whole number".into(),
+        ));
+    }
+    let n: u64 = num.parse().map_err(|_| Refused::TooLarge)?;
+    if let Some(mult) = unit_seconds(unit) {
+        return n
+            .checked_mul(mult)
+            .map(Duration::from_secs)
+            .ok_or(Refused::TooLarge);
+    }
+    Err(Refused::Because(why_not(t, unit)))
+}
+
+/// What is wrong with a duration's text after its first number, said with the fix.
+fn why_not(t: &str, rest: &str) -> String {
+    if rest.starts_with(char::is_whitespace) {
+        return "the unit goes right after the number, with no space".into();
+    }
+    if rest.starts_with(['.', 'e', 'E']) && rest.len() > 1 {
+        return "no fractions or exponents: whole numbers, in a smaller unit if need be".into();
+    }
+    // A compound (`5m30s`, `5m30`, `1h30m`): say its total in seconds.
+    if let Some(secs) = compound_seconds(t) {
+        return format!("one number and one unit: write {secs}s");
+    }
+    let unit: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+    if unit_seconds(&unit).is_some() {
+        "only a unit may follow the number".into()
+    } else {
+        format!("unknown unit {unit:?}: the units are s, m, h and d")
+    }
+}
+
+/// The total of `1h30m`, `5m30s` or `5m30` (a trailing bare number is seconds).
+fn compound_seconds(t: &str) -> Option<u64> {
+    let mut total: u64 = 0;
+    let mut rest = t;
+    let mut terms = 0;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(split);
+        let n: u64 = num.parse().ok()?;
+        let unit_len = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        total = total.checked_add(n.checked_mul(unit_seconds(unit)?)?)?;
+        rest = after;
+        terms += 1;
+    }
+    (terms > 1).then_some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(Scalar::Int(30).to_duration(), Ok(Duration::from_secs(30)));
-        assert_eq!(
-            Scalar::Text("30".into()).to_duration(),
-            Ok(Duration::from_secs(30))
-        );
-        assert_eq!(
-            Scalar::Text("5m".into()).to_duration(),
-            Ok(Duration::from_secs(300))
-        );
-        assert_eq!(
-            Scalar::Text("250ms".into()).to_duration(),
-            Ok(Duration::from_millis(250))
-        );
-        assert!(Scalar::Text("thirty".into()).to_duration().is_err());
+    fn durations_accepted() {
+        let secs = |n| Ok(Duration::from_secs(n));
+        assert_eq!(Scalar::Int(30).to_duration(), secs(30));
+        assert_eq!(Scalar::Int(0).to_duration(), secs(0));
+        for (text, n) in [
+            ("30", 30),
+            ("30s", 30),
+            ("5m", 300),
+            ("1h", 3600),
+            ("1d", 86_400),
+            ("007s", 7),
+            (" 5m ", 300),
+            ("18446744073709551615s", u64::MAX),
+        ] {
+            assert_eq!(Scalar::Text(text.into()).to_duration(), secs(n), "{text}");
+        }
+    }
+
+    #[test]
+    fn durations_refused_with_the_grammar_and_the_fix() {
+        for (text, reason) in [
+            (
+                "5 minutes",
+                "the unit goes right after the number, with no space",
+            ),
+            ("5 m", "the unit goes right after the number"),
+            ("5m30", "one number and one unit: write 330s"),
+            ("5m30s", "one number and one unit: write 330s"),
+            ("1h30m", "one number and one unit: write 5400s"),
+            ("1e3", "no fractions or exponents"),
+            ("1.5h", "no fractions or exponents"),
+            ("250ms", "unknown unit \"ms\": the units are s, m, h and d"),
+            ("5min", "unknown unit \"min\""),
+            ("2years", "unknown unit \"years\""),
+            ("5M", "unknown unit \"M\""),
+            ("thirty", "it does not start with a whole number"),
+            ("-1", "it does not start with a whole number"),
+            ("+5s", "it does not start with a whole number"),
+            ("", "it does not start with a whole number"),
+            ("5s!", "only a unit may follow the number"),
+        ] {
+            let e = Scalar::Text(text.into())
+                .to_duration()
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(DURATION_EXPECTED), "{text}: {e}");
+            assert!(e.contains(&format!("got {text:?}")), "{text}: {e}");
+            assert!(e.contains(reason), "{text}: {e}");
+        }
+        let e = Scalar::Float(1000.0).to_duration().unwrap_err().to_string();
+        assert!(e.contains("no fractions or exponents"), "{e}");
+        let e = Scalar::Float(0.5).to_duration().unwrap_err().to_string();
+        assert!(e.starts_with(DURATION_EXPECTED), "{e}");
+        for too_large in ["18446744073709551616", "300000000000000000d"] {
+            let e = Scalar::Text(too_large.into()).to_duration().unwrap_err();
+            assert!(
+                matches!(e, ScalarError::DurationTooLarge(_)),
+                "{too_large}: {e}"
+            );
+        }
         assert!(Scalar::Int(-1).to_duration().is_err());
         assert!(Scalar::Bool(true).to_duration().is_err());
+    }
+
+    #[test]
+    fn durations_are_written_back_in_the_grammar() {
+        for (secs, shown) in [
+            (0, "0s"),
+            (30, "30s"),
+            (90, "90s"),
+            (300, "5m"),
+            (5400, "90m"),
+            (7200, "2h"),
+            (86_400, "1d"),
+            (31_536_000, "365d"),
+            (u64::MAX, "18446744073709551615s"),
+        ] {
+            let text = format_duration(Duration::from_secs(secs));
+            assert_eq!(text, shown);
+            assert_eq!(
+                Scalar::Text(text).to_duration(),
+                Ok(Duration::from_secs(secs))
+            );
+        }
     }
 
     #[test]

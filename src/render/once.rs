@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{columns, format_time};
+use super::{columns, format_time, human_value};
 use crate::plan::ProbeTask;
 use crate::probe::exec::last_line;
 use crate::probe::ProbeRun;
@@ -106,7 +106,7 @@ impl OnceReport {
                 } else {
                     r.instance.clone()
                 },
-                r.value.to_string(),
+                human_value(&r.name, &r.value),
                 r.status.to_string(),
                 r.last_report_ms.map_or_else(|| "-".into(), format_time),
                 format_ms(r.duration_ms),

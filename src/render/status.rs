@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::{columns, format_time};
+use super::{columns, format_time, human_value};
 use crate::status::{LinkInfo, StatusReport};
 use crate::text::escape;
 
@@ -114,7 +114,7 @@ pub fn render(report: &StatusReport) -> String {
             } else {
                 r.instance.clone()
             },
-            r.value.to_string(),
+            human_value(&r.name, &r.value),
             r.status.to_string(),
             r.last_report_ms
                 .map_or_else(|| "-".into(), |t| age(now.saturating_sub(t))),

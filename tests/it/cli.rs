@@ -479,3 +479,101 @@ fn once_on_a_terminal_says_which_probe_it_waits_for() {
         "{stdout}"
     );
 }
+
+/// The long options `xce-agent ARGS --help` lists, in its order.
+fn help_flags(args: &[&str]) -> Vec<String> {
+    let out = Command::new(crate::support::agent_bin())
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    assert!(out.status.success(), "{args:?} --help: {out:?}");
+    let text = String::from_utf8(out.stdout).expect("utf-8 help");
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            // `-c, --config`: the short form goes.
+            let l = match l.as_bytes() {
+                [b'-', short, b',', b' ', ..] if short.is_ascii_alphabetic() => &l[4..],
+                _ => l,
+            };
+            l.starts_with("--")
+                .then(|| l.split([' ', '\t']).next().unwrap_or(l).to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn each_commands_help_lists_exactly_the_options_it_reads() {
+    let config = ["--config", "--resources", "--host", "--log-level"];
+    for (args, own) in [
+        (&["check"][..], &config[..]),
+        (&["probe"], &config),
+        (&["status"], &["--format", "--watch", "--config"]),
+        (
+            &["listen"],
+            &[
+                "--format",
+                "--ack",
+                "--only",
+                "--refresh",
+                "--tls-ca",
+                "--tls-cert",
+                "--tls-key",
+                "--tls-crl",
+                "--domain",
+                "--insecure",
+                "--log-level",
+            ],
+        ),
+        (&["tls", "init"], &["--days"]),
+        (&["tls", "issue"], &["--ca", "--out", "--domain", "--days"]),
+        (&["generate-assets"], &[]),
+    ] {
+        let mut want: Vec<String> = own.iter().map(|s| s.to_string()).collect();
+        want.push("--help".into());
+        let mut got = help_flags(args);
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "xce-agent {} --help", args.join(" "));
+    }
+}
+
+#[test]
+fn config_options_work_before_and_after_the_command_and_are_refused_where_unread() {
+    let s = setup();
+    let config = s.agent_yaml();
+    let config = config.to_str().expect("utf-8 path");
+    let bin = crate::support::agent_bin();
+    for args in [
+        vec!["-c", config, "probe", "good"],
+        vec!["probe", "good", "-c", config],
+        vec!["--host", "node001", "check", "-c", config],
+        vec!["check", "--host", "node001", "--config", config],
+    ] {
+        let out = Command::new(&bin).args(&args).output().expect("run");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    // The subcommand's own option wins over the one before it.
+    let out = Command::new(&bin)
+        .args(["-c", "/nonexistent/agent.yaml", "check", "-c", config])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{out:?}");
+    for args in [
+        vec!["-c", config, "listen", "127.0.0.1:0", "--insecure"],
+        vec!["--host", "x", "status", "-c", config],
+        vec!["--resources", "r.yaml", "tls", "init", "/nonexistent/ca"],
+        vec![
+            "--log-level",
+            "debug",
+            "generate-assets",
+            "/nonexistent/assets",
+        ],
+    ] {
+        let out = Command::new(&bin).args(&args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("does not read --"), "{args:?}: {err}");
+    }
+}

@@ -154,6 +154,20 @@ fn bad_duration() {
         e.starts_with("resources.yaml:3:15: bad interval: expected a duration"),
         "{e}"
     );
+    for (written, fix) in [
+        ("5m30", "write 330s"),
+        ("5 minutes", "no space"),
+        ("1e3", "no fractions or exponents"),
+    ] {
+        let e = one_error(&format!(
+            "resources:\n  - name: a\n    interval: {written}\n"
+        ));
+        assert!(
+            e.starts_with("resources.yaml:3:15: bad interval: expected a duration: a whole number of seconds (30) or a whole number with one unit s, m, h or d (30s, 5m, 1h, 1d)"),
+            "{written}: {e}"
+        );
+        assert!(e.contains(fix), "{written}: {e}");
+    }
     let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: exec, command: [x], timeout: soon}\n");
     assert!(e.starts_with("resources.yaml:4:48: bad timeout"), "{e}");
 }

@@ -44,6 +44,77 @@ fn generate_assets_writes_man_pages_and_completions_from_the_cli() {
     assert!(!dir.path().join("man/xce-agent-generate-assets.1").exists());
 }
 
+/// The `.B NAME` items of a generated man page: the fields it documents.
+fn documented_fields(page: &str) -> BTreeSet<String> {
+    page.lines()
+        .filter_map(|l| l.strip_prefix(".B "))
+        .map(|f| f.replace("\\-", "-"))
+        .collect()
+}
+
+#[test]
+fn section_5_pages_list_every_field_the_parser_knows() {
+    use xce_agent::config::{self, agent, probe_spec};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = xce_agent()
+        .arg("generate-assets")
+        .arg(dir.path())
+        .output()
+        .expect("run generate-assets");
+    assert!(out.status.success(), "{out:?}");
+    let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).expect(p);
+
+    let agent_page = read("man/xce-agent.yaml.5");
+    assert!(
+        agent_page.starts_with(".TH xce\\-agent.yaml 5 "),
+        "{agent_page}"
+    );
+    let (fields, tls) = agent::parsed_fields();
+    let want: BTreeSet<String> = fields
+        .iter()
+        .map(|f| f.to_string())
+        .chain(tls.iter().map(|f| format!("tls.{f}")))
+        .collect();
+    assert_eq!(documented_fields(&agent_page), want);
+
+    let resources_page = read("man/xce-resources.yaml.5");
+    assert!(
+        resources_page.starts_with(".TH xce\\-resources.yaml 5 "),
+        "{resources_page}"
+    );
+    let want: BTreeSet<String> = config::RESOURCE_FIELDS
+        .iter()
+        .chain(config::INSTANCE_FIELDS)
+        .chain(config::probe_spec::FIELDS.iter().map(|(f, _)| f))
+        .map(|f| f.to_string())
+        .chain(
+            probe_spec::parsed_limit_fields()
+                .iter()
+                .map(|f| format!("limits.{f}")),
+        )
+        .collect();
+    assert_eq!(documented_fields(&resources_page), want);
+    // Each probe field says which kinds take it, as the parser's table does.
+    for (field, takes) in probe_spec::FIELDS {
+        let kinds = match takes {
+            probe_spec::Takes::Every => "every kind".to_owned(),
+            probe_spec::Takes::Only(kinds) => kinds.join(", "),
+        };
+        let item = resources_page
+            .split(".TP\n")
+            .find(|item| item.starts_with(&format!(".B {field}\n")))
+            .unwrap_or_else(|| panic!("no item for {field}"));
+        assert!(
+            item.contains(&format!("Kinds: {kinds}.")),
+            "{field}: {item}"
+        );
+    }
+    // The duration grammar is stated on both pages.
+    for page in [&agent_page, &resources_page] {
+        assert!(page.contains("30s, 5m, 1h, 1d"), "{page}");
+    }
+}
+
 #[test]
 fn generate_assets_into_an_unwritable_place_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -129,6 +200,8 @@ const PACKAGED: &[&str] = &[
     "/etc/xce/resources.yaml",
     "/usr/share/man/man1/xce-agent.1.gz",
     "/usr/share/man/man1/xce-agent-check.1.gz",
+    "/usr/share/man/man5/xce-agent.yaml.5.gz",
+    "/usr/share/man/man5/xce-resources.yaml.5.gz",
     "/usr/share/bash-completion/completions/xce-agent",
     "/usr/share/zsh/vendor-completions/_xce-agent",
     "/usr/share/fish/vendor_completions.d/xce-agent.fish",

@@ -728,3 +728,113 @@ async fn a_client_that_does_not_read_a_large_answer_is_dropped_and_stalls_nothin
     );
     agent.assert_alive();
 }
+
+/// A value with 17 significant digits and a size in megabytes, from one probe in kv format.
+const PRECISE: &str = r#"
+resources:
+  - name: r15s_x
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [precise.sh], format: kv, provides: [scratch_mb]}
+  - name: scratch_mb
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+"#;
+
+fn precise_site(controllers: &[String]) -> Site {
+    let site = Site::new(controllers, PRECISE);
+    site.script(
+        "precise.sh",
+        "#!/bin/sh\necho r15s_x=2.6275805558362759\necho scratch_mb=23311.64\n",
+    );
+    let mut agent = std::fs::OpenOptions::new()
+        .append(true)
+        .open(site.agent_yaml())
+        .expect("open agent.yaml");
+    writeln!(agent, "status_socket: status.sock").expect("append to agent.yaml");
+    site
+}
+
+/// The cells of the table's row that starts with `name`.
+fn table_row(table: &str, name: &str) -> Vec<String> {
+    table
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .find(|r| r.first().map(String::as_str) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} row in\n{table}"))
+}
+
+#[tokio::test]
+async fn tables_round_values_for_people_and_json_keeps_them_exact() {
+    let mut listen = table_listener("r15s_x,scratch_mb");
+    let controller = listen.addr.to_string();
+    let site = precise_site(std::slice::from_ref(&controller));
+
+    // --once: the table rounds, JSON is exact.
+    let mut once = Command::new(agent_bin());
+    once.args(["--once", "--config"]).arg(site.agent_yaml());
+    let (code, table, err) = run(once);
+    assert_eq!(code, 0, "{table}{err}");
+    assert_eq!(table_row(&table, "r15s_x")[1], "2.63", "{table}");
+    assert_eq!(table_row(&table, "scratch_mb")[1], "22.8G", "{table}");
+    let mut once = Command::new(agent_bin());
+    once.args(["--once", "--format", "json", "--config"])
+        .arg(site.agent_yaml());
+    let (code, json, err) = run(once);
+    assert_eq!(code, 0, "{json}{err}");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("--once json");
+    let value = |name: &str| {
+        json["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["value"].clone())
+            .unwrap_or_else(|| panic!("no {name} in {json}"))
+    };
+    assert_eq!(value("r15s_x"), serde_json::json!(2.6275805558362759));
+    assert_eq!(value("scratch_mb"), serde_json::json!(23311.64));
+
+    // status: the table rounds, JSON is exact.
+    let _agent = site.spawn_agent();
+    let (report, _) = wait_status(&site, "both values ok", |r| {
+        r.resources.len() == 2 && r.resources.iter().all(|x| x.status.as_str() == "ok")
+    })
+    .await;
+    assert_eq!(
+        resource(&report, "r15s_x").value.as_f64(),
+        Some(2.6275805558362759)
+    );
+    assert_eq!(
+        resource(&report, "scratch_mb").value.as_f64(),
+        Some(23311.64)
+    );
+    let (code, table, err) = status(&site, &[]);
+    assert_eq!(code, 0, "{table}{err}");
+    assert_eq!(table_row(&table, "r15s_x")[1], "2.63", "{table}");
+    assert_eq!(table_row(&table, "scratch_mb")[1], "22.8G", "{table}");
+
+    // listen --format table: the same rule.
+    let mut frame: Vec<String> = Vec::new();
+    loop {
+        let line = listen
+            .stdout
+            .recv_timeout(e2e_common::HANG_GUARD)
+            .expect("a table line from listen");
+        if line.starts_with("--- ") {
+            if let Some(row) = frame.iter().find(|l| l.starts_with("node001 ")) {
+                let cells: Vec<&str> = row.split_whitespace().collect();
+                if cells.len() == 5 && cells[3] != "?" && cells[4] != "?" {
+                    assert_eq!(cells[3..], ["2.63", "22.8G"], "{frame:?}");
+                    break;
+                }
+            }
+            frame.clear();
+        } else {
+            frame.push(line);
+        }
+    }
+    listen.assert_alive();
+}
