@@ -7,15 +7,19 @@
 //! Each receiver's stdout is piped here and counted line by line (the C example's `accepted`
 //! and `resval` lines, listen's JSON), so a phase ends when the receiver has delivered all of
 //! it. Per receiver, in this order, all agents staying connected throughout:
-//!   1. connect: TCP + handshake + hello (RESOURCES declared) + full snapshot;
-//!   2. deltas: DELTA_ROUNDS rounds, each agent a batch of 5 changed values;
-//!   3. single: SINGLE_ROUNDS rounds, each agent a batch of 1 changed value;
-//!   4. heartbeats: HEARTBEAT_ROUNDS rounds, each agent a heartbeat, then a batch of 1 as the
-//!      end marker (its cost, measured in 3, is subtracted).
+//!   1. connect: TCP + TLS handshake + hello (RESOURCES declared), CONCURRENCY at a time;
+//!   2. snapshot: each agent its full snapshot (RESOURCES values in one batch);
+//!   3. deltas: DELTA_ROUNDS rounds, each agent a batch of 5 changed values;
+//!   4. single: SINGLE_ROUNDS rounds, each agent a batch of 1 changed value;
+//!   5. heartbeats: HEARTBEAT_ROUNDS rounds, each agent a heartbeat, then a batch of 1 as the
+//!      end marker (its cost, measured in 4, is subtracted).
 //!
 //! The receiver's CPU is utime + stime from /proc/PID/stat over each phase (never wall time);
-//! memory is VmRSS with every agent connected minus VmRSS before the first, per agent, and
-//! VmHWM. Then the goal: 10,000 agents x 50 resources changing every 60 s projected
+//! memory is VmRSS with every agent connected (after the snapshot) minus VmRSS before the
+//! first, per agent, and VmHWM; write(2) calls per resval (`syscw`, /proc/PID/io) say how
+//! each receiver's output is buffered; the main thread's share of the CPU per resval
+//! (/proc/PID/task/PID/stat) is, in the C example, the controller's own loop (poll, pop, its
+//! table, printing), the rest the library's threads. Then the goal: 10,000 agents x 50 resources changing every 60 s projected
 //! from the per-resval and per-heartbeat costs, and the C API's cost per resval over
 //! listen's.
 //!
@@ -24,7 +28,7 @@
 //!   make -C examples/c PROFILE=release
 //! Run: `cargo bench --bench controller` (env AGENTS=1000, a comma list runs each size:
 //! AGENTS=1000,10000; RESOURCES=50; DELTA_ROUNDS, SINGLE_ROUNDS, HEARTBEAT_ROUNDS default to
-//! what gives about 100,000 resvals in batches of 5, 50,000 batches of 1 and 50,000
+//! what gives about 100,000 resvals in batches of 5, 50,000 batches of 1 and 100,000
 //! heartbeats; CONCURRENCY=64 handshakes in flight; XCE_CONTROLLER_EXAMPLE=path for another
 //! build of the example).
 
@@ -144,6 +148,16 @@ fn nofile(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// write(2)-family calls of `pid` so far (`syscw`, /proc/PID/io): how its output is buffered.
+fn write_calls(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("syscw:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 type Agent = TlsStream<TcpStream>;
 
 async fn connect(
@@ -158,8 +172,7 @@ async fn connect(
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await
         .unwrap_or_else(|e| panic!("{host}: handshake: {e}"));
-    let mut out = wire::encode_envelope(&Envelope::Hello(hello(&host, resources))).expect("encode");
-    out.extend(batch(1, true, 0, resources, resources));
+    let out = wire::encode_envelope(&Envelope::Hello(hello(&host, resources))).expect("encode");
     s.write_all(&out).await.expect("hello");
     s.flush().await.expect("flush");
     s
@@ -177,10 +190,14 @@ async fn round(agents: &mut [Agent], frame: impl Fn(usize) -> Vec<u8>) {
 struct Figures {
     label: String,
     nofile: u64,
-    connect_ms: f64,
     handshake_ms: f64,
+    snapshot_ms: f64,
     resval_us: f64,
+    resval_writes: f64,
+    resval_main_us: f64,
     single_us: f64,
+    single_writes: f64,
+    single_main_us: f64,
     heartbeat_us: f64,
     idle_mib: f64,
     connected_mib: f64,
@@ -242,8 +259,8 @@ fn measure(
         )
     };
 
-    // 1. connect
-    let (h0, r0) = counts(&rx);
+    // 1. connect: handshake + hello
+    let (h0, _) = counts(&rx);
     let (cpu0, t0) = (rx.cpu(), Instant::now());
     let mut agents: Vec<Agent> = rt.block_on(
         futures::stream::iter(configs.into_iter().enumerate())
@@ -252,18 +269,24 @@ fn measure(
             .collect(),
     );
     rx.wait(&rx.hellos, h0 + n as u64);
-    rx.wait(&rx.resvals, r0 + (n * res) as u64);
-    let connect_cpu = (rx.cpu() - cpu0).as_secs_f64();
+    let handshake_ms = (rx.cpu() - cpu0).as_secs_f64() * 1e3 / n as f64;
     let connect_wall_s = t0.elapsed().as_secs_f64();
-    let connected_mib = rx.rss_mib();
     let phase =
         |what: &str| eprintln!("{}: {what} ({:.1} s)", rx.label, t0.elapsed().as_secs_f64());
     phase("connected");
 
-    // 2. deltas of 5
-    let mut seq = 1;
+    // 2. the full snapshot
     let (_, r0) = counts(&rx);
     let cpu0 = rx.cpu();
+    rt.block_on(round(&mut agents, |_| batch(1, true, 0, res, res)));
+    rx.wait(&rx.resvals, r0 + (n * res) as u64);
+    let snapshot_ms = (rx.cpu() - cpu0).as_secs_f64() * 1e3 / n as f64;
+    let connected_mib = rx.rss_mib();
+
+    // 3. deltas of 5
+    let mut seq = 1;
+    let (_, r0) = counts(&rx);
+    let (cpu0, w0, m0) = (rx.cpu(), write_calls(rx.pid()), rx.main_thread_cpu());
     for k in 0..load.delta_rounds {
         seq += 1;
         rt.block_on(round(&mut agents, |_| batch(seq, false, k * 5, 5, res)));
@@ -271,11 +294,13 @@ fn measure(
     let deltas = (n * load.delta_rounds * 5) as u64;
     rx.wait(&rx.resvals, r0 + deltas);
     let resval_us = (rx.cpu() - cpu0).as_secs_f64() * 1e6 / deltas as f64;
+    let resval_writes = (write_calls(rx.pid()) - w0) as f64 / deltas as f64;
+    let resval_main_us = (rx.main_thread_cpu() - m0).as_secs_f64() * 1e6 / deltas as f64;
     phase("deltas of 5 done");
 
-    // 3. deltas of 1
+    // 4. deltas of 1
     let (_, r0) = counts(&rx);
-    let cpu0 = rx.cpu();
+    let (cpu0, w0, m0) = (rx.cpu(), write_calls(rx.pid()), rx.main_thread_cpu());
     for k in 0..load.single_rounds {
         seq += 1;
         rt.block_on(round(&mut agents, |_| batch(seq, false, k, 1, res)));
@@ -283,9 +308,11 @@ fn measure(
     let singles = (n * load.single_rounds) as u64;
     rx.wait(&rx.resvals, r0 + singles);
     let single_us = (rx.cpu() - cpu0).as_secs_f64() * 1e6 / singles as f64;
+    let single_writes = (write_calls(rx.pid()) - w0) as f64 / singles as f64;
+    let single_main_us = (rx.main_thread_cpu() - m0).as_secs_f64() * 1e6 / singles as f64;
     phase("deltas of 1 done");
 
-    // 4. heartbeats, then one batch of 1 each to know they were all read
+    // 5. heartbeats, then one batch of 1 each to know they were all read
     let (_, r0) = counts(&rx);
     let cpu0 = rx.cpu();
     for _ in 0..load.heartbeat_rounds {
@@ -307,14 +334,17 @@ fn measure(
     drop(agents);
     let label = rx.label.clone();
     drop(rx);
-    let connect_ms = connect_cpu * 1e3 / n as f64;
     Figures {
         label,
         nofile,
-        connect_ms,
-        handshake_ms: connect_ms - res as f64 * resval_us / 1e3,
+        handshake_ms,
+        snapshot_ms,
         resval_us,
+        resval_writes,
+        resval_main_us,
         single_us,
+        single_writes,
+        single_main_us,
         heartbeat_us,
         idle_mib,
         connected_mib,
@@ -338,18 +368,23 @@ fn report(load: &Load, figs: &[Figures]) {
         n * load.heartbeat_rounds
     );
     println!(
-        "| receiver | nofile | CPU/connect (ms) | CPU/handshake+hello (ms) | CPU/resval, batches of 5 (us) | CPU/resval, batches of 1 (us) | CPU/heartbeat (us) | RSS idle -> {n} connected (MiB) | RSS/agent (KiB) | VmHWM (MiB) | connect wall (s) |"
+        "| receiver | nofile | CPU/handshake+hello (ms) | CPU/snapshot of {} (ms) | CPU/resval, batches of 5 (us) | of it main thread | write(2)/resval | CPU/resval, batches of 1 (us) | of it main thread | write(2)/resval | CPU/heartbeat (us) | RSS idle -> {n} connected (MiB) | RSS/agent (KiB) | VmHWM (MiB) | connect wall (s) |",
+        load.resources
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for f in figs {
         println!(
-            "| {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.1} -> {:.1} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} -> {:.1} | {:.1} | {:.1} | {:.1} |",
             f.label,
             f.nofile,
-            f.connect_ms,
             f.handshake_ms,
+            f.snapshot_ms,
             f.resval_us,
+            f.resval_main_us,
+            f.resval_writes,
             f.single_us,
+            f.single_main_us,
+            f.single_writes,
             f.heartbeat_us,
             f.idle_mib,
             f.connected_mib,
@@ -373,11 +408,12 @@ fn report(load: &Load, figs: &[Figures]) {
     }
     if let [c, l] = figs {
         println!(
-            "C API / listen per resval: {:.2}x (batches of 5), {:.2}x (batches of 1); per heartbeat {:.2}x; per connect {:.2}x (goal per resval <= 1.5x)",
+            "C API / listen per resval: {:.2}x (batches of 5), {:.2}x (batches of 1); per heartbeat {:.2}x; per handshake + hello {:.2}x; per snapshot {:.2}x (goal per resval <= 1.5x)",
             c.resval_us / l.resval_us,
             c.single_us / l.single_us,
             c.heartbeat_us / l.heartbeat_us,
-            c.connect_ms / l.connect_ms
+            c.handshake_ms / l.handshake_ms,
+            c.snapshot_ms / l.snapshot_ms
         );
     }
 }
@@ -427,7 +463,7 @@ fn main() {
             resources: env_or("RESOURCES", 50),
             delta_rounds: env_or("DELTA_ROUNDS", per(20_000, 2)),
             single_rounds: env_or("SINGLE_ROUNDS", per(50_000, 2)),
-            heartbeat_rounds: env_or("HEARTBEAT_ROUNDS", per(50_000, 5)),
+            heartbeat_rounds: env_or("HEARTBEAT_ROUNDS", per(100_000, 5)),
             concurrency: env_or("CONCURRENCY", 64),
         };
         let mut figs = Vec::new();

@@ -202,6 +202,12 @@ impl Receiver {
         Duration::from_secs_f64(proc_stats::proc_cpu(self.child.id()))
     }
 
+    /// utime + stime of its main thread so far: in the C example, the controller's own
+    /// event loop (poll, pop, its table, printing); the library's work is on other threads.
+    pub fn main_thread_cpu(&self) -> Duration {
+        Duration::from_secs_f64(proc_stats::thread_cpu(self.child.id(), self.child.id()))
+    }
+
     /// Resident memory now (VmRSS), MiB.
     pub fn rss_mib(&self) -> f64 {
         proc_stats::proc_rss_kib(self.child.id(), "VmRSS:") as f64 / 1024.0
