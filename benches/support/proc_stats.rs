@@ -6,6 +6,7 @@ pub fn proc_cpu(pid: u32) -> f64 {
 }
 
 /// utime + stime of thread `tid` of `pid` (its main thread: `tid` = `pid`), in seconds.
+#[allow(dead_code)] // benches/controller.rs (through receiver.rs); not every includer
 pub fn thread_cpu(pid: u32, tid: u32) -> f64 {
     stat_cpu(&format!("/proc/{pid}/task/{tid}/stat"))
 }
