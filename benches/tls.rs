@@ -10,166 +10,36 @@
 //!    over that time and its peak RSS (VmHWM) with every agent connected.
 //!
 //! listen's CPU is utime + stime from /proc/PID/stat; its stdout (JSON lines) is read and
-//! counted here, as an admin would pipe it.
+//! counted here, as an admin would pipe it (benches/support/receiver.rs, shared with
+//! benches/controller.rs).
 //!
 //! Run: `cargo bench --bench tls` (env CONNECTS=500 DELTAS=20000 STORM=1000).
 
 mod support {
     pub mod env;
     pub mod proc_stats;
+    pub mod receiver;
 }
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rustls::pki_types::ServerName;
 use support::env::env_or;
-use support::proc_stats;
+use support::receiver::{batch, free_addr, hello, name, Receiver};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use xce_agent::config::agent::TlsPaths;
 use xce_agent::link::client::{self, LinkConfig, LinkStats};
 use xce_agent::link::tls::Material;
-use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
+use xce_agent::link::wire::{self, Envelope};
 use xce_agent::store::{self, Store};
-use xce_agent::value::{Reading, Resval, Status, Valtype, Value};
+use xce_agent::value::{Reading, Valtype, Value};
 
 const RESOURCES: usize = 10;
-
-fn name(i: usize) -> String {
-    format!("res{i:02}")
-}
-
-fn hello(host: &str) -> Hello {
-    Hello::new(
-        host,
-        "boot",
-        "digest",
-        (0..RESOURCES)
-            .map(|i| Declared {
-                name: name(i),
-                instance: String::new(),
-                valtype: Valtype::Numeric,
-                interval_ms: 30_000,
-                shared: false,
-            })
-            .collect(),
-    )
-}
-
-fn batch(seq: u64, full: bool, n: usize) -> Vec<u8> {
-    let resvals = (0..n)
-        .map(|i| Resval {
-            name: name(i),
-            instance: String::new(),
-            value: Value::Numeric(seq as f64 + i as f64),
-            status: Status::Ok,
-            last_report_ms: Some(1_760_000_000_000 + seq),
-            error: None,
-        })
-        .collect();
-    let env = Envelope::Batch(Batch {
-        seq,
-        full,
-        sent_at_ms: 1_760_000_000_000 + seq,
-        resvals,
-    });
-    wire::encode_envelope(&env).expect("encode")
-}
-
-/// `xce-agent listen` on `addr`, counting its output lines and hellos.
-struct Listen {
-    child: Child,
-    lines: Arc<AtomicU64>,
-    hellos: Arc<AtomicU64>,
-}
-
-impl Listen {
-    fn start(addr: SocketAddr, tls: Option<&TlsPaths>) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_xce-agent"));
-        cmd.args(["listen", &addr.to_string(), "--format", "json"]);
-        match tls {
-            Some(p) => cmd
-                .arg("--tls-ca")
-                .arg(&p.ca)
-                .arg("--tls-cert")
-                .arg(&p.cert)
-                .arg("--tls-key")
-                .arg(&p.key),
-            None => cmd.arg("--insecure"),
-        };
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start listen");
-        let (lines, hellos) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let out = child.stdout.take().expect("stdout");
-        let (l, h) = (lines.clone(), hellos.clone());
-        std::thread::spawn(move || {
-            let mut r = BufReader::with_capacity(1 << 16, out);
-            let mut buf = Vec::new();
-            while matches!(r.read_until(b'\n', &mut buf), Ok(k) if k > 0) {
-                const HELLO: &[u8] = b"\"event\":\"hello\"";
-                if buf.windows(HELLO.len()).any(|w| w == HELLO) {
-                    h.fetch_add(1, Ordering::Relaxed);
-                }
-                l.fetch_add(1, Ordering::Relaxed);
-                buf.clear();
-            }
-        });
-        while std::net::TcpStream::connect(addr).is_err() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let me = Self {
-            child,
-            lines,
-            hellos,
-        };
-        // The probe connection above: connect + closed in plaintext; a refused handshake
-        // is one line.
-        me.wait(&me.lines, if tls.is_some() { 1 } else { 2 });
-        me
-    }
-
-    fn cpu(&self) -> Duration {
-        Duration::from_secs_f64(proc_stats::proc_cpu(self.child.id()))
-    }
-
-    /// Peak resident memory (VmHWM) in MiB: what the TLS sessions of its connections cost.
-    fn peak_rss_mib(&self) -> f64 {
-        proc_stats::proc_rss_kib(self.child.id(), "VmHWM:") as f64 / 1024.0
-    }
-
-    fn wait(&self, counter: &AtomicU64, n: u64) {
-        let t0 = Instant::now();
-        while counter.load(Ordering::Relaxed) < n {
-            assert!(
-                t0.elapsed() < Duration::from_secs(300),
-                "listen fell behind"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-impl Drop for Listen {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
@@ -194,11 +64,12 @@ async fn session(
         ),
         None => Box::new(tcp),
     };
-    let mut out = wire::encode_envelope(&Envelope::Hello(hello("node0001"))).expect("encode");
-    out.extend(batch(1, true, RESOURCES));
+    let mut out =
+        wire::encode_envelope(&Envelope::Hello(hello("node0001", RESOURCES))).expect("encode");
+    out.extend(batch(1, true, 0, RESOURCES, RESOURCES));
     s.write_all(&out).await?;
     for seq in 2..deltas + 2 {
-        s.write_all(&batch(seq, false, 5)).await?;
+        s.write_all(&batch(seq, false, 0, 5, RESOURCES)).await?;
     }
     s.flush().await?;
     s.shutdown().await?;
@@ -231,7 +102,7 @@ fn connects(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, node: &TlsPaths) {
         ("TLS 1.3, resumed session", Mode::TlsResumed),
     ] {
         let addr = free_addr();
-        let listen = Listen::start(addr, (mode != Mode::Plain).then_some(ctl));
+        let listen = Receiver::listen(addr, (mode != Mode::Plain).then_some(ctl));
         let tls = connector(node, mode);
         let base = listen.lines.load(Ordering::Relaxed);
         let (cpu0, t0) = (listen.cpu(), Instant::now());
@@ -258,7 +129,7 @@ fn deltas(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, node: &TlsPaths) {
     let mut floor = None;
     for (label, mode) in [("plaintext", Mode::Plain), ("TLS 1.3", Mode::TlsResumed)] {
         let addr = free_addr();
-        let listen = Listen::start(addr, (mode != Mode::Plain).then_some(ctl));
+        let listen = Receiver::listen(addr, (mode != Mode::Plain).then_some(ctl));
         let tls = connector(node, mode);
         let base = listen.lines.load(Ordering::Relaxed);
         let cpu0 = listen.cpu();
@@ -279,7 +150,7 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
     println!("\n## reconnect storm: {agents} agents, listen restarted on the same port");
     for tls in [false, true] {
         let addr = free_addr();
-        let listen = Listen::start(addr, tls.then_some(ctl));
+        let listen = Receiver::listen(addr, tls.then_some(ctl));
         let stop = tokio_util::sync::CancellationToken::new();
         let stats: Vec<Arc<LinkStats>> = (0..agents)
             .map(|i| {
@@ -316,7 +187,8 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
                     tls: client_tls,
                     ..LinkConfig::default()
                 };
-                let (_hello_tx, hello_rx) = tokio::sync::watch::channel(Arc::new(hello(&host)));
+                let (_hello_tx, hello_rx) =
+                    tokio::sync::watch::channel(Arc::new(hello(&host, RESOURCES)));
                 let (assigned, _) = tokio::sync::watch::channel(client::Assigned::new());
                 let stats = Arc::new(LinkStats::default());
                 let link_stats = stats.clone();
@@ -330,7 +202,7 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
             .collect();
         listen.wait(&listen.hellos, agents as u64);
         drop(listen);
-        let (t0, listen) = (Instant::now(), Listen::start(addr, tls.then_some(ctl)));
+        let (t0, listen) = (Instant::now(), Receiver::listen(addr, tls.then_some(ctl)));
         let cpu0 = listen.cpu();
         listen.wait(&listen.hellos, agents as u64);
         let secs = t0.elapsed().as_secs_f64();

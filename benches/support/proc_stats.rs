@@ -2,7 +2,17 @@
 
 /// utime + stime of `pid`, in seconds.
 pub fn proc_cpu(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime of thread `tid` of `pid` (its main thread: `tid` = `pid`), in seconds.
+#[allow(dead_code)] // benches/controller.rs (through receiver.rs); not every includer
+pub fn thread_cpu(pid: u32, tid: u32) -> f64 {
+    stat_cpu(&format!("/proc/{pid}/task/{tid}/stat"))
+}
+
+fn stat_cpu(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let rest = stat.rsplit(')').next().unwrap_or("");
     let f: Vec<u64> = rest
         .split_whitespace()
