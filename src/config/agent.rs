@@ -163,6 +163,23 @@ impl AgentConfig {
     }
 }
 
+/// Where agent.yaml at `path` says resources.yaml is, read leniently (whatever else in it is
+/// wrong): so that a broken agent.yaml does not hide resources.yaml's errors. `None` when it
+/// cannot be read or is not YAML.
+pub fn resources_path_of(path: &Path) -> Option<PathBuf> {
+    #[derive(Deserialize)]
+    struct JustResources {
+        resources: Option<String>,
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let just: JustResources = serde_saphyr::from_str(&text).ok()?;
+    let named = PathBuf::from(just.resources.as_deref().unwrap_or("resources.yaml"));
+    Some(match named.is_absolute() {
+        true => named,
+        false => path.parent().unwrap_or(Path::new(".")).join(named),
+    })
+}
+
 pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     let (raw, shape_errors): (RawAgent, _) = if text.trim().is_empty() {
         (RawAgent::default(), Vec::new())

@@ -90,7 +90,20 @@ pub fn load_resources_with(
 
 /// Load agent.yaml and the resources.yaml it names (or `resources_override`).
 pub fn load(agent_path: &Path, resources_override: Option<&Path>) -> Result<Config, ConfigErrors> {
-    let (mut agent, agent_text) = load_agent(agent_path)?;
+    let (mut agent, agent_text) = match load_agent(agent_path) {
+        Ok(loaded) => loaded,
+        Err(mut errors) => {
+            // Every error at once, across both files: resources.yaml's too, wherever
+            // agent.yaml (broken as it is) or --resources still says it is.
+            let resources = resources_override
+                .map(Path::to_owned)
+                .or_else(|| agent::resources_path_of(agent_path));
+            if let Some(Err(more)) = resources.map(|r| load_resources(&r)) {
+                errors.0.extend(more.0);
+            }
+            return Err(errors);
+        }
+    };
     if let Some(r) = resources_override {
         agent.resources = PathBuf::from(r);
     }

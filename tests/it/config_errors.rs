@@ -524,3 +524,33 @@ fn every_error_of_a_file_comes_in_one_pass_even_the_ones_serde_stops_at() {
     assert!(lines[1].starts_with("agent.yaml:3:9: "), "{e}");
     assert!(lines[2].starts_with("agent.yaml:4:"), "{e}");
 }
+
+/// A broken agent.yaml does not hide resources.yaml's errors: one `check` shows both files'.
+#[test]
+fn every_error_of_both_files_comes_in_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("agent.yaml"),
+        "host: node001\nmax_parallel: many\nresources: res.yaml\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("res.yaml"),
+        "resources:\n  - name: a\n    intervall: 5m\n",
+    )
+    .unwrap();
+    let out = assert_cmd::Command::cargo_bin("xce-agent")
+        .unwrap()
+        .args(["check", "--config"])
+        .arg(dir.path().join("agent.yaml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("agent.yaml:2:15: "), "{err}");
+    assert!(
+        err.contains("res.yaml:3:5: unknown field `intervall`"),
+        "{err}"
+    );
+    assert!(err.contains("(2 errors)"), "{err}");
+}
