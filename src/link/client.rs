@@ -393,7 +393,7 @@ pub async fn run(
                 Err(ConnectError::Tls(why, reason, words)) => {
                     LinkStats::add(&stats.connect_failures, 1);
                     LinkStats::add(&stats.tls_failures[why.index()], 1);
-                    say(&mut last_said, addr, reason, &words);
+                    say(&mut last_said, addr, reason, &words, "");
                     stats.failed(addr, reason, words);
                     continue;
                 }
@@ -451,7 +451,12 @@ pub async fn run(
                             last_said = Some((reason, words.clone()));
                         }
                     } else {
-                        say(&mut last_said, addr, reason, &words);
+                        let lost = if never_up {
+                            ""
+                        } else {
+                            "link to controller lost: "
+                        };
+                        say(&mut last_said, addr, reason, &words, lost);
                     }
                     stats.failed(addr, reason, words);
                 }
@@ -535,12 +540,19 @@ async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Connected, ConnectError
 }
 
 /// Log a failure at WARN once; the same failure again (every retry of an outage) at DEBUG.
-fn say(last: &mut Option<(ErrorReason, String)>, addr: &str, reason: ErrorReason, words: &str) {
+/// `lost`: "link to controller lost: " where a link that was up went down.
+fn say(
+    last: &mut Option<(ErrorReason, String)>,
+    addr: &str,
+    reason: ErrorReason,
+    words: &str,
+    lost: &str,
+) {
     if last.as_ref().map(|(_, w)| w.as_str()) == Some(words) {
-        debug!(controller = %addr, reason = reason.as_str(), "{words} (again)");
+        debug!(controller = %addr, reason = reason.as_str(), "{lost}{words} (again)");
         return;
     }
-    warn!(controller = %addr, reason = reason.as_str(), "{words}; reconnecting");
+    warn!(controller = %addr, reason = reason.as_str(), "{lost}{words}; reconnecting");
     *last = Some((reason, words.to_owned()));
 }
 
@@ -758,7 +770,7 @@ fn session_words(addr: &str, end: &SessionError, first: Option<&[u8]>) -> (Error
         SessionError::Refused { reason, message } => (
             ErrorReason::Refused,
             format!(
-                "the controller at {addr} refused this agent ({}): {}",
+                "the controller refused this agent ({}): {} (controller {addr})",
                 escape(reason),
                 escape(message)
             ),
