@@ -263,6 +263,7 @@ impl Agent {
         let cfg = LinkConfig {
             controllers: self.config.agent.controllers.clone(),
             tls,
+            tls_ca: self.config.agent.tls.as_ref().map(|p| p.ca.clone()),
             ..self.link_cfg.clone()
         };
         let stop = self.shutdown.child_token();

@@ -515,7 +515,56 @@ fn encode_link(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
             [([], Sample::Counter(c.load(Ordering::Relaxed)))],
         )?;
     }
+    encode_link_health(enc, link)?;
     encode_tls(enc, link)
+}
+
+/// Since when the link is down, how often it was tried, and why it last failed.
+fn encode_link_health(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {
+    use crate::link::client::ErrorReason;
+    let down_since = link.down_since_ms.load(Ordering::Relaxed);
+    if down_since != 0 {
+        // Absent while up: `time() - xce_link_down_since_timestamp_seconds > 600` alerts on
+        // an outage of ten minutes, however many retries it took.
+        family::<0>(
+            enc,
+            "xce_link_down_since_timestamp_seconds",
+            "Unix time since which the controller link has been down (absent while up).",
+            MetricType::Gauge,
+            [([], Sample::Gauge(down_since as f64 / 1000.0))],
+        )?;
+    }
+    family::<0>(
+        enc,
+        "xce_link_attempts_since_up",
+        "Connection attempts since the controller link was last up.",
+        MetricType::Gauge,
+        [(
+            [],
+            Sample::Int(link.attempts.load(Ordering::Relaxed) as i64),
+        )],
+    )?;
+    let last = link.last_error();
+    family(
+        enc,
+        "xce_link_last_error",
+        "1 for the reason of the controller link's last failure, 0 for the others.",
+        MetricType::Gauge,
+        ErrorReason::ALL.map(|r| {
+            let on = last.as_ref().is_some_and(|e| e.reason == r);
+            ([("reason", r.as_str())], Sample::Flag(on))
+        }),
+    )?;
+    if let Some(e) = &last {
+        family::<0>(
+            enc,
+            "xce_link_last_error_timestamp_seconds",
+            "Unix time of the controller link's last failure.",
+            MetricType::Gauge,
+            [([], Sample::Gauge(e.at_ms as f64 / 1000.0))],
+        )?;
+    }
+    Ok(())
 }
 
 fn encode_tls(enc: &mut DescriptorEncoder, link: &LinkStats) -> fmt::Result {

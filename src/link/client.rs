@@ -56,6 +56,8 @@ pub struct LinkConfig {
     pub keepalive: Option<Keepalive>,
     /// `None` is plaintext, which agent.yaml only allows with `insecure_plaintext: true`.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// `tls.ca` in agent.yaml, named when the controller's certificate is not from it.
+    pub tls_ca: Option<std::path::PathBuf>,
     pub handshake_timeout: Duration,
 }
 
@@ -82,6 +84,7 @@ impl Default for LinkConfig {
                 count: 3,
             }),
             tls: None,
+            tls_ca: None,
             handshake_timeout: tls::HANDSHAKE_TIMEOUT,
         }
     }
@@ -134,7 +137,93 @@ pub struct LinkStats {
     pub tls_failures: [AtomicU64; tls::Failure::ALL.len()],
     /// Unix seconds at which this host's certificate expires; 0 without TLS.
     pub cert_not_after: AtomicI64,
+    /// Unix ms since when the link has been down (0 while up): set when it goes down, kept
+    /// across retries, cleared when a controller takes the link.
+    pub down_since_ms: AtomicU64,
+    /// Connection attempts since the link was last up.
+    pub attempts: AtomicU64,
+    last_error: std::sync::Mutex<Option<LinkError>>,
     state: watch::Sender<LinkState>,
+}
+
+/// Why the link last failed, in the admin's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkError {
+    pub reason: ErrorReason,
+    /// What happened and what to do, naming the controller.
+    pub message: String,
+    pub controller: String,
+    pub at_ms: u64,
+}
+
+/// The class of a link failure: a label for `/metrics` and `status --format json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorReason {
+    /// No TCP connection (refused, timed out, name unknown).
+    Unreachable,
+    /// This agent speaks TLS, the controller does not.
+    ControllerNotTls,
+    /// The controller speaks TLS, this agent does not.
+    AgentNotTls,
+    /// The controller's certificate is not from `tls.ca`.
+    UnknownCa,
+    /// A certificate (the controller's) is expired or not valid yet.
+    Expired,
+    Revoked,
+    /// The controller's certificate is for another name.
+    WrongName,
+    /// The controller refused this agent's certificate (a TLS alert).
+    CertificateRefused,
+    /// Another TLS failure (a stalled handshake, ...).
+    Tls,
+    /// The controller's verdict: `refused`.
+    Refused,
+    /// The controller closed the connection (a restart, a stop).
+    Closed,
+    /// The controller stopped reading.
+    WriteTimeout,
+    /// The connection broke (reset, a failed write).
+    Io,
+    /// The controller sent what is not the protocol.
+    Protocol,
+}
+
+impl ErrorReason {
+    pub const ALL: [ErrorReason; 14] = [
+        ErrorReason::Unreachable,
+        ErrorReason::ControllerNotTls,
+        ErrorReason::AgentNotTls,
+        ErrorReason::UnknownCa,
+        ErrorReason::Expired,
+        ErrorReason::Revoked,
+        ErrorReason::WrongName,
+        ErrorReason::CertificateRefused,
+        ErrorReason::Tls,
+        ErrorReason::Refused,
+        ErrorReason::Closed,
+        ErrorReason::WriteTimeout,
+        ErrorReason::Io,
+        ErrorReason::Protocol,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::Unreachable => "unreachable",
+            ErrorReason::ControllerNotTls => "controller_not_tls",
+            ErrorReason::AgentNotTls => "agent_not_tls",
+            ErrorReason::UnknownCa => "unknown_ca",
+            ErrorReason::Expired => "expired",
+            ErrorReason::Revoked => "revoked",
+            ErrorReason::WrongName => "wrong_name",
+            ErrorReason::CertificateRefused => "certificate_refused",
+            ErrorReason::Tls => "tls",
+            ErrorReason::Refused => "refused",
+            ErrorReason::Closed => "closed",
+            ErrorReason::WriteTimeout => "write_timeout",
+            ErrorReason::Io => "io",
+            ErrorReason::Protocol => "protocol",
+        }
+    }
 }
 
 impl Default for LinkStats {
@@ -160,6 +249,9 @@ impl Default for LinkStats {
             max_in_flight: AtomicU64::new(0),
             tls_failures: Default::default(),
             cert_not_after: AtomicI64::new(0),
+            down_since_ms: AtomicU64::new(unix_ms(SystemTime::now())),
+            attempts: AtomicU64::new(0),
+            last_error: std::sync::Mutex::new(None),
             state: watch::channel(LinkState::Connecting).0,
         }
     }
@@ -175,9 +267,55 @@ impl LinkStats {
     }
 
     fn set_state(&self, s: LinkState) {
-        self.state_since_ms
-            .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
+        let now = unix_ms(SystemTime::now());
+        self.state_since_ms.store(now, Ordering::Relaxed);
+        if matches!(s, LinkState::Connected { .. }) {
+            self.down_since_ms.store(0, Ordering::Relaxed);
+            self.attempts.store(0, Ordering::Relaxed);
+        } else {
+            // Down since the first moment it went down, not since this retry.
+            let _ =
+                self.down_since_ms
+                    .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+        }
         self.state.send_replace(s);
+    }
+
+    /// The last failure of the link (kept once it is up again, until the next one).
+    pub fn last_error(&self) -> Option<LinkError> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Record a failure, said once in the log at `level` by the caller.
+    fn failed(&self, controller: &str, reason: ErrorReason, message: String) {
+        let e = LinkError {
+            reason,
+            message,
+            controller: controller.to_owned(),
+            at_ms: unix_ms(SystemTime::now()),
+        };
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
+    /// (down since, attempts): what a connection the controller never took must not reset.
+    fn outage(&self) -> (u64, u64) {
+        (
+            self.down_since_ms.load(Ordering::Relaxed),
+            self.attempts.load(Ordering::Relaxed),
+        )
+    }
+
+    fn restore_outage(&self, (down_since, attempts): (u64, u64)) {
+        let since = if down_since == 0 {
+            unix_ms(SystemTime::now())
+        } else {
+            down_since
+        };
+        self.down_since_ms.store(since, Ordering::Relaxed);
+        self.attempts.store(attempts, Ordering::Relaxed);
     }
 
     fn add(counter: &AtomicU64, n: u64) {
@@ -231,35 +369,48 @@ pub async fn run(
     }
     let mut backoff = Backoff::new(cfg.backoff_min, cfg.backoff_max);
     let assigned = Arc::new(assigned);
-    // The controller's last refusal, logged once: the same one again is not logged again.
-    let mut last_refusal: Option<String> = None;
+    // The last failure logged at WARN or above: the same one again, retry after retry, is
+    // logged at DEBUG only (status and /metrics keep counting it).
+    let mut last_said: Option<(ErrorReason, String)> = None;
     'rounds: while !shutdown.is_cancelled() {
         stats.set_state(LinkState::Connecting);
         let mut refused_round = false;
         for addr in &cfg.controllers {
+            LinkStats::add(&stats.attempts, 1);
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => break 'rounds,
                 r = connect(addr, &cfg) => r,
             };
-            let stream = match stream {
+            let (stream, first_bytes) = match stream {
                 Ok(s) => s,
                 Err(ConnectError::Tcp(e)) => {
                     LinkStats::add(&stats.connect_failures, 1);
-                    debug!(controller = %addr, error = %e, "controller unreachable");
+                    let words = unreachable_words(addr, &e, &cfg);
+                    debug!(controller = %addr, "{words}");
+                    stats.failed(addr, ErrorReason::Unreachable, words);
                     continue;
                 }
-                Err(ConnectError::Tls(why, e)) => {
+                Err(ConnectError::Tls(why, reason, words)) => {
                     LinkStats::add(&stats.connect_failures, 1);
                     LinkStats::add(&stats.tls_failures[why.index()], 1);
-                    warn!(controller = %addr, reason = why.as_str(), error = %e,
-                          "TLS handshake with the controller failed");
+                    say(&mut last_said, addr, reason, &words, "");
+                    stats.failed(addr, reason, words);
                     continue;
                 }
             };
             LinkStats::add(&stats.connects, 1);
             let started = Instant::now();
-            let mut session =
-                Session::new(stream, addr, &cfg, &store, &stats, &assigned, &shutdown);
+            let outage = stats.outage();
+            let mut session = Session::new(
+                stream,
+                addr,
+                &cfg,
+                &store,
+                &stats,
+                &assigned,
+                &shutdown,
+                first_bytes,
+            );
             let end = session.run(addr, &mut hello).await;
             if matches!(end, Err(SessionError::Shutdown)) && session.seq > 0 {
                 // Connected and stopping: the controller gets what changed since the last
@@ -267,34 +418,49 @@ pub async fn run(
                 session.flush(&mut hello).await;
             }
             session.reader.abort();
+            let accepted = session.accepted.load(Ordering::Relaxed);
+            let first = session.first_bytes();
             let mut refused = false;
             match end {
                 Err(SessionError::Shutdown) => break 'rounds,
-                Err(SessionError::Refused { reason, message }) => {
-                    LinkStats::add(&stats.disconnects, 1);
-                    let said = format!("{reason}: {message}");
-                    if last_refusal.as_deref() != Some(said.as_str()) {
-                        error!(controller = %addr, reason = %escape(&reason),
-                               "the controller refused this agent: {}; backing off {:?} between tries",
-                               escape(&message), cfg.backoff_max);
-                        last_refusal = Some(said);
-                    }
-                    refused = true;
-                }
-                Err(SessionError::Tls(why, e)) => {
-                    LinkStats::add(&stats.disconnects, 1);
-                    LinkStats::add(&stats.tls_failures[why.index()], 1);
-                    warn!(controller = %addr, reason = why.as_str(), error = %e,
-                          "the controller ended the TLS session (did it refuse our certificate?)");
-                }
                 Err(e) => {
                     LinkStats::add(&stats.disconnects, 1);
-                    warn!(controller = %addr, error = %e, "link to controller lost; reconnecting");
+                    if let SessionError::Tls(why, _) = &e {
+                        LinkStats::add(&stats.tls_failures[why.index()], 1);
+                    }
+                    refused = matches!(e, SessionError::Refused { .. });
+                    let (reason, words) = session_words(addr, &e, first.as_deref());
+                    if refused || !matches!(reason, ErrorReason::Closed) {
+                        // The connection is ended on purpose here: close TLS properly.
+                        session.close().await;
+                    }
+                    let never_up = !accepted
+                        && (refused
+                            || matches!(e, SessionError::Tls(..))
+                            || reason == ErrorReason::AgentNotTls);
+                    if never_up {
+                        // The controller never took this link: the outage goes on.
+                        stats.restore_outage(outage);
+                    } else {
+                        last_said = None;
+                    }
+                    if refused {
+                        if last_said.as_ref().map(|(_, w)| w) != Some(&words) {
+                            error!(controller = %addr, reason = reason.as_str(),
+                                   "{words}; backing off {:?} between tries", cfg.backoff_max);
+                            last_said = Some((reason, words.clone()));
+                        }
+                    } else {
+                        let lost = if never_up {
+                            ""
+                        } else {
+                            "link to controller lost: "
+                        };
+                        say(&mut last_said, addr, reason, &words, lost);
+                    }
+                    stats.failed(addr, reason, words);
                 }
                 Ok(()) => {}
-            }
-            if !refused {
-                last_refusal = None;
             }
             // A connection that held for a while was a success: reconnect quickly. One that
             // failed right away (controller accepts and closes) keeps the backoff growing;
@@ -330,28 +496,286 @@ fn dial_address(addr: &str) -> std::io::Result<String> {
 
 enum ConnectError {
     Tcp(std::io::Error),
-    Tls(tls::Failure, String),
+    /// The handshake's failure label, the class, and what happened in words.
+    Tls(tls::Failure, ErrorReason, String),
 }
 
-async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Box<dyn LinkStream>, ConnectError> {
+/// A connection, and on plaintext the first bytes the controller sends (a TLS controller
+/// answers a plaintext hello with a TLS alert record).
+type Connected = (Box<dyn LinkStream>, Option<tls::FirstBytes>);
+
+async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Connected, ConnectError> {
     let target = dial_address(addr).map_err(ConnectError::Tcp)?;
     let stream = connect_tcp(&target, cfg).await.map_err(ConnectError::Tcp)?;
+    let first = tls::FirstBytes::default();
+    let stream = tls::Sniff::new(stream, Arc::clone(&first));
     let Some(tls_cfg) = &cfg.tls else {
-        return Ok(Box::new(stream));
+        return Ok((Box::new(stream), Some(first)));
     };
-    let name = tls::server_name(&target)
-        .map_err(|e| ConnectError::Tls(tls::Failure::WrongName, e.to_string()))?;
+    let name = tls::server_name(&target).map_err(|e| {
+        ConnectError::Tls(
+            tls::Failure::WrongName,
+            ErrorReason::WrongName,
+            format!("the controller at {addr}: {e}"),
+        )
+    })?;
     let handshake = tokio_rustls::TlsConnector::from(Arc::clone(tls_cfg)).connect(name, stream);
     match tokio::time::timeout(cfg.handshake_timeout, handshake).await {
-        Ok(Ok(s)) => Ok(Box::new(s)),
-        Ok(Err(e)) => Err(ConnectError::Tls(tls::Failure::of(&e), tls::describe(&e))),
+        Ok(Ok(s)) => Ok((Box::new(s), None)),
+        Ok(Err(e)) => {
+            let why = tls::Failure::of(&e);
+            let first = first.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let (reason, words) = handshake_words(addr, cfg, why, &e, &first);
+            Err(ConnectError::Tls(why, reason, words))
+        }
         Err(_) => Err(ConnectError::Tls(
             tls::Failure::Timeout,
+            ErrorReason::Tls,
             format!(
-                "no handshake within {:?} (controller stalled)",
+                "the controller at {addr} did not finish the TLS handshake within {:?} (stalled, or not a controller)",
                 cfg.handshake_timeout
             ),
         )),
+    }
+}
+
+/// Log a failure at WARN once; the same failure again (every retry of an outage) at DEBUG.
+/// `lost`: "link to controller lost: " where a link that was up went down.
+fn say(
+    last: &mut Option<(ErrorReason, String)>,
+    addr: &str,
+    reason: ErrorReason,
+    words: &str,
+    lost: &str,
+) {
+    if last.as_ref().map(|(_, w)| w.as_str()) == Some(words) {
+        debug!(controller = %addr, reason = reason.as_str(), "{lost}{words} (again)");
+        return;
+    }
+    warn!(controller = %addr, reason = reason.as_str(), "{lost}{words}; reconnecting");
+    *last = Some((reason, words.to_owned()));
+}
+
+/// The host part of a `controllers:` entry, as its certificate should name it.
+fn host_part(addr: &str) -> &str {
+    let host = match addr.rsplit_once(':') {
+        Some((h, port)) if port.parse::<u16>().is_ok() && !h.ends_with(':') => h,
+        _ => addr,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+fn unreachable_words(addr: &str, e: &std::io::Error, cfg: &LinkConfig) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => format!(
+            "the controller at {addr} refused the connection: nothing listens there (is the controller running, on that port?)"
+        ),
+        K::TimedOut => format!(
+            "no answer from the controller at {addr} within {:?} (host down, or a firewall?)",
+            cfg.connect_timeout
+        ),
+        _ => format!(
+            "cannot connect to the controller at {addr}: {}",
+            tls::plain(&e.to_string())
+        ),
+    }
+}
+
+/// Why the TLS handshake with the controller at `addr` failed, in the admin's words.
+fn handshake_words(
+    addr: &str,
+    cfg: &LinkConfig,
+    why: tls::Failure,
+    e: &std::io::Error,
+    first: &[u8],
+) -> (ErrorReason, String) {
+    use rustls::CertificateError as C;
+    use tls::Failure as F;
+    let host = host_part(addr);
+    let human = |t: &rustls::pki_types::UnixTime| tls::human_time(t.as_secs() as i64);
+    match why {
+        F::NotTls | F::Truncated if !tls::looks_like_tls(first) => (
+            ErrorReason::ControllerNotTls,
+            format!(
+                "the controller at {addr} does not speak TLS ({}): is it running with --insecure / without tls?",
+                if first.is_empty() {
+                    "it closed the connection at this agent's TLS hello without a word"
+                } else {
+                    "it answered this agent's TLS hello with something else"
+                }
+            ),
+        ),
+        F::Truncated => (
+            ErrorReason::Closed,
+            format!("the controller at {addr} closed the connection during the TLS handshake"),
+        ),
+        F::UnknownCa => {
+            let ca = cfg
+                .tls_ca
+                .as_ref()
+                .map(|p| format!(" ({})", p.display()))
+                .unwrap_or_default();
+            (
+                ErrorReason::UnknownCa,
+                format!(
+                    "the certificate of the controller at {addr} is not signed by the CA in tls.ca{ca}: is tls.ca the CA that signed {host}'s certificate?"
+                ),
+            )
+        }
+        F::Expired => {
+            let words = match tls::certificate_error(e) {
+                Some(C::ExpiredContext { time, not_after }) => format!(
+                    "the certificate of the controller at {addr} expired on {} (this host's clock says {}): renew {host}'s certificate",
+                    human(not_after),
+                    human(time)
+                ),
+                Some(C::NotValidYetContext { time, not_before }) => format!(
+                    "the certificate of the controller at {addr} is not valid before {} and this host's clock says {}: is this host's clock right?",
+                    human(not_before),
+                    human(time)
+                ),
+                _ => format!(
+                    "the certificate of the controller at {addr} is expired or not valid yet: renew {host}'s certificate, or check this host's clock"
+                ),
+            };
+            (ErrorReason::Expired, words)
+        }
+        F::Revoked => (
+            ErrorReason::Revoked,
+            format!(
+                "the certificate of the controller at {addr} is revoked (tls.crl): {host} needs a new one"
+            ),
+        ),
+        F::WrongName => {
+            let names = match tls::certificate_error(e) {
+                Some(C::NotValidForNameContext { presented, .. }) => {
+                    format!(" (it names {})", presented.join(", "))
+                }
+                _ => String::new(),
+            };
+            (
+                ErrorReason::WrongName,
+                format!(
+                    "the certificate of the controller at {addr} is not for {host}{names}: list the controller in controllers: by a name its certificate carries, or issue it one for {host}"
+                ),
+            )
+        }
+        F::PeerRefused => {
+            let alert = tls::alert_of(e).map(|a| format!("{a:?}")).unwrap_or_default();
+            refused_certificate(addr, &alert)
+        }
+        F::Timeout => (
+            ErrorReason::Tls,
+            format!("the controller at {addr} did not finish the TLS handshake in time"),
+        ),
+        _ => (
+            ErrorReason::Tls,
+            format!(
+                "TLS with the controller at {addr} failed: {}",
+                tls::describe(e)
+            ),
+        ),
+    }
+}
+
+/// The controller ended the TLS session with `alert` (a TLS alert's name): in TLS 1.3 its
+/// verdict on this agent's certificate comes after this side's handshake is over.
+fn refused_certificate(addr: &str, alert: &str) -> (ErrorReason, String) {
+    let hint = match alert {
+        "UnknownCA" | "BadCertificate" | "DecryptError" | "UnsupportedCertificate" => {
+            "is this host's certificate (tls.cert) issued by the CA the controller trusts?"
+        }
+        "CertificateExpired" => {
+            "this host's certificate (tls.cert) is expired or not valid yet: install a renewed one and reload"
+        }
+        "CertificateRevoked" => "this host's certificate is revoked: issue it a new one",
+        "CertificateRequired" => "it wants a client certificate (tls.cert)",
+        _ => "the controller's log says why",
+    };
+    let alert = if alert.is_empty() {
+        String::new()
+    } else {
+        format!(" (TLS alert {alert})")
+    };
+    (
+        ErrorReason::CertificateRefused,
+        format!("the controller at {addr} refused this agent's certificate{alert}: {hint}"),
+    )
+}
+
+/// Why an established connection ended, in the admin's words. `first`: on plaintext, the
+/// first bytes the controller sent.
+fn session_words(addr: &str, end: &SessionError, first: Option<&[u8]>) -> (ErrorReason, String) {
+    use capnp::ErrorKind as K;
+    if first.is_some_and(tls::looks_like_tls) {
+        return (
+            ErrorReason::AgentNotTls,
+            format!(
+                "this agent is not using TLS but the controller at {addr} is (configure tls: in agent.yaml)"
+            ),
+        );
+    }
+    let closed = || {
+        (
+            ErrorReason::Closed,
+            format!("the controller at {addr} closed the connection (restarted or stopped?)"),
+        )
+    };
+    match end {
+        SessionError::Closed => closed(),
+        SessionError::Read(WireError::Capnp(c)) => match c.kind {
+            K::PrematureEndOfFile => closed(),
+            K::Disconnected => (
+                ErrorReason::Io,
+                format!("the connection to the controller at {addr} was reset"),
+            ),
+            _ => (
+                ErrorReason::Protocol,
+                format!(
+                    "the controller at {addr} sent what this agent cannot read: {}",
+                    tls::plain(&end.to_string())
+                ),
+            ),
+        },
+        SessionError::Read(e) => (
+            ErrorReason::Protocol,
+            format!(
+                "the controller at {addr} sent what this agent cannot read: {}",
+                tls::plain(&e.to_string())
+            ),
+        ),
+        SessionError::Tls(tls::Failure::PeerRefused, text) => {
+            refused_certificate(addr, text.rsplit(": ").next().unwrap_or(""))
+        }
+        SessionError::Tls(_, text) => (
+            ErrorReason::Tls,
+            format!(
+                "TLS with the controller at {addr} failed: {}",
+                tls::plain(text)
+            ),
+        ),
+        SessionError::WriteTimeout(d) => (
+            ErrorReason::WriteTimeout,
+            format!("the controller at {addr} stopped reading (a write waited {d:?})"),
+        ),
+        SessionError::Write(e) => (
+            ErrorReason::Io,
+            format!(
+                "the connection to the controller at {addr} broke while sending: {}",
+                tls::plain(&e.to_string())
+            ),
+        ),
+        SessionError::Encode(e) => (ErrorReason::Protocol, format!("encoding for {addr}: {e}")),
+        SessionError::Refused { reason, message } => (
+            ErrorReason::Refused,
+            format!(
+                "the controller refused this agent ({}): {} (controller {addr})",
+                escape(reason),
+                escape(message)
+            ),
+        ),
+        SessionError::Shutdown => (ErrorReason::Closed, "shutting down".into()),
     }
 }
 
@@ -385,6 +809,10 @@ struct Session<'a> {
     /// A write was abandoned for the shutdown, maybe halfway through a frame: nothing more
     /// may go on this connection.
     torn: bool,
+    /// The controller said `accepted` on this connection.
+    accepted: Arc<std::sync::atomic::AtomicBool>,
+    /// On plaintext: the first bytes the controller sent.
+    first_bytes: Option<tls::FirstBytes>,
 }
 
 /// The final flush on shutdown is bounded by this (or the write timeout, if shorter), so a
@@ -392,6 +820,7 @@ struct Session<'a> {
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl<'a> Session<'a> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         stream: Box<dyn LinkStream>,
         addr: &str,
@@ -400,7 +829,9 @@ impl<'a> Session<'a> {
         stats: &'a Arc<LinkStats>,
         assigned: &Arc<watch::Sender<Assigned>>,
         shutdown: &'a CancellationToken,
+        first_bytes: Option<tls::FirstBytes>,
     ) -> Self {
+        let accepted = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (rd, writer) = tokio::io::split(stream);
         // Reading runs in its own task so a half-read frame is never cancelled by the
         // write side's select; it ends (with the reason) when the connection does.
@@ -409,6 +840,7 @@ impl<'a> Session<'a> {
             addr.to_owned(),
             Arc::clone(stats),
             Arc::clone(assigned),
+            Arc::clone(&accepted),
         ));
         Self {
             cfg,
@@ -424,6 +856,21 @@ impl<'a> Session<'a> {
             last_write: Instant::now(),
             closing: false,
             torn: false,
+            accepted,
+            first_bytes,
+        }
+    }
+
+    /// On plaintext, the first bytes the controller sent.
+    fn first_bytes(&self) -> Option<Vec<u8>> {
+        let first = self.first_bytes.as_ref()?;
+        Some(first.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    /// End a connection this side gives up on: TLS close_notify (a FIN on plaintext), bounded.
+    async fn close(&mut self) {
+        if !self.torn {
+            let _ = tokio::time::timeout(FLUSH_TIMEOUT, self.writer.shutdown()).await;
         }
     }
 
@@ -624,6 +1071,7 @@ async fn read_controller(
     addr: String,
     stats: Arc<LinkStats>,
     assigned: Arc<watch::Sender<Assigned>>,
+    accepted: Arc<std::sync::atomic::AtomicBool>,
 ) -> SessionError {
     let mut accepted_as: Option<String> = None;
     let failure = tls::FailureSlot::default();
@@ -676,6 +1124,7 @@ async fn read_controller(
                 }
             }
             Ok(ControllerMessage::Accepted { host }) => {
+                accepted.store(true, Ordering::Relaxed);
                 // Once per connection (the controller says it again after each hello).
                 if accepted_as.as_deref() != Some(host.as_str()) {
                     info!(controller = %addr, "accepted by {addr} as host {}", escape(&host));

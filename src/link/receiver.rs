@@ -581,8 +581,14 @@ async fn connection(
     // LoginGraceTime: from accept to an accepted hello, handshake included.
     let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
     let mut unauthenticated = Some(unauthenticated);
+    // On plaintext, the agent's first bytes: a TLS ClientHello there is an agent that
+    // speaks TLS to a listener that does not, said as such instead of a parse error.
+    let first_bytes = tls::FirstBytes::default();
     let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
-        None => (Box::new(stream), None),
+        None => (
+            Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
+            None,
+        ),
         Some(cfg) => match handshake(
             cfg,
             opts.handshake_timeout.unwrap_or(tls::HANDSHAKE_TIMEOUT),
@@ -592,6 +598,11 @@ async fn connection(
         {
             Ok((s, id)) => (s, Some(Arc::new(id))),
             Err((why, e)) => {
+                let e = if why == tls::Failure::NotTls {
+                    format!("the agent at {peer} is not using TLS but this listener is (configure tls: in its agent.yaml, or run listen with --insecure)")
+                } else {
+                    e
+                };
                 error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
                 let end = format!("TLS handshake failed ({}): {e}", why.as_str());
                 let kind = EventKind::Closed(Some(end));
@@ -667,7 +678,13 @@ async fn connection(
         let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => break None,
-            Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
+            Err(_) if conn.hello.is_none() && speaks_tls(&first_bytes) => {
+                break Some((
+                    Reason::NotTls,
+                    format!("the agent at {peer} speaks TLS but this listener does not (--insecure): give listen --tls-ca/--tls-cert/--tls-key, or remove tls: from the agent's agent.yaml"),
+                ));
+            }
+            Err(e) => break Some((Reason::of_wire(&e), tls::plain(&e.to_string()))),
         };
         let env = match wire::decode_envelope_within(&msg, conn.limits()) {
             Ok(env) => env,
@@ -746,6 +763,11 @@ async fn connection(
     let mut ev = conn.event(EventKind::Closed(text));
     ev.reason = reason;
     let _ = sink.deliver(ev).await;
+}
+
+/// Whether a plaintext connection's first bytes were a TLS record.
+fn speaks_tls(first: &tls::FirstBytes) -> bool {
+    tls::looks_like_tls(&first.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Result<(), String> {

@@ -623,12 +623,121 @@ impl<R: AsyncRead + Unpin> AsyncRead for WatchFailure<R> {
     }
 }
 
-/// A handshake error's text without tokio-rustls' wrapping.
+/// A handshake error's text without tokio-rustls' wrapping or a library's URL.
 pub fn describe(e: &std::io::Error) -> String {
     if e.kind() == std::io::ErrorKind::TimedOut {
         return format!("no handshake within {HANDSHAKE_TIMEOUT:?} (peer stalled)");
     }
-    e.to_string()
+    plain(&e.to_string())
+}
+
+/// `text` without the URLs libraries append to their messages (rustls' "peer closed
+/// connection without sending TLS close_notify: https://docs.rs/..."): an admin reads the
+/// log for what happened, not for a library's manual.
+pub fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("http://").or_else(|| rest.find("https://")) {
+        let head = rest[..at].trim_end();
+        out.push_str(head.strip_suffix(':').unwrap_or(head).trim_end());
+        let end = rest[at..]
+            .find(char::is_whitespace)
+            .map_or(rest.len(), |n| at + n);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether the first bytes a peer sent are a TLS record (handshake, alert or data, version
+/// 3.x): what a plaintext end sees when the other end speaks TLS.
+pub fn looks_like_tls(first: &[u8]) -> bool {
+    matches!(first, [0x14..=0x17, 0x03, ..])
+}
+
+/// The first bytes a connection received, kept for whoever explains its end.
+pub type FirstBytes = Arc<std::sync::Mutex<Vec<u8>>>;
+
+/// How many of a connection's first bytes [`Sniff`] keeps.
+const SNIFF_BYTES: usize = 8;
+
+/// A stream that records the first bytes read from it in a [`FirstBytes`] and passes
+/// everything through: after a failure, they tell "the peer does not speak TLS" (nothing, or
+/// not a TLS record) and "the peer speaks TLS and we do not" (a TLS record) from other ends.
+pub struct Sniff<S> {
+    inner: S,
+    first: FirstBytes,
+}
+
+impl<S> Sniff<S> {
+    pub fn new(inner: S, first: FirstBytes) -> Self {
+        Self { inner, first }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Sniff<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &r {
+            let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+            if first.len() < SNIFF_BYTES {
+                let new = &buf.filled()[before..];
+                let take = new.len().min(SNIFF_BYTES - first.len());
+                first.extend_from_slice(&new[..take]);
+            }
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Sniff<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A TLS alert the peer sent, if that is what `e` is.
+pub fn alert_of(e: &std::io::Error) -> Option<rustls::AlertDescription> {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::AlertReceived(a)) => Some(*a),
+        _ => None,
+    }
+}
+
+/// The certificate problem in a handshake error, if that is what `e` is.
+pub fn certificate_error(e: &std::io::Error) -> Option<&rustls::CertificateError> {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// A point in time as people read it: `2026-12-04 21:10:05 UTC`.
+pub fn human_time(unix: i64) -> String {
+    rfc3339(unix)
 }
 
 /// `check`'s view of the key material: what to print, and what is wrong or close to it.
@@ -698,9 +807,11 @@ pub fn check(paths: &TlsPaths, now: SystemTime, host: &str, warn_before: Duratio
     report
 }
 
+/// A certificate's date as people read it: `2026-12-04 21:10:05 UTC` (not `...T...Z`).
 fn rfc3339(unix: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_secs(unix.max(0) as u64);
-    humantime::format_rfc3339_seconds(t).to_string()
+    let s = humantime::format_rfc3339_seconds(t).to_string();
+    format!("{} UTC", s.replacen('T', " ", 1).trim_end_matches('Z'))
 }
 
 #[cfg(test)]
@@ -752,6 +863,21 @@ mod tests {
             &domains
         ));
         assert!(cert_names_host(&["node001".to_owned()], "Node001", &[]));
+    }
+
+    #[test]
+    fn library_urls_are_cut_and_dates_are_human() {
+        assert_eq!(
+            plain("peer closed connection without sending TLS close_notify: https://docs.rs/rustls/latest/rustls/manual/_03_howto/index.html#unexpected-eof"),
+            "peer closed connection without sending TLS close_notify"
+        );
+        assert_eq!(plain("see http://x.y/z for more"), "see for more");
+        assert_eq!(plain("nothing to cut"), "nothing to cut");
+        assert_eq!(human_time(0), "1970-01-01 00:00:00 UTC");
+        assert!(looks_like_tls(&[0x15, 0x03, 0x03, 0x00, 0x02]));
+        assert!(looks_like_tls(&[0x16, 0x03, 0x01]));
+        assert!(!looks_like_tls(&[0x00, 0x00, 0x00, 0x00]));
+        assert!(!looks_like_tls(&[]));
     }
 
     #[test]

@@ -53,13 +53,27 @@ fn link_line(link: &LinkInfo, now_ms: u64) -> String {
             format_time(link.since_ms),
             ago(now_ms, link.since_ms)
         ),
-        (state, _) => format!(
-            "LINK  {state} since {} ({}); controllers {}; {} connect failures",
-            format_time(link.since_ms),
-            ago(now_ms, link.since_ms),
-            escape(&link.controllers.join(", ")),
-            link.connect_failures
-        ),
+        (state, _) => {
+            // Down since the outage began, not since this retry.
+            let since = link.down_since_ms.unwrap_or(link.since_ms);
+            let mut l = format!(
+                "LINK  down since {} ({}), {} attempt{} ({state} now); controllers {}",
+                format_time(since),
+                ago(now_ms, since),
+                link.attempts,
+                if link.attempts == 1 { "" } else { "s" },
+                escape(&link.controllers.join(", ")),
+            );
+            if let Some(e) = &link.last_error {
+                let _ = write!(
+                    l,
+                    "\n      last error {}: {}",
+                    ago(now_ms, e.at_ms),
+                    escape(&e.message)
+                );
+            }
+            l
+        }
     };
     if link.state != "none" {
         let ack = match link.last_ack_ms {

@@ -121,6 +121,26 @@ pub struct LinkInfo {
     pub disconnects: u64,
     pub connect_failures: u64,
     pub batches: u64,
+    /// While the link is not up: since when it has been down (kept across retries).
+    #[serde(default)]
+    pub down_since_ms: Option<u64>,
+    /// Connection attempts since the link was last up.
+    #[serde(default)]
+    pub attempts: u64,
+    /// The link's last failure (kept once it is up again, until the next one).
+    #[serde(default)]
+    pub last_error: Option<LinkErrorInfo>,
+}
+
+/// A failure of the link, in the admin's words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkErrorInfo {
+    /// A class: `unreachable`, `controller_not_tls`, `agent_not_tls`, `unknown_ca`, ...
+    /// (docs/status.md).
+    pub reason: String,
+    pub message: String,
+    pub controller: String,
+    pub at_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -371,6 +391,18 @@ fn link_info(src: &Sources, controllers: &[String]) -> LinkInfo {
         disconnects: load(&l.disconnects),
         connect_failures: load(&l.connect_failures),
         batches: load(&l.batches),
+        down_since_ms: if controllers.is_empty() {
+            None
+        } else {
+            nonzero(load(&l.down_since_ms))
+        },
+        attempts: load(&l.attempts),
+        last_error: l.last_error().map(|e| LinkErrorInfo {
+            reason: e.reason.as_str().to_owned(),
+            message: e.message,
+            controller: e.controller,
+            at_ms: e.at_ms,
+        }),
     }
 }
 

@@ -37,6 +37,7 @@ mod fuzz_wire;
 mod hostile_link;
 mod hung_reads;
 mod link;
+mod link_failures;
 mod link_receiver;
 mod metrics;
 mod packaging;

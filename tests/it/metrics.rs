@@ -378,6 +378,8 @@ fn every_metric_is_documented() {
         "xce_probe_cpu_seconds_total",
         "xce_probe_memory_peak_bytes",
         "xce_tls_cert_not_after_timestamp_seconds",
+        "xce_link_down_since_timestamp_seconds",
+        "xce_link_last_error_timestamp_seconds",
     ];
     let stale: Vec<&String> = documented
         .difference(&exposed)

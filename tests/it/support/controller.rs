@@ -70,6 +70,7 @@ pub fn fast_config(controllers: Vec<String>) -> LinkConfig {
         }),
         // Plaintext, said in words: the TLS tests set `tls` themselves.
         tls: None,
+        tls_ca: None,
         handshake_timeout: xce_agent::link::tls::HANDSHAKE_TIMEOUT,
     }
 }

@@ -168,7 +168,12 @@ impl ListenProc {
     /// `xce-agent listen 127.0.0.1:0` with these options; `--insecure` unless they give the
     /// `--tls-*` files, and `--format json` unless they name a format.
     pub fn spawn_with(options: &[&str]) -> Self {
-        let mut args = vec!["listen", "127.0.0.1:0"];
+        Self::spawn_at("127.0.0.1:0", options)
+    }
+
+    /// As [`Self::spawn_with`], listening on `addr` (a controller back on its old port).
+    pub fn spawn_at(addr: &str, options: &[&str]) -> Self {
+        let mut args = vec!["listen", addr];
         if !options.contains(&"--tls-ca") && !options.contains(&"--insecure") {
             args.push("--insecure");
         }
