@@ -5,10 +5,9 @@
 //! mismatches the listener's log too.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use crate::support::tls::Pki;
-use crate::support::{agent_bin, wait_until, AgentProc, ListenProc, Site};
+use crate::support::{status, wait_status, AgentProc, ListenProc, Site};
 use xce_agent::config::agent::TlsPaths;
 use xce_agent::status::StatusReport;
 
@@ -43,41 +42,6 @@ fn site(controller: &str, tls: Option<&TlsPaths>) -> Site {
     )
     .expect("write agent.yaml");
     site
-}
-
-fn status(site: &Site, args: &[&str]) -> (i32, String) {
-    let o = Command::new(agent_bin())
-        .arg("status")
-        .arg("--config")
-        .arg(site.agent_yaml())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run xce-agent status");
-    (
-        o.status.code().expect("exit code"),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-    )
-}
-
-/// `status --format json` until `pred` holds; that answer and the exit code.
-async fn wait_status(
-    site: &Site,
-    what: &str,
-    mut pred: impl FnMut(&StatusReport) -> bool,
-) -> (StatusReport, i32) {
-    let mut last = None;
-    wait_until(what, || {
-        let (code, out) = status(site, &["--format", "json"]);
-        let Ok(report) = serde_json::from_str::<StatusReport>(&out) else {
-            return false;
-        };
-        let done = pred(&report);
-        last = Some((report, code));
-        done
-    })
-    .await;
-    last.expect("an answer")
 }
 
 fn reason_is(r: &StatusReport, reason: &str) -> bool {
@@ -139,7 +103,7 @@ async fn a_tls_agent_is_told_that_a_plaintext_controller_does_not_speak_tls() {
     assert_eq!(e.controller, controller);
     assert!(report.link.down_since_ms.is_some(), "{:?}", report.link);
     assert!(report.link.attempts >= 1, "{:?}", report.link);
-    let (_, table) = status(&site, &[]);
+    let (_, table, _) = status(&site, &[]);
     assert!(table.contains("LINK  down since "), "{table}");
     assert!(
         table.contains("last error ") && table.contains(&said),
@@ -174,7 +138,7 @@ async fn a_plaintext_agent_is_told_that_the_controller_uses_tls() {
         said
     );
     assert!(report.link.down_since_ms.is_some(), "{:?}", report.link);
-    let (_, table) = status(&site, &[]);
+    let (_, table, _) = status(&site, &[]);
     assert!(table.contains(&said), "{table}");
     assert_no_library_words(&agent.log_text());
 }
@@ -205,7 +169,7 @@ async fn a_controller_certificate_from_another_ca_asks_whether_tls_ca_is_the_rig
         report.link.last_error.as_ref().expect("error").message,
         said
     );
-    let (_, table) = status(&site, &[]);
+    let (_, table, _) = status(&site, &[]);
     assert!(table.contains(&said), "{table}");
     assert_no_library_words(&agent.log_text());
 }
@@ -251,7 +215,7 @@ async fn a_controller_that_goes_away_and_comes_back_is_one_outage_not_a_tls_erro
         )),
         "{e:?}"
     );
-    let (_, table) = status(&site, &[]);
+    let (_, table, _) = status(&site, &[]);
     assert!(table.contains("LINK  down since "), "{table}");
     assert!(table.contains(" attempts ("), "{table}");
     assert!(table.contains("refused the connection"), "{table}");

@@ -11,8 +11,8 @@ fn xce_agent() -> Command {
     Command::new(env!("CARGO_BIN_EXE_xce-agent"))
 }
 
-#[test]
-fn generate_assets_writes_man_pages_and_completions_from_the_cli() {
+/// `xce-agent generate-assets` into a fresh directory.
+fn generated_assets() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = xce_agent()
         .arg("generate-assets")
@@ -20,6 +20,12 @@ fn generate_assets_writes_man_pages_and_completions_from_the_cli() {
         .output()
         .expect("run generate-assets");
     assert!(out.status.success(), "{out:?}");
+    dir
+}
+
+#[test]
+fn generate_assets_writes_man_pages_and_completions_from_the_cli() {
+    let dir = generated_assets();
     let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).expect(p);
     let man = read("man/xce-agent.1");
     assert!(
@@ -55,13 +61,7 @@ fn documented_fields(page: &str) -> BTreeSet<String> {
 #[test]
 fn section_5_pages_list_every_field_the_parser_knows() {
     use xce_agent::config::{self, agent, probe_spec};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = xce_agent()
-        .arg("generate-assets")
-        .arg(dir.path())
-        .output()
-        .expect("run generate-assets");
-    assert!(out.status.success(), "{out:?}");
+    let dir = generated_assets();
     let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).expect(p);
 
     let agent_page = read("man/xce-agent.yaml.5");

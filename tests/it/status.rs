@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use crate::support::{agent_bin, wait_until, ListenProc, Site};
+use crate::support::{agent_bin, status, wait_status, ListenProc, Site};
 use xce_agent::status::StatusReport;
 
 const RESOURCES: &str = r#"
@@ -71,30 +71,6 @@ fn run(mut cmd: Command) -> (i32, String, String) {
         String::from_utf8_lossy(&stdout).into_owned(),
         String::from_utf8_lossy(&stderr).into_owned(),
     )
-}
-
-fn status(site: &Site, args: &[&str]) -> (i32, String, String) {
-    run(status_cmd(site, args))
-}
-
-/// `status --format json` until `pred` holds; returns that answer and the exit code.
-async fn wait_status(
-    site: &Site,
-    what: &str,
-    mut pred: impl FnMut(&StatusReport) -> bool,
-) -> (StatusReport, i32) {
-    let mut last = None;
-    wait_until(what, || {
-        let (code, out, _) = status(site, &["--format", "json"]);
-        let Ok(report) = serde_json::from_str::<StatusReport>(&out) else {
-            return false;
-        };
-        let done = pred(&report);
-        last = Some((report, code));
-        done
-    })
-    .await;
-    last.expect("an answer")
 }
 
 fn resource<'a>(r: &'a StatusReport, name: &str) -> &'a xce_agent::status::ResourceInfo {

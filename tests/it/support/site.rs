@@ -157,3 +157,40 @@ pub fn pids_dir(s: &Site) -> PathBuf {
     std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o777)).expect("chmod pids");
     pids
 }
+
+/// `xce-agent status ARGS` against the daemon of `site`: exit code, stdout, stderr.
+pub fn status(site: &Site, args: &[&str]) -> (i32, String, String) {
+    let o = std::process::Command::new(super::process::agent_bin())
+        .arg("status")
+        .arg("--config")
+        .arg(site.agent_yaml())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run xce-agent status");
+    (
+        o.status.code().expect("exit code"),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `status --format json` until `pred` holds; that answer and the exit code.
+pub async fn wait_status(
+    site: &Site,
+    what: &str,
+    mut pred: impl FnMut(&xce_agent::status::StatusReport) -> bool,
+) -> (xce_agent::status::StatusReport, i32) {
+    let mut last = None;
+    wait_until(what, || {
+        let (code, out, _) = status(site, &["--format", "json"]);
+        let Ok(report) = serde_json::from_str(&out) else {
+            return false;
+        };
+        let done = pred(&report);
+        last = Some((report, code));
+        done
+    })
+    .await;
+    last.expect("an answer")
+}
