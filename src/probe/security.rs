@@ -333,21 +333,14 @@ pub enum NotRunnable {
 /// (with `no_shebang`, once the kernel has said ENOEXEC: binfmt_misc may run other files) no
 /// `#!` at all. `None` when none of these (a binary, or a script that will start).
 pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
-    use std::io::Read;
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(program)
-        .and_then(|mut f| f.read(&mut head))
-        .ok()?;
-    let head = &head[..n];
-    if head.starts_with(b"\x7fELF") || n == 0 {
+    let head = head_of(program).ok()?;
+    if head.starts_with(b"\x7fELF") || head.is_empty() {
         return None;
     }
     let program = program.to_owned();
-    let Some(line) = head.strip_prefix(b"#!") else {
+    let Some(text) = shebang_of(&head) else {
         return no_shebang.then_some(NotRunnable::NoShebang { program });
     };
-    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
-    let text = String::from_utf8_lossy(line);
     let mut words = text.split([' ', '\t']).filter(|w| !w.is_empty());
     let interpreter = words.next()?;
     if interpreter.ends_with('\r') || text.ends_with('\r') {
@@ -740,19 +733,30 @@ fn nearest_existing(path: &Path) -> &Path {
     p
 }
 
+/// The first bytes of `file`: where its `#!` line (the kernel reads at most 256) or an ELF
+/// header is.
+fn head_of(file: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(256);
+    std::fs::File::open(file)?
+        .take(256)
+        .read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// The text of a file head's `#!` line, without the `#!` and the newline.
+fn shebang_of(head: &[u8]) -> Option<String> {
+    let line = head.strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+    Some(String::from_utf8_lossy(line).into_owned())
+}
+
 /// The interpreter(s) a file's `#!` line names: the path, and for `#!/usr/bin/env NAME` also
 /// NAME as found on the probes' PATH.
 fn shebang_interpreters(file: &Path) -> Vec<PathBuf> {
-    use std::io::Read;
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(file)
-        .and_then(|mut f| f.read(&mut head))
-        .unwrap_or(0);
-    let Some(line) = head[..n].strip_prefix(b"#!") else {
+    let Some(text) = head_of(file).ok().as_deref().and_then(shebang_of) else {
         return Vec::new();
     };
-    let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
-    let text = String::from_utf8_lossy(line);
     let mut words = text.split_whitespace();
     let Some(interp) = words.next() else {
         return Vec::new();

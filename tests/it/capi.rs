@@ -193,18 +193,8 @@ impl ExampleProc {
     /// SIGTERM, then the exit status and the rest of stdout and of stderr.
     fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>, Vec<String>) {
         self.signal(Signal::SIGTERM);
-        let rest = |rx: &mpsc::Receiver<String>| {
-            let mut lines = Vec::new();
-            loop {
-                match rx.recv_timeout(HANG_GUARD) {
-                    Ok(l) => lines.push(l),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
-                    Err(e) => panic!("the example did not end its output after SIGTERM: {e}"),
-                }
-            }
-        };
-        let out = rest(&self.stdout);
-        let err = rest(&self.stderr);
+        let out = crate::support::lines_until_closed(&self.stdout, "the example");
+        let err = crate::support::lines_until_closed(&self.stderr, "the example");
         let status = self.child.wait().expect("wait");
         (status, out, err)
     }

@@ -247,17 +247,10 @@ impl ListenProc {
     pub fn terminate_and_collect(&mut self) -> (Vec<String>, Vec<String>) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, Signal::SIGTERM).expect("SIGTERM");
-        let rest = |rx: &mpsc::Receiver<String>| {
-            let mut lines = Vec::new();
-            loop {
-                match rx.recv_timeout(HANG_GUARD) {
-                    Ok(l) => lines.push(l),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
-                    Err(e) => panic!("listen did not end its output after SIGTERM: {e}"),
-                }
-            }
-        };
-        (rest(&self.stdout), rest(&self.stderr))
+        (
+            lines_until_closed(&self.stdout, "listen"),
+            lines_until_closed(&self.stderr, "listen"),
+        )
     }
 }
 
@@ -412,5 +405,18 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// Every line still to come from `rx` until its process closes the stream, within the hang
+/// guard per line; `who` names the process in the failure.
+pub fn lines_until_closed(rx: &mpsc::Receiver<String>, who: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    loop {
+        match rx.recv_timeout(HANG_GUARD) {
+            Ok(l) => lines.push(l),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return lines,
+            Err(e) => panic!("{who} did not end its output after SIGTERM: {e}"),
+        }
     }
 }
