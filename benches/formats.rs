@@ -3,7 +3,7 @@
 //! Run: `cargo bench --bench formats`.
 
 use xce_agent::config::Format;
-use xce_agent::probe::output::{self, select, Pick};
+use xce_agent::output::{self, select, Pick};
 use xce_agent::value::Valtype;
 
 fn main() {

@@ -9,9 +9,10 @@ use super::{
 use crate::cli::Common;
 use crate::config::ProbeKind;
 use crate::daemon::probe_context;
+use crate::output;
 use crate::plan::{make_plan, ProbeTask};
 use crate::probe::process::Exit;
-use crate::probe::{cgroup, exec, output, security, stream, ProbeContext};
+use crate::probe::{cgroup, exec, security, stream, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
 
 pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {

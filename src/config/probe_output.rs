@@ -11,7 +11,7 @@ use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
 use super::scalar::Scalar;
-use crate::probe::output::{parse_selector, Aggregate, Format, Pick, Selection};
+use crate::output::{parse_selector, Aggregate, Format, Pick, Selection};
 
 /// `command:` as written: `[program, arg, ...]` or `"program arg ..."`.
 #[derive(Debug, Clone, PartialEq)]
@@ -258,7 +258,7 @@ pub fn selection(
     let given = select.map(Pos::of).or(aggregate_field.map(Pos::of));
     if let Some(at) = given {
         if !format.selectable() {
-            let takes: Vec<&str> = crate::probe::output::Format::ALL
+            let takes: Vec<&str> = crate::output::Format::ALL
                 .iter()
                 .filter(|f| f.selectable())
                 .map(|f| f.as_str())

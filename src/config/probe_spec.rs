@@ -17,7 +17,7 @@ use super::probe_output::{self, RawCommand, RawSelect};
 use super::raw::near_miss;
 use super::resources::{ExecSpec, FileSpec, Limits, ProbeSpec, StreamSpec, DEFAULT_FILE_MAX_BYTES};
 use super::scalar::Scalar;
-use crate::probe::output::Format;
+use crate::output::Format;
 
 /// Which kinds a `probe:` field belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -114,14 +114,14 @@ pub struct ProbeSpec {
 }
 
 pub use super::probe_spec::ProbeKind;
-pub use crate::probe::output::Format;
+pub use crate::output::Format;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecSpec {
     pub command: Vec<String>,
     pub format: Format,
     /// `select:` and `aggregate:`: which sample feeds which resource.
-    pub select: crate::probe::output::Selection,
+    pub select: crate::output::Selection,
     pub env: BTreeMap<String, String>,
     pub run_as: Option<String>,
     pub limits: Limits,
@@ -153,7 +153,7 @@ pub struct FileSpec {
     /// The file's text in a probe output format (a node_exporter textfile); with a
     /// directory as `path`, its `*.prom` files.
     pub format: Option<Format>,
-    pub select: crate::probe::output::Selection,
+    pub select: crate::output::Selection,
     /// Who reads the file when the agent is root (default: agent.yaml's `run_as`).
     pub run_as: Option<String>,
 }

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::{output, Outcome, ProbeContext, ProbeRun};
+use super::{Outcome, ProbeContext, ProbeRun};
 use crate::config::ExecSpec;
+use crate::output;
 use crate::plan::ProbeTask;
 
 /// What the child did, for `--once`, `probe NAME` and the logs.

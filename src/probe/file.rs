@@ -30,7 +30,7 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
                 .unwrap_or("");
             Ok(m.trim().to_owned())
         }
-        None => super::output::parse_value(text)
+        None => crate::output::parse_value(text)
             .map_err(|_| format!("{} is empty", spec.path.display())),
     }
 }
@@ -131,7 +131,7 @@ fn too_old(path: &Path, age: Duration, spec: &FileSpec) -> String {
 fn in_format(
     task: &ProbeTask,
     spec: &FileSpec,
-    format: super::output::Format,
+    format: crate::output::Format,
     read: Result<ReadOutcome, String>,
     started: SystemTime,
     elapsed: Duration,
@@ -150,7 +150,7 @@ fn in_format(
         }
         Ok(ReadOutcome::Text(t)) => t,
     };
-    match super::output::parse(format, text.as_bytes(), None, &task.name) {
+    match crate::output::parse(format, text.as_bytes(), None, &task.name) {
         Err(e) => ProbeRun::all_failed(
             task,
             started,

@@ -8,7 +8,6 @@ pub mod child;
 pub mod exec;
 pub mod file;
 pub mod file_reader;
-pub mod output;
 pub mod output_log;
 pub mod reader_creds;
 pub mod reaper;
@@ -24,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::config::ProbeKind;
+use crate::output;
 use crate::plan::ProbeTask;
 use crate::value::Reading;
 

@@ -25,9 +25,10 @@ use super::child::{self as process, Child, Exit, Got, Reader, Tick};
 use super::exec::{self, ExecDetail, OutputLog};
 mod classad;
 
-use super::output::{AdLine, AdStream};
-use super::{output, readings_from_pairs, Outcome, ProbeContext, ProbeRun};
+use super::{readings_from_pairs, Outcome, ProbeContext, ProbeRun};
 use crate::config::{Format, StdinMode, StreamSpec};
+use crate::output;
+use crate::output::{AdLine, AdStream};
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;

@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use nix::unistd::{Gid, Uid};
 
 use crate::config::{ExecSpec, ProbeKind};
+use crate::output::Parsed;
 use crate::plan::ProbeTask;
 use crate::probe::cgroup::Usage;
 use crate::probe::exec::ExecDetail;
-use crate::probe::output::Parsed;
 use crate::probe::process::{Credentials, Ending, Exit, UserError, DEFAULT_STDOUT_CAP};
 use crate::probe::security::Verdict;
 use crate::probe::ProbeRun;

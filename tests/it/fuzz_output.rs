@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use serde_json::Value as Json;
 use xce_agent::config::Format;
-use xce_agent::probe::output::{self, OutputError, Pair, Parsed};
+use xce_agent::output::{self, OutputError, Pair, Parsed};
 
 const FORMATS: &[Format] = Format::ALL;
 

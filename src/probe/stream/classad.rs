@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use super::{Line, MAX_LINE};
 use crate::config::StreamSpec;
+use crate::output::{self, AdLine, AdStream};
 use crate::plan::ProbeTask;
-use crate::probe::output::{self, AdLine, AdStream};
 use crate::probe::output_log::OutputLog;
 use crate::store::Store;
 use crate::value::Reading;
