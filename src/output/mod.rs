@@ -46,6 +46,11 @@ formats! {
     Influx => influx,
     Classad => classad,
     Json => json,
+    Munin => munin,
+    Checkmk => checkmk,
+    Collectd => collectd,
+    Netdata => netdata,
+    Sge => sge,
 }
 
 impl Format {
@@ -93,6 +98,51 @@ pub struct FormatDef {
     /// A stream probe can read it as it comes: each line is an update (value, kv, elim), or
     /// a line says where an update ends (ClassAd's `-`).
     pub streams: bool,
+    /// What the format's home system does when it runs a script (its arguments and
+    /// environment) and how it names values, so the agent does the same.
+    pub peer: &'static Peer,
+}
+
+/// How a format's home system runs its scripts and names their values: munin-node runs a
+/// plugin with no argument and `MUNIN_*` set, netdata passes its update-every, collectd sets
+/// `COLLECTD_HOSTNAME` and `COLLECTD_INTERVAL`. A probe's own `env:` still wins.
+pub struct Peer {
+    /// Arguments before the command's own (netdata's update-every).
+    pub args: fn(&PeerRun) -> Vec<String>,
+    /// Environment set under the probe's `env:`.
+    pub env: fn(&PeerRun) -> Vec<(String, String)>,
+    /// Labels whose value also names a sample for a resource without `select:`, the first
+    /// one present (a Netdata dimension id, a collectd type instance): `provides: [load1]`
+    /// finds `system.load.load1`.
+    pub short_names: &'static [&'static str],
+}
+
+/// What a peer's arguments and environment are made of.
+pub struct PeerRun<'a> {
+    /// The probe's name (`MUNIN_STATEFILE` is per plugin).
+    pub probe: &'a str,
+    pub host: &'a str,
+    pub interval: std::time::Duration,
+}
+
+/// A format that no other system runs scripts for in its own way.
+pub const NO_PEER: Peer = Peer {
+    args: |_| Vec::new(),
+    env: |_| Vec::new(),
+    short_names: &[],
+};
+
+impl Peer {
+    /// The label value that also names `sample` (see [`Peer::short_names`]).
+    pub fn short_name<'s>(&self, sample: &'s Sample) -> Option<&'s str> {
+        self.short_names.iter().find_map(|want| {
+            sample
+                .labels
+                .iter()
+                .find(|(k, _)| k == want)
+                .map(|(_, v)| v.as_str())
+        })
+    }
 }
 
 /// Exit statuses whose output is read; any other is a failed run.
@@ -389,6 +439,27 @@ impl<'a> LastWins<'a> {
             return Err(OutputError::Empty);
         }
         Ok(Parsed::of(self.samples))
+    }
+}
+
+/// Samples where a later one with the same name and labels replaces the earlier one in its
+/// place (a collectd identifier printed again, a Netdata chart's next update, a load
+/// sensor's next report). Indexed by key: n samples cost O(n), never a scan per sample.
+#[derive(Default)]
+pub(crate) struct Latest {
+    index: HashMap<String, usize>,
+}
+
+impl Latest {
+    pub fn put(&mut self, out: &mut Parsed, sample: Sample) {
+        let key = sample.key();
+        match self.index.get(&key) {
+            Some(&at) => out.samples[at] = sample,
+            None => {
+                self.index.insert(key, out.samples.len());
+                out.samples.push(sample);
+            }
+        }
     }
 }
 

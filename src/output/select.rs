@@ -201,6 +201,15 @@ fn matches_directly(format: Format, sample: &Sample, resource: &str) -> bool {
     if same_name(&sample.name, resource) {
         return true;
     }
+    // The name the format's own ecosystem calls it by (a Netdata dimension id).
+    if format
+        .def()
+        .peer
+        .short_name(sample)
+        .is_some_and(|short| same_name(short, resource))
+    {
+        return true;
+    }
     // A ClassAd named by its `- NAME` separator also feeds `NAME_Attr`.
     format == Format::Classad
         && sample
