@@ -3,7 +3,8 @@
 //! failed run. Output: `TEXT | perfdata` on the first line, long text on the next lines, and
 //! more perfdata after a second `|` until the end. A perfdata item is
 //! `'label'=value[UOM];warn;crit;min;max`; values are converted to base units: seconds
-//! (s, ms, us), bytes (B, KB, MB, GB, TB as powers of 1024, as the plugins compute them);
+//! (s, ms, us), bytes (B, KB, MB, GB, TB as powers of 1024, as the plugins compute them, and
+//! `kB`, `KiB`...`TiB` as /proc/meminfo readers print them);
 //! `%` and `c` (a counter) stay as printed.
 //!
 //! Samples: one per perfdata label, plus `exit` (the status as a number), `ok` (true when
@@ -163,13 +164,15 @@ pub(super) fn value_in_base_unit(raw: &str) -> Result<Option<String>, String> {
         "" | "s" | "%" | "B" | "c" => 1.0,
         "ms" => 1e-3,
         "us" => 1e-6,
-        "KB" => 1024.0,
-        "MB" => 1024.0 * 1024.0,
-        "GB" => 1024.0 * 1024.0 * 1024.0,
-        "TB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        // `kB` and the IEC names as plugins that read /proc/meminfo print them
+        // (nagios-plugins-linux's check_memory: `mem_total=24683784kB`).
+        "KB" | "kB" | "KiB" => 1024.0,
+        "MB" | "MiB" => 1024.0 * 1024.0,
+        "GB" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TB" | "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?} (known: s ms us % B KB MB GB TB c)"
+                "unknown unit {other:?} (known: s ms us % B KB MB GB TB c, kB, KiB MiB GiB TiB)"
             ))
         }
     };
@@ -277,6 +280,9 @@ mod tests {
             Some(&*(23180.0 * 1048576.0f64).to_string())
         );
         assert_eq!(get(&p, "used swap"), Some("0"));
+        let p = run("memory OK | mem_total=2kB a=1KiB b=1GiB\n", 0);
+        assert_eq!(get(&p, "mem_total"), Some("2048"));
+        assert_eq!(get(&p, "b"), Some(&*(1u64 << 30).to_string()));
         assert_eq!(get(&p, "load"), Some("1"));
         assert_eq!(get(&p, "memory"), None, "no half label");
     }

@@ -110,6 +110,11 @@ pub fn parse_block(lines: &[(usize, &str)], this_host: &str) -> Parsed {
             out.bad(number, format!("no load value name in {:?}", clip(line)));
             continue;
         }
+        if value.is_empty() {
+            // Grid Engine's own load.sh prints `host:load.15m:` when uptime's layout shifts.
+            out.bad(number, format!("{name} has no value"));
+            continue;
+        }
         let labels = if host.eq_ignore_ascii_case(GLOBAL) {
             vec![("host".to_owned(), GLOBAL.to_owned())]
         } else if same_host(host, this_host) {
@@ -176,8 +181,8 @@ mod tests {
 
     #[test]
     fn another_host_and_malformed_lines_are_errors_naming_them() {
-        let p = block("node7:a:1\nnode8:b:2\ngarbage\nnode7::3\nnode7:a:4\n");
-        assert_eq!(bad_line_numbers(&p), [2, 3, 4]);
+        let p = block("node7:a:1\nnode8:b:2\ngarbage\nnode7::3\nnode7:a:4\nnode7:c:\n");
+        assert_eq!(bad_line_numbers(&p), [2, 3, 4, 6]);
         assert!(p.bad_lines[0].to_string().contains("host \"node8\""));
         assert_eq!(p.samples.len(), 1);
         assert_eq!(p.samples[0].value, "4");
