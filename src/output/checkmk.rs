@@ -11,7 +11,7 @@
 //! service is fed by it; `select:` names a service (`"Disk root"`) or a metric of one
 //! (`used{service="Disk root"}`).
 
-use super::{clip, Exits, FormatDef, Input, OutputError, Parsed, Sample};
+use super::{clip, Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
     name: "checkmk",
@@ -30,13 +30,21 @@ pub const SERVICE_LABEL: &str = "service";
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut out = Parsed::default();
+    let mut budget = Budget::for_output(input.text.len());
     for (i, line) in input.text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || (line.starts_with("<<<") && line.ends_with(">>>")) {
             continue;
         }
-        if let Err(why) = service_line(&mut out, line, i + 1) {
-            out.bad(i + 1, why);
+        match service_line(&mut out, line, i + 1, &mut budget) {
+            Ok(()) => {}
+            Err(reason) if budget.spent() => {
+                return Err(OutputError::Line {
+                    line: i + 1,
+                    reason,
+                })
+            }
+            Err(why) => out.bad(i + 1, why),
         }
     }
     if out.samples.is_empty() && out.bad_lines.is_empty() {
@@ -46,7 +54,12 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
 }
 
 /// One service: its state and metrics pushed to `out`, or why the line is not one.
-fn service_line(out: &mut Parsed, line: &str, number: usize) -> Result<(), String> {
+fn service_line(
+    out: &mut Parsed,
+    line: &str,
+    number: usize,
+    budget: &mut Budget,
+) -> Result<(), String> {
     let (state, rest) = word(line);
     let computed = match state {
         "0" | "1" | "2" | "3" => None,
@@ -69,6 +82,8 @@ fn service_line(out: &mut Parsed, line: &str, number: usize) -> Result<(), Strin
         for item in metrics.split('|').filter(|m| !m.is_empty()) {
             let (name, value, level) = metric(item).map_err(|why| format!("service {service:?}: {why}"))?;
             worst = worst.map(|w| w.max(level));
+            // The service's name is repeated in every metric's label: counted.
+            budget.charge(name.len(), SERVICE_LABEL.len() + service.len(), value.len())?;
             samples.push(Sample {
                 name: name.to_owned(),
                 labels: vec![(SERVICE_LABEL.to_owned(), service.clone())],
@@ -216,6 +231,21 @@ mod tests {
         ] {
             assert_eq!(get(&p, svc, None), Some(state), "{svc}");
         }
+    }
+
+    #[test]
+    fn a_long_service_name_repeated_per_metric_is_refused_at_the_budget() {
+        let metrics = vec!["a=1"; 20_000].join("|");
+        let text = format!("0 {} {metrics} text\n", "s".repeat(60_000)).repeat(4);
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        });
+        assert!(
+            matches!(&e, Err(OutputError::Line { line: 1, reason }) if reason.contains("times the output's size")),
+            "{e:?}"
+        );
     }
 
     #[test]

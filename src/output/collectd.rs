@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use super::{
-    clip, Exits, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
+    clip, Budget, Exits, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
 };
 
 pub const DEF: FormatDef = FormatDef {
@@ -64,9 +64,10 @@ pub enum Line {
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut out = Parsed::default();
     let mut latest = Latest::default();
+    let mut budget = Budget::for_output(input.text.len());
     for (i, line) in input.text.lines().enumerate() {
         let number = i + 1;
-        match parse_line(line, number) {
+        match parse_line(line, number, &mut budget) {
             Ok(Line::Nothing) => {}
             Ok(Line::Notification(text)) => {
                 tracing::info!(probe = input.own, "collectd notification: {text}");
@@ -79,6 +80,12 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
                     latest.put(&mut out, s);
                 }
             }
+            Err(reason) if budget.spent() => {
+                return Err(OutputError::Line {
+                    line: number,
+                    reason,
+                })
+            }
             Err(why) => out.bad(number, why),
         }
     }
@@ -88,8 +95,10 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
     Ok(out)
 }
 
-/// One line of Exec output (`number` is its line, for the samples).
-pub fn parse_line(line: &str, number: usize) -> Result<Line, String> {
+/// One line of Exec output (`number` is its line, for the samples). Each value repeats the
+/// identifier: its samples are charged to `budget` (a stream reader gives each line or
+/// batch its own).
+pub fn parse_line(line: &str, number: usize, budget: &mut Budget) -> Result<Line, String> {
     let line = line.trim();
     if line.is_empty() {
         return Ok(Line::Nothing);
@@ -98,7 +107,7 @@ pub fn parse_line(line: &str, number: usize) -> Result<Line, String> {
         .split_once(char::is_whitespace)
         .map_or((line, ""), |(c, r)| (c, r.trim_start()));
     match command.to_ascii_uppercase().as_str() {
-        "PUTVAL" => putval(rest, number),
+        "PUTVAL" => putval(rest, number, budget),
         "PUTNOTIF" => Ok(Line::Notification(rest.to_owned())),
         _ => Err(format!(
             "expected PUTVAL or PUTNOTIF, got {:?}",
@@ -107,7 +116,7 @@ pub fn parse_line(line: &str, number: usize) -> Result<Line, String> {
     }
 }
 
-fn putval(rest: &str, number: usize) -> Result<Line, String> {
+fn putval(rest: &str, number: usize, budget: &mut Budget) -> Result<Line, String> {
     let (identifier, rest) = quoted_or_word(rest)?;
     let mut words = rest.split_whitespace().peekable();
     while let Some(option) = words.next_if(|w| w.contains('=')) {
@@ -150,6 +159,7 @@ fn putval(rest: &str, number: usize) -> Result<Line, String> {
             value: v.to_owned(),
             line: number,
         };
+        budget.charge_sample(&sample)?;
         if v == "U" {
             unknown.push(format!("{} is U: the script could not read it", sample.key()));
         } else if v.parse::<f64>().is_err() {
@@ -255,6 +265,21 @@ mod tests {
     }
 
     #[test]
+    fn a_long_identifier_repeated_per_value_is_refused_at_the_budget() {
+        let values = vec!["1"; 200_000].join(":");
+        let text = format!("PUTVAL h/p/{} N:{values}\n", "t".repeat(60_000));
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        });
+        assert!(
+            matches!(&e, Err(OutputError::Line { line: 1, reason }) if reason.contains("times the output's size")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn collectd_environment_and_the_line_reader() {
         let env = env(&PeerRun {
             probe: "p",
@@ -268,9 +293,10 @@ mod tests {
                 ("COLLECTD_INTERVAL".to_owned(), "2.500".to_owned())
             ]
         );
-        assert_eq!(parse_line("  ", 1), Ok(Line::Nothing));
+        let budget = &mut Budget::for_output(0);
+        assert_eq!(parse_line("  ", 1, budget), Ok(Line::Nothing));
         assert!(matches!(
-            parse_line("PUTNOTIF message=hi", 1),
+            parse_line("PUTNOTIF message=hi", 1, budget),
             Ok(Line::Notification(t)) if t == "message=hi"
         ));
     }

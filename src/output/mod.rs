@@ -496,6 +496,12 @@ impl Budget {
         self.spent
     }
 
+    /// Spend what `sample` costs, once it is built; `Err` once the budget is gone.
+    pub fn charge_sample(&mut self, sample: &Sample) -> Result<(), String> {
+        let labels = sample.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.charge(sample.name.len(), labels, sample.value.len())
+    }
+
     /// Spend what one sample with these parts costs; `Err` once the budget is gone.
     pub fn charge(&mut self, name: usize, labels: usize, value: usize) -> Result<(), String> {
         let cost = std::mem::size_of::<Sample>() + name + labels + value;

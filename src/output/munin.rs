@@ -15,7 +15,9 @@
 //! between runs), `MUNIN_CONFDIR`, and `MUNIN_CAP_MULTIGRAPH=1` (the agent reads multigraph
 //! output, so plugins that can print it do).
 
-use super::{clip, Exits, FormatDef, Input, OutputError, Parsed, Peer, PeerRun, Sample};
+use super::{
+    clip, Budget, Exits, FormatDef, Input, OutputError, Parsed, Peer, PeerRun, Sample,
+};
 
 pub const DEF: FormatDef = FormatDef {
     name: "munin",
@@ -57,6 +59,7 @@ fn env(run: &PeerRun) -> Vec<(String, String)> {
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut out = Parsed::default();
+    let mut budget = Budget::for_output(input.text.len());
     let mut graph: Option<&str> = None;
     for (i, line) in input.text.lines().enumerate() {
         let number = i + 1;
@@ -92,7 +95,17 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
             continue;
         }
         match field_value(rest) {
-            Ok(value) => out.samples.push(sample(graph, field, value, number)),
+            Ok(value) => {
+                // A long graph name is repeated in every field's name: counted.
+                let s = sample(graph, field, value, number);
+                budget
+                    .charge_sample(&s)
+                    .map_err(|reason| OutputError::Line {
+                        line: number,
+                        reason,
+                    })?;
+                out.samples.push(s);
+            }
             Err(why) => out.bad(number, format!("field {field:?}: {why}")),
         }
     }
@@ -179,6 +192,24 @@ mod tests {
         assert_eq!(values(&p), [("b", "2"), ("e", "5")]);
         assert_eq!(bad_line_numbers(&p), [1, 3, 4, 5, 6]);
         assert!(p.bad_lines[0].to_string().contains("is U"), "{:?}", p.bad_lines);
+    }
+
+    #[test]
+    fn a_long_graph_name_repeated_per_field_is_refused_at_the_budget() {
+        let text = format!(
+            "multigraph {}\n{}",
+            "g".repeat(60_000),
+            "a.value 1\n".repeat(20_000)
+        );
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        });
+        assert!(
+            matches!(&e, Err(OutputError::Line { reason, .. }) if reason.contains("times the output's size")),
+            "{e:?}"
+        );
     }
 
     #[test]

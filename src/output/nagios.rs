@@ -280,11 +280,12 @@ mod tests {
             Some(&*(23180.0 * 1048576.0f64).to_string())
         );
         assert_eq!(get(&p, "used swap"), Some("0"));
+        assert_eq!(get(&p, "load"), Some("1"));
+        assert_eq!(get(&p, "memory"), None, "no half label");
+        // nagios-plugins-linux's check_memory prints kB, as /proc/meminfo does.
         let p = run("memory OK | mem_total=2kB a=1KiB b=1GiB\n", 0);
         assert_eq!(get(&p, "mem_total"), Some("2048"));
         assert_eq!(get(&p, "b"), Some(&*(1u64 << 30).to_string()));
-        assert_eq!(get(&p, "load"), Some("1"));
-        assert_eq!(get(&p, "memory"), None, "no half label");
     }
 
     #[test]

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use super::{
-    clip, Exits, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
+    clip, Budget, Exits, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
 };
 
 pub const DEF: FormatDef = FormatDef {
@@ -49,13 +49,20 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut out = Parsed::default();
     let mut session = Session::default();
     let mut latest = Latest::default();
+    let mut budget = Budget::for_output(input.text.len());
     for (i, line) in input.text.lines().enumerate() {
-        match session.line(line, i + 1) {
+        match session.line(line, i + 1, &mut budget) {
             Ok(Event::Nothing) => {}
             Ok(Event::Update(samples)) => {
                 for s in samples {
                     latest.put(&mut out, s);
                 }
+            }
+            Err(reason) if budget.spent() => {
+                return Err(OutputError::Line {
+                    line: i + 1,
+                    reason,
+                })
             }
             Err(why) => out.bad(i + 1, why),
         }
@@ -108,8 +115,9 @@ struct Collecting {
 }
 
 impl Session {
-    /// Read one line (`number` is its line, for the samples).
-    pub fn line(&mut self, line: &str, number: usize) -> Result<Event, String> {
+    /// Read one line (`number` is its line, for the samples). A value's sample repeats its
+    /// chart's id: it is charged to `budget` (a stream reader gives each block its own).
+    pub fn line(&mut self, line: &str, number: usize, budget: &mut Budget) -> Result<Event, String> {
         let words = split_words(line);
         let Some((keyword, args)) = words.split_first() else {
             return Ok(Event::Nothing);
@@ -118,7 +126,7 @@ impl Session {
             "CHART" => self.chart(args),
             "DIMENSION" => self.dimension(args),
             "BEGIN" => self.begin(args),
-            "SET" => self.set(args, number),
+            "SET" => self.set(args, number, budget),
             "END" => self.end(),
             "FLUSH" => {
                 self.collecting = None;
@@ -183,7 +191,7 @@ impl Session {
         Ok(Event::Nothing)
     }
 
-    fn set(&mut self, args: &[String], number: usize) -> Result<Event, String> {
+    fn set(&mut self, args: &[String], number: usize, budget: &mut Budget) -> Result<Event, String> {
         let Some(c) = self.collecting.as_mut() else {
             return Err("SET outside a BEGIN ... END update".into());
         };
@@ -207,7 +215,7 @@ impl Session {
         let value = scaled(raw, *scale).ok_or_else(|| {
             format!("SET {:?}: value {:?} is not a number", clip(id), clip(raw))
         })?;
-        c.samples.push(Sample {
+        let sample = Sample {
             name: format!("{}.{id}", c.chart),
             labels: vec![
                 ("chart".to_owned(), c.chart.clone()),
@@ -215,7 +223,9 @@ impl Session {
             ],
             value,
             line: number,
-        });
+        };
+        budget.charge_sample(&sample)?;
+        c.samples.push(sample);
         Ok(Event::Nothing)
     }
 
@@ -311,14 +321,15 @@ END
     #[test]
     fn a_session_keeps_its_charts_across_blocks() {
         let mut s = Session::default();
+        let budget = &mut Budget::for_output(0);
         for (i, l) in SENSORS.lines().take(6).enumerate() {
-            assert_eq!(s.line(l, i + 1), Ok(Event::Nothing));
+            assert_eq!(s.line(l, i + 1, budget), Ok(Event::Nothing));
         }
         let block = ["BEGIN system.load", "SET jobs = 3", "END"];
         let mut last = Event::Nothing;
         for round in 0..2 {
             for l in block {
-                last = s.line(l, round).unwrap();
+                last = s.line(l, round, budget).unwrap();
             }
         }
         let Event::Update(samples) = last else {
@@ -338,6 +349,24 @@ END
         assert_eq!(
             bad_line_numbers(&p),
             [1, 2, 3, 4, 6, 8, 10, 11, 12, 15, 16, 17]
+        );
+    }
+
+    #[test]
+    fn a_long_chart_id_repeated_per_value_is_refused_at_the_budget() {
+        let chart = format!("a.{}", "c".repeat(60_000));
+        let text = format!(
+            "CHART {chart}\nDIMENSION d\nBEGIN {chart}\n{}END\n",
+            "SET d = 1\n".repeat(20_000)
+        );
+        let e = parse(&Input {
+            text: &text,
+            exit: Some(0),
+            own: "x",
+        });
+        assert!(
+            matches!(&e, Err(OutputError::Line { reason, .. }) if reason.contains("times the output's size")),
+            "{e:?}"
         );
     }
 
