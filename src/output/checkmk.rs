@@ -103,6 +103,16 @@ fn service_line(
     Ok(())
 }
 
+/// A line the way local checks write it: a state, a service, and `-` or `name=value` metrics.
+pub(super) fn looks_like(line: &str) -> bool {
+    let (state, rest) = word(line);
+    matches!(state, "0" | "1" | "2" | "3" | "P")
+        && service_name(rest).is_ok_and(|(_, rest)| {
+            let metrics = word(rest).0;
+            metrics == "-" || metrics.contains('=')
+        })
+}
+
 /// The first blank-separated word and the rest.
 fn word(s: &str) -> (&str, &str) {
     let s = s.trim_start();

@@ -334,6 +334,9 @@ pub fn looks_like(text: &str) -> Option<Format> {
         .take(20)
         .collect();
     let first = *lines.first()?;
+    if let Some(peer) = looks_like_a_peer(&lines) {
+        return Some(peer);
+    }
     if lines
         .iter()
         .any(|l| l.starts_with("# TYPE ") || l.starts_with("# HELP "))
@@ -365,6 +368,36 @@ pub fn looks_like(text: &str) -> Option<Format> {
         } else {
             Format::Kv
         });
+    }
+    None
+}
+
+/// The protocols whose keywords give them away: collectd's PUTVAL, netdata's CHART/BEGIN,
+/// a load sensor's `begin`, Munin's `field.value`, a Checkmk local check's state and metrics.
+fn looks_like_a_peer(lines: &[&str]) -> Option<Format> {
+    let all = |f: fn(&str) -> bool| lines.iter().all(|l| f(l));
+    let first_word = |l: &str| l.split_whitespace().next().unwrap_or("").to_owned();
+    if all(|l| l.starts_with("PUTVAL ") || l.starts_with("PUTNOTIF ")) {
+        return Some(Format::Collectd);
+    }
+    if lines.iter().any(|l| first_word(l) == "CHART")
+        && lines.iter().any(|l| first_word(l) == "BEGIN")
+    {
+        return Some(Format::Netdata);
+    }
+    if lines.first() == Some(&sge::BEGIN) {
+        return Some(Format::Sge);
+    }
+    if all(|l| {
+        l.starts_with("multigraph ")
+            || l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.ends_with(".value"))
+    }) {
+        return Some(Format::Munin);
+    }
+    if all(checkmk::looks_like) {
+        return Some(Format::Checkmk);
     }
     None
 }
@@ -655,5 +688,22 @@ mod tests {
         assert_eq!(looks_like("2 a 1 b 2\n"), Some(Format::Elim));
         assert_eq!(looks_like("a = 1\n-\n"), Some(Format::Classad));
         assert_eq!(looks_like("hello world\n"), None);
+        assert_eq!(
+            looks_like("multigraph cpu\nuser.value 5\n"),
+            Some(Format::Munin)
+        );
+        assert_eq!(
+            looks_like("0 \"Disk root\" used=4;8;9 fine\nP Load - ok\n"),
+            Some(Format::Checkmk)
+        );
+        assert_eq!(
+            looks_like("PUTVAL \"h/load/load\" N:1:2:3\n"),
+            Some(Format::Collectd)
+        );
+        assert_eq!(
+            looks_like("CHART a.b '' t u\nDIMENSION d\nBEGIN a.b\nSET d = 1\nEND\n"),
+            Some(Format::Netdata)
+        );
+        assert_eq!(looks_like("begin\nh:load.5m:0.5\nend\n"), Some(Format::Sge));
     }
 }

@@ -453,3 +453,24 @@ resources:
         "{r:#}"
     );
 }
+
+#[test]
+fn a_peers_output_in_the_wrong_format_says_which_format_it_looked_like() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: load
+    interval: 60
+    probe: {kind: exec, command: [munin-load.sh], format: nagios}
+"#,
+    );
+    s.script("munin-load.sh", "#!/bin/sh\necho 'load.value 0.52'\n");
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let r = row(&json, "load");
+    assert_eq!(
+        r["error"],
+        "\"load\" is not in the probe's output; the output looked like Munin plugin output: did you mean `format: munin`?",
+        "{r:#}"
+    );
+}
