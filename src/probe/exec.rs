@@ -224,7 +224,10 @@ pub async fn run(
             return run;
         }
     };
-    detail.argv[0] = child.program.display().to_string();
+    // As run: the resolved program and the peer's arguments (netdata's update-every) too.
+    detail.argv = std::iter::once(child.program.display().to_string())
+        .chain(child.args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect();
     detail.user = user;
     let result = process::run(&child).await;
     let mut run = match result {

@@ -672,6 +672,29 @@ proptest! {
     }
 
     #[test]
+    fn json_records_are_picked_by_their_keys_in_any_order(
+        temps in proptest::collection::btree_map(0u32..1000, -50i64..150, 1..8),
+        order in any::<proptest::sample::Index>(),
+    ) {
+        let mut records: Vec<Json> = temps
+            .iter()
+            .map(|(i, t)| serde_json::json!({"name": "gpu", "index": i, "temp": t}))
+            .collect();
+        let turn = order.index(records.len());
+        records.rotate_left(turn);
+        let doc = serde_json::to_string(&Json::Array(records)).unwrap();
+        let p = parsed(Format::Json, &doc);
+        for (i, t) in &temps {
+            let pick = output::Pick {
+                selector: Some(output::parse_selector(&format!("temp{{name=\"gpu\",index=\"{i}\"}}")).unwrap()),
+                ..output::Pick::default()
+            };
+            let r = output::select::reading(Format::Json, &pick, &p, "r", xce_agent::value::Valtype::Numeric);
+            prop_assert_eq!(r, Some(xce_agent::value::Reading::Ok(xce_agent::value::Value::Numeric(*t as f64))));
+        }
+    }
+
+    #[test]
     fn nagios_unquoted_labels_with_spaces_are_whole(
         items in proptest::collection::btree_map("[a-z][a-z0-9_]{0,5}( [a-z][a-z0-9_]{0,5}){0,2}", 0f64..1e6, 1..6),
     ) {

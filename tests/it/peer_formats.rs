@@ -270,6 +270,11 @@ resources:
     let (code, text) = probe(&s, "core0_temp");
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("NETDATA_UPDATE_EVERY=1"), "{text}");
+    // The update-every argument netdata passes is shown as run.
+    assert!(
+        text.contains(&format!("argv:      {} 1\n", plugin.display())),
+        "{text}"
+    );
 }
 
 /// Drive a Grid Engine load sensor as sge_execd does: a newline asks for a report, which
@@ -473,4 +478,36 @@ resources:
         "\"load\" is not in the probe's output; the output looked like Munin plugin output: did you mean `format: munin`?",
         "{r:#}"
     );
+}
+
+#[test]
+fn json_records_are_selected_by_their_keys_whatever_their_order() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: gpu0_temp
+    interval: 60
+    probe:
+      kind: exec
+      command: [gpus.sh]
+      format: json
+      provides: [gpu1_temp, psu_temp]
+      select:
+        gpu0_temp: 'temp{name="gpu",index="0"}'
+        gpu1_temp: 'temp{name="gpu",index="1"}'
+        psu_temp: 'sensor.temp{name="psu"}'
+  - {name: gpu1_temp, interval: 60}
+  - {name: psu_temp, interval: 60}
+"#,
+    );
+    // As Telegraf's json format with json_name_key = "name", tag_keys = ["index"] reads it.
+    s.script(
+        "gpus.sh",
+        "#!/bin/sh\necho '[{\"name\": \"gpu\", \"index\": 1, \"temp\": 58}, {\"name\": \"psu\", \"sensor\": {\"temp\": 40}}, {\"name\": \"gpu\", \"index\": 0, \"temp\": 61}]'\n",
+    );
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(0), "{json:#}");
+    assert_eq!(number(&json, "gpu0_temp"), 61.0);
+    assert_eq!(number(&json, "gpu1_temp"), 58.0);
+    assert_eq!(number(&json, "psu_temp"), 40.0);
 }
