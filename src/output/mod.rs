@@ -103,6 +103,30 @@ pub struct FormatDef {
     pub peer: &'static Peer,
 }
 
+impl FormatDef {
+    /// A format other systems' scripts print (Munin, Checkmk, collectd, Netdata, Grid
+    /// Engine): read from a run that exited 0, `select:` applies, empty output is no answer,
+    /// names keep their case, and stream probes do not read it yet.
+    pub const fn of_a_peer(
+        name: &'static str,
+        title: &'static str,
+        parse: fn(&Input) -> Result<Parsed, OutputError>,
+        peer: &'static Peer,
+    ) -> Self {
+        Self {
+            name,
+            title,
+            parse,
+            exits: Exits::Zero,
+            selectable: true,
+            empty_is_an_answer: false,
+            fold_case: false,
+            streams: false,
+            peer,
+        }
+    }
+}
+
 /// How a format's home system runs its scripts and names their values: munin-node runs a
 /// plugin with no argument and `MUNIN_*` set, netdata passes its update-every, collectd sets
 /// `COLLECTD_HOSTNAME` and `COLLECTD_INTERVAL`. A probe's own `env:` still wins.
@@ -133,6 +157,18 @@ pub const NO_PEER: Peer = Peer {
 };
 
 impl Peer {
+    /// A system that sets an environment but passes no arguments (munin-node, collectd).
+    pub const fn environment(
+        env: fn(&PeerRun) -> Vec<(String, String)>,
+        short_names: &'static [&'static str],
+    ) -> Self {
+        Self {
+            args: |_| Vec::new(),
+            env,
+            short_names,
+        }
+    }
+
     /// The label value that also names `sample` (see [`Peer::short_names`]).
     pub fn short_name<'s>(&self, sample: &'s Sample) -> Option<&'s str> {
         self.short_names.iter().find_map(|want| {
@@ -563,13 +599,31 @@ fn clip(s: &str) -> String {
 pub(crate) mod test_support {
     use super::{Input, OutputError, Parsed};
 
-    pub fn parse_ok(parse: fn(&Input) -> Result<Parsed, OutputError>, text: &str) -> Parsed {
+    type ParseFn = fn(&Input) -> Result<Parsed, OutputError>;
+
+    /// `text` as a run that exited 0 printed it.
+    pub fn parse_run(parse: ParseFn, text: &str) -> Result<Parsed, OutputError> {
         parse(&Input {
             text,
             exit: Some(0),
             own: "x",
         })
-        .expect("parses")
+    }
+
+    pub fn parse_ok(parse: ParseFn, text: &str) -> Parsed {
+        parse_run(parse, text).expect("parses")
+    }
+
+    /// The line a parse stopped at because its samples would overrun its [`super::Budget`].
+    pub fn refused_at_budget(parse: ParseFn, text: &str) -> usize {
+        match parse_run(parse, text) {
+            Err(OutputError::Line { line, reason })
+                if reason.contains("times the output's size") =>
+            {
+                line
+            }
+            other => panic!("not refused at the budget: {other:?}"),
+        }
     }
 
     pub fn bad_line_numbers(p: &Parsed) -> Vec<usize> {

@@ -11,19 +11,9 @@
 //! and `quit` to stop it. [`parse_block`] reads one report for a stream reader; [`parse`]
 //! reads whole text (a one-shot script printing one report).
 
-use super::{clip, Exits, FormatDef, Input, Latest, OutputError, Parsed, Sample};
+use super::{clip, FormatDef, Input, Latest, OutputError, Parsed, Sample};
 
-pub const DEF: FormatDef = FormatDef {
-    name: "sge",
-    title: "a Grid Engine load sensor report",
-    parse,
-    exits: Exits::Zero,
-    selectable: true,
-    empty_is_an_answer: false,
-    fold_case: false,
-    streams: false,
-    peer: &super::NO_PEER,
-};
+pub const DEF: FormatDef = FormatDef::of_a_peer("sge", "a Grid Engine load sensor report", parse, &super::NO_PEER);
 
 /// The host a cluster-wide value names.
 pub const GLOBAL: &str = "global";

@@ -11,7 +11,15 @@ use std::process::{Command, Stdio};
 
 use crate::formats::{number, once, probe, required, row};
 use crate::support::Setup;
+use serde_json::Value as Json;
 use xce_agent::config::Format;
+
+/// `--once` that exits 0: every resource answered.
+fn answered(s: &Setup) -> Json {
+    let (code, json) = once(s);
+    assert_eq!(code, Some(0), "{json:#}");
+    json
+}
 
 fn installed(path: &str, package: &str) -> Option<PathBuf> {
     let p = PathBuf::from(path);
@@ -124,9 +132,8 @@ resources:
             .collect::<String>(),
     ));
     let (before, user_before) = (loadavg(), cpu_user());
-    let (code, json) = once(&s);
+    let json = answered(&s);
     let (after, user_after) = (loadavg(), cpu_user());
-    assert_eq!(code, Some(0), "{json:#}");
     // load prints /proc/loadavg's second field.
     let l = number(&json, "load");
     assert!(
@@ -176,9 +183,8 @@ resources:
         load.display()
     ));
     let before = loadavg();
-    let (code, json) = once(&s);
+    let json = answered(&s);
     let after = loadavg();
-    assert_eq!(code, Some(0), "{json:#}");
     // `mem_total=24683784kB`: kB as /proc/meminfo means it.
     assert_eq!(
         number(&json, "mem_total"),
@@ -261,8 +267,7 @@ resources:
             conf = conf.display(),
         ),
     );
-    let (code, json) = once(&s);
-    assert_eq!(code, Some(0), "{json:#}");
+    let json = answered(&s);
     // 45000 millidegrees, divisor 1000.
     assert_eq!(number(&json, "core0_temp"), 45.0);
     // The plugin's own chart, fed by its dimension id without a select.
@@ -381,8 +386,7 @@ resources:
 "#,
     );
     s.script("collectd-meminfo.sh", &fixture("collectd-meminfo.sh"));
-    let (code, json) = once(&s);
-    assert_eq!(code, Some(0), "{json:#}");
+    let json = answered(&s);
     // `total` is the type instance of memory/memory-total: no select needed.
     assert_eq!(
         number(&json, "total"),
@@ -422,8 +426,7 @@ resources:
 "#,
     );
     s.script("checkmk-meminfo.sh", &fixture("checkmk-meminfo.sh"));
-    let (code, json) = once(&s);
-    assert_eq!(code, Some(0), "{json:#}");
+    let json = answered(&s);
     assert_eq!(
         number(&json, "mem_total_kb"),
         meminfo_kb("MemTotal").unwrap()
@@ -505,8 +508,7 @@ resources:
         "gpus.sh",
         "#!/bin/sh\necho '[{\"name\": \"gpu\", \"index\": 1, \"temp\": 58}, {\"name\": \"psu\", \"sensor\": {\"temp\": 40}}, {\"name\": \"gpu\", \"index\": 0, \"temp\": 61}]'\n",
     );
-    let (code, json) = once(&s);
-    assert_eq!(code, Some(0), "{json:#}");
+    let json = answered(&s);
     assert_eq!(number(&json, "gpu0_temp"), 61.0);
     assert_eq!(number(&json, "gpu1_temp"), 58.0);
     assert_eq!(number(&json, "psu_temp"), 40.0);
