@@ -8,9 +8,17 @@ pub mod select;
 use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
+// What a stream reader of the peers' protocols calls, a line or a block at a time: a
+// collectd Exec line, a Netdata session's lines (its charts kept across blocks), a Grid
+// Engine load report between `begin` and `end` for the machine's host name.
+pub use collectd::{parse_line as parse_collectd_line, Line as CollectdLine};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
+pub use netdata::{Event as NetdataEvent, Session as NetdataSession};
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
+pub use sge::{
+    parse_block as parse_sge_block, this_host as sge_host, BEGIN as SGE_BEGIN, END as SGE_END,
+};
 pub use value::parse_value;
 
 /// One `name -> raw text` pair a probe reported.
@@ -514,7 +522,7 @@ impl<'a> LastWins<'a> {
 /// Samples where a later one with the same name and labels replaces the earlier one in its
 /// place (a collectd identifier printed again, a Netdata chart's next update, a load
 /// sensor's next report). Indexed by key: n samples cost O(n), never a scan per sample.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Latest {
     index: HashMap<String, usize>,
 }
@@ -540,7 +548,7 @@ impl Latest {
 /// (The line formats, kv, elim, value, Prometheus, Nagios and ClassAd, take each sample's
 /// text from its own line, so they stay within a like factor without counting.)
 #[derive(Debug)]
-pub(crate) struct Budget {
+pub struct Budget {
     left: usize,
     spent: bool,
 }

@@ -23,7 +23,7 @@ pub const BEGIN: &str = "begin";
 pub const END: &str = "end";
 
 /// The host name the sensor compares with: the machine's, as SGE's `gethostname -name`.
-fn this_host() -> &'static str {
+pub fn this_host() -> &'static str {
     static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     HOST.get_or_init(|| {
         nix::unistd::gethostname()
