@@ -513,3 +513,23 @@ resources:
     assert_eq!(number(&json, "gpu1_temp"), 58.0);
     assert_eq!(number(&json, "psu_temp"), 40.0);
 }
+
+#[test]
+fn the_probes_own_env_wins_over_the_peers() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: elsewhere_interval
+    interval: 60
+    probe:
+      kind: exec
+      command: [collectd-meminfo.sh]
+      format: collectd
+      env: {COLLECTD_HOSTNAME: elsewhere, COLLECTD_INTERVAL: "7"}
+      select: {elsewhere_interval: 'exec-agent/gauge-interval{host="elsewhere"}'}
+"#,
+    );
+    s.script("collectd-meminfo.sh", &fixture("collectd-meminfo.sh"));
+    let json = answered(&s);
+    assert_eq!(number(&json, "elsewhere_interval"), 7.0);
+}
