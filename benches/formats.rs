@@ -47,6 +47,42 @@ fn nagios() -> String {
     out
 }
 
+fn munin() -> String {
+    let mut out = String::from("multigraph diskstats\n");
+    out.push_str(&fill(|i| format!("data_p{i}.value {i}.5\n")));
+    out
+}
+
+fn checkmk() -> String {
+    fill(|i| format!("P \"Disk p{i}\" used={i}.5;80;90;0;100|inodes={i} fine\n"))
+}
+
+fn collectd() -> String {
+    fill(|i| format!("PUTVAL \"n1/df-data_p{i}/percent_bytes-used\" interval=60 N:{i}.5\n"))
+}
+
+/// A chart of as many dimensions as fill half the cap, then one update of all of them.
+fn netdata() -> String {
+    let n = SIZE / 2 / "DIMENSION p0000 '' absolute 1 1000\n".len();
+    let mut out = String::from("CHART disk.used '' 'Used' '%' disk disk.used line 1 1\n");
+    for i in 0..n {
+        out.push_str(&format!("DIMENSION p{i} '' absolute 1 1000\n"));
+    }
+    out.push_str("BEGIN disk.used\n");
+    for i in 0..n {
+        out.push_str(&format!("SET p{i} = {i}500\n"));
+    }
+    out.push_str("END\n");
+    out
+}
+
+fn sge() -> String {
+    let mut out = String::from("begin\n");
+    out.push_str(&fill(|i| format!("global:data_p{i}:{i}.5\n")));
+    out.push_str("end\n");
+    out
+}
+
 /// UTF-8 validation and line splitting of `text`: no parser reads less.
 fn floor(text: &str) -> usize {
     let s = std::str::from_utf8(divan::black_box(text.as_bytes())).unwrap_or("");
@@ -63,12 +99,24 @@ fn parse_and_select(format: Format, text: &str, selector: &str) -> bool {
     select::reading(format, &pick, &parsed, "r", Valtype::Numeric).is_some()
 }
 
-#[divan::bench(args = ["prometheus", "influx", "classad", "nagios"])]
+const FORMATS: &[&str] = &[
+    "prometheus",
+    "influx",
+    "classad",
+    "nagios",
+    "munin",
+    "checkmk",
+    "collectd",
+    "netdata",
+    "sge",
+];
+
+#[divan::bench(args = FORMATS)]
 fn floor_lines(which: &str) -> usize {
     floor(input(which))
 }
 
-#[divan::bench(args = ["prometheus", "influx", "classad", "nagios"])]
+#[divan::bench(args = FORMATS)]
 fn parse_select(which: &str) -> bool {
     let text = input(which);
     let (format, selector) = match which {
@@ -78,13 +126,18 @@ fn parse_select(which: &str) -> bool {
         ),
         "influx" => (Format::Influx, "disk.used_percent{path=\"/data/p1\"}"),
         "classad" => (Format::Classad, "Project1UsedBytes"),
+        "munin" => (Format::Munin, "diskstats.data_p1"),
+        "checkmk" => (Format::Checkmk, "used{service=\"Disk p1\"}"),
+        "collectd" => (Format::Collectd, "df-data_p1/percent_bytes-used"),
+        "netdata" => (Format::Netdata, "disk.used.p1"),
+        "sge" => (Format::Sge, "data_p1{host=\"global\"}"),
         _ => (Format::Nagios, "/data/p1"),
     };
     parse_and_select(format, text, selector)
 }
 
 fn input(which: &str) -> &'static str {
-    static INPUTS: std::sync::OnceLock<[String; 5]> = std::sync::OnceLock::new();
+    static INPUTS: std::sync::OnceLock<[String; 10]> = std::sync::OnceLock::new();
     let i = INPUTS.get_or_init(|| {
         [
             prometheus(),
@@ -92,6 +145,11 @@ fn input(which: &str) -> &'static str {
             classad(),
             nagios(),
             classad_stream(),
+            munin(),
+            checkmk(),
+            collectd(),
+            netdata(),
+            sge(),
         ]
     });
     match which {
@@ -99,6 +157,11 @@ fn input(which: &str) -> &'static str {
         "influx" => &i[1],
         "classad" => &i[2],
         "classad_stream" => &i[4],
+        "munin" => &i[5],
+        "checkmk" => &i[6],
+        "collectd" => &i[7],
+        "netdata" => &i[8],
+        "sge" => &i[9],
         _ => &i[3],
     }
 }

@@ -21,6 +21,7 @@ pub const DEF: FormatDef = FormatDef {
     empty_is_an_answer: true,
     fold_case: true,
     streams: true,
+    peer: &super::NO_PEER,
 };
 
 /// The label a `- NAME` separator puts on its ad's attributes.

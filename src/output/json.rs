@@ -6,17 +6,24 @@
 //! by it; `select:` names the path itself (`gpu.0.temp`). Output that is not JSON is a failed
 //! run whose error says where the document broke.
 //!
+//! A record is picked by its keys' values, as Telegraf's `tag_keys` and `json_name_key`
+//! name records: `select: {gpu1_temp: 'temp{index="1"}'}` takes the `temp` of the object
+//! whose `index` is 1, wherever that object is in its array (`gpu.3.temp` when `gpu.3.index`
+//! is 1). The selector's name is the leaf's path inside the record; its labels are keys of
+//! the same record.
+//!
 //! The document is read as it is parsed (never built as a tree first) and its leaves are
 //! charged against the parse's [`Budget`]: 16 MiB of JSON costs the agent its samples, at
 //! most [`super::SAMPLE_BYTES_PER_OUTPUT_BYTE`] times its size, not a tree of values on top.
 //! serde_json bounds the nesting (128 levels). A key repeated in one object gives a sample
 //! for each (a resource they both feed names both).
 
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
+use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample, Selector};
 
 pub const DEF: FormatDef = FormatDef {
     name: "json",
@@ -27,6 +34,7 @@ pub const DEF: FormatDef = FormatDef {
     empty_is_an_answer: true,
     fold_case: false,
     streams: false,
+    peer: &super::NO_PEER,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
@@ -173,6 +181,39 @@ impl<'de> Visitor<'de> for Leaves<'_> {
     }
 }
 
+/// The samples `sel` takes by record: those at `RECORD.NAME` (or `NAME` at the top) whose
+/// record has every key of `sel.labels` with that value. One pass to index the leaves, one
+/// to match: O(samples), whatever the number of records.
+pub(super) fn in_records<'s>(samples: &'s [Sample], sel: &Selector) -> Vec<&'s Sample> {
+    let by_path: HashMap<&str, &str> = samples
+        .iter()
+        .map(|s| (s.name.as_str(), s.value.as_str()))
+        .collect();
+    let mut key = String::new();
+    samples
+        .iter()
+        .filter(|s| {
+            let record = if s.name == sel.name {
+                ""
+            } else {
+                match s.name.strip_suffix(sel.name.as_str()) {
+                    Some(r) if r.ends_with('.') => &r[..r.len() - 1],
+                    _ => return false,
+                }
+            };
+            sel.labels.iter().all(|(k, v)| {
+                key.clear();
+                if !record.is_empty() {
+                    key.push_str(record);
+                    key.push('.');
+                }
+                key.push_str(k);
+                by_path.get(key.as_str()) == Some(&v.as_str())
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_support::parse_ok;
@@ -205,6 +246,30 @@ mod tests {
             .map(|(n, v)| (n.to_owned(), v.to_owned()))
         );
         assert_eq!(names_and_values("[1, [2]]")[1], ("1.0".into(), "2".into()));
+    }
+
+    #[test]
+    fn records_are_picked_by_their_keys_not_their_place() {
+        let p = parse_ok(
+            parse,
+            r#"[{"name": "gpu", "index": 1, "temp": 58, "fan": {"rpm": 900}},
+                {"name": "gpu", "index": 0, "temp": 61, "fan": {"rpm": 800}},
+                {"name": "psu", "index": 0, "temp": 40}]"#,
+        );
+        let sel = |s: &str| crate::output::parse_selector(s).unwrap();
+        let values = |s: &str| -> Vec<String> {
+            in_records(&p.samples, &sel(s))
+                .into_iter()
+                .map(|s| s.value.clone())
+                .collect()
+        };
+        assert_eq!(values(r#"temp{name="gpu",index="1"}"#), ["58"]);
+        assert_eq!(values(r#"fan.rpm{index="0"}"#), ["800"]);
+        assert_eq!(values(r#"temp{index="0"}"#), ["61", "40"]);
+        assert!(values(r#"temp{index="7"}"#).is_empty());
+        // A record at the top is the document itself.
+        let top = parse_ok(parse, r#"{"host": "n1", "load": 2}"#);
+        assert_eq!(in_records(&top.samples, &sel(r#"load{host="n1"}"#)).len(), 1);
     }
 
     #[test]

@@ -8,9 +8,17 @@ pub mod select;
 use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
+// What a stream reader of the peers' protocols calls, a line or a block at a time: a
+// collectd Exec line, a Netdata session's lines (its charts kept across blocks), a Grid
+// Engine load report between `begin` and `end` for the machine's host name.
+pub use collectd::{parse_line as parse_collectd_line, Line as CollectdLine};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
+pub use netdata::{Event as NetdataEvent, Session as NetdataSession};
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
+pub use sge::{
+    parse_block as parse_sge_block, this_host as sge_host, BEGIN as SGE_BEGIN, END as SGE_END,
+};
 pub use value::parse_value;
 
 /// One `name -> raw text` pair a probe reported.
@@ -46,6 +54,11 @@ formats! {
     Influx => influx,
     Classad => classad,
     Json => json,
+    Munin => munin,
+    Checkmk => checkmk,
+    Collectd => collectd,
+    Netdata => netdata,
+    Sge => sge,
 }
 
 impl Format {
@@ -93,6 +106,87 @@ pub struct FormatDef {
     /// A stream probe can read it as it comes: each line is an update (value, kv, elim), or
     /// a line says where an update ends (ClassAd's `-`).
     pub streams: bool,
+    /// What the format's home system does when it runs a script (its arguments and
+    /// environment) and how it names values, so the agent does the same.
+    pub peer: &'static Peer,
+}
+
+impl FormatDef {
+    /// A format other systems' scripts print (Munin, Checkmk, collectd, Netdata, Grid
+    /// Engine): read from a run that exited 0, `select:` applies, empty output is no answer,
+    /// names keep their case, and stream probes do not read it yet.
+    pub const fn of_a_peer(
+        name: &'static str,
+        title: &'static str,
+        parse: fn(&Input) -> Result<Parsed, OutputError>,
+        peer: &'static Peer,
+    ) -> Self {
+        Self {
+            name,
+            title,
+            parse,
+            exits: Exits::Zero,
+            selectable: true,
+            empty_is_an_answer: false,
+            fold_case: false,
+            streams: false,
+            peer,
+        }
+    }
+}
+
+/// How a format's home system runs its scripts and names their values: munin-node runs a
+/// plugin with no argument and `MUNIN_*` set, netdata passes its update-every, collectd sets
+/// `COLLECTD_HOSTNAME` and `COLLECTD_INTERVAL`. A probe's own `env:` still wins.
+pub struct Peer {
+    /// Arguments before the command's own (netdata's update-every).
+    pub args: fn(&PeerRun) -> Vec<String>,
+    /// Environment set under the probe's `env:`.
+    pub env: fn(&PeerRun) -> Vec<(String, String)>,
+    /// Labels whose value also names a sample for a resource without `select:`, the first
+    /// one present (a Netdata dimension id, a collectd type instance): `provides: [load1]`
+    /// finds `system.load.load1`.
+    pub short_names: &'static [&'static str],
+}
+
+/// What a peer's arguments and environment are made of.
+pub struct PeerRun<'a> {
+    /// The probe's name (`MUNIN_STATEFILE` is per plugin).
+    pub probe: &'a str,
+    pub host: &'a str,
+    pub interval: std::time::Duration,
+}
+
+/// A format that no other system runs scripts for in its own way.
+pub const NO_PEER: Peer = Peer {
+    args: |_| Vec::new(),
+    env: |_| Vec::new(),
+    short_names: &[],
+};
+
+impl Peer {
+    /// A system that sets an environment but passes no arguments (munin-node, collectd).
+    pub const fn environment(
+        env: fn(&PeerRun) -> Vec<(String, String)>,
+        short_names: &'static [&'static str],
+    ) -> Self {
+        Self {
+            args: |_| Vec::new(),
+            env,
+            short_names,
+        }
+    }
+
+    /// The label value that also names `sample` (see [`Peer::short_names`]).
+    pub fn short_name<'s>(&self, sample: &'s Sample) -> Option<&'s str> {
+        self.short_names.iter().find_map(|want| {
+            sample
+                .labels
+                .iter()
+                .find(|(k, _)| k == want)
+                .map(|(_, v)| v.as_str())
+        })
+    }
 }
 
 /// Exit statuses whose output is read; any other is a failed run.
@@ -284,6 +378,9 @@ pub fn looks_like(text: &str) -> Option<Format> {
         .take(20)
         .collect();
     let first = *lines.first()?;
+    if let Some(peer) = looks_like_a_peer(&lines) {
+        return Some(peer);
+    }
     if lines
         .iter()
         .any(|l| l.starts_with("# TYPE ") || l.starts_with("# HELP "))
@@ -315,6 +412,36 @@ pub fn looks_like(text: &str) -> Option<Format> {
         } else {
             Format::Kv
         });
+    }
+    None
+}
+
+/// The protocols whose keywords give them away: collectd's PUTVAL, netdata's CHART/BEGIN,
+/// a load sensor's `begin`, Munin's `field.value`, a Checkmk local check's state and metrics.
+fn looks_like_a_peer(lines: &[&str]) -> Option<Format> {
+    let all = |f: fn(&str) -> bool| lines.iter().all(|l| f(l));
+    let first_word = |l: &str| l.split_whitespace().next().unwrap_or("").to_owned();
+    if all(|l| l.starts_with("PUTVAL ") || l.starts_with("PUTNOTIF ")) {
+        return Some(Format::Collectd);
+    }
+    if lines.iter().any(|l| first_word(l) == "CHART")
+        && lines.iter().any(|l| first_word(l) == "BEGIN")
+    {
+        return Some(Format::Netdata);
+    }
+    if lines.first() == Some(&sge::BEGIN) {
+        return Some(Format::Sge);
+    }
+    if all(|l| {
+        l.starts_with("multigraph ")
+            || l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.ends_with(".value"))
+    }) {
+        return Some(Format::Munin);
+    }
+    if all(checkmk::looks_like) {
+        return Some(Format::Checkmk);
     }
     None
 }
@@ -392,6 +519,27 @@ impl<'a> LastWins<'a> {
     }
 }
 
+/// Samples where a later one with the same name and labels replaces the earlier one in its
+/// place (a collectd identifier printed again, a Netdata chart's next update, a load
+/// sensor's next report). Indexed by key: n samples cost O(n), never a scan per sample.
+#[derive(Debug, Default)]
+pub(crate) struct Latest {
+    index: HashMap<String, usize>,
+}
+
+impl Latest {
+    pub fn put(&mut self, out: &mut Parsed, sample: Sample) {
+        let key = sample.key();
+        match self.index.get(&key) {
+            Some(&at) => out.samples[at] = sample,
+            None => {
+                self.index.insert(key, out.samples.len());
+                out.samples.push(sample);
+            }
+        }
+    }
+}
+
 /// What the samples of one parse may hold, against the output's size: a format that
 /// repeats text per sample (a JSON path per leaf, an influx line's measurement and tags per
 /// field) would otherwise turn a 16 MiB output into gigabytes. Each sample costs its struct,
@@ -400,7 +548,7 @@ impl<'a> LastWins<'a> {
 /// (The line formats, kv, elim, value, Prometheus, Nagios and ClassAd, take each sample's
 /// text from its own line, so they stay within a like factor without counting.)
 #[derive(Debug)]
-pub(crate) struct Budget {
+pub struct Budget {
     left: usize,
     spent: bool,
 }
@@ -423,6 +571,12 @@ impl Budget {
     /// A charge failed: the parse is refused as a whole.
     pub fn spent(&self) -> bool {
         self.spent
+    }
+
+    /// Spend what `sample` costs, once it is built; `Err` once the budget is gone.
+    pub fn charge_sample(&mut self, sample: &Sample) -> Result<(), String> {
+        let labels = sample.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.charge(sample.name.len(), labels, sample.value.len())
     }
 
     /// Spend what one sample with these parts costs; `Err` once the budget is gone.
@@ -453,13 +607,31 @@ fn clip(s: &str) -> String {
 pub(crate) mod test_support {
     use super::{Input, OutputError, Parsed};
 
-    pub fn parse_ok(parse: fn(&Input) -> Result<Parsed, OutputError>, text: &str) -> Parsed {
+    type ParseFn = fn(&Input) -> Result<Parsed, OutputError>;
+
+    /// `text` as a run that exited 0 printed it.
+    pub fn parse_run(parse: ParseFn, text: &str) -> Result<Parsed, OutputError> {
         parse(&Input {
             text,
             exit: Some(0),
             own: "x",
         })
-        .expect("parses")
+    }
+
+    pub fn parse_ok(parse: ParseFn, text: &str) -> Parsed {
+        parse_run(parse, text).expect("parses")
+    }
+
+    /// The line a parse stopped at because its samples would overrun its [`super::Budget`].
+    pub fn refused_at_budget(parse: ParseFn, text: &str) -> usize {
+        match parse_run(parse, text) {
+            Err(OutputError::Line { line, reason })
+                if reason.contains("times the output's size") =>
+            {
+                line
+            }
+            other => panic!("not refused at the budget: {other:?}"),
+        }
     }
 
     pub fn bad_line_numbers(p: &Parsed) -> Vec<usize> {
@@ -578,5 +750,22 @@ mod tests {
         assert_eq!(looks_like("2 a 1 b 2\n"), Some(Format::Elim));
         assert_eq!(looks_like("a = 1\n-\n"), Some(Format::Classad));
         assert_eq!(looks_like("hello world\n"), None);
+        assert_eq!(
+            looks_like("multigraph cpu\nuser.value 5\n"),
+            Some(Format::Munin)
+        );
+        assert_eq!(
+            looks_like("0 \"Disk root\" used=4;8;9 fine\nP Load - ok\n"),
+            Some(Format::Checkmk)
+        );
+        assert_eq!(
+            looks_like("PUTVAL \"h/load/load\" N:1:2:3\n"),
+            Some(Format::Collectd)
+        );
+        assert_eq!(
+            looks_like("CHART a.b '' t u\nDIMENSION d\nBEGIN a.b\nSET d = 1\nEND\n"),
+            Some(Format::Netdata)
+        );
+        assert_eq!(looks_like("begin\nh:load.5m:0.5\nend\n"), Some(Format::Sge));
     }
 }

@@ -3,7 +3,8 @@
 //! failed run. Output: `TEXT | perfdata` on the first line, long text on the next lines, and
 //! more perfdata after a second `|` until the end. A perfdata item is
 //! `'label'=value[UOM];warn;crit;min;max`; values are converted to base units: seconds
-//! (s, ms, us), bytes (B, KB, MB, GB, TB as powers of 1024, as the plugins compute them);
+//! (s, ms, us), bytes (B, KB, MB, GB, TB as powers of 1024, as the plugins compute them, and
+//! `kB`, `KiB`...`TiB` as /proc/meminfo readers print them);
 //! `%` and `c` (a counter) stay as printed.
 //!
 //! Samples: one per perfdata label, plus `exit` (the status as a number), `ok` (true when
@@ -20,6 +21,7 @@ pub const DEF: FormatDef = FormatDef {
     empty_is_an_answer: true,
     fold_case: false,
     streams: false,
+    peer: &super::NO_PEER,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
@@ -113,8 +115,19 @@ fn item(s: &str) -> Result<(String, &str, &str), ItemError<'_>> {
         };
         (label, &quoted[end..])
     } else {
-        let end = s.find(['=', ' ']).unwrap_or(s.len());
-        (s[..end].to_owned(), &s[end..])
+        // Real plugins print labels with spaces unquoted (`free memory=23180MB;512;256;0`,
+        // common in Sensu's checks): the label is everything up to the `=`. Text with no
+        // `=` after it is not perfdata at all.
+        let Some(end) = s.find('=') else {
+            return Err((
+                format!(
+                    "perfdata {:?} is not `label=value[UOM];warn;crit;min;max`",
+                    super::clip(s)
+                ),
+                "",
+            ));
+        };
+        (s[..end].trim_end().to_owned(), &s[end..])
     };
     let word_end = after.find(' ').unwrap_or(after.len());
     let (word, tail) = after.split_at(word_end);
@@ -135,7 +148,7 @@ fn item(s: &str) -> Result<(String, &str, &str), ItemError<'_>> {
 }
 
 /// `12.5MB` -> bytes; `U` -> None.
-fn value_in_base_unit(raw: &str) -> Result<Option<String>, String> {
+pub(super) fn value_in_base_unit(raw: &str) -> Result<Option<String>, String> {
     if raw == "U" {
         return Ok(None);
     }
@@ -151,13 +164,15 @@ fn value_in_base_unit(raw: &str) -> Result<Option<String>, String> {
         "" | "s" | "%" | "B" | "c" => 1.0,
         "ms" => 1e-3,
         "us" => 1e-6,
-        "KB" => 1024.0,
-        "MB" => 1024.0 * 1024.0,
-        "GB" => 1024.0 * 1024.0 * 1024.0,
-        "TB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        // `kB` and the IEC names as plugins that read /proc/meminfo print them
+        // (nagios-plugins-linux's check_memory: `mem_total=24683784kB`).
+        "KB" | "kB" | "KiB" => 1024.0,
+        "MB" | "MiB" => 1024.0 * 1024.0,
+        "GB" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TB" | "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?} (known: s ms us % B KB MB GB TB c)"
+                "unknown unit {other:?} (known: s ms us % B KB MB GB TB c, kB, KiB MiB GiB TiB)"
             ))
         }
     };
@@ -241,14 +256,36 @@ mod tests {
 
     #[test]
     fn bad_items_name_their_line_and_keep_the_rest() {
-        let p = run("OK | a=1 junk b=2furlong c=U d=3\n", 0);
+        let p = run("OK | a=1 b=2furlong c=U d=3 =4 junk\n", 0);
         assert_eq!(get(&p, "a"), Some("1"));
         assert_eq!(get(&p, "d"), Some("3"));
-        assert_eq!(p.bad_lines.len(), 3, "{:?}", p.bad_lines);
+        assert_eq!(p.bad_lines.len(), 4, "{:?}", p.bad_lines);
         for e in &p.bad_lines {
             assert!(matches!(e, OutputError::Line { line: 1, .. }));
         }
-        assert!(p.bad_lines[1].to_string().contains("unknown unit"));
+        assert!(p.bad_lines[0].to_string().contains("unknown unit"));
+        assert!(p.bad_lines[3].to_string().contains("\"junk\" is not `label=value"));
+    }
+
+    #[test]
+    fn an_unquoted_label_with_spaces_is_the_whole_label() {
+        // Sensu's check-memory, check-swap: labels with spaces, unquoted.
+        let p = run(
+            "MEMORY OK | free memory=23180MB;512;256;0 used swap=0MB;;;0 load=1\n",
+            0,
+        );
+        assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        assert_eq!(
+            get(&p, "free memory"),
+            Some(&*(23180.0 * 1048576.0f64).to_string())
+        );
+        assert_eq!(get(&p, "used swap"), Some("0"));
+        assert_eq!(get(&p, "load"), Some("1"));
+        assert_eq!(get(&p, "memory"), None, "no half label");
+        // nagios-plugins-linux's check_memory prints kB, as /proc/meminfo does.
+        let p = run("memory OK | mem_total=2kB a=1KiB b=1GiB\n", 0);
+        assert_eq!(get(&p, "mem_total"), Some("2048"));
+        assert_eq!(get(&p, "b"), Some(&*(1u64 << 30).to_string()));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub const DEF: FormatDef = FormatDef {
     empty_is_an_answer: true,
     fold_case: false,
     streams: false,
+    peer: &super::NO_PEER,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {

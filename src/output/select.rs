@@ -201,6 +201,15 @@ fn matches_directly(format: Format, sample: &Sample, resource: &str) -> bool {
     if same_name(&sample.name, resource) {
         return true;
     }
+    // The name the format's own ecosystem calls it by (a Netdata dimension id).
+    if format
+        .def()
+        .peer
+        .short_name(sample)
+        .is_some_and(|short| same_name(short, resource))
+    {
+        return true;
+    }
     // A ClassAd named by its `- NAME` separator also feeds `NAME_Attr`.
     format == Format::Classad
         && sample
@@ -240,11 +249,17 @@ pub fn reading(
     resource: &str,
     valtype: Valtype,
 ) -> Option<Reading> {
-    let found: Vec<&Sample> = parsed
-        .samples
-        .iter()
-        .filter(|s| matches(format, pick, s, resource))
-        .collect();
+    let found: Vec<&Sample> = match &pick.selector {
+        // A JSON record is picked by its keys' values, not by its place in an array.
+        Some(sel) if format == Format::Json && !sel.labels.is_empty() => {
+            super::json::in_records(&parsed.samples, sel)
+        }
+        _ => parsed
+            .samples
+            .iter()
+            .filter(|s| matches(format, pick, s, resource))
+            .collect(),
+    };
     let typed = |s: &Sample| match valtype.parse(&s.value) {
         Ok(v) => Reading::Ok(v),
         Err(e) if s.line > 0 => Reading::Failed(format!("{e} (output line {})", s.line)),

@@ -12,6 +12,7 @@ pub const DEF: FormatDef = FormatDef {
     empty_is_an_answer: false,
     fold_case: false,
     streams: true,
+    peer: &super::NO_PEER,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {

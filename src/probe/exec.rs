@@ -109,11 +109,24 @@ pub fn probe_env(
     if !task.instance.is_empty() {
         env.push(("XCE_INSTANCE".to_owned(), task.instance.clone()));
     }
+    // What the format's own system sets (MUNIN_*, COLLECTD_*), under the probe's `env:`.
+    if let Some(spec) = task.kind.exec_spec() {
+        env.extend((spec.format.def().peer.env)(&peer_run(task, host)));
+    }
     for (k, v) in extra {
         env.retain(|(name, _)| name != k);
         env.push((k.clone(), v.clone()));
     }
     env
+}
+
+/// What a format's peer arguments and environment are made of, for this probe.
+fn peer_run<'a>(task: &'a ProbeTask, host: &'a str) -> output::PeerRun<'a> {
+    output::PeerRun {
+        probe: &task.name,
+        host,
+        interval: task.interval,
+    }
 }
 
 /// Why an exec or stream probe's child cannot be started; the run fails with this text.
@@ -157,7 +170,13 @@ pub fn child_spec(
         .as_ref()
         .map_or_else(current_user_name, |c| c.user.clone());
     let mut child = ChildSpec::new(program, task.timeout);
-    child.args = spec.command[1..].iter().map(OsString::from).collect();
+    // The arguments the format's own system passes (netdata's update-every) come first.
+    let peer_args = (spec.format.def().peer.args)(&peer_run(task, &ctx.host));
+    child.args = peer_args
+        .iter()
+        .chain(&spec.command[1..])
+        .map(OsString::from)
+        .collect();
     child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     child.credentials = creds;
     child.limits = spec.limits.clone();
@@ -205,7 +224,10 @@ pub async fn run(
             return run;
         }
     };
-    detail.argv[0] = child.program.display().to_string();
+    // As run: the resolved program and the peer's arguments (netdata's update-every) too.
+    detail.argv = std::iter::once(child.program.display().to_string())
+        .chain(child.args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect();
     detail.user = user;
     let result = process::run(&child).await;
     let mut run = match result {

@@ -448,11 +448,11 @@ fn format_lists_in_errors_come_from_the_formats_table() {
     let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: file, path: /x, provides: [g]}\n  - {name: g, interval: 30}\n");
     assert_eq!(
         e,
-        "resources.yaml:4:45: a file probe feeds several resources only with a `format:` (kv, elim, prometheus, influx, classad, json)"
+        "resources.yaml:4:45: a file probe feeds several resources only with a `format:` (kv, elim, prometheus, influx, classad, json, munin, checkmk, collectd, netdata, sge)"
     );
     let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: exec, command: [x], format: yaml}\n");
     assert!(
-        e.ends_with("unknown format \"yaml\"; expected one of value, kv, elim, nagios, prometheus, influx, classad, json"),
+        e.ends_with("unknown format \"yaml\"; expected one of value, kv, elim, nagios, prometheus, influx, classad, json, munin, checkmk, collectd, netdata, sge"),
         "{e}"
     );
 }

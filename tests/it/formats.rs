@@ -14,7 +14,7 @@ const PLUGINS: &str = "/usr/lib/nagios/plugins";
 
 /// A program from another project: missing is a failure in CI (`.ci/run` installs it) and a
 /// printed skip elsewhere.
-fn required(what: &str, present: bool) -> bool {
+pub(crate) fn required(what: &str, present: bool) -> bool {
     if present {
         return true;
     }
@@ -41,7 +41,7 @@ fn agent(s: &Setup) -> Command {
 }
 
 /// `--once --format json`: the exit code and each resource's row by name.
-fn once(s: &Setup) -> (Option<i32>, Json) {
+pub(crate) fn once(s: &Setup) -> (Option<i32>, Json) {
     let out = agent(s)
         .args(["--once", "--format", "json"])
         .output()
@@ -56,7 +56,7 @@ fn once(s: &Setup) -> (Option<i32>, Json) {
     (out.status.code(), json)
 }
 
-fn row<'a>(json: &'a Json, name: &str) -> &'a Json {
+pub(crate) fn row<'a>(json: &'a Json, name: &str) -> &'a Json {
     json["resources"]
         .as_array()
         .unwrap()
@@ -71,13 +71,13 @@ fn ok_value(json: &Json, name: &str) -> Json {
     r["value"].clone()
 }
 
-fn number(json: &Json, name: &str) -> f64 {
+pub(crate) fn number(json: &Json, name: &str) -> f64 {
     ok_value(json, name)
         .as_f64()
         .unwrap_or_else(|| panic!("{name} is not a number: {json:#}"))
 }
 
-fn probe(s: &Setup, name: &str) -> (Option<i32>, String) {
+pub(crate) fn probe(s: &Setup, name: &str) -> (Option<i32>, String) {
     let out: Output = agent(s).args(["probe", name]).output().unwrap();
     (
         out.status.code(),
@@ -674,7 +674,7 @@ resources:
     for want in [
         "resources.yaml:5:34: `command` contains a pipe, which needs a shell: probes run without one. Write a wrapper script",
         "resources.yaml:8:",
-        "`select` and `aggregate` apply to the formats nagios, prometheus, influx, classad, json; this probe's format is kv",
+        "`select` and `aggregate` apply to the formats nagios, prometheus, influx, classad, json, munin, checkmk, collectd, netdata, sge; this probe's format is kv",
         "`select` names \"other\", which this probe does not feed (it feeds not_fed)",
         "the value of a must be in double quotes",
         "unknown aggregate \"avg\"; expected one of sum, min, max, count",

@@ -519,3 +519,191 @@ proptest! {
         prop_assert_eq!(reader.pending(), 0);
     }
 }
+
+/// Names the peers' formats print: a letter, then letters, digits and `_`.
+fn peer_name() -> impl Strategy<Value = String> {
+    "[a-z][a-z0-9_]{0,10}"
+}
+
+fn samples_of(p: &Parsed) -> Vec<(String, String)> {
+    p.samples
+        .iter()
+        .map(|s| (s.name.clone(), s.value.clone()))
+        .collect()
+}
+
+fn this_host() -> String {
+    nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+proptest! {
+    #![proptest_config(crate::support::proptest_config(128))]
+
+    #[test]
+    fn munin_round_trips_by_field_and_graph_and_names_a_bad_line(
+        fields in proptest::collection::btree_map(peer_name(), number(), 1..8),
+        graph in proptest::option::of(peer_name()),
+        garbage in prop_oneof![Just("no_dot_here 1"), Just("x.value U"), Just("y.value many"), Just("multigraph")],
+        at in any::<usize>(),
+    ) {
+        let mut lines: Vec<String> = graph.iter().map(|g| format!("multigraph {g}")).collect();
+        lines.extend(fields.iter().map(|(k, v)| format!("{k}.value {v}")));
+        let p = parsed(Format::Munin, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let want: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| (graph.as_ref().map_or_else(|| k.clone(), |g| format!("{g}.{k}")), v.to_string()))
+            .collect();
+        prop_assert_eq!(samples_of(&p), want);
+        // After the multigraph line, so the block keeps its graph.
+        let at = graph.is_some() as usize + at % (lines.len() - graph.is_some() as usize + 1);
+        lines.insert(at, garbage.to_owned());
+        let p = parsed(Format::Munin, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![at + 1]);
+    }
+
+    #[test]
+    fn checkmk_round_trips_states_and_metrics_and_names_a_bad_line(
+        services in proptest::collection::btree_map(
+            "[A-Za-z][A-Za-z0-9_ ]{0,10}[A-Za-z0-9]",
+            (0u8..4, proptest::collection::btree_map(peer_name(), number(), 0..4)),
+            1..6,
+        ),
+        garbage in prop_oneof![Just("7 svc - text"), Just("0 \"open"), Just("0 svc"), Just("0 svc a=x")],
+        at in any::<usize>(),
+    ) {
+        let mut lines = Vec::new();
+        let mut want = Vec::new();
+        for (svc, (state, metrics)) in &services {
+            let m: Vec<String> = metrics.iter().map(|(k, v)| format!("{k}={v};;")).collect();
+            let m = if m.is_empty() { "-".to_owned() } else { m.join("|") };
+            lines.push(format!("{state} \"{svc}\" {m} text for {svc}"));
+            want.push((svc.clone(), state.to_string()));
+            want.extend(metrics.iter().map(|(k, v)| (k.clone(), v.to_string())));
+        }
+        let p = parsed(Format::Checkmk, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        prop_assert_eq!(samples_of(&p), want);
+        let bad = insert_line(&mut lines, at, garbage);
+        let p = parsed(Format::Checkmk, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+    }
+
+    #[test]
+    fn collectd_round_trips_each_value_and_names_a_bad_line(
+        values in proptest::collection::btree_map(
+            (peer_name(), peer_name()),
+            proptest::collection::vec(number(), 1..4),
+            1..6,
+        ),
+        quoted in any::<bool>(),
+        garbage in prop_oneof![Just("PUTVAL a/b N:1:U"), Just("PUTVAL a/b/c"), Just("LISTVAL"), Just("PUTVAL a/b/c then:1")],
+        at in any::<usize>(),
+    ) {
+        let mut lines = vec!["PUTNOTIF severity=okay message=hello".to_owned()];
+        let mut want = Vec::new();
+        for ((plugin, instance), vs) in &values {
+            let id = format!("n1/{plugin}/gauge-{instance}");
+            let id = if quoted { format!("\"{id}\"") } else { id };
+            let list: Vec<String> = vs.iter().map(f64::to_string).collect();
+            lines.push(format!("PUTVAL {id} interval=10 N:{}", list.join(":")));
+            want.extend(vs.iter().map(|v| (format!("{plugin}/gauge-{instance}"), v.to_string())));
+        }
+        let p = parsed(Format::Collectd, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        prop_assert_eq!(samples_of(&p), want);
+        let bad = insert_line(&mut lines, at, garbage);
+        let p = parsed(Format::Collectd, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+    }
+
+    #[test]
+    fn netdata_values_are_set_times_multiplier_over_divisor(
+        dims in proptest::collection::btree_map(peer_name(), (-1_000_000i64..1_000_000, 1i64..1000, 1i64..1000), 1..6),
+        updates in 1usize..3,
+        garbage in prop_oneof![Just("SET nowhere = 1"), Just("BEGIN no.chart"), Just("END"), Just("WHAT")],
+    ) {
+        let mut lines = vec!["CHART 'test.chart' '' 'a title' 'units' fam ctx line 1 1".to_owned()];
+        for (id, (_, m, d)) in &dims {
+            lines.push(format!("DIMENSION {id} '{id} name' absolute {m} {d}"));
+        }
+        for _ in 0..updates {
+            lines.push("BEGIN test.chart".to_owned());
+            lines.extend(dims.iter().map(|(id, (v, _, _))| format!("SET {id} = {v}")));
+            lines.push("END".to_owned());
+        }
+        let p = parsed(Format::Netdata, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        prop_assert_eq!(p.samples.len(), dims.len());
+        for (s, (id, (v, m, d))) in p.samples.iter().zip(&dims) {
+            prop_assert_eq!(&s.name, &format!("test.chart.{id}"));
+            prop_assert!(same_number(*v as f64 * *m as f64 / *d as f64, &s.value), "{} vs {}", v, s.value);
+        }
+        // Outside an update (before the first BEGIN) the garbage is named by its line.
+        let at = dims.len() + 1;
+        lines.insert(at, garbage.to_owned());
+        let p = parsed(Format::Netdata, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![at + 1]);
+    }
+
+    #[test]
+    fn sge_round_trips_a_report_and_names_a_bad_line(
+        values in proptest::collection::btree_map("[a-z][a-z0-9_.]{0,10}", "[!-~]([ -~]{0,10}[!-~])?", 1..8),
+        global in any::<bool>(),
+        garbage in prop_oneof![Just("other-host.example:x:1"), Just("no colons"), Just("h::1")],
+        at in any::<usize>(),
+    ) {
+        let host = if global { "global".to_owned() } else { this_host() };
+        let mut lines = vec!["begin".to_owned()];
+        lines.extend(values.iter().map(|(k, v)| format!("{host}:{k}:{v}")));
+        lines.push("end".to_owned());
+        let p = parsed(Format::Sge, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let want: Vec<(String, String)> = values.into_iter().collect();
+        prop_assert_eq!(samples_of(&p), want.clone());
+        let at = 1 + at % (lines.len() - 1);
+        lines.insert(at, garbage.to_owned());
+        let p = parsed(Format::Sge, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![at + 1]);
+        prop_assert_eq!(p.samples.len(), want.len());
+    }
+
+    #[test]
+    fn json_records_are_picked_by_their_keys_in_any_order(
+        temps in proptest::collection::btree_map(0u32..1000, -50i64..150, 1..8),
+        order in any::<proptest::sample::Index>(),
+    ) {
+        let mut records: Vec<Json> = temps
+            .iter()
+            .map(|(i, t)| serde_json::json!({"name": "gpu", "index": i, "temp": t}))
+            .collect();
+        let turn = order.index(records.len());
+        records.rotate_left(turn);
+        let doc = serde_json::to_string(&Json::Array(records)).unwrap();
+        let p = parsed(Format::Json, &doc);
+        for (i, t) in &temps {
+            let pick = output::Pick {
+                selector: Some(output::parse_selector(&format!("temp{{name=\"gpu\",index=\"{i}\"}}")).unwrap()),
+                ..output::Pick::default()
+            };
+            let r = output::select::reading(Format::Json, &pick, &p, "r", xce_agent::value::Valtype::Numeric);
+            prop_assert_eq!(r, Some(xce_agent::value::Reading::Ok(xce_agent::value::Value::Numeric(*t as f64))));
+        }
+    }
+
+    #[test]
+    fn nagios_unquoted_labels_with_spaces_are_whole(
+        items in proptest::collection::btree_map("[a-z][a-z0-9_]{0,5}( [a-z][a-z0-9_]{0,5}){0,2}", 0f64..1e6, 1..6),
+    ) {
+        let printed: Vec<String> = items.iter().map(|(k, v)| format!("{k}={v};1;2;0")).collect();
+        let text = format!("CHECK OK - fine | {}\n", printed.join(" "));
+        let p = output::parse(Format::Nagios, text.as_bytes(), Some(0), "own").unwrap();
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let got: Vec<(String, String)> = p.samples.iter().filter(|s| s.line > 0).map(|s| (s.name.clone(), s.value.clone())).collect();
+        let want: Vec<(String, String)> = items.iter().map(|(k, v)| (k.clone(), v.to_string())).collect();
+        prop_assert_eq!(got, want);
+    }
+}

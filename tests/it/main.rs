@@ -41,6 +41,7 @@ mod link_failures;
 mod link_receiver;
 mod metrics;
 mod packaging;
+mod peer_formats;
 mod plan;
 mod plugins;
 mod probe_cmd;

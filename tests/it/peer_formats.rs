@@ -1,0 +1,535 @@
+//! Other systems' own scripts run unmodified through the agent (`--once --format json`,
+//! `probe NAME`): Debian's munin-plugins-core and monitoring-plugins-contrib, netdata's
+//! charts.d.plugin with its shipped `sensors` chart, Grid Engine's load sensors, and
+//! collectd Exec and Checkmk local-check scripts written as their documentation shows.
+//! Values are checked against /proc or the fixture's numbers. `.ci/run` installs the
+//! packages; elsewhere a missing one is a printed skip.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::formats::{number, once, probe, required, row};
+use crate::support::Setup;
+use serde_json::Value as Json;
+use xce_agent::config::Format;
+
+/// `--once` that exits 0: every resource answered.
+fn answered(s: &Setup) -> Json {
+    let (code, json) = once(s);
+    assert_eq!(code, Some(0), "{json:#}");
+    json
+}
+
+fn installed(path: &str, package: &str) -> Option<PathBuf> {
+    let p = PathBuf::from(path);
+    required(&format!("{path} (Debian {package})"), p.exists()).then_some(p)
+}
+
+fn loadavg() -> Vec<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap()
+        .split_whitespace()
+        .take(3)
+        .map(|w| w.parse().unwrap())
+        .collect()
+}
+
+fn meminfo_kb(key: &str) -> Option<f64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")).map(str::to_owned))
+        .map(|rest| rest.split_whitespace().next().unwrap().parse().unwrap())
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/formats")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// The aggregate `user` jiffies in /proc/stat, as munin's cpu plugin prints them (x 100 / HZ).
+fn cpu_user() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let user: f64 = stat
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let hz = Command::new("getconf").arg("CLK_TCK").output().unwrap();
+    let hz: f64 = String::from_utf8_lossy(&hz.stdout).trim().parse().unwrap();
+    (user * 100.0 / hz).round()
+}
+
+#[test]
+fn munin_core_plugins_load_memory_and_cpu_run_as_munin_node_runs_them() {
+    let (Some(load), Some(memory), Some(cpu)) = (
+        installed("/usr/share/munin/plugins/load", "munin-plugins-core"),
+        installed("/usr/share/munin/plugins/memory", "munin-plugins-core"),
+        installed("/usr/share/munin/plugins/cpu", "munin-plugins-core"),
+    ) else {
+        return;
+    };
+    // memory's fields add up to MemTotal; the ones this kernel has are printed.
+    let mut parts = vec![
+        "apps",
+        "free",
+        "buffers",
+        "cached",
+        "slab",
+        "page_tables",
+        "swap_cache",
+    ];
+    if meminfo_kb("Shmem").is_some() {
+        parts.push("shmem");
+    }
+    if meminfo_kb("Percpu").is_some() {
+        parts.push("per_cpu");
+    }
+    let declared: String = parts
+        .iter()
+        .map(|p| format!("  - {{name: mem_{p}, interval: 60}}\n"))
+        .collect();
+    let select: Vec<String> = parts.iter().map(|p| format!("mem_{p}: {p}")).collect();
+    let provides: Vec<String> = parts[1..].iter().map(|p| format!("mem_{p}")).collect();
+    // `load` sources $MUNIN_LIBDIR/plugins/plugin.sh: it runs only with munin-node's
+    // environment, which the format sets.
+    let s = Setup::new(&format!(
+        r#"
+resources:
+  - name: load
+    interval: 60
+    probe: {{kind: exec, command: [{load}], format: munin}}
+  - name: mem_apps
+    interval: 60
+    probe:
+      kind: exec
+      command: [{memory}]
+      format: munin
+      provides: [{provides}]
+      select: {{{select}}}
+{declared_rest}  - name: cpu_user
+    interval: 60
+    probe: {{kind: exec, command: [{cpu}], format: munin, select: {{cpu_user: user}}}}
+"#,
+        load = load.display(),
+        memory = memory.display(),
+        cpu = cpu.display(),
+        provides = provides.join(", "),
+        select = select.join(", "),
+        declared_rest = declared
+            .lines()
+            .skip(1)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+    ));
+    let (before, user_before) = (loadavg(), cpu_user());
+    let json = answered(&s);
+    let (after, user_after) = (loadavg(), cpu_user());
+    // load prints /proc/loadavg's second field.
+    let l = number(&json, "load");
+    assert!(
+        (l - before[1]).abs() < 0.005 || (l - after[1]).abs() < 0.005,
+        "load {l}, /proc/loadavg said {before:?} then {after:?}"
+    );
+    let total: f64 = parts
+        .iter()
+        .map(|p| number(&json, &format!("mem_{p}")))
+        .sum();
+    assert_eq!(total, meminfo_kb("MemTotal").unwrap() * 1024.0, "{json:#}");
+    let user = number(&json, "cpu_user");
+    assert!(
+        (user_before..=user_after).contains(&user),
+        "cpu user {user}, /proc/stat said {user_before} then {user_after}"
+    );
+    let (code, text) = probe(&s, "load");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("MUNIN_LIBDIR=/usr/share/munin"), "{text}");
+}
+
+#[test]
+fn contrib_check_memory_and_load_perfdata_as_the_plugins_print_it() {
+    let (Some(memory), Some(load)) = (
+        installed(
+            "/usr/lib/nagios/plugins/check_memory",
+            "monitoring-plugins-contrib",
+        ),
+        installed(
+            "/usr/lib/nagios/plugins/check_madrisan_load",
+            "monitoring-plugins-contrib",
+        ),
+    ) else {
+        return;
+    };
+    let s = Setup::new(&format!(
+        r#"
+resources:
+  - name: mem_total
+    interval: 60
+    probe: {{kind: exec, command: [{}], format: nagios}}
+  - name: load1
+    interval: 60
+    probe: {{kind: exec, command: [{}], format: nagios}}
+"#,
+        memory.display(),
+        load.display()
+    ));
+    let before = loadavg();
+    let json = answered(&s);
+    let after = loadavg();
+    // `mem_total=24683784kB`: kB as /proc/meminfo means it.
+    assert_eq!(
+        number(&json, "mem_total"),
+        meminfo_kb("MemTotal").unwrap() * 1024.0
+    );
+    let l = number(&json, "load1");
+    assert!(
+        (l - before[0]).abs() < 0.005 || (l - after[0]).abs() < 0.005,
+        "load1 {l}, /proc/loadavg said {before:?} then {after:?}"
+    );
+}
+
+/// charts.d's `fixid`: non-alphanumerics to `_`, squeezed, trimmed, lower case.
+fn netdata_fixid(s: &str) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    mapped
+        .split('_')
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+#[test]
+fn netdata_charts_d_sensors_through_the_agent_with_its_update_every() {
+    let Some(plugin) = installed(
+        "/usr/lib/netdata/plugins.d/charts.d.plugin",
+        "netdata-plugins-bash",
+    ) else {
+        return;
+    };
+    let s = Setup::new("resources: []\n");
+    // A hwmon tree under NETDATA_HOST_PREFIX, as the shipped sensors chart reads /sys.
+    let hwmon = s
+        .path()
+        .join("host/sys/devices/platform/coretemp.0/hwmon/hwmon1");
+    std::fs::create_dir_all(&hwmon).unwrap();
+    std::fs::write(hwmon.join("name"), "coretemp\n").unwrap();
+    std::fs::write(hwmon.join("temp1_input"), "45000\n").unwrap();
+    std::fs::write(hwmon.join("temp1_label"), "Core 0\n").unwrap();
+    // charts.d.conf: only the sensors chart, and exit after a second of updates (netdata
+    // restarts it; the agent runs it again at its next interval). The agent passes the
+    // interval, 1 s, as charts.d's update-every: it sleeps that long between updates.
+    let conf = s.path().join("netdata");
+    std::fs::create_dir(&conf).unwrap();
+    std::fs::write(
+        conf.join("charts.d.conf"),
+        "enable_all_charts=\"no\"\nsensors=force\nrestart_timeout=1\n",
+    )
+    .unwrap();
+    let dimension = netdata_fixid(&hwmon.join("temp1_input").display().to_string());
+    s.write_atomic(
+        "resources.yaml",
+        &format!(
+            r#"
+resources:
+  - name: core0_temp
+    interval: 1
+    probe:
+      kind: exec
+      command: [{}]
+      format: netdata
+      timeout: 30
+      env: {{NETDATA_HOST_PREFIX: {host}, NETDATA_USER_CONFIG_DIR: {conf}}}
+      provides: [run_time]
+      select: {{core0_temp: 'sensors.temp_hwmon1_hwmon1_hwmon1_coretemp.{dimension}'}}
+  - name: run_time
+    interval: 1
+"#,
+            plugin.display(),
+            host = s.path().join("host").display(),
+            conf = conf.display(),
+        ),
+    );
+    let json = answered(&s);
+    // 45000 millidegrees, divisor 1000.
+    assert_eq!(number(&json, "core0_temp"), 45.0);
+    // The plugin's own chart, fed by its dimension id without a select.
+    assert!(number(&json, "run_time") >= 0.0);
+    let (code, text) = probe(&s, "core0_temp");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("NETDATA_UPDATE_EVERY=1"), "{text}");
+    // The update-every argument netdata passes is shown as run.
+    assert!(
+        text.contains(&format!("argv:      {} 1\n", plugin.display())),
+        "{text}"
+    );
+}
+
+/// Drive a Grid Engine load sensor as sge_execd does: a newline asks for a report, which
+/// runs from `begin` to `end`; `quit` asks it to exit.
+fn one_report(sensor: &Path, sge_root: &Path) -> String {
+    let mut child = Command::new(sensor)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("SGE_ROOT", sge_root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"\n").unwrap();
+    let mut report = String::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        report.push_str(&line);
+        report.push('\n');
+        if line == "end" {
+            break;
+        }
+    }
+    stdin.write_all(b"quit\n").unwrap();
+    drop(stdin);
+    assert!(child.wait().unwrap().success(), "the sensor exits on quit");
+    report
+}
+
+#[test]
+fn grid_engine_load_sensors_reports_parse_with_this_hosts_values() {
+    let dir = "/usr/share/gridengine/util/resources/loadsensors";
+    let (Some(load), Some(nuser)) = (
+        installed(&format!("{dir}/load.sh"), "gridengine-common"),
+        installed(&format!("{dir}/nuser.sh"), "gridengine-common"),
+    ) else {
+        return;
+    };
+    // SGE_ROOT as an execd host has it: util/ from the package, and utilbin/ARCH/gethostname
+    // (gridengine-exec's binary) as a stub printing this host's name.
+    let root = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/usr/share/gridengine/util", root.path().join("util")).unwrap();
+    let arch = Command::new(root.path().join("util/arch"))
+        .env("SGE_ROOT", root.path())
+        .output()
+        .unwrap();
+    let arch = String::from_utf8_lossy(&arch.stdout).trim().to_owned();
+    let bin = root.path().join("utilbin").join(&arch);
+    std::fs::create_dir_all(&bin).unwrap();
+    crate::support::script(&bin, "gethostname", "#!/bin/sh\nuname -n\n");
+
+    let before = loadavg();
+    let report = one_report(&load, root.path());
+    let after = loadavg();
+    let parsed = xce_agent::output::parse(Format::Sge, report.as_bytes(), Some(0), "x").unwrap();
+    let get = |name: &str| {
+        parsed
+            .samples
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value.clone())
+    };
+    assert_eq!(get("arch"), Some(arch), "{report}");
+    // load.sh cuts uptime's text, so which average lands in load.5m depends on uptime's
+    // layout (and load.15m may be empty, a line the parser names): it is one of them.
+    let l: f64 = get("load.5m").unwrap().parse().unwrap();
+    assert!(
+        before.iter().chain(&after).any(|v| (v - l).abs() < 0.005),
+        "load.5m {l}, /proc/loadavg said {before:?} then {after:?}\n{report}"
+    );
+    for bad in &parsed.bad_lines {
+        assert!(bad.to_string().contains("has no value"), "{bad}\n{report}");
+    }
+
+    let report = one_report(&nuser, root.path());
+    let parsed = xce_agent::output::parse(Format::Sge, report.as_bytes(), Some(0), "x").unwrap();
+    let who = Command::new("who").output().unwrap();
+    let users: std::collections::BTreeSet<String> = String::from_utf8_lossy(&who.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').next().map(str::to_owned))
+        .collect();
+    assert!(parsed.bad_lines.is_empty(), "{report}");
+    assert_eq!(parsed.samples[0].name, "nuser");
+    assert_eq!(parsed.samples[0].value, users.len().to_string(), "{report}");
+}
+
+#[test]
+fn a_collectd_exec_script_gets_collectds_environment() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: total
+    interval: 60
+    probe:
+      kind: exec
+      command: [collectd-meminfo.sh]
+      format: collectd
+      provides: [collectd_interval]
+      select: {collectd_interval: 'exec-agent/gauge-interval{host="node001"}'}
+  - name: collectd_interval
+    interval: 60
+"#,
+    );
+    s.script("collectd-meminfo.sh", &fixture("collectd-meminfo.sh"));
+    let json = answered(&s);
+    // `total` is the type instance of memory/memory-total: no select needed.
+    assert_eq!(
+        number(&json, "total"),
+        meminfo_kb("MemTotal").unwrap() * 1024.0
+    );
+    // COLLECTD_HOSTNAME is the agent's host and COLLECTD_INTERVAL the probe's interval.
+    assert_eq!(number(&json, "collectd_interval"), 60.0);
+    let (code, text) = probe(&s, "total");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("COLLECTD_INTERVAL=60.000"), "{text}");
+    assert!(
+        !text.contains("did not parse"),
+        "PUTNOTIF is not an error: {text}"
+    );
+}
+
+#[test]
+fn a_checkmk_local_check_gives_states_and_metrics() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: mem_total_kb
+    interval: 60
+    probe:
+      kind: exec
+      command: [checkmk-meminfo.sh]
+      format: checkmk
+      provides: [memory_state, answer, thresholds_state, over]
+      select:
+        memory_state: 'Memory total'
+        thresholds_state: Thresholds
+        over: 'over{service="Thresholds"}'
+  - {name: memory_state, interval: 60}
+  - {name: answer, interval: 60}
+  - {name: thresholds_state, interval: 60}
+  - {name: over, interval: 60}
+"#,
+    );
+    s.script("checkmk-meminfo.sh", &fixture("checkmk-meminfo.sh"));
+    let json = answered(&s);
+    assert_eq!(
+        number(&json, "mem_total_kb"),
+        meminfo_kb("MemTotal").unwrap()
+    );
+    assert_eq!(number(&json, "memory_state"), 0.0);
+    assert_eq!(number(&json, "answer"), 42.0);
+    // P: 95 is over the crit level 90.
+    assert_eq!(number(&json, "thresholds_state"), 2.0);
+    assert_eq!(number(&json, "over"), 95.0);
+}
+
+#[test]
+fn a_new_format_that_cannot_read_its_output_says_which_line() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: load
+    interval: 60
+    probe: {kind: exec, command: [not-munin.sh], format: munin}
+"#,
+    );
+    s.script(
+        "not-munin.sh",
+        "#!/bin/sh\necho 'load 0.5'\necho 'load.value U'\n",
+    );
+    let (_, json) = once(&s);
+    let r = row(&json, "load");
+    assert_ne!(r["status"], "ok", "{r:#}");
+    let err = r["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("line 1") && err.contains("field.value"),
+        "{r:#}"
+    );
+}
+
+#[test]
+fn a_peers_output_in_the_wrong_format_says_which_format_it_looked_like() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: load
+    interval: 60
+    probe: {kind: exec, command: [munin-load.sh], format: nagios}
+"#,
+    );
+    s.script("munin-load.sh", "#!/bin/sh\necho 'load.value 0.52'\n");
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let r = row(&json, "load");
+    assert_eq!(
+        r["error"],
+        "\"load\" is not in the probe's output; the output looked like Munin plugin output: did you mean `format: munin`?",
+        "{r:#}"
+    );
+}
+
+#[test]
+fn json_records_are_selected_by_their_keys_whatever_their_order() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: gpu0_temp
+    interval: 60
+    probe:
+      kind: exec
+      command: [gpus.sh]
+      format: json
+      provides: [gpu1_temp, psu_temp]
+      select:
+        gpu0_temp: 'temp{name="gpu",index="0"}'
+        gpu1_temp: 'temp{name="gpu",index="1"}'
+        psu_temp: 'sensor.temp{name="psu"}'
+  - {name: gpu1_temp, interval: 60}
+  - {name: psu_temp, interval: 60}
+"#,
+    );
+    // As Telegraf's json format with json_name_key = "name", tag_keys = ["index"] reads it.
+    s.script(
+        "gpus.sh",
+        "#!/bin/sh\necho '[{\"name\": \"gpu\", \"index\": 1, \"temp\": 58}, {\"name\": \"psu\", \"sensor\": {\"temp\": 40}}, {\"name\": \"gpu\", \"index\": 0, \"temp\": 61}]'\n",
+    );
+    let json = answered(&s);
+    assert_eq!(number(&json, "gpu0_temp"), 61.0);
+    assert_eq!(number(&json, "gpu1_temp"), 58.0);
+    assert_eq!(number(&json, "psu_temp"), 40.0);
+}
+
+#[test]
+fn the_probes_own_env_wins_over_the_peers() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: elsewhere_interval
+    interval: 60
+    probe:
+      kind: exec
+      command: [collectd-meminfo.sh]
+      format: collectd
+      env: {COLLECTD_HOSTNAME: elsewhere, COLLECTD_INTERVAL: "7"}
+      select: {elsewhere_interval: 'exec-agent/gauge-interval{host="elsewhere"}'}
+"#,
+    );
+    s.script("collectd-meminfo.sh", &fixture("collectd-meminfo.sh"));
+    let json = answered(&s);
+    assert_eq!(number(&json, "elsewhere_interval"), 7.0);
+}
