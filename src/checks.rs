@@ -4,7 +4,7 @@
 
 use crate::config::{Config, ProbeKind};
 use crate::plan::Plan;
-use crate::probe::{exec, security};
+use crate::probe::{exec, resolve, security};
 
 /// (resource, text) lines, as `check` prints them.
 pub type Findings = Vec<(String, String)>;
@@ -29,8 +29,13 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             }
         };
         let plugin_dir = &config.agent.plugin_dir;
-        let program = exec::resolve_program(plugin_dir, &spec.command[0]);
-        match security::verdict(&program, &spec.command, &spec.env, plugin_dir, uid) {
+        if let Some(note) = resolve::command(plugin_dir, &spec.command)
+            .ok()
+            .and_then(|r| r.note(&spec.command[0], plugin_dir))
+        {
+            notes.push((t.name.clone(), note));
+        }
+        match security::verdict(&spec.command, &spec.env, plugin_dir, uid) {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))

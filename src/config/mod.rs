@@ -9,6 +9,7 @@ mod probe_output;
 pub mod probe_spec;
 mod raw;
 mod recover;
+mod shell;
 pub use raw::{
     near_miss, INSTANCE_FIELDS, INSTANCE_FIELD_DOCS, RESOURCE_FIELDS, RESOURCE_FIELD_DOCS,
 };

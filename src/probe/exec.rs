@@ -23,14 +23,10 @@ pub struct ExecDetail {
     pub stderr: String,
 }
 
-/// argv[0] under the plugin directory unless absolute.
+/// argv[0] under the plugin directory unless absolute; a bare name not there on the probes'
+/// PATH ([`super::resolve::program`]).
 pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
-    let p = Path::new(program);
-    if p.is_absolute() {
-        p.to_owned()
-    } else {
-        plugin_dir.join(p)
-    }
+    super::resolve::program(plugin_dir, program).0
 }
 
 /// The user a probe runs as: only a root agent can switch, and it never runs a probe as root
@@ -136,13 +132,13 @@ pub fn child_spec(
     ctx: &ProbeContext,
     env: Vec<(String, String)>,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
-    let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
-    super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
+    let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
+    let program = resolved.program;
     if super::security::enforced() {
         super::security::check_probe(
             &program,
-            &spec.command[1..],
+            &resolved.args,
             &spec.env,
             creds.as_ref().map(|c| c.uid),
         )
@@ -157,7 +153,7 @@ pub fn child_spec(
         .as_ref()
         .map_or_else(current_user_name, |c| c.user.clone());
     let mut child = ChildSpec::new(program, task.timeout);
-    child.args = spec.command[1..].iter().map(OsString::from).collect();
+    child.args = resolved.args.iter().map(OsString::from).collect();
     child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     child.credentials = creds;
     child.limits = spec.limits.clone();
@@ -170,6 +166,13 @@ pub fn child_spec(
         child.cgroup = Some(cg);
     }
     Ok((child, user))
+}
+
+/// The argv a child gets: its program and arguments as resolved, for `probe NAME`.
+pub fn argv_of(child: &ChildSpec) -> Vec<String> {
+    std::iter::once(child.program.display().to_string())
+        .chain(child.args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect()
 }
 
 impl ExecDetail {
@@ -205,7 +208,7 @@ pub async fn run(
             return run;
         }
     };
-    detail.argv[0] = child.program.display().to_string();
+    detail.argv = argv_of(&child);
     detail.user = user;
     let result = process::run(&child).await;
     let mut run = match result {

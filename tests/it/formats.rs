@@ -672,7 +672,7 @@ resources:
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     for want in [
-        "resources.yaml:5:34: `command` contains a pipe, which needs a shell: probes run without one. Write a wrapper script",
+        "resources.yaml:5:34: `command` contains a pipe, which needs a shell: `command` runs without one. Write the line as `shell:` instead of `command:` (run by /bin/sh -c), or write a wrapper script",
         "resources.yaml:8:",
         "`select` and `aggregate` apply to the formats nagios, prometheus, influx, classad, json; this probe's format is kv",
         "`select` names \"other\", which this probe does not feed (it feeds not_fed)",

@@ -43,6 +43,7 @@ mod metrics;
 mod packaging;
 mod plan;
 mod plugins;
+mod ports;
 mod probe_cmd;
 mod schedule;
 mod script_rule;

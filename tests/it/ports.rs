@@ -1,0 +1,272 @@
+//! Porting scripts from other systems (#27): one-liners as `shell:`, bare program names on
+//! the probes' PATH, an interpreter's relative script under plugin_dir, through the binary.
+
+use std::path::Path;
+
+use crate::support::{resource, Setup};
+
+/// `xce-agent ARGS -c agent.yaml`: exit code and stdout (stderr appended).
+fn agent(s: &Setup, args: &[&str]) -> (i32, String) {
+    let out = assert_cmd::Command::cargo_bin("xce-agent")
+        .unwrap()
+        .arg("-c")
+        .arg(s.agent_yaml())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn setup(resources: &str) -> Setup {
+    Setup::new(&format!("resources:\n{resources}"))
+}
+
+fn assert_has(text: &str, wants: &[&str]) {
+    for want in wants {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+// Item 7: one-liners as `shell:`; bare names on the probes' PATH.
+
+fn shell_resource(name: &str, line: &str, extra: &str) -> String {
+    format!(
+        "  - name: {name}\n    valtype: numeric\n    interval: 60s\n    resourcemap: [{{location: [default]}}]\n    probe:\n      kind: exec\n      shell: {line}\n{extra}"
+    )
+}
+
+#[test]
+fn a_shell_line_runs_under_sh_with_the_probes_user_and_environment() {
+    let s = setup(&shell_resource(
+        "double",
+        r#""echo $XCE_INTERVAL $FACTOR | awk '{print $1 * $2}'""#,
+        "      env: {FACTOR: '4'}\n",
+    ));
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["double    240"]);
+    let (code, out) = agent(&s, &["probe", "double"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(
+        &out,
+        &[
+            "shell:     /bin/sh -c runs the `shell:` line",
+            "argv:      /bin/sh -c 'echo $XCE_INTERVAL $FACTOR | awk ",
+            "FACTOR=4",
+            "double = 240",
+        ],
+    );
+    if nix::unistd::geteuid().is_root() {
+        assert_has(&out, &["user:      nobody (uid ", "script check: ok"]);
+    }
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(
+        &out,
+        &[r#"exec shell /bin/sh -c "echo $XCE_INTERVAL $FACTOR | awk '{print $1 * $2}'" (value)"#],
+    );
+}
+
+#[test]
+fn a_shell_line_has_the_probes_timeout() {
+    let s = setup(&shell_resource(
+        "slow",
+        "'sleep 30; echo 1'",
+        "      timeout: 1s\n",
+    ));
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &["slow", "timed out after 1s"]);
+}
+
+/// What the shell line names is checked by the script rule as `sh -c CODE` always was: a
+/// file another user may change is refused by a root agent.
+#[test]
+fn a_file_a_shell_line_sources_gets_the_script_rule() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the script rule is enforced by a root agent only");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let s = Setup::new("resources: []\n");
+    let lib = s.script("lib.sh", "N=3\n");
+    std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::write(
+        s.path().join("resources.yaml"),
+        format!(
+            "resources:\n{}",
+            shell_resource("sourced", &format!("'. {}; echo $N'", lib.display()), "")
+        ),
+    )
+    .unwrap();
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &[&format!("chmod go-w {}", lib.display())]);
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &[&format!("chmod go-w {}", lib.display())]);
+}
+
+#[test]
+fn shell_and_command_errors_name_the_place_and_the_other_field() {
+    let parse = |yaml: &str| {
+        xce_agent::config::resources::parse(Path::new("resources.yaml"), yaml)
+            .err()
+            .map(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let probe = |fields: &str| {
+        format!("resources:\n  - name: a\n    interval: 30\n    probe:\n      kind: exec\n{fields}")
+    };
+    assert_eq!(
+        parse(&probe("      command: [x]\n      shell: 'x | y'\n")),
+        ["resources.yaml:7:14: `command` and `shell` do not go together: `command` is an argument list run without a shell, `shell` a command line run by /bin/sh -c; keep one"]
+    );
+    assert_eq!(
+        parse(&probe("      shell: ' '\n")),
+        ["resources.yaml:6:14: `shell` is empty: expected a command line"]
+    );
+    let e = parse(&probe("      command: \"df -P / | tail -1\"\n"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("resources.yaml:6:16: `command` contains a pipe, which needs a shell: `command` runs without one. Write the line as `shell:` instead of `command:`"),
+        "{e:?}"
+    );
+    let e = parse(
+        &probe("      kind: file\n      path: /x\n      shell: 'x'\n")
+            .replace("      kind: exec\n", ""),
+    );
+    assert_has(
+        &e.join("\n"),
+        &["resources.yaml:7:14: `shell` is not a field of file probes"],
+    );
+    let e = parse(&probe("      timeout: 5s\n"));
+    assert_has(
+        &e.join("\n"),
+        &["or `shell` (a command line run by /bin/sh -c)"],
+    );
+}
+
+#[test]
+fn a_bare_name_not_in_plugin_dir_is_found_on_the_probes_path() {
+    let s = setup(&resource(
+        "seven",
+        "{kind: exec, command: [awk, 'BEGIN { print 7 }']}",
+    ));
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["seven     7"]);
+    let plugin_dir = s.path().display().to_string();
+    let found =
+        format!("(not in plugin_dir {plugin_dir}: found on the probes' PATH /usr/local/sbin:");
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["seven: `awk` is /", &found]);
+    let (code, out) = agent(&s, &["probe", "seven"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["program:   `awk` is /", &found, "seven = 7"]);
+}
+
+#[test]
+fn a_name_found_nowhere_says_where_it_looked() {
+    let s = setup(&resource(
+        "gone",
+        "{kind: exec, command: [no-such-tool-xce]}",
+    ));
+    let want = format!(
+        "{}/no-such-tool-xce not found (`no-such-tool-xce` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin, and is in neither)",
+        s.path().display(),
+        s.path().display()
+    );
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &[&want]);
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &[&want]);
+}
+
+// Item 11: interpreters and their arguments.
+
+fn telegraf_dir(s: &Setup) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = s.path().join("telegraf");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn an_interpreters_relative_script_is_under_plugin_dir_and_checked() {
+    crate::support::require_tool("/usr/bin/python3", &["-V"], "apt-get install python3");
+    let s = setup(&resource(
+        "py",
+        "{kind: exec, command: [/usr/bin/python3, telegraf/x.py]}",
+    ));
+    let script = crate::support::script(&telegraf_dir(&s), "x.py", "print(6 * 7)\n");
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["py        42"]);
+    let (code, out) = agent(&s, &["probe", "py"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(
+        &out,
+        &[&format!("argv:      /usr/bin/python3 {}", script.display())],
+    );
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 0, "{out}");
+    if nix::unistd::geteuid().is_root() {
+        // The script is checked where it is: a group-writable one is refused.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let (code, out) = agent(&s, &["check"]);
+        assert_eq!(code, 1, "{out}");
+        assert_has(&out, &[&format!("chmod go-w {}", script.display())]);
+    }
+}
+
+#[test]
+fn a_missing_relative_script_says_where_it_was_looked_for() {
+    let s = setup(&resource(
+        "py",
+        "{kind: exec, command: [/bin/sh, telegraf/gone.sh]}",
+    ));
+    telegraf_dir(&s);
+    let want = format!(
+        "sh's script telegraf/gone.sh not found: a relative script is looked up in plugin_dir, and {}/telegraf/gone.sh does not exist",
+        s.path().display()
+    );
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &[&want]);
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &[&want]);
+}
+
+#[test]
+fn a_crlf_script_and_a_missing_interpreter_are_named_by_check_and_once() {
+    let s = setup(&format!(
+        "{}{}",
+        resource("crlf", "{kind: exec, command: [crlf.sh]}"),
+        resource("interp", "{kind: exec, command: [interp.sh]}")
+    ));
+    s.script("crlf.sh", "#!/bin/sh\r\necho 1\r\n");
+    s.script("interp.sh", "#!/usr/bin/no-such-interpreter-xce\necho 1\n");
+    let wants = [
+        "has Windows (CRLF) line endings: its #! line names interpreter /bin/sh followed by a carriage return",
+        "interpreter /usr/bin/no-such-interpreter-xce (from its #! line) not found",
+    ];
+    let (code, out) = agent(&s, &["check"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &wants);
+    let (code, out) = agent(&s, &["--once"]);
+    assert_eq!(code, 1, "{out}");
+    assert_has(&out, &wants);
+}
