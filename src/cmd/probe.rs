@@ -70,10 +70,11 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             found,
         }
     });
-    let run = match &task.kind {
+    let mut run = match &task.kind {
         ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
         _ => crate::probe::run_once(task, ctx).await,
     };
+    super::strict::unreported_fails(task, &mut run);
     let containment = spec.map(|_| match cgroup::active() {
         None => Containment::ProcessGroup,
         Some(_) => match cgroup::usage_of(&task.name) {

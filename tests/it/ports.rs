@@ -1,5 +1,6 @@
 //! Porting scripts from other systems (#27): one-liners as `shell:`, bare program names on
-//! the probes' PATH, an interpreter's relative script under plugin_dir, through the binary.
+//! the probes' PATH, an interpreter's relative script under plugin_dir, and a port that
+//! reports nothing failing `--once` and `probe NAME` loudly, through the binary.
 
 use std::path::Path;
 
@@ -27,10 +28,125 @@ fn setup(resources: &str) -> Setup {
     Setup::new(&format!("resources:\n{resources}"))
 }
 
+/// A second numeric resource, fed by another's `provides:`.
+fn fed(name: &str) -> String {
+    format!("  - {{name: {name}, valtype: numeric, interval: 60s, resourcemap: [{{location: [default]}}]}}\n")
+}
+
 fn assert_has(text: &str, wants: &[&str]) {
     for want in wants {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
+}
+
+/// `--once` and `probe NAME` both fail, and both say `wants`.
+fn both_fail_saying(s: &Setup, name: &str, wants: &[&str]) {
+    let (code, out) = agent(s, &["--once"]);
+    assert_eq!(code, 1, "--once:\n{out}");
+    assert_has(&out, wants);
+    let (code, out) = agent(s, &["probe", name]);
+    assert_eq!(code, 1, "probe {name}:\n{out}");
+    assert_has(&out, wants);
+    assert_has(&out, &["result: failed: "]);
+}
+
+// Item 9: a port that reports nothing fails the one-shot commands.
+
+/// A Grid Engine load sensor run as an exec probe: it waits for a line on stdin, which is
+/// closed, so it prints nothing. Prometheus calls an empty output an answer.
+#[test]
+fn an_empty_output_fails_once_and_probe_name() {
+    let s = setup(&resource(
+        "r",
+        "{kind: exec, command: [sensor], format: prometheus}",
+    ));
+    s.script(
+        "sensor",
+        "#!/bin/sh\nwhile read -r line; do echo \"node001:r:1\"; done\n",
+    );
+    both_fail_saying(
+        &s,
+        "r",
+        &[
+            "\"r\" is not in the probe's output",
+            "the probe printed nothing",
+        ],
+    );
+}
+
+#[test]
+fn a_selector_that_matches_nothing_fails_and_lists_the_nearest() {
+    let s = setup(&format!(
+        "{}{}",
+        resource(
+            "r",
+            "{kind: exec, command: [metrics], format: prometheus, provides: [r, free], select: {free: 'disk_free{path=\"/tnp\"}'}}"
+        ),
+        fed("free")
+    ));
+    s.script(
+        "metrics",
+        "#!/bin/sh\necho 'r 1'\necho 'disk_free{path=\"/\"} 10'\necho 'disk_free{path=\"/tmp\"} 5'\n",
+    );
+    both_fail_saying(
+        &s,
+        "free",
+        &[
+            "free: no sample matches `disk_free{path=\"/tnp\"}` in the output",
+            "the output held 3 sample(s); the nearest selectors: `disk_free{path=\"/tmp\"}`, `disk_free{path=\"/\"}`, `r`",
+            "did you mean `disk_free{path=\"/tmp\"}`?",
+        ],
+    );
+}
+
+/// Munin's `field.value N` is no Prometheus line: the resource it was for gets nothing
+/// while the other one does.
+#[test]
+fn a_protocol_the_format_does_not_read_fails() {
+    let s = setup(&format!(
+        "{}{}",
+        resource(
+            "load",
+            "{kind: exec, command: [munin], format: prometheus, provides: [load, memory]}"
+        ),
+        fed("memory")
+    ));
+    s.script(
+        "munin",
+        "#!/bin/sh\necho 'load 0.5'\necho 'memory.value 1024'\n",
+    );
+    both_fail_saying(
+        &s,
+        "memory",
+        &[
+            "\"memory\" is not in the probe's output; 1 line(s) did not parse, the first: line 2",
+            "the nearest selectors: `load`",
+        ],
+    );
+}
+
+/// An ELIM line may carry a subset in the daemon; a one-shot run that never names a
+/// resource fails it, listing the names it did give.
+#[test]
+fn an_elim_line_without_a_resource_fails_the_one_shot_run() {
+    let s = setup(&format!(
+        "{}{}",
+        resource(
+            "a",
+            "{kind: exec, command: [elim], format: elim, provides: [a, bee]}"
+        ),
+        fed("bee")
+    ));
+    s.script("elim", "#!/bin/sh\necho '2 a 5 be 6'\n");
+    both_fail_saying(
+        &s,
+        "bee",
+        &[
+            "\"bee\" is not in the probe's output",
+            "the nearest names: `be`, `a`",
+            "did you mean `be`?",
+        ],
+    );
 }
 
 // Item 7: one-liners as `shell:`; bare names on the probes' PATH.

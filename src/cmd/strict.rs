@@ -1,0 +1,124 @@
+//! The one-shot commands (`--once`, `probe NAME`) are strict where the daemon is patient. The
+//! daemon lets a run leave a resource out (an ELIM line may carry a subset; the last value
+//! stands until it goes stale); an admin trying a port once must instead hear that a
+//! resource got nothing — empty output, no sample matching its selector, a protocol the
+//! format does not read — with what the output did hold, nearest first.
+
+use crate::config::{near_miss, nearest, ProbeKind};
+use crate::output::{self, Format, Parsed, Pick, Sample};
+use crate::plan::ProbeTask;
+use crate::probe::process::Exit;
+use crate::probe::{Outcome, ProbeRun};
+use crate::value::Reading;
+
+/// Samples listed as the nearest to what a resource asked for.
+const LISTED: usize = 5;
+
+/// Samples compared with what a resource asked for at most (an output may hold a million),
+/// and characters of each compared: a one-shot run's hint costs milliseconds, not minutes.
+const COMPARED: usize = 10_000;
+const COMPARED_CHARS: usize = 64;
+
+/// Make every resource a successful run left unreported a failure of the run, saying why
+/// and what the output held. Builtin probes are left alone: a rate's first sample is
+/// pending by nature, not a broken port.
+pub fn unreported_fails(task: &ProbeTask, run: &mut ProbeRun) {
+    if matches!(task.kind, ProbeKind::Builtin { .. }) {
+        return;
+    }
+    if !run
+        .readings
+        .iter()
+        .any(|(_, r)| matches!(r, Reading::Pending(_)))
+    {
+        return;
+    }
+    let output = what_it_printed(task, run);
+    let hints: Vec<String> = run
+        .readings
+        .iter()
+        .map(|(name, reading)| match (&output, reading) {
+            (Some((format, select, stdout, parsed)), Reading::Pending(_)) => {
+                held(*format, &select.pick(name), stdout, parsed.as_ref(), name)
+            }
+            _ => String::new(),
+        })
+        .collect();
+    for ((_, reading), hint) in run.readings.iter_mut().zip(hints) {
+        if let Reading::Pending(why) = reading {
+            *reading = Reading::Failed(format!("{why}{hint}"));
+        }
+    }
+    run.outcome = Outcome::Failed;
+}
+
+type Printed<'a> = (Format, &'a output::Selection, &'a [u8], Option<Parsed>);
+
+/// The format, `select:`, stdout and its samples of a run that kept its output (exec and
+/// stream probes).
+fn what_it_printed<'a>(task: &'a ProbeTask, run: &'a ProbeRun) -> Option<Printed<'a>> {
+    let spec = task.kind.exec_spec()?;
+    let detail = run.exec.as_ref()?;
+    let code = match detail.exit {
+        Some(Exit::Code(c)) => Some(c),
+        _ => None,
+    };
+    let parsed = output::parse(spec.format, &detail.stdout, code, &task.name).ok();
+    Some((spec.format, &spec.select, &detail.stdout, parsed))
+}
+
+/// `; the probe printed nothing`, or the samples the output held, nearest to what `pick`
+/// asks for first, with a did-you-mean when one is a near miss.
+fn held(
+    format: Format,
+    pick: &Pick,
+    stdout: &[u8],
+    parsed: Option<&Parsed>,
+    resource: &str,
+) -> String {
+    if stdout.iter().all(u8::is_ascii_whitespace) {
+        return "; the probe printed nothing".to_owned();
+    }
+    let Some(parsed) = parsed.filter(|p| !p.samples.is_empty()) else {
+        return "; its output held no samples".to_owned();
+    };
+    // With a selector, samples are compared as selectors (`name{label="v"}`); without one,
+    // by name, as a resource's name is matched.
+    let (target, as_text): (String, fn(&Sample) -> String) = match &pick.selector {
+        Some(sel) => (sel.to_string(), Sample::key),
+        None => (resource.to_owned(), |s| s.name.clone()),
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let candidates: Vec<String> = parsed
+        .samples
+        .iter()
+        .map(as_text)
+        .filter(|c| seen.insert(c.clone()))
+        .take(COMPARED)
+        .collect();
+    let clipped: Vec<&str> = candidates.iter().map(|c| clip(c)).collect();
+    let listed: Vec<String> = nearest(clip(&target), &clipped, LISTED)
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect();
+    let what = match format.selectable() {
+        true => "selectors",
+        false => "names",
+    };
+    let mut out = format!(
+        "; the output held {} sample(s); the nearest {what}: {}",
+        parsed.samples.len(),
+        listed.join(", ")
+    );
+    if let Some(near) = near_miss(clip(&target), &clipped) {
+        out.push_str(&format!("; did you mean `{near}`?"));
+    }
+    out
+}
+
+/// The first [`COMPARED_CHARS`] characters.
+fn clip(s: &str) -> &str {
+    s.char_indices()
+        .nth(COMPARED_CHARS)
+        .map_or(s, |(i, _)| &s[..i])
+}
