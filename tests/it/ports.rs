@@ -4,24 +4,12 @@
 
 use std::path::Path;
 
-use crate::support::{resource, Setup};
+use crate::support::{agent_output, resource, Setup};
 
-/// `xce-agent ARGS -c agent.yaml`: exit code and stdout (stderr appended).
+/// `xce-agent -c agent.yaml ARGS`: exit code and stdout (stderr appended).
 fn agent(s: &Setup, args: &[&str]) -> (i32, String) {
-    let out = assert_cmd::Command::cargo_bin("xce-agent")
-        .unwrap()
-        .arg("-c")
-        .arg(s.agent_yaml())
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
+    let (code, text) = agent_output(&s.agent_yaml(), args);
+    (code.unwrap_or(-1), text)
 }
 
 fn setup(resources: &str) -> Setup {
@@ -36,6 +24,15 @@ fn fed(name: &str) -> String {
 fn assert_has(text: &str, wants: &[&str]) {
     for want in wants {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+/// `check` and `--once` both fail, and both say `wants`.
+fn check_and_once_fail_saying(s: &Setup, wants: &[&str]) {
+    for args in [&["check"][..], &["--once"]] {
+        let (code, out) = agent(s, args);
+        assert_eq!(code, 1, "{args:?}:\n{out}");
+        assert_has(&out, wants);
     }
 }
 
@@ -189,6 +186,21 @@ fn a_shell_line_runs_under_sh_with_the_probes_user_and_environment() {
     );
 }
 
+/// A stream probe takes `shell:` too: an ELIM written as one line.
+#[test]
+fn a_stream_probe_runs_a_shell_line() {
+    let s = setup(&format!(
+        "  - name: s\n    valtype: numeric\n    interval: 60s\n    resourcemap: [{{location: [default]}}]\n    probe: {{kind: stream, format: elim, provides: [s, t], shell: 'echo \"2 s 5 t $XCE_INTERVAL\"; exec sleep 1000'}}\n{}",
+        fed("t")
+    ));
+    let (code, out) = agent(&s, &["probe", "t"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(
+        &out,
+        &["kind stream", "shell:     /bin/sh -c", "s = 5", "t = 60"],
+    );
+}
+
 #[test]
 fn a_shell_line_has_the_probes_timeout() {
     let s = setup(&shell_resource(
@@ -221,12 +233,7 @@ fn a_file_a_shell_line_sources_gets_the_script_rule() {
         ),
     )
     .unwrap();
-    let (code, out) = agent(&s, &["check"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &[&format!("chmod go-w {}", lib.display())]);
-    let (code, out) = agent(&s, &["--once"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &[&format!("chmod go-w {}", lib.display())]);
+    check_and_once_fail_saying(&s, &[&format!("chmod go-w {}", lib.display())]);
 }
 
 #[test]
@@ -300,12 +307,7 @@ fn a_name_found_nowhere_says_where_it_looked() {
         s.path().display(),
         s.path().display()
     );
-    let (code, out) = agent(&s, &["check"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &[&want]);
-    let (code, out) = agent(&s, &["--once"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &[&want]);
+    check_and_once_fail_saying(&s, &[&want]);
 }
 
 // Item 11: interpreters and their arguments.
@@ -358,12 +360,7 @@ fn a_missing_relative_script_says_where_it_was_looked_for() {
         "sh's script telegraf/gone.sh not found: a relative script is looked up in plugin_dir, and {}/telegraf/gone.sh does not exist",
         s.path().display()
     );
-    let (code, out) = agent(&s, &["check"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &[&want]);
-    let (code, out) = agent(&s, &["--once"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &[&want]);
+    check_and_once_fail_saying(&s, &[&want]);
 }
 
 #[test]
@@ -379,10 +376,5 @@ fn a_crlf_script_and_a_missing_interpreter_are_named_by_check_and_once() {
         "has Windows (CRLF) line endings: its #! line names interpreter /bin/sh followed by a carriage return",
         "interpreter /usr/bin/no-such-interpreter-xce (from its #! line) not found",
     ];
-    let (code, out) = agent(&s, &["check"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &wants);
-    let (code, out) = agent(&s, &["--once"]);
-    assert_eq!(code, 1, "{out}");
-    assert_has(&out, &wants);
+    check_and_once_fail_saying(&s, &wants);
 }
