@@ -44,6 +44,7 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
     // Strict, unlike the daemon: a resource left unreported fails, and the store shows it.
     for (task, run) in &mut runs {
         super::strict::unreported_fails(task, run);
+        super::strict::explain_failure(task, run, &ctx.plugin_dir);
         record_run(&store, task, run);
     }
     if let Some(progress) = progress {

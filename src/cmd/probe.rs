@@ -75,6 +75,7 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
         _ => crate::probe::run_once(task, ctx).await,
     };
     super::strict::unreported_fails(task, &mut run);
+    super::strict::explain_failure(task, &mut run, &ctx.plugin_dir);
     let containment = spec.map(|_| match cgroup::active() {
         None => Containment::ProcessGroup,
         Some(_) => match cgroup::usage_of(&task.name) {

@@ -2,13 +2,16 @@
 //! daemon lets a run leave a resource out (an ELIM line may carry a subset; the last value
 //! stands until it goes stale); an admin trying a port once must instead hear that a
 //! resource got nothing — empty output, no sample matching its selector, a protocol the
-//! format does not read — with what the output did hold, nearest first.
+//! format does not read — with what the output did hold, nearest first. And a failed run
+//! whose cause `check` can name (a shell's script with CRLF line endings) says it.
+
+use std::path::Path;
 
 use crate::config::{near_miss, nearest, ProbeKind};
 use crate::output::{self, Format, Parsed, Pick, Sample};
 use crate::plan::ProbeTask;
 use crate::probe::process::Exit;
-use crate::probe::{Outcome, ProbeRun};
+use crate::probe::{resolve, security, Outcome, ProbeRun};
 use crate::value::Reading;
 
 /// Samples listed as the nearest to what a resource asked for.
@@ -50,6 +53,28 @@ pub fn unreported_fails(task: &ProbeTask, run: &mut ProbeRun) {
         }
     }
     run.outcome = Outcome::Failed;
+}
+
+/// A failed run of a shell's script saved with CRLF line endings gets the cause added, as
+/// `check` names it: the shell's own words (`$'\r': command not found`, a syntax error at a
+/// `fi`) do not. The script is read only for a failed one-shot run.
+pub fn explain_failure(task: &ProbeTask, run: &mut ProbeRun, plugin_dir: &Path) {
+    if run.succeeded() {
+        return;
+    }
+    let Some(why) = task
+        .kind
+        .exec_spec()
+        .and_then(|spec| resolve::command(plugin_dir, &spec.command).ok())
+        .and_then(|r| security::shell_script_problem(&r.program, &r.args))
+    else {
+        return;
+    };
+    for (_, reading) in &mut run.readings {
+        if let Reading::Failed(e) = reading {
+            e.push_str(&format!(" ({why})"));
+        }
+    }
 }
 
 type Printed<'a> = (Format, &'a output::Selection, &'a [u8], Option<Parsed>);

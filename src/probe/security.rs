@@ -276,7 +276,9 @@ pub fn verdict(
         Err(e) => return Verdict::Problem(e.to_string()),
     };
     let program = &resolved.program;
-    if let Some(e) = script_problem(program, false) {
+    if let Some(e) =
+        script_problem(program, false).or_else(|| shell_script_problem(program, &resolved.args))
+    {
         return Verdict::Problem(e.to_string());
     }
     match check_probe(program, &resolved.args, env, run_as_uid) {
@@ -311,6 +313,12 @@ pub enum NotRunnable {
         program: PathBuf,
         interpreter: String,
     },
+    /// A shell's script with CRLF line endings: the shell reads each `\r` as part of a word.
+    #[error(
+        "{p} has Windows (CRLF) line endings: {shell} reads the carriage return at the end of each line as part of its last word; fix: sed -i 's/[[:cntrl:]]*$//' {p}",
+        p = .script.display()
+    )]
+    CrLfScript { script: PathBuf, shell: String },
     #[error("{}: interpreter {} (from its #! line) not found{}", .program.display(), .interpreter.display(), .via)]
     InterpreterMissing {
         program: PathBuf,
@@ -406,6 +414,27 @@ pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
         }
     }
     None
+}
+
+/// Shells that read a script's carriage returns as part of its words (Python, Perl and Ruby
+/// read CRLF sources as they are).
+const SHELLS: &[&str] = &["sh", "bash", "dash", "ksh", "mksh", "zsh"];
+
+/// A shell's script (`command: [/bin/sh, x.sh]`, `args` as resolved: absolute) saved with
+/// CRLF line endings, which fails line by line with `$'\r': command not found`.
+pub fn shell_script_problem(program: &Path, args: &[String]) -> Option<NotRunnable> {
+    let shell = file_name(program);
+    if !SHELLS.contains(&shell) {
+        return None;
+    }
+    let script = Path::new("/").join(&args[script_arg(args)?]);
+    let head = head_of(&script).ok()?;
+    head.windows(2)
+        .any(|w| w == b"\r\n")
+        .then(|| NotRunnable::CrLfScript {
+            script,
+            shell: shell.to_owned(),
+        })
 }
 
 /// Why execve of `program` failed with `error`, in the admin's words, where its first line

@@ -378,3 +378,18 @@ fn a_crlf_script_and_a_missing_interpreter_are_named_by_check_and_once() {
     ];
     check_and_once_fail_saying(&s, &wants);
 }
+
+/// A shell's script saved with CRLF line endings, run as `[/bin/sh, x.sh]`: no `#!` to
+/// point at, and the shell's own error (a syntax error at `fi`) does not name the cause.
+#[test]
+fn a_shells_crlf_script_is_named_by_check_and_once() {
+    let s = setup(&resource("dos", "{kind: exec, command: [/bin/sh, dos.sh]}"));
+    let script = s.script("dos.sh", "if true; then\r\n  echo 1\r\nfi\r\n");
+    check_and_once_fail_saying(
+        &s,
+        &[&format!(
+            "{} has Windows (CRLF) line endings: sh reads the carriage return at the end of each line as part of its last word",
+            script.display()
+        )],
+    );
+}
