@@ -17,10 +17,12 @@ use crate::value::Reading;
 /// Samples listed as the nearest to what a resource asked for.
 const LISTED: usize = 5;
 
-/// Samples compared with what a resource asked for at most (an output may hold a million),
-/// and characters of each compared: a one-shot run's hint costs milliseconds, not minutes.
-const COMPARED: usize = 10_000;
-const COMPARED_CHARS: usize = 64;
+/// Samples compared with what a resource asked for at most (an output may hold thousands),
+/// and characters of each compared: the edit distance costs their product per sample (835
+/// samples of 80 characters, a 64 KiB output, cost 0.5 s in a debug build), and an exec
+/// probe's output is capped at 64 KiB anyway.
+const COMPARED: usize = 2_000;
+const COMPARED_CHARS: usize = 128;
 
 /// Make every resource a successful run left unreported a failure of the run, saying why
 /// and what the output held. Builtin probes are left alone: a rate's first sample is
@@ -121,10 +123,18 @@ fn held(
         .filter(|c| seen.insert(c.clone()))
         .take(COMPARED)
         .collect();
+    // Compared by their first characters, shown whole: a clipped candidate is a prefix of
+    // its own string, found again by where it starts.
     let clipped: Vec<&str> = candidates.iter().map(|c| clip(c)).collect();
+    let whole = |c: &str| {
+        candidates
+            .iter()
+            .find(|w| w.as_ptr() == c.as_ptr())
+            .map_or_else(|| c.to_owned(), String::clone)
+    };
     let listed: Vec<String> = nearest(clip(&target), &clipped, LISTED)
         .iter()
-        .map(|c| format!("`{c}`"))
+        .map(|c| format!("`{}`", whole(c)))
         .collect();
     let what = match format.selectable() {
         true => "selectors",
@@ -136,7 +146,7 @@ fn held(
         listed.join(", ")
     );
     if let Some(near) = near_miss(clip(&target), &clipped) {
-        out.push_str(&format!("; did you mean `{near}`?"));
+        out.push_str(&format!("; did you mean `{}`?", whole(near)));
     }
     out
 }
@@ -146,4 +156,34 @@ fn clip(s: &str) -> &str {
     s.char_indices()
         .nth(COMPARED_CHARS)
         .map_or(s, |(i, _)| &s[..i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_samples_are_compared_by_their_start_and_listed_whole() {
+        let long = |n: u32| format!("m{{path=\"/{}{n}\"}}", "x".repeat(200));
+        let text = format!("{} 1\n{} 2\nshort 3\n", long(1), long(2));
+        let parsed = output::parse(Format::Prometheus, text.as_bytes(), Some(0), "r").unwrap();
+        let pick = Pick {
+            selector: Some(output::parse_selector("short_one").unwrap()),
+            ..Pick::default()
+        };
+        let hint = held(
+            Format::Prometheus,
+            &pick,
+            text.as_bytes(),
+            Some(&parsed),
+            "r",
+        );
+        let listed = format!("`short`, `{}`, `{}`", long(1), long(2));
+        assert!(hint.contains(&listed), "{hint}");
+        assert!(hint.starts_with("; the output held 3 sample(s)"), "{hint}");
+        assert_eq!(
+            held(Format::Prometheus, &pick, b" \n", None, "r"),
+            "; the probe printed nothing"
+        );
+    }
 }
