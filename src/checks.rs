@@ -297,6 +297,32 @@ mod tests {
             },
         },
         Case {
+            name: "a bare name not in plugin_dir is found on the probes' PATH, and check says where",
+            probe: "{kind: exec, command: [sh, -c, 'echo 1']}",
+            files: &[],
+            as_root: Expect {
+                problems: &[],
+                notes: &[&["r: `sh` is /", "(not in plugin_dir ", ": found on the probes' PATH /usr/local/sbin:"]],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[&["r: `sh` is /", ": found on the probes' PATH "], NOT_ENFORCED],
+            },
+        },
+        Case {
+            name: "an interpreter's relative script is looked up in plugin_dir",
+            probe: "{kind: exec, command: [/bin/sh, sub/x.sh]}",
+            files: &[("sub", 0)],
+            as_root: Expect {
+                problems: &[&["r: sh's script sub/x.sh not found: a relative script is looked up in plugin_dir, and ", "/sub/x.sh does not exist"]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[&["r: sh's script sub/x.sh not found"]],
+                notes: &[NOT_ENFORCED],
+            },
+        },
+        Case {
             name: "a stream probe's program is checked as an exec's",
             probe: "{kind: stream, command: [gone.sh], format: elim}",
             files: &[],

@@ -328,11 +328,18 @@ fn an_interpreters_relative_script_is_under_plugin_dir_and_checked() {
         "{kind: exec, command: [/usr/bin/python3, telegraf/x.py]}",
     ));
     let script = crate::support::script(&telegraf_dir(&s), "x.py", "print(6 * 7)\n");
+    // A bare interpreter name is found on the PATH, and its script still under plugin_dir.
+    let bare = setup(&resource("py", "{kind: exec, command: [python3, x.py]}"));
+    crate::support::script(bare.path(), "x.py", "print(6 * 7)\n");
+    let (code, out) = agent(&bare, &["--once"]);
+    assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["py        42"]);
     let (code, out) = agent(&s, &["--once"]);
     assert_eq!(code, 0, "{out}");
     assert_has(&out, &["py        42"]);
     let (code, out) = agent(&s, &["probe", "py"]);
     assert_eq!(code, 0, "{out}");
+    assert_has(&out, &["py = 42"]);
     assert_has(
         &out,
         &[&format!("argv:      /usr/bin/python3 {}", script.display())],
