@@ -76,7 +76,7 @@ probe_fields! {
     kind: String => Takes::Every, "builtin, exec, file or stream.";
     index: String => Takes::Only(&["builtin"]), "The built-in index to report (default: the resource's name).";
     command: RawCommand => EXEC_STREAM, "The program and its arguments, a list (no shell); a relative program is under plugin_dir, a bare name not there on the probes' PATH.";
-    shell: String => EXEC_STREAM, "A command line run by /bin/sh -c (pipes, variables), instead of `command`.";
+    shell: super::shell::RawShell => EXEC_STREAM, "A command line run by /bin/sh -c (pipes, variables), instead of `command`.";
     format: String => EXEC_FILE_STREAM, "How the output is read: value, kv, elim, nagios, prometheus, influx, classad or json.";
     select: RawSelect => EXEC_FILE_STREAM, "Which sample of a multi-sample output each resource takes.";
     aggregate: String => EXEC_FILE_STREAM, "How several matching samples become one value.";

@@ -4,12 +4,41 @@
 //! argv the child gets; everything else about the run (user, containment, timeout,
 //! environment, limits) is the same.
 
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
 use super::probe_output;
 use super::probe_spec::RawProbe;
 use super::resources::SHELL;
+
+/// `shell:` as written: one command line. A list is refused with the field it belongs in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawShell(pub String);
+
+impl<'de> Deserialize<'de> for RawShell {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawShell;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a command line, a string run by /bin/sh -c")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawShell, E> {
+                Ok(RawShell(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<RawShell, A::Error> {
+                Err(de::Error::custom(
+                    "`shell` is one command line, a string run by /bin/sh -c; an argument list is `command:`",
+                ))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 /// The argv of the probe's `command:` or `shell:`; errors (neither, both, an empty one, a
 /// list whose program has spaces) go to `errs`.
@@ -34,8 +63,8 @@ pub fn argv(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<Vec<String>> 
     }
 }
 
-fn line(errs: &mut Errors, shell: &Spanned<String>) -> Option<Vec<String>> {
-    let text = &shell.value;
+fn line(errs: &mut Errors, shell: &Spanned<RawShell>) -> Option<Vec<String>> {
+    let text = &shell.value.0;
     if text.trim().is_empty() {
         errs.at(Pos::of(shell), "`shell` is empty: expected a command line");
         return None;

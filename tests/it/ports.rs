@@ -269,6 +269,10 @@ fn shell_and_command_errors_name_the_place_and_the_other_field() {
         &e.join("\n"),
         &["resources.yaml:7:14: `shell` is not a field of file probes"],
     );
+    assert_eq!(
+        parse(&probe("      shell: [df, -P]\n")),
+        ["resources.yaml:6:14: `shell` is one command line, a string run by /bin/sh -c; an argument list is `command:`"]
+    );
     let e = parse(&probe("      timeout: 5s\n"));
     assert_has(
         &e.join("\n"),
