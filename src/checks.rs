@@ -4,7 +4,7 @@
 
 use crate::config::{Config, ProbeKind};
 use crate::plan::Plan;
-use crate::probe::{exec, security};
+use crate::probe::{exec, resolve, security};
 
 /// (resource, text) lines, as `check` prints them.
 pub type Findings = Vec<(String, String)>;
@@ -29,8 +29,13 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             }
         };
         let plugin_dir = &config.agent.plugin_dir;
-        let program = exec::resolve_program(plugin_dir, &spec.command[0]);
-        match security::verdict(&program, &spec.command, &spec.env, plugin_dir, uid) {
+        if let Some(note) = resolve::command(plugin_dir, &spec.command)
+            .ok()
+            .and_then(|r| r.note(&spec.command[0], plugin_dir))
+        {
+            notes.push((t.name.clone(), note));
+        }
+        match security::verdict(&spec.command, &spec.env, plugin_dir, uid) {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))
@@ -289,6 +294,32 @@ mod tests {
                     &["r: no_new_privs: false: setuid programs it runs can raise its privileges"],
                     NOT_ENFORCED_SEE_ABOVE,
                 ],
+            },
+        },
+        Case {
+            name: "a bare name not in plugin_dir is found on the probes' PATH, and check says where",
+            probe: "{kind: exec, command: [sh, -c, 'echo 1']}",
+            files: &[],
+            as_root: Expect {
+                problems: &[],
+                notes: &[&["r: `sh` is /", "(not in plugin_dir ", ": found on the probes' PATH /usr/local/sbin:"]],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[&["r: `sh` is /", ": found on the probes' PATH "], NOT_ENFORCED],
+            },
+        },
+        Case {
+            name: "an interpreter's relative script is looked up in plugin_dir",
+            probe: "{kind: exec, command: [/bin/sh, sub/x.sh]}",
+            files: &[("sub", 0)],
+            as_root: Expect {
+                problems: &[&["r: sh's script sub/x.sh not found: a relative script is looked up in plugin_dir, and ", "/sub/x.sh does not exist"]],
+                notes: &[],
+            },
+            as_user: Expect {
+                problems: &[&["r: sh's script sub/x.sh not found"]],
+                notes: &[NOT_ENFORCED],
             },
         },
         Case {

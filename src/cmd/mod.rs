@@ -9,6 +9,7 @@ pub mod listen;
 pub mod once;
 pub mod probe;
 pub mod status;
+mod strict;
 pub mod tls;
 
 use std::path::PathBuf;

@@ -12,7 +12,7 @@ use crate::cli::{Common, OnceFormat};
 use crate::daemon::{declared, probe_context, uses_builtins};
 use crate::plan::{is_probed, make_plan};
 use crate::render::once::OnceReport;
-use crate::schedule::{run_all_once, InFlight};
+use crate::schedule::{record_run, run_all_once, InFlight};
 use crate::store::Store;
 
 pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result<u8, CmdError> {
@@ -40,7 +40,13 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
     let progress = std::io::stderr()
         .is_terminal()
         .then(|| tokio::spawn(say_what_it_waits_for(running.clone())));
-    let runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel, &running).await;
+    let mut runs = run_all_once(&plan, &ctx, &store, config.agent.max_parallel, &running).await;
+    // Strict, unlike the daemon: a resource left unreported fails, and the store shows it.
+    for (task, run) in &mut runs {
+        super::strict::unreported_fails(task, run);
+        super::strict::explain_failure(task, run, &ctx.plugin_dir);
+        record_run(&store, task, run);
+    }
     if let Some(progress) = progress {
         progress.abort();
         eprint!("\r\x1b[2K");

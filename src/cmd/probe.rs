@@ -12,7 +12,7 @@ use crate::daemon::probe_context;
 use crate::output;
 use crate::plan::{make_plan, ProbeTask};
 use crate::probe::process::Exit;
-use crate::probe::{cgroup, exec, security, stream, ProbeContext};
+use crate::probe::{cgroup, exec, resolve, security, stream, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
 
 pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
@@ -46,7 +46,6 @@ pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
 async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'a> {
     let spec = task.kind.exec_spec();
     let exec = spec.map(|spec| {
-        let program = exec::resolve_program(&ctx.plugin_dir, &spec.command[0]);
         let user = exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as).map(|c| match c {
             Some(c) => RunsAs::User(c),
             None => RunsAs::Agent {
@@ -60,17 +59,23 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             Ok(RunsAs::User(c)) => Some(c.uid),
             _ => None,
         };
-        let verdict = security::verdict(&program, &spec.command, &spec.env, &ctx.plugin_dir, uid);
+        let verdict = security::verdict(&spec.command, &spec.env, &ctx.plugin_dir, uid);
+        let found = resolve::command(&ctx.plugin_dir, &spec.command)
+            .ok()
+            .and_then(|r| r.note(&spec.command[0], &ctx.plugin_dir));
         ExecFacts {
             spec,
             user,
             verdict,
+            found,
         }
     });
-    let run = match &task.kind {
+    let mut run = match &task.kind {
         ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
         _ => crate::probe::run_once(task, ctx).await,
     };
+    super::strict::unreported_fails(task, &mut run);
+    super::strict::explain_failure(task, &mut run, &ctx.plugin_dir);
     let containment = spec.map(|_| match cgroup::active() {
         None => Containment::ProcessGroup,
         Some(_) => match cgroup::usage_of(&task.name) {

@@ -9,8 +9,9 @@ mod probe_output;
 pub mod probe_spec;
 mod raw;
 mod recover;
+mod shell;
 pub use raw::{
-    near_miss, INSTANCE_FIELDS, INSTANCE_FIELD_DOCS, RESOURCE_FIELDS, RESOURCE_FIELD_DOCS,
+    near_miss, nearest, INSTANCE_FIELDS, INSTANCE_FIELD_DOCS, RESOURCE_FIELDS, RESOURCE_FIELD_DOCS,
 };
 pub mod resources;
 pub mod scalar;

@@ -110,7 +110,7 @@ const SHELL_ONLY: &[(&str, &str)] = &[
 pub fn split_command(line: &str) -> Result<Vec<String>, String> {
     let refuse = |what: &str| {
         Err(format!(
-            "`command` contains {what}, which needs a shell: probes run without one. Write a wrapper script and name it in `command`"
+            "`command` contains {what}, which needs a shell: `command` runs without one. Write the line as `shell:` instead of `command:` (run by /bin/sh -c), or write a wrapper script and name it in `command`"
         ))
     };
     let mut words = Vec::new();
@@ -193,7 +193,7 @@ pub fn split_command(line: &str) -> Result<Vec<String>, String> {
 }
 
 fn no_variables() -> String {
-    "`command` names a shell variable: nothing is expanded (no shell). Set what the script needs in `env:`, or write a wrapper script".into()
+    "`command` names a shell variable: nothing is expanded (no shell). Set what the script needs in `env:`, write the line as `shell:` (run by /bin/sh -c), or write a wrapper script".into()
 }
 
 /// The argv, from either form of `command:`.
@@ -408,6 +408,7 @@ mod tests {
         ] {
             let e = split_command(bad).unwrap_err();
             assert!(e.contains("wrapper script"), "{bad}: {e}");
+            assert!(e.contains("`shell:`"), "{bad}: {e}");
         }
         assert!(split_command("a 'open").is_err());
         assert_eq!(split_command("a '|' \"a;b\"").unwrap(), ["a", "|", "a;b"]);

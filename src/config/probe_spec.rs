@@ -75,7 +75,8 @@ const EXEC_FILE_STREAM: Takes = Takes::Only(&["exec", "file", "stream"]);
 probe_fields! {
     kind: String => Takes::Every, "builtin, exec, file or stream.";
     index: String => Takes::Only(&["builtin"]), "The built-in index to report (default: the resource's name).";
-    command: RawCommand => EXEC_STREAM, "The program and its arguments, a list (no shell); a relative program is under plugin_dir.";
+    command: RawCommand => EXEC_STREAM, "The program and its arguments, a list (no shell); a relative program is under plugin_dir, a bare name not there on the probes' PATH.";
+    shell: super::shell::RawShell => EXEC_STREAM, "A command line run by /bin/sh -c (pipes, variables), instead of `command`.";
     format: String => EXEC_FILE_STREAM, "How the output is read: value, kv, elim, nagios, prometheus, influx, classad, json, munin, checkmk, collectd, netdata or sge.";
     select: RawSelect => EXEC_FILE_STREAM, "Which sample of a multi-sample output each resource takes.";
     aggregate: String => EXEC_FILE_STREAM, "How several matching samples become one value.";
@@ -242,7 +243,15 @@ impl ProbeKind {
 /// The argv as the child gets it (a string `command:` after splitting), the format and
 /// what `select:` picks.
 fn describe_exec(e: &ExecSpec) -> String {
-    let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
+    let mut out = match e.shell {
+        true => format!(
+            "shell {} -c {:?} ({})",
+            super::resources::SHELL,
+            e.command.get(2).map_or("", String::as_str),
+            e.format.as_str()
+        ),
+        false => format!("argv {:?} ({})", e.command, e.format.as_str()),
+    };
     if e.stdout != super::StdoutMode::Pipe {
         out.push_str(&format!(" stdout {}", e.stdout.as_str()));
     }
@@ -366,30 +375,7 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
 
 fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ExecSpec> {
     let pos = input.pos;
-    let Some(command_field) = &raw.command else {
-        errs.at(
-            pos,
-            "exec and stream probes need `command`: a list such as [script, arg1]",
-        );
-        return None;
-    };
-    let command = probe_output::command(errs, command_field)?;
-    if command.is_empty() || command[0].trim().is_empty() {
-        errs.at(
-            Pos::of(command_field),
-            "`command` is empty: expected [program, arg, ...]",
-        );
-        return None;
-    }
-    if command[0].contains(char::is_whitespace) && !command[0].starts_with('/') {
-        errs.at(
-            Pos::of(command_field),
-            format!(
-                "program {:?} contains spaces: `command` is an argument list run without a shell, e.g. [script, arg]",
-                command[0]
-            ),
-        );
-    }
+    let command = super::shell::argv(errs, raw, pos)?;
     let format = probe_output::format(errs, raw.format.as_ref());
     let select = probe_output::selection(
         errs,
@@ -412,6 +398,7 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         }
     }
     Some(ExecSpec {
+        shell: raw.shell.is_some(),
         command,
         format,
         select,
@@ -593,6 +580,7 @@ mod tests {
             [
                 "kind",
                 "command",
+                "shell",
                 "format",
                 "select",
                 "aggregate",

@@ -228,6 +228,18 @@ pub fn near_miss<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
         .map(|(_, f)| f)
 }
 
+/// Up to `n` of `known`, nearest to `key` first (edit distance, case ignored; ties keep
+/// `known`'s order): what a did-you-mean lists when no single near miss stands out.
+pub fn nearest<'a>(key: &str, known: &[&'a str], n: usize) -> Vec<&'a str> {
+    let k = key.to_ascii_lowercase();
+    let mut ranked: Vec<(usize, &'a str)> = known
+        .iter()
+        .map(|f| (edit_distance(&k, &f.to_ascii_lowercase()), *f))
+        .collect();
+    ranked.sort_by_key(|(d, _)| *d);
+    ranked.into_iter().take(n).map(|(_, f)| f).collect()
+}
+
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
@@ -267,6 +279,10 @@ mod tests {
         assert_eq!(near_miss("distributions", RESOURCE_FIELDS), None);
         assert_eq!(near_miss("timout", probe_fields()), Some("timeout"));
         assert_eq!(near_miss("provide", probe_fields()), Some("provides"));
+        assert_eq!(
+            nearest("lod1", &["users", "load5", "load1", "load15"], 2),
+            ["load1", "load5"]
+        );
     }
 
     #[test]

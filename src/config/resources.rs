@@ -118,7 +118,10 @@ pub use crate::output::Format;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecSpec {
+    /// The argv; for `shell:`, [`SHELL`], `-c` and the line.
     pub command: Vec<String>,
+    /// Given as `shell:`: a shell runs `command[2]`.
+    pub shell: bool,
     pub format: Format,
     /// `select:` and `aggregate:`: which sample feeds which resource.
     pub select: crate::output::Selection,
@@ -131,6 +134,9 @@ pub struct ExecSpec {
     /// `stdout: pty` for a program that block-buffers a pipe.
     pub stdout: super::StdoutMode,
 }
+
+/// The shell that runs a `shell:` line.
+pub const SHELL: &str = "/bin/sh";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {

@@ -23,14 +23,10 @@ pub struct ExecDetail {
     pub stderr: String,
 }
 
-/// argv[0] under the plugin directory unless absolute.
+/// argv[0] under the plugin directory unless absolute; a bare name not there on the probes'
+/// PATH ([`super::resolve::program`]).
 pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
-    let p = Path::new(program);
-    if p.is_absolute() {
-        p.to_owned()
-    } else {
-        plugin_dir.join(p)
-    }
+    super::resolve::program(plugin_dir, program).0
 }
 
 /// The user a probe runs as: only a root agent can switch, and it never runs a probe as root
@@ -149,13 +145,13 @@ pub fn child_spec(
     ctx: &ProbeContext,
     env: Vec<(String, String)>,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
-    let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
     let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
-    super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
+    let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
+    let program = resolved.program;
     if super::security::enforced() {
         super::security::check_probe(
             &program,
-            &spec.command[1..],
+            &resolved.args,
             &spec.env,
             creds.as_ref().map(|c| c.uid),
         )
@@ -170,13 +166,25 @@ pub fn child_spec(
         .as_ref()
         .map_or_else(current_user_name, |c| c.user.clone());
     let mut child = ChildSpec::new(program, task.timeout);
-    // The arguments the format's own system passes (netdata's update-every) come first.
+    // The arguments the format's own system passes (netdata's update-every) come first; a
+    // `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`: "$1"...),
+    // never in front of `-c`.
     let peer_args = (spec.format.def().peer.args)(&peer_run(task, &ctx.host));
-    child.args = peer_args
-        .iter()
-        .chain(&spec.command[1..])
-        .map(OsString::from)
-        .collect();
+    if spec.shell && !peer_args.is_empty() {
+        child.args = resolved
+            .args
+            .iter()
+            .chain(std::iter::once(&crate::config::resources::SHELL.to_owned()))
+            .chain(&peer_args)
+            .map(OsString::from)
+            .collect();
+    } else {
+        child.args = peer_args
+            .iter()
+            .chain(&resolved.args)
+            .map(OsString::from)
+            .collect();
+    }
     child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
     child.credentials = creds;
     child.limits = spec.limits.clone();
@@ -189,6 +197,13 @@ pub fn child_spec(
         child.cgroup = Some(cg);
     }
     Ok((child, user))
+}
+
+/// The argv a child gets: its program and arguments as resolved, for `probe NAME`.
+pub fn argv_of(child: &ChildSpec) -> Vec<String> {
+    std::iter::once(child.program.display().to_string())
+        .chain(child.args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect()
 }
 
 impl ExecDetail {
@@ -224,10 +239,7 @@ pub async fn run(
             return run;
         }
     };
-    // As run: the resolved program and the peer's arguments (netdata's update-every) too.
-    detail.argv = std::iter::once(child.program.display().to_string())
-        .chain(child.args.iter().map(|a| a.to_string_lossy().into_owned()))
-        .collect();
+    detail.argv = argv_of(&child);
     detail.user = user;
     let result = process::run(&child).await;
     let mut run = match result {

@@ -11,6 +11,7 @@ pub mod file_reader;
 pub mod output_log;
 pub mod reader_creds;
 pub mod reaper;
+pub mod resolve;
 pub mod security;
 pub mod stream;
 

@@ -261,26 +261,27 @@ pub enum Verdict {
     Unenforced(String),
 }
 
-/// Check a probe's `command:` (argv; the first word resolved to `program`): the program
+/// Check a probe's `command:` (argv, resolved by [`super::resolve::command`]): the program
 /// exists, is an executable regular file, and everything it will run (with `env`, the probe's
 /// `env:`) passes [`check_probe`] (only enforced when the agent is root). `run_as_uid`: the
 /// user the probe runs as.
 pub fn verdict(
-    program: &Path,
     command: &[String],
     env: &BTreeMap<String, String>,
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
 ) -> Verdict {
-    let name = command.first().map_or("", String::as_str);
-    if let Err(e) = check_runnable(program, name, plugin_dir) {
+    let resolved = match super::resolve::command(plugin_dir, command) {
+        Ok(r) => r,
+        Err(e) => return Verdict::Problem(e.to_string()),
+    };
+    let program = &resolved.program;
+    if let Some(e) =
+        script_problem(program, false).or_else(|| shell_script_problem(program, &resolved.args))
+    {
         return Verdict::Problem(e.to_string());
     }
-    if let Some(e) = script_problem(program, false) {
-        return Verdict::Problem(e.to_string());
-    }
-    let args = command.get(1..).unwrap_or_default();
-    match check_probe(program, args, env, run_as_uid) {
+    match check_probe(program, &resolved.args, env, run_as_uid) {
         Ok(()) => Verdict::Ok,
         Err(e) if enforced() => Verdict::Refused(e.to_string()),
         Err(e) => Verdict::Unenforced(e.to_string()),
@@ -312,6 +313,12 @@ pub enum NotRunnable {
         program: PathBuf,
         interpreter: String,
     },
+    /// A shell's script with CRLF line endings: the shell reads each `\r` as part of a word.
+    #[error(
+        "{p} has Windows (CRLF) line endings: {shell} reads the carriage return at the end of each line as part of its last word; fix: sed -i 's/[[:cntrl:]]*$//' {p}",
+        p = .script.display()
+    )]
+    CrLfScript { script: PathBuf, shell: String },
     #[error("{}: interpreter {} (from its #! line) not found{}", .program.display(), .interpreter.display(), .via)]
     InterpreterMissing {
         program: PathBuf,
@@ -326,6 +333,20 @@ pub enum NotRunnable {
     },
     #[error("{p} has no #! line and is not a binary the kernel can run; fix: make its first line #!/bin/sh (or the interpreter it is written for)", p = .program.display())]
     NoShebang { program: PathBuf },
+    /// An interpreter's relative script that is not under plugin_dir (boxed: the error
+    /// travels in every spawn result).
+    #[error(transparent)]
+    ScriptNotFound(Box<MissingScript>),
+}
+
+/// An interpreter's relative script that is not under plugin_dir.
+#[derive(Debug, thiserror::Error)]
+#[error("{interpreter}'s script {script} not found: a relative script is looked up in plugin_dir, and {} does not exist; give its path under plugin_dir {} or an absolute path", .looked.display(), .plugin_dir.display())]
+pub struct MissingScript {
+    pub interpreter: String,
+    pub script: String,
+    pub looked: PathBuf,
+    pub plugin_dir: PathBuf,
 }
 
 /// What stops the kernel from running `program`, an executable regular file, that only its
@@ -395,6 +416,27 @@ pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
     None
 }
 
+/// Shells that read a script's carriage returns as part of its words (Python, Perl and Ruby
+/// read CRLF sources as they are).
+const SHELLS: &[&str] = &["sh", "bash", "dash", "ksh", "mksh", "zsh"];
+
+/// A shell's script (`command: [/bin/sh, x.sh]`, `args` as resolved: absolute) saved with
+/// CRLF line endings, which fails line by line with `$'\r': command not found`.
+pub fn shell_script_problem(program: &Path, args: &[String]) -> Option<NotRunnable> {
+    let shell = file_name(program);
+    if !SHELLS.contains(&shell) {
+        return None;
+    }
+    let script = Path::new("/").join(&args[script_arg(args)?]);
+    let head = head_of(&script).ok()?;
+    head.windows(2)
+        .any(|w| w == b"\r\n")
+        .then(|| NotRunnable::CrLfScript {
+            script,
+            shell: shell.to_owned(),
+        })
+}
+
 /// Why execve of `program` failed with `error`, in the admin's words, where its first line
 /// tells (ENOENT for a file that exists is its interpreter's; ENOEXEC, no `#!`).
 pub fn why_exec_failed(program: &Path, error: &std::io::Error) -> Option<NotRunnable> {
@@ -413,6 +455,12 @@ pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Resul
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let rule = if Path::new(command).is_absolute() {
                 String::new()
+            } else if !command.contains('/') {
+                format!(
+                    " (`{command}` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
+                    plugin_dir.display(),
+                    super::child::PROBE_PATH
+                )
             } else {
                 format!(
                     " (`{command}` is not an absolute path, so it is looked up in plugin_dir {})",
@@ -451,7 +499,7 @@ const INTERPRETERS: &[&str] = &[
     "lua", "tclsh", "php", "node", "Rscript",
 ];
 
-fn is_interpreter(program: &Path) -> bool {
+pub(crate) fn is_interpreter(program: &Path) -> bool {
     let Some(name) = program.file_name().and_then(|n| n.to_str()) else {
         return false;
     };
@@ -465,15 +513,36 @@ fn is_interpreter(program: &Path) -> bool {
 }
 
 /// The script an interpreter is given: its first argument that is not an option, unless an
-/// option says the code is inline (`-c`, `-e`). Relative to `/`, the probe's cwd.
+/// option says the code is inline (`-c`, `-e`). Relative to `/`, the probe's cwd (a probe's
+/// relative script was made absolute under plugin_dir by [`super::resolve::command`]).
 fn interpreter_script(args: &[String]) -> Option<PathBuf> {
-    for a in args {
-        if a == "-c" || a == "-e" || a == "-E" {
+    script_arg(args).map(|i| Path::new("/").join(&args[i]))
+}
+
+/// Options that take the next word as their value, not as the script (`sh -o pipefail x.sh`,
+/// `python3 -W ignore x.py`).
+const OPTIONS_WITH_A_VALUE: &[&str] = &["-o", "+o", "-O", "+O", "-W", "-X"];
+
+/// Which argument is an interpreter's script: its first that is not an option or an option's
+/// value; `None` when an option says the code is inline (`-c`, `-e`) or a module
+/// (`python3 -m NAME`, found on its own search path, not a file the command names).
+pub(crate) fn script_arg(args: &[String]) -> Option<usize> {
+    if inline_code(args).is_some() {
+        return None;
+    }
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if a == "-c" || a == "-e" || a == "-E" || a == "-m" {
             return None;
         }
-        if !a.starts_with('-') {
-            return Some(Path::new("/").join(a));
+        if OPTIONS_WITH_A_VALUE.contains(&a.as_str()) {
+            i += 2;
+            continue;
         }
+        if !a.starts_with('-') && !a.starts_with('+') {
+            return Some(i);
+        }
+        i += 1;
     }
     None
 }

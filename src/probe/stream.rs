@@ -706,7 +706,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         Ok(c) => c,
         Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
     };
-    detail.argv[0] = child_spec.program.display().to_string();
+    detail.argv = exec::argv_of(&child_spec);
     detail.user = user;
     let (mut child, mut reader) = match Child::start(&child_spec) {
         Ok(c) => c,

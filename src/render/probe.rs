@@ -40,6 +40,8 @@ pub struct ExecFacts<'a> {
     pub spec: &'a ExecSpec,
     pub user: Result<RunsAs, UserError>,
     pub verdict: Verdict,
+    /// Where a bare program name was found, when not in plugin_dir.
+    pub found: Option<String>,
 }
 
 /// Who the program runs as.
@@ -188,6 +190,16 @@ impl ProbeDebug<'_> {
             let _ = writeln!(t, "  {:<11}{value}", format!("{label}:"));
         }
         if let Some(exec) = &self.exec {
+            if exec.spec.shell {
+                let _ = writeln!(
+                    t,
+                    "  shell:     {} -c runs the `shell:` line (as the user below)",
+                    crate::config::resources::SHELL
+                );
+            }
+            if let Some(found) = &exec.found {
+                let _ = writeln!(t, "  program:   {}", escape(found));
+            }
             let _ = writeln!(t, "  user:      {}", user_line(&exec.user));
             let _ = writeln!(t, "  cwd:       /");
             let _ = writeln!(t, "  format:    {}", exec.spec.format.as_str());

@@ -218,9 +218,10 @@ fn check_flags_a_missing_script() {
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("PROBLEMS (1)\nwords: "), "{stdout}");
     let wanted = format!(
-        "words: {} not found (`words.sh` is not an absolute path, so it is looked up in plugin_dir {})",
+        "words: {} not found (`words.sh` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
         s.path().join("words.sh").display(),
-        s.path().display()
+        s.path().display(),
+        xce_agent::probe::child::PROBE_PATH
     );
     assert!(stdout.contains(&wanted), "{stdout}");
 }

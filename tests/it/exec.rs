@@ -99,9 +99,10 @@ async fn missing_program() {
     let r = run_once(&task, &ctx).await;
     let e = failed_with(&r);
     let wanted = format!(
-        "{} not found (`nope.sh` is not an absolute path, so it is looked up in plugin_dir {})",
+        "{} not found (`nope.sh` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
         dir.path().join("nope.sh").display(),
-        dir.path().display()
+        dir.path().display(),
+        xce_agent::probe::child::PROBE_PATH
     );
     assert_eq!(e, wanted);
 }

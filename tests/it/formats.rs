@@ -400,11 +400,15 @@ resources:
         "2 samples match node_md_disks: node_md_disks{device=\"md0\"}, node_md_disks{device=\"md1\"}; add labels to its `select:` or set `aggregate: sum|min|max|count`"
     );
     assert_eq!(number(&json, "fstab_problems"), 0.0);
-    // Absent, not failed: pending, which is not an error and carries no error text
-    // (docs/protocol.md); past stale_after the reason and the advice become its error.
+    // The daemon would hold it pending (docs/protocol.md); a one-shot run that leaves a
+    // resource unreported fails it, saying why.
     let other = row(&json, "fstab_other");
-    assert_eq!(other["status"], "pending", "{other:#}");
-    assert!(other["error"].is_null(), "{other:#}");
+    assert_eq!(other["status"], "failed", "{other:#}");
+    assert_eq!(
+        other["error"],
+        "\"fstab_other\" is not in the probe's output; it printed no samples: if that means a value, give it as `default:` in `select:`; the probe printed nothing",
+        "{other:#}"
+    );
 }
 
 #[test]
@@ -609,7 +613,7 @@ resources:
 }
 
 #[test]
-fn a_multi_value_probe_leaving_out_a_name_is_ok_in_both_commands() {
+fn a_multi_value_probe_leaving_out_a_name_fails_both_one_shot_commands() {
     let s = Setup::new(
         r#"
 resources:
@@ -620,11 +624,19 @@ resources:
 "#,
     );
     s.script("some.sh", "#!/bin/sh\necho 'a = 1'\n");
+    // The daemon keeps b's last value (a kv output may carry a subset); trying the probe
+    // once, an unreported b is a broken port.
     let (code, json) = once(&s);
-    assert_eq!(code, Some(0), "{json:#}");
-    assert_eq!(row(&json, "b")["status"], "pending");
+    assert_eq!(code, Some(1), "{json:#}");
+    assert_eq!(row(&json, "a")["status"], "ok");
+    assert_eq!(row(&json, "b")["status"], "failed");
+    assert_eq!(
+        row(&json, "b")["error"],
+        "\"b\" is not in the probe's output; the output held 1 sample(s); the nearest names: `a`; did you mean `a`?"
+    );
     let (code, text) = probe(&s, "a");
-    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("a = 1"), "{text}");
 }
 
 #[test]
@@ -672,7 +684,7 @@ resources:
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     for want in [
-        "resources.yaml:5:34: `command` contains a pipe, which needs a shell: probes run without one. Write a wrapper script",
+        "resources.yaml:5:34: `command` contains a pipe, which needs a shell: `command` runs without one. Write the line as `shell:` instead of `command:` (run by /bin/sh -c), or write a wrapper script",
         "resources.yaml:8:",
         "`select` and `aggregate` apply to the formats nagios, prometheus, influx, classad, json, munin, checkmk, collectd, netdata, sge; this probe's format is kv",
         "`select` names \"other\", which this probe does not feed (it feeds not_fed)",

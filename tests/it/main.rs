@@ -44,6 +44,7 @@ mod packaging;
 mod peer_formats;
 mod plan;
 mod plugins;
+mod ports;
 mod probe_cmd;
 mod schedule;
 mod script_rule;

@@ -102,8 +102,9 @@ fn an_insecure_script_shows_the_verdict_and_is_not_run() {
 #[test]
 fn a_script_without_the_exec_bit_gets_the_same_verdict_as_check() {
     use std::os::unix::fs::PermissionsExt;
-    let s = setup(&resource("w", "{kind: exec, command: [w]}"));
-    let p = s.script("w", "#!/bin/sh\necho 1\n");
+    // Not `w`: a name not in plugin_dir is looked up on the PATH, where procps has a `w`.
+    let s = setup(&resource("w", "{kind: exec, command: [w.sh]}"));
+    let p = s.script("w.sh", "#!/bin/sh\necho 1\n");
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (code, out, _) = probe(&s, "w");
     assert_eq!(code, 1, "{out}");
@@ -115,9 +116,10 @@ fn a_script_without_the_exec_bit_gets_the_same_verdict_as_check() {
     std::fs::remove_file(&p).unwrap();
     let (_, out, _) = probe(&s, "w");
     let wanted = format!(
-        "script check: PROBLEM: {} not found (`w` is not an absolute path, so it is looked up in plugin_dir {})",
+        "script check: PROBLEM: {} not found (`w.sh` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
         p.display(),
-        s.path().display()
+        s.path().display(),
+        xce_agent::probe::child::PROBE_PATH
     );
     assert!(out.contains(&wanted), "{out}");
 }

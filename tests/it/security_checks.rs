@@ -241,20 +241,7 @@ fn a_script_that_cannot_start_says_why_everywhere() {
         let interp = s.path().join("interp.txt");
         std::fs::write(&interp, "not a program\n").unwrap();
         s.script(name, &body.replace("INTERP", interp.to_str().unwrap()));
-        let run = |args: &[&str]| {
-            let out = assert_cmd::Command::cargo_bin("xce-agent")
-                .unwrap()
-                .args(["-c", s.agent_yaml().to_str().unwrap()])
-                .args(args)
-                .output()
-                .unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            (out.status.code(), text)
-        };
+        let run = |args: &[&str]| crate::support::agent_output(&s.agent_yaml(), args);
         let (code, text) = run(&["--once"]);
         assert_eq!(code, Some(1), "{name}: {text}");
         assert!(text.contains(run_why), "{name} --once: {text}");

@@ -16,6 +16,24 @@ pub fn agent_bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("xce-agent")
 }
 
+/// `xce-agent -c CONFIG ARGS` run to its end (RUST_LOG unset): its exit code, and its
+/// stdout followed by its stderr.
+pub fn agent_output(config: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(agent_bin())
+        .arg("-c")
+        .arg(config)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run xce-agent");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
 /// The real agent binary; killed (by its PID, through the Child) and reaped on drop.
 pub struct AgentProc {
     child: Child,
