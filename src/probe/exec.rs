@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
 use super::{Outcome, ProbeContext, ProbeRun};
@@ -34,55 +34,32 @@ pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
 }
 
 /// The user a probe runs as: only a root agent can switch, and it never runs a probe as root
-/// unless the config says `run_as: root`.
+/// unless the config says `run_as: root`. Looked up afresh (`check`, `probe NAME`); runs use
+/// the agent's cached lookups ([`super::supervisor::Users::credentials_for`]).
 pub fn credentials_for(
     spec_run_as: Option<&str>,
     default: &str,
 ) -> Result<Option<Credentials>, UserError> {
+    switched_to(spec_run_as, default)
+        .map(Credentials::resolve)
+        .transpose()
+}
+
+/// The user a root agent switches to for a probe; `None`: it runs with the agent's rights.
+pub fn switched_to<'a>(spec_run_as: Option<&'a str>, default: &'a str) -> Option<&'a str> {
     if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
+        return None;
     }
-    let user = spec_run_as.unwrap_or(default);
-    if user == "root" {
-        return Ok(None);
-    }
-    resolve_cached(user).map(Some)
+    Some(spec_run_as.unwrap_or(default)).filter(|user| *user != "root")
 }
 
-/// The agent's own user name, looked up once (its uid does not change).
+/// The agent's own user name (runs take it from `Supervisor::users`, looked up once).
 pub fn current_user_name() -> String {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        let uid = nix::unistd::geteuid();
-        nix::unistd::User::from_uid(uid)
-            .ok()
-            .flatten()
-            .map_or_else(|| uid.to_string(), |u| u.name)
-    })
-    .clone()
-}
-
-/// How long a looked-up user (uid, gid, groups) is reused: a run every second must not read
-/// /etc/passwd and /etc/group every second, and a change of groups still applies within
-/// a minute.
-const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
-
-fn resolve_cached(user: &str) -> Result<Credentials, UserError> {
-    type Cache = std::collections::HashMap<String, (Instant, Credentials)>;
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<Cache>> = std::sync::OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let now = Instant::now();
-    if let Some((at, c)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(user) {
-        if now.duration_since(*at) < CREDENTIALS_TTL {
-            return Ok(c.clone());
-        }
-    }
-    let c = Credentials::resolve(user)?;
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(user.to_owned(), (now, c.clone()));
-    Ok(c)
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 /// The child's whole environment: fixed PATH, the XCE_* variables, then the probe's `env:`.
@@ -126,7 +103,7 @@ pub enum SpawnRefused {
     #[error(transparent)]
     Insecure(#[from] super::security::InsecureProgram),
     #[error("cannot make the probe's cgroup: {0}")]
-    Cgroup(std::io::Error),
+    Cgroup(super::cgroup::CgroupError),
 }
 
 /// Build the child spec for an exec or stream probe.
@@ -137,25 +114,31 @@ pub fn child_spec(
     env: Vec<(String, String)>,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
     let program = resolve_program(&ctx.plugin_dir, &spec.command[0]);
-    let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
+    let supervisor = &ctx.supervisor;
+    let creds = supervisor
+        .users
+        .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     super::security::check_runnable(&program, &spec.command[0], &ctx.plugin_dir)?;
     if super::security::enforced() {
-        super::security::check_probe(
-            &program,
-            &spec.command[1..],
-            &spec.env,
-            creds.as_ref().map(|c| c.uid),
-        )
-        // The rule cannot check an interpreter that is not there: say that plainly (read
-        // only on this failure path, never per good run).
-        .map_err(|e| match super::security::script_problem(&program, false) {
-            Some(why) => SpawnRefused::NotRunnable(why),
-            None => e.into(),
-        })?;
+        supervisor
+            .verdicts
+            .check_probe(
+                &program,
+                &spec.command[1..],
+                &spec.env,
+                creds.as_ref().map(|c| c.uid),
+            )
+            // The rule cannot check an interpreter that is not there: say that plainly (read
+            // only on this failure path, never per good run).
+            .map_err(|e| match super::security::script_problem(&program, false) {
+                Some(why) => SpawnRefused::NotRunnable(why),
+                None => e.into(),
+            })?;
     }
-    let user = creds
-        .as_ref()
-        .map_or_else(current_user_name, |c| c.user.clone());
+    let user = creds.as_ref().map_or_else(
+        || supervisor.users.agent_name().to_owned(),
+        |c| c.user.clone(),
+    );
     let mut child = ChildSpec::new(program, task.timeout);
     child.args = spec.command[1..].iter().map(OsString::from).collect();
     child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
@@ -163,7 +146,7 @@ pub fn child_spec(
     child.limits = spec.limits.clone();
     child.no_new_privs = spec.no_new_privs;
     child.stdout = spec.stdout;
-    if let Some(tree) = super::cgroup::active() {
+    if let Some(tree) = supervisor.containment.tree() {
         let cg = tree
             .probe(&task.name, &spec.limits)
             .map_err(SpawnRefused::Cgroup)?;

@@ -10,17 +10,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::support::{in_own_process, load_task, read_pid, resource, wait_gone, Setup};
+use std::sync::Arc;
 use xce_agent::config::Limits;
+
+use xce_agent::plan::ProbeTask;
 use xce_agent::probe::cgroup::{self, Containment};
+use xce_agent::probe::supervisor::Supervisor;
+use xce_agent::probe::ProbeContext;
 use xce_agent::probe::{reaper, run_once, Outcome};
 
-/// Containment for this test process, or a printed reason to skip. The guard removes the
-/// process's subtree when the test ends (as the agent does at exit), so a test leaves no
-/// `xce-agent.<pid>.<start>` behind.
+/// Containment for this test process, as the agent sets it up, or a printed reason to skip.
+/// The guard removes the process's subtree when the test ends (as the agent does at exit),
+/// so a test leaves no `xce-agent.<pid>.<start>` behind.
 fn contained() -> Option<Contained> {
     xce_agent::probe::child::become_subreaper().unwrap();
-    match cgroup::init() {
-        Containment::Cgroups(_) => Some(Contained),
+    let supervisor = Supervisor::new(Containment::for_this_process());
+    match &supervisor.containment {
+        Containment::Cgroups(_) => Some(Contained(supervisor)),
         Containment::ProcessGroups(why) => {
             eprintln!("skipped: no writable cgroup v2 hierarchy here ({why}); CI runs as root on a host with one");
             None
@@ -28,11 +34,32 @@ fn contained() -> Option<Contained> {
     }
 }
 
-struct Contained;
+struct Contained(Arc<Supervisor>);
+
+impl Contained {
+    fn tree(&self) -> &cgroup::Tree {
+        self.0.containment.tree().expect("contained")
+    }
+
+    /// The planned task `name` of the site, with a context whose runs are contained here.
+    fn task(&self, s: &Setup, name: &str) -> (ProbeTask, ProbeContext) {
+        let (task, mut ctx) = load_task(s, name);
+        ctx.supervisor = self.0.clone();
+        (task, ctx)
+    }
+
+    fn probe_cgroup(&self, name: &str) -> PathBuf {
+        self.tree()
+            .probe(name, &Limits::default())
+            .expect("probe cgroup")
+            .path
+            .clone()
+    }
+}
 
 impl Drop for Contained {
     fn drop(&mut self) {
-        cgroup::shut_down();
+        self.0.containment.shut_down();
     }
 }
 
@@ -51,15 +78,6 @@ fn setup(name: &str, extra: &str, body: &str) -> (Setup, PathBuf) {
     .unwrap();
     s.script(name, body);
     (s, pids)
-}
-
-fn probe_cgroup(name: &str) -> PathBuf {
-    cgroup::active()
-        .expect("contained")
-        .probe(name, &Limits::default())
-        .expect("probe cgroup")
-        .path
-        .clone()
 }
 
 fn populated(cg: &Path) -> bool {
@@ -89,7 +107,7 @@ async fn a_double_forked_setsid_daemon_dies_with_its_run() {
     if !in_own_process!("a_double_forked_setsid_daemon_dies_with_its_run") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -97,11 +115,11 @@ async fn a_double_forked_setsid_daemon_dies_with_its_run() {
         "",
         "#!/bin/sh\n( setsid sleep 1000 >/dev/null 2>&1 & echo $! > \"$D/daemon.pid\" )\necho 1\n",
     );
-    let (task, ctx) = load_task(&s, "dfork");
+    let (task, ctx) = contained.task(&s, "dfork");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
     assert_gone(read_pid(&pids.join("daemon.pid")));
-    assert!(!populated(&probe_cgroup("dfork")));
+    assert!(!populated(&contained.probe_cgroup("dfork")));
 }
 
 #[tokio::test]
@@ -109,7 +127,7 @@ async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
     if !in_own_process!("a_run_that_hangs_past_its_timeout_leaves_nothing") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -117,12 +135,12 @@ async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
         ", timeout: 1s",
         "#!/bin/sh\nsetsid sleep 1000 &\necho $! > \"$D/escaped.pid\"\necho $$ > \"$D/leader.pid\"\nexec sleep 1000\n",
     );
-    let (task, ctx) = load_task(&s, "hang");
+    let (task, ctx) = contained.task(&s, "hang");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::TimedOut, "{:?}", run.error());
     assert_gone(read_pid(&pids.join("escaped.pid")));
     assert_gone(read_pid(&pids.join("leader.pid")));
-    assert!(!populated(&probe_cgroup("hang")));
+    assert!(!populated(&contained.probe_cgroup("hang")));
 }
 
 #[tokio::test]
@@ -130,7 +148,7 @@ async fn two_hundred_background_sleeps_are_all_ended() {
     if !in_own_process!("two_hundred_background_sleeps_are_all_ended") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -138,7 +156,7 @@ async fn two_hundred_background_sleeps_are_all_ended() {
         "",
         "#!/bin/sh\nfor i in $(seq 200); do setsid sleep 1000 >/dev/null 2>&1 & echo $! >> \"$D/many.pids\"; done\necho 1\n",
     );
-    let (task, ctx) = load_task(&s, "many");
+    let (task, ctx) = contained.task(&s, "many");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
     let all = pids_listed(&pids.join("many.pids"));
@@ -146,7 +164,7 @@ async fn two_hundred_background_sleeps_are_all_ended() {
     for pid in all {
         assert_gone(pid);
     }
-    assert!(!populated(&probe_cgroup("many")));
+    assert!(!populated(&contained.probe_cgroup("many")));
 }
 
 #[tokio::test]
@@ -154,7 +172,7 @@ async fn a_probe_runs_in_its_own_cgroup() {
     if !in_own_process!("a_probe_runs_in_its_own_cgroup") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, _) = setup(
@@ -162,7 +180,7 @@ async fn a_probe_runs_in_its_own_cgroup() {
         ", format: kv",
         "#!/bin/sh\necho \"cg = $(cut -d: -f3 /proc/self/cgroup | tail -n1)\"\n",
     );
-    let (task, ctx) = load_task(&s, "where");
+    let (task, ctx) = contained.task(&s, "where");
     let run = run_once(&task, &ctx).await;
     let out = String::from_utf8_lossy(&run.exec.unwrap().stdout).into_owned();
     // A leaf of the probe's cgroup: `.../probes/where/run-<n>`.
@@ -248,10 +266,10 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
         return;
     };
     let legacy_sleep = leave_a_stale_probe(&legacy).unwrap();
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         panic!("the stale subtrees under this pid stopped containment");
     };
-    let base = &cgroup::active().unwrap().base;
+    let base = &contained.tree().base;
     let name = base.file_name().unwrap().to_str().unwrap();
     assert!(
         name.starts_with(&format!("xce-agent.{pid}.")) && *base != earlier,
@@ -327,10 +345,10 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
     };
     std::fs::write(unit.unit.join("cgroup.procs"), "0").unwrap();
     std::env::set_var("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         panic!("the delegated subtree {} was refused", unit.unit.display());
     };
-    assert_eq!(cgroup::active().unwrap().base, unit.unit);
+    assert_eq!(contained.tree().base, unit.unit);
     assert_stale_probe_ended(sleep, &unit.unit);
 }
 
@@ -344,7 +362,6 @@ struct InUnit {
 
 impl Drop for InUnit {
     fn drop(&mut self) {
-        cgroup::shut_down();
         let _ = std::fs::write(self.parent.join("cgroup.procs"), "0");
         remove_dirs(&self.unit);
     }
@@ -470,7 +487,7 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
     if !in_own_process!("a_probes_cpu_is_counted_by_its_cgroup") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, _) = setup(
@@ -478,10 +495,10 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
         "",
         "#!/bin/sh\ni=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; echo 1\n",
     );
-    let (task, ctx) = load_task(&s, "busy");
+    let (task, ctx) = contained.task(&s, "busy");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
-    let usage = cgroup::usage_by_probe();
+    let usage = contained.0.containment.usage_by_probe();
     let (_, busy) = usage
         .iter()
         .find(|(n, _)| n == "busy")
@@ -540,7 +557,7 @@ async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
     if !in_own_process!("the_default_pids_limit_is_set_or_said_to_be_unenforced") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, _) = setup("limited", "", "#!/bin/sh\necho 1\n");
@@ -554,11 +571,12 @@ async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
         ),
     )
     .unwrap();
-    let enabled = cgroup::active().unwrap().controllers.clone();
+    let enabled = contained.tree().controllers.clone();
     if enabled.iter().any(|c| c == "pids") {
-        let (task, ctx) = load_task(&s, "limited");
+        let (task, ctx) = contained.task(&s, "limited");
         run_once(&task, &ctx).await;
-        let max = std::fs::read_to_string(probe_cgroup("limited").join("pids.max")).unwrap();
+        let max =
+            std::fs::read_to_string(contained.probe_cgroup("limited").join("pids.max")).unwrap();
         assert_eq!(max.trim(), "128");
     } else {
         eprintln!("the pids controller is not enabled here ({enabled:?}): checking the warning");
@@ -627,11 +645,11 @@ struct Reloading {
 }
 
 impl Reloading {
-    fn start(s: &Setup) -> Self {
+    fn start(s: &Setup, contained: &Contained) -> Self {
         let plan = plan_of(s);
         let store = std::sync::Arc::new(xce_agent::store::Store::new());
         store.declare(xce_agent::daemon::declared(&plan));
-        let (_, ctx) = load_task(s, "a");
+        let (_, ctx) = contained.task(s, "a");
         let mut sched = xce_agent::schedule::Scheduler::new(
             store.clone(),
             ctx,
@@ -649,7 +667,7 @@ impl Reloading {
         self.store.declare(xce_agent::daemon::declared(&plan));
         self.sched.apply(&changes, &plan);
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
-        cgroup::retain(&names);
+        self.sched.context().supervisor.containment.retain(&names);
         self.plan = plan;
     }
 
@@ -741,9 +759,9 @@ struct V1 {
 }
 
 impl V1 {
-    async fn reporting() -> Self {
+    async fn reporting(contained: &Contained) -> Self {
         let (s, d) = stream_site(GENERATIONS);
-        let agent = Reloading::start(&s);
+        let agent = Reloading::start(&s, contained);
         agent.value(1.0).await;
         let holder = read_pid(&d.join("holder"));
         let pid = starts(&d, "v1")[0];
@@ -776,7 +794,7 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
     ) {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -785,7 +803,7 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
         mut agent,
         holder,
         ..
-    } = V1::reporting().await;
+    } = V1::reporting(&contained).await;
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
     // The holder goes only with the old run's teardown: from here on that has happened.
@@ -800,7 +818,7 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
     );
     agent.sched.stop().await;
     assert_gone(answered);
-    assert!(!populated(&probe_cgroup("a")));
+    assert!(!populated(&contained.probe_cgroup("a")));
 }
 
 /// A run whose leftovers were killed retires its leaf: the next run is cloned into a fresh
@@ -811,7 +829,7 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
     if !in_own_process!("the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -819,7 +837,7 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
         "",
         "#!/bin/sh\n( setsid sleep 100000 >/dev/null 2>&1 & echo $! >> \"$D/left.pids\" )\necho 1\n",
     );
-    let (task, ctx) = load_task(&s, "leaves");
+    let (task, ctx) = contained.task(&s, "leaves");
     for run in 1..=3 {
         let done = run_once(&task, &ctx).await;
         assert_eq!(done.outcome, Outcome::Ok, "run {run}: {:?}", done.error());
@@ -833,7 +851,7 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
     // leaf, and the one before it, are left.
     let done = run_once(&task, &ctx).await;
     assert_eq!(done.outcome, Outcome::Ok, "run 4: {:?}", done.error());
-    let leaves = std::fs::read_dir(probe_cgroup("leaves"))
+    let leaves = std::fs::read_dir(contained.probe_cgroup("leaves"))
         .unwrap()
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -848,14 +866,14 @@ async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
     if !in_own_process!("a_reload_restarted_exec_probe_reports_from_its_new_run") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, d) = stream_site(
         "#!/bin/sh\necho $$ >> \"$D/$1.starts\"\nif [ \"$1\" = v1 ]; then read x < \"$D/release\"; echo 1; else echo 2; fi\n",
     );
     write_generation(&s, &d, "exec", "v1");
-    let mut agent = Reloading::start(&s);
+    let mut agent = Reloading::start(&s, &contained);
     let started = d.join("v1.starts");
     common::wait_until("the first run to start", || started.exists()).await;
     let old = read_pid(&started);
@@ -886,7 +904,7 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
     if !in_own_process!("a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -895,7 +913,7 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
         mut agent,
         pid: old,
         holder,
-    } = V1::reporting().await;
+    } = V1::reporting(&contained).await;
     let old_leaf = leaf_of(old);
     write_no_probes(&s);
     agent.reload(&s);
@@ -926,7 +944,7 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
     if !in_own_process!("a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -935,8 +953,8 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
         mut agent,
         pid: old,
         holder,
-    } = V1::reporting().await;
-    let probe = probe_cgroup("a");
+    } = V1::reporting(&contained).await;
+    let probe = contained.probe_cgroup("a");
     write_no_probes(&s);
     agent.reload(&s);
     assert!(
@@ -961,7 +979,7 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
     if !in_own_process!("shutdown_during_a_restart_leaves_no_process_and_no_cgroup") {
         return;
     }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -970,12 +988,12 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
         mut agent,
         pid: old,
         holder,
-    } = V1::reporting().await;
-    let probes = probe_cgroup("a");
+    } = V1::reporting(&contained).await;
+    let probes = contained.probe_cgroup("a");
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
     agent.sched.stop().await;
-    cgroup::shut_down();
+    contained.0.containment.shut_down();
     off_runtime(move || wait_gone(holder)).await;
     assert_gone(old);
     assert_eq!(
