@@ -17,14 +17,25 @@ use xce_agent::plan::ProbeTask;
 use xce_agent::probe::cgroup::{self, Containment};
 use xce_agent::probe::supervisor::Supervisor;
 use xce_agent::probe::ProbeContext;
-use xce_agent::probe::{reaper, run_once, Outcome};
+use xce_agent::probe::{run_once, Outcome};
 
-/// Containment for this test process, as the agent sets it up, or a printed reason to skip.
-/// The guard removes the process's subtree when the test ends (as the agent does at exit),
-/// so a test leaves no `xce-agent.<pid>.<start>` behind.
+/// A cgroup tree of this test's own (`xce-agent.<pid>.<start>[.<n>]`, as the agent makes
+/// one) for the probes it runs, or a printed reason to skip. The test process stays where
+/// it is, so these tests share one process. The guard removes the subtree when the test
+/// ends (as the agent does at exit), so a test leaves nothing behind.
 fn contained() -> Option<Contained> {
+    contain(Containment::under_own_cgroup(false))
+}
+
+/// As the agent does it: this process moves into the tree's `agent/` (and is the child
+/// subreaper); for a test in a process of its own.
+fn contained_as_the_agent() -> Option<Contained> {
     xce_agent::probe::child::become_subreaper().unwrap();
-    let supervisor = Supervisor::new(Containment::for_this_process());
+    contain(Containment::for_this_process())
+}
+
+fn contain(containment: Containment) -> Option<Contained> {
+    let supervisor = Supervisor::new(containment);
     match &supervisor.containment {
         Containment::Cgroups(_) => Some(Contained(supervisor)),
         Containment::ProcessGroups(why) => {
@@ -96,17 +107,14 @@ fn pids_listed(path: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// `pid` has ended. (This process is not the subreaper: an orphan's zombie is init's.)
 fn assert_gone(pid: i32) {
     wait_gone(pid);
-    reaper::reap_orphans();
     assert!(!common::alive(pid), "{pid} outlived its run");
 }
 
 #[tokio::test]
 async fn a_double_forked_setsid_daemon_dies_with_its_run() {
-    if !in_own_process!("a_double_forked_setsid_daemon_dies_with_its_run") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -124,9 +132,6 @@ async fn a_double_forked_setsid_daemon_dies_with_its_run() {
 
 #[tokio::test]
 async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
-    if !in_own_process!("a_run_that_hangs_past_its_timeout_leaves_nothing") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -145,9 +150,6 @@ async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
 
 #[tokio::test]
 async fn two_hundred_background_sleeps_are_all_ended() {
-    if !in_own_process!("two_hundred_background_sleeps_are_all_ended") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -169,9 +171,6 @@ async fn two_hundred_background_sleeps_are_all_ended() {
 
 #[tokio::test]
 async fn a_probe_runs_in_its_own_cgroup() {
-    if !in_own_process!("a_probe_runs_in_its_own_cgroup") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -199,7 +198,9 @@ async fn a_probe_runs_in_its_own_cgroup() {
 /// skips).
 fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
     let leaf = subtree.join("probes/old/run-1");
+    let mut planting = None;
     if let Err(e) = std::fs::create_dir_all(&leaf).and_then(|()| {
+        planting = Some(planting_lock(subtree));
         std::fs::create_dir(subtree.join("agent")).or_else(|e| {
             (e.kind() == std::io::ErrorKind::AlreadyExists)
                 .then_some(())
@@ -221,7 +222,18 @@ fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
         .unwrap();
     let sleep = common::KillOnDrop(sleep);
     std::fs::write(leaf.join("cgroup.procs"), sleep.0.id().to_string()).unwrap();
+    drop(planting);
     Some(sleep)
+}
+
+/// The lock an agent holds on its subtree, held while a test plants one: until its process
+/// is in place, any agent (a test's tree, a test's daemon) setting up beside it would find
+/// it abandoned and remove it under the test's hands.
+fn planting_lock(subtree: &Path) -> nix::fcntl::Flock<std::fs::File> {
+    let dir = std::fs::File::open(subtree).unwrap();
+    nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap()
 }
 
 fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
@@ -266,7 +278,7 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
         return;
     };
     let legacy_sleep = leave_a_stale_probe(&legacy).unwrap();
-    let Some(contained) = contained() else {
+    let Some(contained) = contained_as_the_agent() else {
         panic!("the stale subtrees under this pid stopped containment");
     };
     let base = &contained.tree().base;
@@ -275,6 +287,11 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
         name.starts_with(&format!("xce-agent.{pid}.")) && *base != earlier,
         "{}",
         base.display()
+    );
+    assert_eq!(
+        leaf_of(pid as i32),
+        base.join("agent"),
+        "this process moved in"
     );
     assert_stale_probe_ended(earlier_sleep, &earlier);
     assert_stale_probe_ended(legacy_sleep, &legacy);
@@ -286,16 +303,17 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
 /// alone, and so is what runs in it.
 #[tokio::test]
 async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
-    if !in_own_process!("a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone") {
-        return;
-    }
     let Some(host) = v2_host() else {
         return;
     };
     // Named as if by a process with this pid that started one tick after boot: by pid and
     // start time it would be dead.
     let sibling = host.own.join(format!("xce-agent.{}.2", std::process::id()));
-    if let Err(e) = std::fs::create_dir_all(sibling.join("agent")) {
+    let mut planting = None;
+    if let Err(e) = std::fs::create_dir(&sibling).and_then(|()| {
+        planting = Some(planting_lock(&sibling));
+        std::fs::create_dir(sibling.join("agent"))
+    }) {
         eprintln!(
             "skipped: cannot make {} ({e}); CI runs as root on a host with a cgroup v2 mount",
             sibling.display()
@@ -311,6 +329,7 @@ async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
             .unwrap(),
     );
     std::fs::write(sibling.join("agent/cgroup.procs"), agent.0.id().to_string()).unwrap();
+    drop(planting);
     let contained = contained();
     let left_alone = sibling.join("agent").is_dir() && common::alive(agent.0.id() as i32);
     drop((contained, agent));
@@ -345,7 +364,7 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
     };
     std::fs::write(unit.unit.join("cgroup.procs"), "0").unwrap();
     std::env::set_var("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
-    let Some(contained) = contained() else {
+    let Some(contained) = contained_as_the_agent() else {
         panic!("the delegated subtree {} was refused", unit.unit.display());
     };
     assert_eq!(contained.tree().base, unit.unit);
@@ -398,9 +417,6 @@ fn agent_command(s: &Setup) -> Command {
 
 #[tokio::test]
 async fn a_stopped_daemon_leaves_no_process_and_no_cgroup() {
-    if !in_own_process!("a_stopped_daemon_leaves_no_process_and_no_cgroup") {
-        return;
-    }
     let Some(_contained) = contained() else {
         return;
     };
@@ -435,9 +451,6 @@ async fn a_stopped_daemon_leaves_no_process_and_no_cgroup() {
 
 #[tokio::test]
 async fn once_contains_its_probes_and_cleans_up() {
-    if !in_own_process!("once_contains_its_probes_and_cleans_up") {
-        return;
-    }
     let Some(_contained) = contained() else {
         return;
     };
@@ -484,9 +497,6 @@ async fn check_names_the_containment_and_its_controllers() {
 
 #[tokio::test]
 async fn a_probes_cpu_is_counted_by_its_cgroup() {
-    if !in_own_process!("a_probes_cpu_is_counted_by_its_cgroup") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -508,9 +518,6 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
 
 #[tokio::test]
 async fn probe_name_shows_the_cgroup_and_its_usage() {
-    if !in_own_process!("probe_name_shows_the_cgroup_and_its_usage") {
-        return;
-    }
     let Some(_contained) = contained() else {
         return;
     };
@@ -554,9 +561,6 @@ fn cgroup_limits_and_the_no_new_privs_opt_out_are_read_from_the_config() {
 /// enforced, and what to do.
 #[tokio::test]
 async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
-    if !in_own_process!("the_default_pids_limit_is_set_or_said_to_be_unenforced") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -789,11 +793,6 @@ fn order(d: &Path) -> Vec<String> {
 /// does not reach the new run: the run that answers is the first and only v2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_killed() {
-    if !in_own_process!(
-        "a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_killed"
-    ) {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -826,9 +825,6 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
 /// `cgroup.kill`: reusing the leaf killed every later run of the probe at birth.)
 #[tokio::test]
 async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() {
-    if !in_own_process!("the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -863,9 +859,6 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
 /// leaf is killed; the new task's first run must still run and report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
-    if !in_own_process!("a_reload_restarted_exec_probe_reports_from_its_new_run") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -901,9 +894,6 @@ async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
 /// reaches neither the new run nor the new cgroup, and the old leaf is gone with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() {
-    if !in_own_process!("a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -941,9 +931,6 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
 /// and the cgroup is removed once the run has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
-    if !in_own_process!("a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };
@@ -976,9 +963,6 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
 /// starts, and nothing is left, neither process nor cgroup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
-    if !in_own_process!("shutdown_during_a_restart_leaves_no_process_and_no_cgroup") {
-        return;
-    }
     let Some(contained) = contained() else {
         return;
     };

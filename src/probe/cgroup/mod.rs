@@ -74,11 +74,18 @@ pub enum Containment {
 
 impl Containment {
     /// Containment for this process (daemon, `--once`, `probe NAME`), logged: a subtree of
-    /// its own cgroup on the host's v2 mount, or process groups where there is none.
+    /// its own cgroup on the host's v2 mount, or process groups where there is none. The
+    /// process moves into it.
     pub fn for_this_process() -> Self {
+        Self::under_own_cgroup(true)
+    }
+
+    /// As [`Self::for_this_process`]; `move_in: false` leaves the process where it is
+    /// (tests that share one process, each with a tree of its own).
+    pub fn under_own_cgroup(move_in: bool) -> Self {
         let made = detect()
             .map_err(SetUpError::from)
-            .and_then(|host| Tree::set_up(Layout::for_this_process(&host)?));
+            .and_then(|host| Tree::set_up(Layout::for_this_process(&host, move_in)?));
         Self::logged(made)
     }
 

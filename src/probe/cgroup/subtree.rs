@@ -29,12 +29,16 @@ pub struct Layout {
     pub delegated: bool,
     /// The subtree's name below `own` where not delegated (`xce-agent.<pid>.<start>`).
     pub name: String,
+    /// This process moves into the subtree's `agent/`: an agent does (its liveness is read
+    /// there, and a delegated cgroup with children may not hold it). A test whose probes
+    /// only need containing stays where it is, so such tests share one process.
+    pub move_in: bool,
     pub kernel: Kernel,
 }
 
 impl Layout {
     /// For this process, in its own cgroup on the host's v2 mount.
-    pub fn for_this_process(host: &Host) -> Result<Self, SetUpError> {
+    pub fn for_this_process(host: &Host, move_in: bool) -> Result<Self, SetUpError> {
         let pid = std::process::id();
         let start = start_time(pid).ok_or(SetUpError::NoStartTime)?;
         Ok(Self {
@@ -42,6 +46,7 @@ impl Layout {
             delegated: std::env::var_os("INVOCATION_ID").is_some()
                 && host.own.extension().is_some_and(|e| e == "service"),
             name: format!("xce-agent.{pid}.{start}"),
+            move_in,
             kernel: Kernel::CGROUPFS,
         })
     }
@@ -60,6 +65,8 @@ pub struct Tree {
     origin: PathBuf,
     /// `<base>` was made by us (and is removed at shutdown), not handed over by systemd.
     own_base: bool,
+    /// This process moved into `agent/` (and moves back to `origin` at shutdown).
+    moved_in: bool,
     registry: Arc<Registry>,
     /// A limit's controller found missing was logged (once per controller, not per probe:
     /// the default `pids` limit is on every probe).
@@ -114,6 +121,7 @@ impl Tree {
             own,
             delegated,
             name,
+            move_in,
             kernel,
         } = layout;
         let (base, owned) = if delegated {
@@ -145,9 +153,10 @@ impl Tree {
             }
         };
         let agent = base.join("agent");
-        if let Err(source) = create_dir_if_missing(&kernel, &agent)
-            .and_then(|()| fs::write(agent.join("cgroup.procs"), "0"))
-        {
+        if let Err(source) = create_dir_if_missing(&kernel, &agent).and_then(|()| match move_in {
+            true => fs::write(agent.join("cgroup.procs"), "0"),
+            false => Ok(()),
+        }) {
             undo(&base);
             return Err(SetUpError::MoveIn {
                 path: agent,
@@ -167,7 +176,9 @@ impl Tree {
             remove_tree(&kernel, &probes);
         }
         if let Err(source) = create_dir_if_missing(&kernel, &probes) {
-            let _ = fs::write(own.join("cgroup.procs"), "0");
+            if move_in {
+                let _ = fs::write(own.join("cgroup.procs"), "0");
+            }
             undo(&base);
             return Err(SetUpError::Create {
                 path: probes,
@@ -181,6 +192,7 @@ impl Tree {
             controllers,
             origin: own,
             own_base: !delegated,
+            moved_in: move_in,
             registry: Arc::new(Registry {
                 probes: Mutex::new(HashMap::new()),
                 next_leaf: AtomicU64::new(1),
@@ -250,7 +262,7 @@ impl Tree {
         let kernel = &self.registry.kernel;
         // Deepest first: every probe's leaves, then the probe.
         remove_tree(kernel, &self.base.join("probes"));
-        if fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
+        if !self.moved_in || fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
             remove_dir_patiently(kernel, &self.base.join("agent"));
             if self.own_base {
                 remove_dir_patiently(kernel, &self.base);

@@ -28,6 +28,7 @@ fn layout(own: &Path, name: &str) -> Layout {
         own: own.to_owned(),
         delegated: false,
         name: name.to_owned(),
+        move_in: true,
         kernel: fake::KERNEL,
     }
 }
@@ -368,4 +369,19 @@ fn this_process_has_a_start_time_and_a_dead_pid_has_none() {
 fn probe_names_never_make_paths() {
     assert_eq!(dir_name("../etc"), "___etc");
     assert_eq!(dir_name("gpu_free-1"), "gpu_free-1");
+}
+
+#[test]
+fn a_tree_that_leaves_the_process_where_it_is_moves_nothing() {
+    let (_d, own) = own_cgroup("pids");
+    let stay = Layout {
+        move_in: false,
+        ..layout(&own, "xce-agent.1.2")
+    };
+    let tree = Tree::set_up(stay).unwrap();
+    let base = tree.base.clone();
+    assert_eq!(read(&base.join("agent/cgroup.procs")), "");
+    drop(tree);
+    assert_eq!(read(&own.join("cgroup.procs")), "", "nothing moved back");
+    assert!(!base.exists());
 }
