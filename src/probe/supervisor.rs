@@ -59,7 +59,7 @@ impl Supervisor {
 /// a minute.
 const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
 
-/// The users probes run as, looked up at most once per [`CREDENTIALS_TTL`], and the agent's
+/// The users probes run as, looked up at most once per `CREDENTIALS_TTL`, and the agent's
 /// own name (its uid does not change).
 #[derive(Debug)]
 pub struct Users {

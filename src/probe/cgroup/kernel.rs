@@ -3,7 +3,7 @@
 //! or processes), and a write to `cgroup.subtree_control` adds or removes one controller.
 //! The manager does those through a [`Kernel`]; every other read and write is a plain file
 //! operation. So its whole lifecycle runs against a temp-dir tree in the unit tests
-//! ([`fake`]), without root and without the real kernel.
+//! (`fake`), without root and without the real kernel.
 
 use std::fs;
 use std::io;
