@@ -385,3 +385,16 @@ fn a_tree_that_leaves_the_process_where_it_is_moves_nothing() {
     assert_eq!(read(&own.join("cgroup.procs")), "", "nothing moved back");
     assert!(!base.exists());
 }
+
+#[test]
+fn a_limit_that_cannot_be_written_is_said_and_the_probe_still_gets_its_cgroup() {
+    let (_d, own) = own_cgroup("pids");
+    let tree = Tree::set_up(layout(&own, "xce-agent.1.2")).unwrap();
+    let cg = tree.probe("p", &Limits::default()).unwrap();
+    // Something the kernel would refuse: the file cannot be written.
+    fs::remove_file(cg.path.join("pids.max")).unwrap();
+    fs::create_dir(cg.path.join("pids.max")).unwrap();
+    let again = tree.probe("p", &limits(None, Some(5))).unwrap();
+    assert!(again.checkout().is_ok());
+    fs::remove_dir(cg.path.join("pids.max")).unwrap();
+}
