@@ -175,7 +175,11 @@ fn setup_script(dir: &Path) -> std::path::PathBuf {
     script
 }
 
-fn agent_runner(script: &Path, run_as: &str) -> impl FnMut() {
+fn agent_runner(
+    script: &Path,
+    run_as: &str,
+    supervisor: std::sync::Arc<probe::supervisor::Supervisor>,
+) -> impl FnMut() {
     let yaml = format!(
         "resources:\n  - name: tiny\n    interval: 1s\n    probe: {{kind: exec, command: [{}], format: value}}\n",
         script.display()
@@ -190,6 +194,7 @@ fn agent_runner(script: &Path, run_as: &str) -> impl FnMut() {
         run_as: run_as.into(),
         builtin: std::sync::Arc::new(NoBuiltins),
         files: xce_agent::probe::file_reader::FileReads::new(32),
+        supervisor,
     };
     // The daemon's runtime: multi-thread, 2 workers.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -220,7 +225,7 @@ fn main() {
             "agent as an unprivileged user (no run_as switch, no cgroup)",
             runs,
             &floor,
-            agent_runner(script, "root"),
+            agent_runner(script, "root", probe::supervisor::Supervisor::uncontained()),
         );
         return;
     }
@@ -233,16 +238,20 @@ fn main() {
     let nobody = nix::unistd::User::from_name("nobody").ok().flatten();
     match (&nobody, root) {
         (Some(_), true) => {
-            let contained = matches!(
-                probe::cgroup::init(),
-                probe::cgroup::Containment::Cgroups(_)
-            );
+            let supervisor =
+                probe::supervisor::Supervisor::new(probe::cgroup::Containment::for_this_process());
+            let contained = supervisor.containment.tree().is_some();
             let label = if contained {
                 "root agent, run_as: nobody, containment on (cgroup per probe)"
             } else {
                 "root agent, run_as: nobody (no writable cgroup v2: process groups only)"
             };
-            compare(label, runs, &floor, agent_runner(&script, "nobody"));
+            compare(
+                label,
+                runs,
+                &floor,
+                agent_runner(&script, "nobody", supervisor),
+            );
         }
         _ => println!(
             "| root agent, run_as: nobody | skipped: needs root and a nobody user | | | | |"
@@ -271,9 +280,12 @@ fn main() {
                 "agent as an unprivileged user (no run_as switch, no cgroup)",
                 runs,
                 &floor,
-                agent_runner(&script, "root"),
+                agent_runner(
+                    &script,
+                    "root",
+                    probe::supervisor::Supervisor::uncontained(),
+                ),
             );
         }
     }
-    probe::cgroup::shut_down();
 }

@@ -66,7 +66,12 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
-async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
+async fn one_rate(
+    n: usize,
+    secs: u64,
+    max_parallel: usize,
+    supervisor: Arc<xce_agent::probe::supervisor::Supervisor>,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     // Writable by the probes' user, and outside plugin_dir (whose files must not be).
@@ -99,6 +104,7 @@ async fn one_rate(n: usize, secs: u64, max_parallel: usize) {
         run_as: env_or("RUN_AS", "nobody".to_owned()),
         builtin: Arc::new(NoBuiltins),
         files: xce_agent::probe::file_reader::FileReads::new(32),
+        supervisor,
     };
     let cpu0 = rusage::cpu(UsageWho::RUSAGE_SELF);
     let t0 = now_ns();
@@ -161,13 +167,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let contained = rt.block_on(async {
-        let _ = xce_agent::probe::child::become_subreaper();
-        matches!(
-            xce_agent::probe::cgroup::init(),
-            xce_agent::probe::cgroup::Containment::Cgroups(_)
-        )
-    });
+    let supervisor = rt.block_on(async { xce_agent::probe::supervisor::Supervisor::start() });
+    let contained = supervisor.containment.tree().is_some();
     println!(
         "scheduling lateness, {secs} s per rate, first 2 s not counted; agent {}, probes as {}, containment {}",
         if nix::unistd::geteuid().is_root() { "root" } else { "not root" },
@@ -176,7 +177,7 @@ fn main() {
     );
     println!("| rate | max_parallel | runs counted | skipped (overlap) | p50 ms | p99 ms | max ms | agent CPU/run µs |\n|---|---|---|---|---|---|---|---|");
     for n in rates {
-        rt.block_on(one_rate(n, secs, max_parallel));
+        rt.block_on(one_rate(n, secs, max_parallel, supervisor.clone()));
     }
-    xce_agent::probe::cgroup::shut_down();
+    supervisor.containment.shut_down();
 }

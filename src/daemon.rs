@@ -19,6 +19,7 @@ use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
 use crate::link::tls::Material;
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};
+use crate::probe::supervisor::Supervisor;
 use crate::probe::{BuiltinSource, ProbeContext};
 use crate::reload::{self, Changes, Effect, State};
 use crate::schedule::Scheduler;
@@ -74,13 +75,19 @@ pub fn hello(config: &Config, plan: &Plan, boot_id: &str) -> wire::Hello {
     wire::Hello::new(plan.host.clone(), boot_id, config.digest.clone(), resources)
 }
 
-pub fn probe_context(config: &Config, host: &str, builtin: Arc<dyn BuiltinSource>) -> ProbeContext {
+pub fn probe_context(
+    config: &Config,
+    host: &str,
+    builtin: Arc<dyn BuiltinSource>,
+    supervisor: Arc<Supervisor>,
+) -> ProbeContext {
     ProbeContext {
         host: host.to_owned(),
         plugin_dir: config.agent.plugin_dir.clone(),
         run_as: config.agent.run_as.clone(),
         builtin,
         files: crate::probe::file_reader::FileReads::new(config.agent.max_stuck_reads),
+        supervisor,
     }
 }
 
@@ -187,6 +194,7 @@ impl Agent {
         config: Config,
         host: String,
         builtin: Arc<dyn BuiltinSource>,
+        supervisor: Arc<Supervisor>,
         link_cfg: LinkConfig,
     ) -> Self {
         let shutdown = CancellationToken::new();
@@ -195,7 +203,7 @@ impl Agent {
         let plan = make_plan(&config.resources, &host, &BTreeSet::new());
         let (hello_tx, _) = watch::channel(Arc::new(hello(&config, &plan, &boot_id)));
         store.declare(declared(&plan));
-        let ctx = probe_context(&config, &host, builtin);
+        let ctx = probe_context(&config, &host, builtin, supervisor);
         // A child token: stopping the scheduler must not stop the link before its last flush.
         let mut scheduler = Scheduler::new(
             store.clone(),
@@ -362,7 +370,11 @@ impl Agent {
         }
         self.scheduler.apply(&changes, &plan);
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
-        crate::probe::cgroup::retain(&names);
+        self.scheduler
+            .context()
+            .supervisor
+            .containment
+            .retain(&names);
         self.loaded_tx
             .send_modify(|l| *l = Arc::new(l.next(&config, &plan)));
         self.config = config;

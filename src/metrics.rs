@@ -62,6 +62,8 @@ pub struct Sources {
     pub files: Arc<crate::probe::file_reader::FileReads>,
     /// The running configuration and the last reload's result.
     pub loaded: watch::Receiver<Arc<crate::status::Loaded>>,
+    /// Where the probes' cgroups are, for their usage.
+    pub supervisor: Arc<crate::probe::supervisor::Supervisor>,
 }
 
 impl fmt::Debug for Sources {
@@ -129,7 +131,7 @@ impl Collector for Exposition {
         encode_resources(&mut enc, &self.0.store)?;
         let stats = self.0.probes.borrow().clone();
         encode_probes(&mut enc, &stats)?;
-        encode_probe_usage(&mut enc, &crate::probe::cgroup::usage_by_probe())?;
+        encode_probe_usage(&mut enc, &self.0.supervisor.containment.usage_by_probe())?;
         encode_link(&mut enc, &self.0.link)?;
         encode_file_reads(&mut enc, &self.0.files)?;
         encode_config(&mut enc, &self.0.loaded.borrow())?;

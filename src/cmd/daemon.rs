@@ -7,12 +7,13 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::{exit, host_name, load, start_supervision, CmdError};
+use super::{exit, host_name, load, CmdError};
 use crate::cli::Common;
 use crate::daemon::Agent;
 use crate::link::client::LinkConfig;
 use crate::metrics;
 use crate::probe::builtin;
+use crate::probe::supervisor::Supervisor;
 use systemd::NotifyState;
 
 pub async fn run(common: &Common) -> Result<u8, CmdError> {
@@ -47,7 +48,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
         tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
     }
-    start_supervision();
+    let supervisor = Supervisor::start();
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
     // not kill the process with the default action).
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -77,6 +78,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         config,
         host,
         Arc::new(builtin::Live(sampler)),
+        supervisor.clone(),
         LinkConfig::default(),
     );
     if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
@@ -93,6 +95,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
             probes: agent.stats(),
             files: agent.scheduler.context().files.clone(),
             loaded: agent.loaded(),
+            supervisor: supervisor.clone(),
         };
         tokio::spawn(metrics::serve(listener, sources, metrics_stop.clone()));
     }
@@ -158,7 +161,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         let _ = server.await;
     }
     agent.stop(Duration::from_secs(3)).await;
-    crate::probe::cgroup::shut_down();
+    supervisor.containment.shut_down();
     sampler_stop.cancel();
     tracing::info!("stopped");
     Ok(exit::OK)

@@ -147,17 +147,6 @@ fn refuse_unprobed(config: &Config, plan: &Plan, name: &str) -> u8 {
     exit::CONFIG
 }
 
-/// Orphaned grandchildren of probes are reparented to the agent and reaped by it, instead of
-/// piling up under init unseen. Must run inside the runtime (it starts the reaper task).
-/// Containment starts here too: each probe's runs go into its own cgroup where one is
-/// writable (undone by `crate::probe::cgroup::shut_down`).
-fn start_supervision() {
-    if let Err(e) = crate::probe::process::become_subreaper() {
-        tracing::debug!("cannot become a child subreaper: {e}");
-    }
-    crate::probe::cgroup::init();
-}
-
 /// The builtin indices for a one-shot command: two samples a second apart (so rates and
 /// averages have a first value) when a probe needs them, none otherwise.
 async fn one_shot_builtins(needed: bool) -> Arc<dyn BuiltinSource> {

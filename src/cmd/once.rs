@@ -5,12 +5,11 @@ use std::collections::BTreeSet;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use super::{
-    exit, host_name, load, one_shot_builtins, refuse_unprobed, start_supervision, CmdError,
-};
+use super::{exit, host_name, load, one_shot_builtins, refuse_unprobed, CmdError};
 use crate::cli::{Common, OnceFormat};
 use crate::daemon::{declared, probe_context, uses_builtins};
 use crate::plan::{is_probed, make_plan};
+use crate::probe::supervisor::Supervisor;
 use crate::render::once::OnceReport;
 use crate::schedule::{record_run, run_all_once, InFlight};
 use crate::store::Store;
@@ -29,11 +28,11 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
             .retain(|t| only.iter().any(|n| n == &t.name || t.feed(n).is_some()));
     }
     // Only once there is something to run: a refused name touches no cgroup.
-    start_supervision();
+    let supervisor = Supervisor::start();
     let store = Store::new();
     store.declare(declared(&plan));
     let builtin = one_shot_builtins(uses_builtins(&plan)).await;
-    let ctx = probe_context(&config, &host, builtin);
+    let ctx = probe_context(&config, &host, builtin, supervisor.clone());
     let running = InFlight::default();
     // On a terminal, a pass that takes a while says what it is waiting for (a hanging script
     // would otherwise look like a hung agent for its whole timeout); a pipe gets nothing.
@@ -51,7 +50,7 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
         progress.abort();
         eprint!("\r\x1b[2K");
     }
-    crate::probe::cgroup::shut_down();
+    supervisor.containment.shut_down();
     let report = OnceReport::new(&host, &runs, &store);
     match format {
         OnceFormat::Table => print!("{}", report.table()),

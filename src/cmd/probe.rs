@@ -3,16 +3,15 @@
 
 use std::collections::BTreeSet;
 
-use super::{
-    exit, host_name, load, one_shot_builtins, refuse_unprobed, start_supervision, CmdError,
-};
+use super::{exit, host_name, load, one_shot_builtins, refuse_unprobed, CmdError};
 use crate::cli::Common;
 use crate::config::ProbeKind;
 use crate::daemon::probe_context;
 use crate::output;
 use crate::plan::{make_plan, ProbeTask};
 use crate::probe::process::Exit;
-use crate::probe::{cgroup, exec, resolve, security, stream, ProbeContext};
+use crate::probe::supervisor::Supervisor;
+use crate::probe::{exec, resolve, security, stream, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
 
 pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
@@ -29,11 +28,11 @@ pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
     let Some(task) = task else {
         return Ok(refuse_unprobed(&config, &plan, name));
     };
-    start_supervision();
+    let supervisor = Supervisor::start();
     let builtin = one_shot_builtins(matches!(task.kind, ProbeKind::Builtin { .. })).await;
-    let ctx = probe_context(&config, &host, builtin);
+    let ctx = probe_context(&config, &host, builtin, supervisor.clone());
     let debug = examine(task, &ctx).await;
-    cgroup::shut_down();
+    supervisor.containment.shut_down();
     print!("{}", debug.text());
     Ok(if debug.ok() {
         exit::OK
@@ -49,7 +48,7 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
         let user = exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as).map(|c| match c {
             Some(c) => RunsAs::User(c),
             None => RunsAs::Agent {
-                name: exec::current_user_name(),
+                name: ctx.supervisor.users.agent_name().to_owned(),
                 uid: nix::unistd::geteuid(),
                 gid: nix::unistd::getegid(),
                 groups: nix::unistd::getgroups().unwrap_or_default(),
@@ -76,9 +75,10 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
     };
     super::strict::unreported_fails(task, &mut run);
     super::strict::explain_failure(task, &mut run, &ctx.plugin_dir);
-    let containment = spec.map(|_| match cgroup::active() {
+    let contained = &ctx.supervisor.containment;
+    let containment = spec.map(|_| match contained.tree() {
         None => Containment::ProcessGroup,
-        Some(_) => match cgroup::usage_of(&task.name) {
+        Some(_) => match contained.usage_of(&task.name) {
             None => Containment::NotStarted,
             Some((path, usage)) => Containment::Cgroup { path, usage },
         },

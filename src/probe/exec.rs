@@ -2,8 +2,7 @@
 //! stdout in the probe's format, type each value by its resource's valtype.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
 use super::{Outcome, ProbeContext, ProbeRun};
@@ -23,62 +22,33 @@ pub struct ExecDetail {
     pub stderr: String,
 }
 
-/// argv[0] under the plugin directory unless absolute; a bare name not there on the probes'
-/// PATH ([`super::resolve::program`]).
-pub fn resolve_program(plugin_dir: &Path, program: &str) -> PathBuf {
-    super::resolve::program(plugin_dir, program).0
-}
-
 /// The user a probe runs as: only a root agent can switch, and it never runs a probe as root
-/// unless the config says `run_as: root`.
+/// unless the config says `run_as: root`. Looked up afresh (`check`, `probe NAME`); runs use
+/// the agent's cached lookups ([`super::supervisor::Users::credentials_for`]).
 pub fn credentials_for(
     spec_run_as: Option<&str>,
     default: &str,
 ) -> Result<Option<Credentials>, UserError> {
+    switched_to(spec_run_as, default)
+        .map(Credentials::resolve)
+        .transpose()
+}
+
+/// The user a root agent switches to for a probe; `None`: it runs with the agent's rights.
+pub fn switched_to<'a>(spec_run_as: Option<&'a str>, default: &'a str) -> Option<&'a str> {
     if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
+        return None;
     }
-    let user = spec_run_as.unwrap_or(default);
-    if user == "root" {
-        return Ok(None);
-    }
-    resolve_cached(user).map(Some)
+    Some(spec_run_as.unwrap_or(default)).filter(|user| *user != "root")
 }
 
-/// The agent's own user name, looked up once (its uid does not change).
+/// The agent's own user name (runs take it from `Supervisor::users`, looked up once).
 pub fn current_user_name() -> String {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        let uid = nix::unistd::geteuid();
-        nix::unistd::User::from_uid(uid)
-            .ok()
-            .flatten()
-            .map_or_else(|| uid.to_string(), |u| u.name)
-    })
-    .clone()
-}
-
-/// How long a looked-up user (uid, gid, groups) is reused: a run every second must not read
-/// /etc/passwd and /etc/group every second, and a change of groups still applies within
-/// a minute.
-const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
-
-fn resolve_cached(user: &str) -> Result<Credentials, UserError> {
-    type Cache = std::collections::HashMap<String, (Instant, Credentials)>;
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<Cache>> = std::sync::OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let now = Instant::now();
-    if let Some((at, c)) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(user) {
-        if now.duration_since(*at) < CREDENTIALS_TTL {
-            return Ok(c.clone());
-        }
-    }
-    let c = Credentials::resolve(user)?;
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(user.to_owned(), (now, c.clone()));
-    Ok(c)
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 /// The child's whole environment: fixed PATH, the XCE_* variables, then the probe's `env:`.
@@ -135,7 +105,7 @@ pub enum SpawnRefused {
     #[error(transparent)]
     Insecure(#[from] super::security::InsecureProgram),
     #[error("cannot make the probe's cgroup: {0}")]
-    Cgroup(std::io::Error),
+    Cgroup(super::cgroup::CgroupError),
 }
 
 /// Build the child spec for an exec or stream probe.
@@ -145,26 +115,32 @@ pub fn child_spec(
     ctx: &ProbeContext,
     env: Vec<(String, String)>,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
-    let creds = credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
+    let supervisor = &ctx.supervisor;
+    let creds = supervisor
+        .users
+        .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
     let program = resolved.program;
     if super::security::enforced() {
-        super::security::check_probe(
-            &program,
-            &resolved.args,
-            &spec.env,
-            creds.as_ref().map(|c| c.uid),
-        )
-        // The rule cannot check an interpreter that is not there: say that plainly (read
-        // only on this failure path, never per good run).
-        .map_err(|e| match super::security::script_problem(&program, false) {
-            Some(why) => SpawnRefused::NotRunnable(why),
-            None => e.into(),
-        })?;
+        supervisor
+            .verdicts
+            .check_probe(
+                &program,
+                &resolved.args,
+                &spec.env,
+                creds.as_ref().map(|c| c.uid),
+            )
+            // The rule cannot check an interpreter that is not there: say that plainly (read
+            // only on this failure path, never per good run).
+            .map_err(|e| match super::security::script_problem(&program, false) {
+                Some(why) => SpawnRefused::NotRunnable(why),
+                None => e.into(),
+            })?;
     }
-    let user = creds
-        .as_ref()
-        .map_or_else(current_user_name, |c| c.user.clone());
+    let user = creds.as_ref().map_or_else(
+        || supervisor.users.agent_name().to_owned(),
+        |c| c.user.clone(),
+    );
     let mut child = ChildSpec::new(program, task.timeout);
     // The arguments the format's own system passes (netdata's update-every) come first; a
     // `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`: "$1"...),
@@ -190,7 +166,7 @@ pub fn child_spec(
     child.limits = spec.limits.clone();
     child.no_new_privs = spec.no_new_privs;
     child.stdout = spec.stdout;
-    if let Some(tree) = super::cgroup::active() {
+    if let Some(tree) = supervisor.containment.tree() {
         let cg = tree
             .probe(&task.name, &spec.limits)
             .map_err(SpawnRefused::Cgroup)?;

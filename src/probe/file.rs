@@ -41,7 +41,9 @@ pub fn reader_credentials(
     spec: &FileSpec,
     ctx: &ProbeContext,
 ) -> Result<Option<super::process::Credentials>, super::process::UserError> {
-    super::exec::credentials_for(spec.run_as.as_deref(), &ctx.run_as)
+    ctx.supervisor
+        .users
+        .credentials_for(spec.run_as.as_deref(), &ctx.run_as)
 }
 
 pub async fn run(

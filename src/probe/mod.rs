@@ -14,6 +14,7 @@ pub mod reaper;
 pub mod resolve;
 pub mod security;
 pub mod stream;
+pub mod supervisor;
 
 /// The child engine's former name, for callers not yet moved to `child`.
 pub use child as process;
@@ -44,6 +45,9 @@ pub struct ProbeContext {
     pub builtin: Arc<dyn BuiltinSource>,
     /// File reads: their own threads, and the bound on reads stuck in the kernel.
     pub files: Arc<file_reader::FileReads>,
+    /// The agent's containment and its caches (users, script verdicts): made once by
+    /// whoever runs probes, shared by every run.
+    pub supervisor: Arc<supervisor::Supervisor>,
 }
 
 /// How a run went, for counters and the `--once` table.

@@ -13,8 +13,14 @@
 //! `/proc/self/task/*/children` and `waitpid`s the unregistered ones with `WNOHANG`.
 //!
 //! A grandchild that calls `setsid` leaves the probe's process group; where cgroups are
-//! writable it is still ended with its run (`cgroup.rs`), and once it exits its zombie is
+//! writable it is still ended with its run (`cgroup/`), and once it exits its zombie is
 //! reaped here.
+//!
+//! The registry, the reaped count and the started reaper are process-wide, not part of an
+//! agent's `Supervisor`, by nature: the kernel makes a *process* the subreaper, and a
+//! `waitpid` of the reaper reaps any child of the process, whichever agent (or test) in it
+//! spawned that child; so every spawn in the process must be registered in the one registry
+//! the one reaper reads.
 
 use std::collections::BTreeSet;
 use std::io;

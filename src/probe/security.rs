@@ -877,68 +877,75 @@ struct PassedWalk {
     interpreters: Vec<PathBuf>,
 }
 
-type VerdictCache = std::collections::HashMap<(PathBuf, Option<u32>), PassedWalk>;
-
-fn verdicts() -> std::sync::MutexGuard<'static, VerdictCache> {
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<VerdictCache>> = std::sync::OnceLock::new();
-    CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+/// Passed verdicts of one agent ([`super::supervisor::Supervisor`]), keyed by file and the
+/// user it runs as, and how many full walks each file had (tests see whether a run
+/// re-walked).
+#[derive(Debug, Default)]
+pub struct Verdicts {
+    passed: std::sync::Mutex<std::collections::HashMap<(PathBuf, Option<u32>), PassedWalk>>,
+    walks: std::sync::Mutex<std::collections::HashMap<PathBuf, u64>>,
 }
 
-fn walk_counts() -> std::sync::MutexGuard<'static, std::collections::HashMap<PathBuf, u64>> {
-    static WALKS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<PathBuf, u64>>> =
-        std::sync::OnceLock::new();
-    WALKS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
+impl Verdicts {
+    fn passed(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(PathBuf, Option<u32>), PassedWalk>>
+    {
+        self.passed.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
-/// How many full walks `path` has had (tests see whether a run re-walked).
-pub fn full_walks(path: &Path) -> u64 {
-    walk_counts().get(path).copied().unwrap_or(0)
-}
+    /// How many full walks `path` has had.
+    pub fn full_walks(&self, path: &Path) -> u64 {
+        let walks = self.walks.lock().unwrap_or_else(|p| p.into_inner());
+        walks.get(path).copied().unwrap_or(0)
+    }
 
-/// `check_program` once per file, not once per run: a passed verdict is reused while the file
-/// and its directory keep the identity (dev, ino, mode, owner, mtime, ctime) they had when it
-/// passed — two stat calls. Replacing the file, or swapping its directory for another (a
-/// rename, a new directory in its place), changes one of them and the full walk runs again;
-/// so does any chmod or chown of either (ctime). Returns the `#!` interpreters of the file.
-fn check_file_cached(
-    path: &Path,
-    run_as_uid: Option<Uid>,
-) -> Result<Vec<PathBuf>, InsecureProgram> {
-    let key = (path.to_owned(), run_as_uid.map(|u| u.as_raw()));
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let now = Identity::of(path).zip(Identity::of(dir));
-    if let (Some((file, dir_id)), Some(v)) = (&now, verdicts().get(&key)) {
-        if *file == v.file && *dir_id == v.dir {
-            return Ok(v.interpreters.clone());
+    /// `check_program` once per file, not once per run: a passed verdict is reused while the
+    /// file and its directory keep the identity (dev, ino, mode, owner, mtime, ctime) they
+    /// had when it passed — two stat calls. Replacing the file, or swapping its directory for
+    /// another (a rename, a new directory in its place), changes one of them and the full
+    /// walk runs again; so does any chmod or chown of either (ctime). Returns the `#!`
+    /// interpreters of the file.
+    fn check_file(
+        &self,
+        path: &Path,
+        run_as_uid: Option<Uid>,
+    ) -> Result<Vec<PathBuf>, InsecureProgram> {
+        let key = (path.to_owned(), run_as_uid.map(|u| u.as_raw()));
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        let now = Identity::of(path).zip(Identity::of(dir));
+        if let (Some((file, dir_id)), Some(v)) = (&now, self.passed().get(&key)) {
+            if *file == v.file && *dir_id == v.dir {
+                return Ok(v.interpreters.clone());
+            }
         }
+        *self
+            .walks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(path.to_owned())
+            .or_default() += 1;
+        // Identities first, then the walk: a change between the two re-walks next run.
+        let before = Identity::of(path).zip(Identity::of(dir));
+        let walked = check_program(path, run_as_uid);
+        let mut cache = self.passed();
+        if walked.is_err() {
+            cache.remove(&key);
+        }
+        walked?;
+        let interpreters = shebang_interpreters(path);
+        if let Some((file, dir)) = before {
+            cache.insert(
+                key,
+                PassedWalk {
+                    file,
+                    dir,
+                    interpreters: interpreters.clone(),
+                },
+            );
+        }
+        Ok(interpreters)
     }
-    *walk_counts().entry(path.to_owned()).or_default() += 1;
-    // Identities first, then the walk: a change between the two re-walks next run.
-    let before = Identity::of(path).zip(Identity::of(dir));
-    let walked = check_program(path, run_as_uid);
-    let mut cache = verdicts();
-    if walked.is_err() {
-        cache.remove(&key);
-    }
-    walked?;
-    let interpreters = shebang_interpreters(path);
-    if let Some((file, dir)) = before {
-        cache.insert(
-            key,
-            PassedWalk {
-                file,
-                dir,
-                interpreters: interpreters.clone(),
-            },
-        );
-    }
-    Ok(interpreters)
 }
 
 /// The whole rule for a command: the program, the interpreters its `#!` names, the script an
@@ -966,31 +973,49 @@ pub fn check_probe(
     env: &BTreeMap<String, String>,
     run_as_uid: Option<Uid>,
 ) -> Result<(), InsecureProgram> {
-    let as_program = |e: InsecureProgram, via: Option<String>| InsecureProgram {
-        program: program.to_owned(),
-        via: e.via.or(via),
-        ..e
-    };
-    let interpreters = check_file_cached(program, run_as_uid)?;
-    for i in interpreters {
-        check_file_cached(&i, run_as_uid).map_err(|e| as_program(e, None))?;
-    }
-    let path_var = env
-        .get("PATH")
-        .map_or(super::child::PROBE_PATH, String::as_str);
-    let mut files = Vec::new();
-    let mut env_entries: Vec<(String, String)> =
-        env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    code_files(program, args, path_var, 0, &mut files, &mut env_entries);
-    for (file, via) in files {
-        for i in check_file_cached(&file, run_as_uid).map_err(|e| as_program(e, via.clone()))? {
-            check_file_cached(&i, run_as_uid).map_err(|e| as_program(e, via.clone()))?;
+    Verdicts::default().check_probe(program, args, env, run_as_uid)
+}
+
+impl Verdicts {
+    /// [`check_probe`], reusing this agent's passed verdicts.
+    pub fn check_probe(
+        &self,
+        program: &Path,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<(), InsecureProgram> {
+        let as_program = |e: InsecureProgram, via: Option<String>| InsecureProgram {
+            program: program.to_owned(),
+            via: e.via.or(via),
+            ..e
+        };
+        let interpreters = self.check_file(program, run_as_uid)?;
+        for i in interpreters {
+            self.check_file(&i, run_as_uid)
+                .map_err(|e| as_program(e, None))?;
         }
+        let path_var = env
+            .get("PATH")
+            .map_or(super::child::PROBE_PATH, String::as_str);
+        let mut files = Vec::new();
+        let mut env_entries: Vec<(String, String)> =
+            env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        code_files(program, args, path_var, 0, &mut files, &mut env_entries);
+        for (file, via) in files {
+            for i in self
+                .check_file(&file, run_as_uid)
+                .map_err(|e| as_program(e, via.clone()))?
+            {
+                self.check_file(&i, run_as_uid)
+                    .map_err(|e| as_program(e, via.clone()))?;
+            }
+        }
+        for (name, value) in &env_entries {
+            check_env_entry(name, value, run_as_uid).map_err(|e| as_program(e, None))?;
+        }
+        Ok(())
     }
-    for (name, value) in &env_entries {
-        check_env_entry(name, value, run_as_uid).map_err(|e| as_program(e, None))?;
-    }
-    Ok(())
 }
 
 /// One `env:` entry (or an `env NAME=VALUE` word of the command): see [`check_probe`].

@@ -10,17 +10,34 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::support::{in_own_process, load_task, read_pid, resource, wait_gone, Setup};
+use std::sync::Arc;
 use xce_agent::config::Limits;
-use xce_agent::probe::cgroup::{self, Containment};
-use xce_agent::probe::{reaper, run_once, Outcome};
 
-/// Containment for this test process, or a printed reason to skip. The guard removes the
-/// process's subtree when the test ends (as the agent does at exit), so a test leaves no
-/// `xce-agent.<pid>.<start>` behind.
+use xce_agent::plan::ProbeTask;
+use xce_agent::probe::cgroup::{self, Containment};
+use xce_agent::probe::supervisor::Supervisor;
+use xce_agent::probe::ProbeContext;
+use xce_agent::probe::{run_once, Outcome};
+
+/// A cgroup tree of this test's own (`xce-agent.<pid>.<start>[.<n>]`, as the agent makes
+/// one) for the probes it runs, or a printed reason to skip. The test process stays where
+/// it is, so these tests share one process. The guard removes the subtree when the test
+/// ends (as the agent does at exit), so a test leaves nothing behind.
 fn contained() -> Option<Contained> {
+    contain(Containment::under_own_cgroup(false))
+}
+
+/// As the agent does it: this process moves into the tree's `agent/` (and is the child
+/// subreaper); for a test in a process of its own.
+fn contained_as_the_agent() -> Option<Contained> {
     xce_agent::probe::child::become_subreaper().unwrap();
-    match cgroup::init() {
-        Containment::Cgroups(_) => Some(Contained),
+    contain(Containment::for_this_process())
+}
+
+fn contain(containment: Containment) -> Option<Contained> {
+    let supervisor = Supervisor::new(containment);
+    match &supervisor.containment {
+        Containment::Cgroups(_) => Some(Contained(supervisor)),
         Containment::ProcessGroups(why) => {
             eprintln!("skipped: no writable cgroup v2 hierarchy here ({why}); CI runs as root on a host with one");
             None
@@ -28,11 +45,32 @@ fn contained() -> Option<Contained> {
     }
 }
 
-struct Contained;
+struct Contained(Arc<Supervisor>);
+
+impl Contained {
+    fn tree(&self) -> &cgroup::Tree {
+        self.0.containment.tree().expect("contained")
+    }
+
+    /// The planned task `name` of the site, with a context whose runs are contained here.
+    fn task(&self, s: &Setup, name: &str) -> (ProbeTask, ProbeContext) {
+        let (task, mut ctx) = load_task(s, name);
+        ctx.supervisor = self.0.clone();
+        (task, ctx)
+    }
+
+    fn probe_cgroup(&self, name: &str) -> PathBuf {
+        self.tree()
+            .probe(name, &Limits::default())
+            .expect("probe cgroup")
+            .path
+            .clone()
+    }
+}
 
 impl Drop for Contained {
     fn drop(&mut self) {
-        cgroup::shut_down();
+        self.0.containment.shut_down();
     }
 }
 
@@ -53,15 +91,6 @@ fn setup(name: &str, extra: &str, body: &str) -> (Setup, PathBuf) {
     (s, pids)
 }
 
-fn probe_cgroup(name: &str) -> PathBuf {
-    cgroup::active()
-        .expect("contained")
-        .probe(name, &Limits::default())
-        .expect("probe cgroup")
-        .path
-        .clone()
-}
-
 fn populated(cg: &Path) -> bool {
     std::fs::read_to_string(cg.join("cgroup.events"))
         .unwrap()
@@ -78,18 +107,15 @@ fn pids_listed(path: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// `pid` has ended. (This process is not the subreaper: an orphan's zombie is init's.)
 fn assert_gone(pid: i32) {
     wait_gone(pid);
-    reaper::reap_orphans();
     assert!(!common::alive(pid), "{pid} outlived its run");
 }
 
 #[tokio::test]
 async fn a_double_forked_setsid_daemon_dies_with_its_run() {
-    if !in_own_process!("a_double_forked_setsid_daemon_dies_with_its_run") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -97,19 +123,16 @@ async fn a_double_forked_setsid_daemon_dies_with_its_run() {
         "",
         "#!/bin/sh\n( setsid sleep 1000 >/dev/null 2>&1 & echo $! > \"$D/daemon.pid\" )\necho 1\n",
     );
-    let (task, ctx) = load_task(&s, "dfork");
+    let (task, ctx) = contained.task(&s, "dfork");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
     assert_gone(read_pid(&pids.join("daemon.pid")));
-    assert!(!populated(&probe_cgroup("dfork")));
+    assert!(!populated(&contained.probe_cgroup("dfork")));
 }
 
 #[tokio::test]
 async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
-    if !in_own_process!("a_run_that_hangs_past_its_timeout_leaves_nothing") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -117,20 +140,17 @@ async fn a_run_that_hangs_past_its_timeout_leaves_nothing() {
         ", timeout: 1s",
         "#!/bin/sh\nsetsid sleep 1000 &\necho $! > \"$D/escaped.pid\"\necho $$ > \"$D/leader.pid\"\nexec sleep 1000\n",
     );
-    let (task, ctx) = load_task(&s, "hang");
+    let (task, ctx) = contained.task(&s, "hang");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::TimedOut, "{:?}", run.error());
     assert_gone(read_pid(&pids.join("escaped.pid")));
     assert_gone(read_pid(&pids.join("leader.pid")));
-    assert!(!populated(&probe_cgroup("hang")));
+    assert!(!populated(&contained.probe_cgroup("hang")));
 }
 
 #[tokio::test]
 async fn two_hundred_background_sleeps_are_all_ended() {
-    if !in_own_process!("two_hundred_background_sleeps_are_all_ended") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -138,7 +158,7 @@ async fn two_hundred_background_sleeps_are_all_ended() {
         "",
         "#!/bin/sh\nfor i in $(seq 200); do setsid sleep 1000 >/dev/null 2>&1 & echo $! >> \"$D/many.pids\"; done\necho 1\n",
     );
-    let (task, ctx) = load_task(&s, "many");
+    let (task, ctx) = contained.task(&s, "many");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
     let all = pids_listed(&pids.join("many.pids"));
@@ -146,15 +166,12 @@ async fn two_hundred_background_sleeps_are_all_ended() {
     for pid in all {
         assert_gone(pid);
     }
-    assert!(!populated(&probe_cgroup("many")));
+    assert!(!populated(&contained.probe_cgroup("many")));
 }
 
 #[tokio::test]
 async fn a_probe_runs_in_its_own_cgroup() {
-    if !in_own_process!("a_probe_runs_in_its_own_cgroup") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, _) = setup(
@@ -162,7 +179,7 @@ async fn a_probe_runs_in_its_own_cgroup() {
         ", format: kv",
         "#!/bin/sh\necho \"cg = $(cut -d: -f3 /proc/self/cgroup | tail -n1)\"\n",
     );
-    let (task, ctx) = load_task(&s, "where");
+    let (task, ctx) = contained.task(&s, "where");
     let run = run_once(&task, &ctx).await;
     let out = String::from_utf8_lossy(&run.exec.unwrap().stdout).into_owned();
     // A leaf of the probe's cgroup: `.../probes/where/run-<n>`.
@@ -181,7 +198,9 @@ async fn a_probe_runs_in_its_own_cgroup() {
 /// skips).
 fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
     let leaf = subtree.join("probes/old/run-1");
+    let mut planting = None;
     if let Err(e) = std::fs::create_dir_all(&leaf).and_then(|()| {
+        planting = Some(planting_lock(subtree));
         std::fs::create_dir(subtree.join("agent")).or_else(|e| {
             (e.kind() == std::io::ErrorKind::AlreadyExists)
                 .then_some(())
@@ -203,7 +222,18 @@ fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
         .unwrap();
     let sleep = common::KillOnDrop(sleep);
     std::fs::write(leaf.join("cgroup.procs"), sleep.0.id().to_string()).unwrap();
+    drop(planting);
     Some(sleep)
+}
+
+/// The lock an agent holds on its subtree, held while a test plants one: until its process
+/// is in place, any agent (a test's tree, a test's daemon) setting up beside it would find
+/// it abandoned and remove it under the test's hands.
+fn planting_lock(subtree: &Path) -> nix::fcntl::Flock<std::fs::File> {
+    let dir = std::fs::File::open(subtree).unwrap();
+    nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap()
 }
 
 fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
@@ -248,15 +278,20 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
         return;
     };
     let legacy_sleep = leave_a_stale_probe(&legacy).unwrap();
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained_as_the_agent() else {
         panic!("the stale subtrees under this pid stopped containment");
     };
-    let base = &cgroup::active().unwrap().base;
+    let base = &contained.tree().base;
     let name = base.file_name().unwrap().to_str().unwrap();
     assert!(
         name.starts_with(&format!("xce-agent.{pid}.")) && *base != earlier,
         "{}",
         base.display()
+    );
+    assert_eq!(
+        leaf_of(pid as i32),
+        base.join("agent"),
+        "this process moved in"
     );
     assert_stale_probe_ended(earlier_sleep, &earlier);
     assert_stale_probe_ended(legacy_sleep, &legacy);
@@ -268,16 +303,17 @@ async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained(
 /// alone, and so is what runs in it.
 #[tokio::test]
 async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
-    if !in_own_process!("a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone") {
-        return;
-    }
     let Some(host) = v2_host() else {
         return;
     };
     // Named as if by a process with this pid that started one tick after boot: by pid and
     // start time it would be dead.
     let sibling = host.own.join(format!("xce-agent.{}.2", std::process::id()));
-    if let Err(e) = std::fs::create_dir_all(sibling.join("agent")) {
+    let mut planting = None;
+    if let Err(e) = std::fs::create_dir(&sibling).and_then(|()| {
+        planting = Some(planting_lock(&sibling));
+        std::fs::create_dir(sibling.join("agent"))
+    }) {
         eprintln!(
             "skipped: cannot make {} ({e}); CI runs as root on a host with a cgroup v2 mount",
             sibling.display()
@@ -293,6 +329,7 @@ async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
             .unwrap(),
     );
     std::fs::write(sibling.join("agent/cgroup.procs"), agent.0.id().to_string()).unwrap();
+    drop(planting);
     let contained = contained();
     let left_alone = sibling.join("agent").is_dir() && common::alive(agent.0.id() as i32);
     drop((contained, agent));
@@ -327,10 +364,10 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
     };
     std::fs::write(unit.unit.join("cgroup.procs"), "0").unwrap();
     std::env::set_var("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained_as_the_agent() else {
         panic!("the delegated subtree {} was refused", unit.unit.display());
     };
-    assert_eq!(cgroup::active().unwrap().base, unit.unit);
+    assert_eq!(contained.tree().base, unit.unit);
     assert_stale_probe_ended(sleep, &unit.unit);
 }
 
@@ -344,7 +381,6 @@ struct InUnit {
 
 impl Drop for InUnit {
     fn drop(&mut self) {
-        cgroup::shut_down();
         let _ = std::fs::write(self.parent.join("cgroup.procs"), "0");
         remove_dirs(&self.unit);
     }
@@ -381,9 +417,6 @@ fn agent_command(s: &Setup) -> Command {
 
 #[tokio::test]
 async fn a_stopped_daemon_leaves_no_process_and_no_cgroup() {
-    if !in_own_process!("a_stopped_daemon_leaves_no_process_and_no_cgroup") {
-        return;
-    }
     let Some(_contained) = contained() else {
         return;
     };
@@ -418,9 +451,6 @@ async fn a_stopped_daemon_leaves_no_process_and_no_cgroup() {
 
 #[tokio::test]
 async fn once_contains_its_probes_and_cleans_up() {
-    if !in_own_process!("once_contains_its_probes_and_cleans_up") {
-        return;
-    }
     let Some(_contained) = contained() else {
         return;
     };
@@ -467,10 +497,7 @@ async fn check_names_the_containment_and_its_controllers() {
 
 #[tokio::test]
 async fn a_probes_cpu_is_counted_by_its_cgroup() {
-    if !in_own_process!("a_probes_cpu_is_counted_by_its_cgroup") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, _) = setup(
@@ -478,10 +505,10 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
         "",
         "#!/bin/sh\ni=0; while [ $i -lt 2000 ]; do i=$((i+1)); done; echo 1\n",
     );
-    let (task, ctx) = load_task(&s, "busy");
+    let (task, ctx) = contained.task(&s, "busy");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
-    let usage = cgroup::usage_by_probe();
+    let usage = contained.0.containment.usage_by_probe();
     let (_, busy) = usage
         .iter()
         .find(|(n, _)| n == "busy")
@@ -491,9 +518,6 @@ async fn a_probes_cpu_is_counted_by_its_cgroup() {
 
 #[tokio::test]
 async fn probe_name_shows_the_cgroup_and_its_usage() {
-    if !in_own_process!("probe_name_shows_the_cgroup_and_its_usage") {
-        return;
-    }
     let Some(_contained) = contained() else {
         return;
     };
@@ -537,10 +561,7 @@ fn cgroup_limits_and_the_no_new_privs_opt_out_are_read_from_the_config() {
 /// enforced, and what to do.
 #[tokio::test]
 async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
-    if !in_own_process!("the_default_pids_limit_is_set_or_said_to_be_unenforced") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, _) = setup("limited", "", "#!/bin/sh\necho 1\n");
@@ -554,11 +575,12 @@ async fn the_default_pids_limit_is_set_or_said_to_be_unenforced() {
         ),
     )
     .unwrap();
-    let enabled = cgroup::active().unwrap().controllers.clone();
+    let enabled = contained.tree().controllers.clone();
     if enabled.iter().any(|c| c == "pids") {
-        let (task, ctx) = load_task(&s, "limited");
+        let (task, ctx) = contained.task(&s, "limited");
         run_once(&task, &ctx).await;
-        let max = std::fs::read_to_string(probe_cgroup("limited").join("pids.max")).unwrap();
+        let max =
+            std::fs::read_to_string(contained.probe_cgroup("limited").join("pids.max")).unwrap();
         assert_eq!(max.trim(), "128");
     } else {
         eprintln!("the pids controller is not enabled here ({enabled:?}): checking the warning");
@@ -627,11 +649,11 @@ struct Reloading {
 }
 
 impl Reloading {
-    fn start(s: &Setup) -> Self {
+    fn start(s: &Setup, contained: &Contained) -> Self {
         let plan = plan_of(s);
         let store = std::sync::Arc::new(xce_agent::store::Store::new());
         store.declare(xce_agent::daemon::declared(&plan));
-        let (_, ctx) = load_task(s, "a");
+        let (_, ctx) = contained.task(s, "a");
         let mut sched = xce_agent::schedule::Scheduler::new(
             store.clone(),
             ctx,
@@ -649,7 +671,7 @@ impl Reloading {
         self.store.declare(xce_agent::daemon::declared(&plan));
         self.sched.apply(&changes, &plan);
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
-        cgroup::retain(&names);
+        self.sched.context().supervisor.containment.retain(&names);
         self.plan = plan;
     }
 
@@ -741,9 +763,9 @@ struct V1 {
 }
 
 impl V1 {
-    async fn reporting() -> Self {
+    async fn reporting(contained: &Contained) -> Self {
         let (s, d) = stream_site(GENERATIONS);
-        let agent = Reloading::start(&s);
+        let agent = Reloading::start(&s, contained);
         agent.value(1.0).await;
         let holder = read_pid(&d.join("holder"));
         let pid = starts(&d, "v1")[0];
@@ -771,12 +793,7 @@ fn order(d: &Path) -> Vec<String> {
 /// does not reach the new run: the run that answers is the first and only v2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_killed() {
-    if !in_own_process!(
-        "a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_killed"
-    ) {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -785,7 +802,7 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
         mut agent,
         holder,
         ..
-    } = V1::reporting().await;
+    } = V1::reporting(&contained).await;
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
     // The holder goes only with the old run's teardown: from here on that has happened.
@@ -800,7 +817,7 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
     );
     agent.sched.stop().await;
     assert_gone(answered);
-    assert!(!populated(&probe_cgroup("a")));
+    assert!(!populated(&contained.probe_cgroup("a")));
 }
 
 /// A run whose leftovers were killed retires its leaf: the next run is cloned into a fresh
@@ -808,10 +825,7 @@ async fn a_reload_restarted_stream_starts_once_its_old_run_has_ended_and_is_not_
 /// `cgroup.kill`: reusing the leaf killed every later run of the probe at birth.)
 #[tokio::test]
 async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() {
-    if !in_own_process!("the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, pids) = setup(
@@ -819,7 +833,7 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
         "",
         "#!/bin/sh\n( setsid sleep 100000 >/dev/null 2>&1 & echo $! >> \"$D/left.pids\" )\necho 1\n",
     );
-    let (task, ctx) = load_task(&s, "leaves");
+    let (task, ctx) = contained.task(&s, "leaves");
     for run in 1..=3 {
         let done = run_once(&task, &ctx).await;
         assert_eq!(done.outcome, Outcome::Ok, "run {run}: {:?}", done.error());
@@ -833,7 +847,7 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
     // leaf, and the one before it, are left.
     let done = run_once(&task, &ctx).await;
     assert_eq!(done.outcome, Outcome::Ok, "run 4: {:?}", done.error());
-    let leaves = std::fs::read_dir(probe_cgroup("leaves"))
+    let leaves = std::fs::read_dir(contained.probe_cgroup("leaves"))
         .unwrap()
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -845,17 +859,14 @@ async fn the_run_after_one_whose_leftovers_were_killed_is_not_killed_at_birth() 
 /// leaf is killed; the new task's first run must still run and report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
-    if !in_own_process!("a_reload_restarted_exec_probe_reports_from_its_new_run") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let (s, d) = stream_site(
         "#!/bin/sh\necho $$ >> \"$D/$1.starts\"\nif [ \"$1\" = v1 ]; then read x < \"$D/release\"; echo 1; else echo 2; fi\n",
     );
     write_generation(&s, &d, "exec", "v1");
-    let mut agent = Reloading::start(&s);
+    let mut agent = Reloading::start(&s, &contained);
     let started = d.join("v1.starts");
     common::wait_until("the first run to start", || started.exists()).await;
     let old = read_pid(&started);
@@ -883,10 +894,7 @@ async fn a_reload_restarted_exec_probe_reports_from_its_new_run() {
 /// reaches neither the new run nor the new cgroup, and the old leaf is gone with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() {
-    if !in_own_process!("a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -895,7 +903,7 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
         mut agent,
         pid: old,
         holder,
-    } = V1::reporting().await;
+    } = V1::reporting(&contained).await;
     let old_leaf = leaf_of(old);
     write_no_probes(&s);
     agent.reload(&s);
@@ -923,10 +931,7 @@ async fn a_stream_removed_and_re_added_by_two_quick_reloads_keeps_its_new_run() 
 /// and the cgroup is removed once the run has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
-    if !in_own_process!("a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -935,8 +940,8 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
         mut agent,
         pid: old,
         holder,
-    } = V1::reporting().await;
-    let probe = probe_cgroup("a");
+    } = V1::reporting(&contained).await;
+    let probe = contained.probe_cgroup("a");
     write_no_probes(&s);
     agent.reload(&s);
     assert!(
@@ -958,10 +963,7 @@ async fn a_removed_stream_gets_its_sigterm_grace_and_its_cgroup_goes_after() {
 /// starts, and nothing is left, neither process nor cgroup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
-    if !in_own_process!("shutdown_during_a_restart_leaves_no_process_and_no_cgroup") {
-        return;
-    }
-    let Some(_contained) = contained() else {
+    let Some(contained) = contained() else {
         return;
     };
     let V1 {
@@ -970,12 +972,12 @@ async fn shutdown_during_a_restart_leaves_no_process_and_no_cgroup() {
         mut agent,
         pid: old,
         holder,
-    } = V1::reporting().await;
-    let probes = probe_cgroup("a");
+    } = V1::reporting(&contained).await;
+    let probes = contained.probe_cgroup("a");
     write_generation(&s, &d, "stream", "v2");
     agent.reload(&s);
     agent.sched.stop().await;
-    cgroup::shut_down();
+    contained.0.containment.shut_down();
     off_runtime(move || wait_gone(holder)).await;
     assert_gone(old);
     assert_eq!(

@@ -358,7 +358,12 @@ async fn controller_that_never_reads_keeps_agent_memory_bounded_and_probes_runni
     // Many more probe rounds (each changes all 400 values) against stalled connections:
     // the agent reconnects, stalls again, and keeps only the latest values.
     let more = 30;
-    site.wait_runs("bulk", runs + more).await;
+    // Round by round: each wait is for one round (a second), bounded by the hang guard.
+    // One wait for all 30 needed half the guard on an idle machine (the test took 40 s
+    // alone), so a loaded full run could trip it with nothing wrong.
+    for round in 1..=more {
+        site.wait_runs("bulk", runs + round).await;
+    }
     agent.wait_log("link to controller lost", 2).await;
     let rss_later = agent.rss_kib();
     agent.assert_alive();

@@ -58,7 +58,13 @@ async fn welcome_assigns_a_shared_instance_and_its_value_arrives() {
         coalesce: Duration::from_millis(5),
         ..LinkConfig::default()
     };
-    let mut agent = Agent::start(cfg, "node001".into(), Arc::new(common::NoBuiltins), link);
+    let mut agent = Agent::start(
+        cfg,
+        "node001".into(),
+        Arc::new(common::NoBuiltins),
+        xce_agent::probe::supervisor::Supervisor::uncontained(),
+        link,
+    );
     assert!(
         agent.plan().tasks.iter().all(|t| t.name != "pool"),
         "not ours before the welcome"

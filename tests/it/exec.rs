@@ -1,6 +1,6 @@
 //! Exec probes: real child processes, every way a script can go wrong.
 
-use crate::support::{in_own_process, read_pid, script, task_from_yaml, wait_gone};
+use crate::support::{read_pid, script, task_from_yaml, wait_gone};
 use xce_agent::probe::{run_once, Outcome};
 use xce_agent::value::{Reading, Value};
 
@@ -36,17 +36,22 @@ async fn value_output_is_typed() {
 
 #[tokio::test]
 async fn environment_is_cleared_and_documented() {
-    if !in_own_process!("environment_is_cleared_and_documented") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    std::env::set_var("XCE_TEST_LEAK", "1");
-    let r = run(
-        dir.path(),
-        "#!/bin/sh\n[ -z \"${XCE_TEST_LEAK:-}\" ] || exit 3\n[ \"$XCE_HOST\" = node001 ] || exit 4\n[ \"$XCE_RESOURCE\" = p ] || exit 5\n[ \"$XCE_INTERVAL\" = 30 ] || exit 6\n[ \"$SITE\" = x ] || exit 7\nread line && exit 8\necho 1\n",
-        ", env: {SITE: x}",
-    )
-    .await;
+    // A variable of this process (cargo and the shell set many), not one the agent sets:
+    // read, never set here (a set_var would reach every test sharing the process).
+    let (leak, _) = std::env::vars()
+        .find(|(k, v)| {
+            !v.is_empty()
+                && !k.starts_with("XCE_")
+                && !["PATH", "SITE", "PWD", "SHLVL", "_"].contains(&k.as_str())
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+        })
+        .expect("the test process has an environment variable");
+    let body = format!(
+        "#!/bin/sh\n[ -z \"${{{leak}:-}}\" ] || exit 3\n[ \"$XCE_HOST\" = node001 ] || exit 4\n[ \"$XCE_RESOURCE\" = p ] || exit 5\n[ \"$XCE_INTERVAL\" = 30 ] || exit 6\n[ \"$SITE\" = x ] || exit 7\nread line && exit 8\necho 1\n"
+    );
+    let r = run(dir.path(), &body, ", env: {SITE: x}").await;
     assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
 }
 

@@ -275,6 +275,7 @@ fn exposition_of_every_kind(format: xce_agent::metrics::ExpositionFormat) -> Str
         probes,
         files: xce_agent::probe::file_reader::FileReads::new(32),
         loaded: tokio::sync::watch::channel(Default::default()).1,
+        supervisor: xce_agent::probe::supervisor::Supervisor::uncontained(),
     });
     xce_agent::metrics::render(&registry, format)
 }

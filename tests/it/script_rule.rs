@@ -10,9 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::support::{load_task, resource, Setup};
-use xce_agent::probe::security::{
-    check_command, check_probe, full_walks, InsecureProgram, Problem,
-};
+use xce_agent::probe::security::{check_command, check_probe, InsecureProgram, Problem, Verdicts};
 use xce_agent::probe::{run_once, Outcome};
 
 fn root() -> bool {
@@ -43,16 +41,24 @@ fn check(program: &Path, args: &[&str], plugins: &Path) -> Result<(), Problem> {
     check_command(program, &args, plugins, None).map_err(|e| e.problem)
 }
 
+/// As an agent checks `program` before each run, with the verdicts it keeps between runs.
+fn check_again(verdicts: &Verdicts, program: &Path) -> Result<(), Problem> {
+    verdicts
+        .check_probe(program, &[], &BTreeMap::new(), None)
+        .map_err(|e| e.problem)
+}
+
 #[test]
 fn a_passed_script_is_walked_once_and_then_only_revalidated() {
     if !root() {
         return;
     }
-    let (_d, plugins, p) = tree();
+    let (_d, _, p) = tree();
+    let verdicts = Verdicts::default();
     for _ in 0..5 {
-        check(&p, &[], &plugins).unwrap();
+        check_again(&verdicts, &p).unwrap();
     }
-    assert_eq!(full_walks(&p), 1);
+    assert_eq!(verdicts.full_walks(&p), 1);
 }
 
 #[test]
@@ -61,7 +67,8 @@ fn a_swapped_directory_never_passes_on_the_old_verdict() {
         return;
     }
     let (d, plugins, p) = tree();
-    check(&p, &[], &plugins).unwrap();
+    let verdicts = Verdicts::default();
+    check_again(&verdicts, &p).unwrap();
     // Someone swaps the directory for a world-writable one holding the same file (a hard
     // link: same inode, same content).
     let old = d.path().join("old");
@@ -70,7 +77,7 @@ fn a_swapped_directory_never_passes_on_the_old_verdict() {
     chmod(&plugins, 0o777);
     std::fs::hard_link(old.join("probe"), &p).unwrap();
     assert_eq!(
-        check(&p, &[], &plugins),
+        check_again(&verdicts, &p),
         Err(Problem::WritableByOthers { mode: 0o40777 })
     );
 }
@@ -80,14 +87,15 @@ fn a_chmod_after_the_pass_is_seen() {
     if !root() {
         return;
     }
-    let (_d, plugins, p) = tree();
-    check(&p, &[], &plugins).unwrap();
+    let (_d, _, p) = tree();
+    let verdicts = Verdicts::default();
+    check_again(&verdicts, &p).unwrap();
     chmod(&p, 0o757);
     assert!(matches!(
-        check(&p, &[], &plugins),
+        check_again(&verdicts, &p),
         Err(Problem::WritableByOthers { .. })
     ));
-    assert_eq!(full_walks(&p), 2);
+    assert_eq!(verdicts.full_walks(&p), 2);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use crate::support::in_own_process;
 use std::ffi::OsString;
 use std::time::Duration;
 
-use xce_agent::probe::cgroup::{self, Containment};
+use xce_agent::probe::cgroup::Containment;
 use xce_agent::probe::child::{self, spawn, ChildSpec, Exit};
 
 fn legacy() {
@@ -39,7 +39,8 @@ async fn clone2_children_join_their_cgroup() {
     }
     legacy();
     xce_agent::probe::child::become_subreaper().unwrap();
-    let Containment::Cgroups(tree) = cgroup::init() else {
+    let containment = Containment::for_this_process();
+    let Some(tree) = containment.tree() else {
         eprintln!(
             "skipped: no writable cgroup v2 hierarchy here; CI runs as root on a host with one"
         );

@@ -517,6 +517,7 @@ fn metrics_show_tls_failures_by_reason_and_seconds_until_the_certificate_expires
         probes,
         files: xce_agent::probe::file_reader::FileReads::new(32),
         loaded: tokio::sync::watch::channel(Default::default()).1,
+        supervisor: xce_agent::probe::supervisor::Supervisor::uncontained(),
     });
     let text = xce_agent::metrics::render(
         &registry,

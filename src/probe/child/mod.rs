@@ -296,6 +296,8 @@ pub struct Child {
     stdin: Option<TickWriter>,
 }
 
+/// The stdin of a child without a stdin pipe. Process-wide: one read-only descriptor of a
+/// device, no agent's configuration or state, never changed once open.
 fn dev_null() -> io::Result<&'static OwnedFd> {
     static NULL: OnceLock<OwnedFd> = OnceLock::new();
     if let Some(fd) = NULL.get() {
@@ -387,7 +389,7 @@ impl Child {
             .as_ref()
             .map(ProbeCgroup::checkout)
             .transpose()
-            .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e))?;
+            .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e.into()))?;
         let child_stdin = stdin.as_ref().map_or(null, |(read, _)| read);
         let watch_sigchld =
             || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());

@@ -267,6 +267,10 @@ fn with_stack<T>(f: impl FnOnce(&Stack) -> io::Result<T>) -> io::Result<T> {
     })
 }
 
+// What the kernel lacks is a fact about the kernel (and the process's seccomp filter), the
+// same for every agent in the process: process-wide, learnt once. The clone stack above is
+// per thread by nature (a child runs on its spawning thread's stack until it execs).
+
 /// The kernel refused clone3 once (old kernel, or a seccomp filter): use clone from then on.
 static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
 /// The kernel refused `CLONE_PIDFD` on clone: wait by SIGCHLD from then on.

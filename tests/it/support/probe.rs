@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use xce_agent::plan::{make_plan, ProbeTask};
 use xce_agent::probe::file_reader::FileReads;
+use xce_agent::probe::supervisor::Supervisor;
 use xce_agent::probe::{BuiltinSource, ProbeContext};
 use xce_agent::store::{self, Store};
 use xce_agent::value::Reading;
@@ -27,6 +28,7 @@ fn context(plugin_dir: &Path, run_as: &str) -> ProbeContext {
         run_as: run_as.into(),
         builtin: Arc::new(NoBuiltins),
         files: FileReads::new(32),
+        supervisor: Supervisor::uncontained(),
     }
 }
 

@@ -1,0 +1,490 @@
+//! The agent's subtree over a root path: made (or taken over from systemd), locked, its
+//! controllers enabled, its probes' cgroups made and removed, and stale sibling subtrees
+//! removed where provably abandoned (see the module's doc).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::error::{CgroupError, SetUpError};
+use super::host::Host;
+use super::kernel::Kernel;
+use super::leaf::{dir_name, ProbeCgroup};
+use crate::config::Limits;
+
+/// Controllers the agent enables for its probes where the parent offers them.
+const WANTED: [&str; 3] = ["cpu", "memory", "pids"];
+
+/// Where a tree is made: the parameters of [`Tree::set_up`].
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The cgroup the agent is in: its subtree is made below it, or (delegated) is it.
+    pub own: PathBuf,
+    /// systemd started the agent as a service with `Delegate=yes`: `own` is handed over
+    /// whole, and is the subtree.
+    pub delegated: bool,
+    /// The subtree's name below `own` where not delegated (`xce-agent.<pid>.<start>`).
+    pub name: String,
+    /// This process moves into the subtree's `agent/`: an agent does (its liveness is read
+    /// there, and a delegated cgroup with children may not hold it). A test whose probes
+    /// only need containing stays where it is, so such tests share one process.
+    pub move_in: bool,
+    pub kernel: Kernel,
+}
+
+impl Layout {
+    /// For this process, in its own cgroup on the host's v2 mount.
+    pub fn for_this_process(host: &Host, move_in: bool) -> Result<Self, SetUpError> {
+        let pid = std::process::id();
+        let start = start_time(pid).ok_or(SetUpError::NoStartTime)?;
+        Ok(Self {
+            own: host.own.clone(),
+            delegated: std::env::var_os("INVOCATION_ID").is_some()
+                && host.own.extension().is_some_and(|e| e == "service"),
+            name: format!("xce-agent.{pid}.{start}"),
+            move_in,
+            kernel: Kernel::CGROUPFS,
+        })
+    }
+}
+
+/// The agent's subtree.
+#[derive(Debug)]
+pub struct Tree {
+    pub base: PathBuf,
+    /// The flock on `base` that tells other agents this subtree's agent is alive; held for
+    /// the tree's life (the process's, for an agent).
+    _owned: SubtreeLock,
+    /// Controllers enabled for the probes' cgroups.
+    pub controllers: Vec<String>,
+    /// The cgroup the agent was in before it moved into `agent/`, to go back to at shutdown.
+    origin: PathBuf,
+    /// `<base>` was made by us (and is removed at shutdown), not handed over by systemd.
+    own_base: bool,
+    /// This process moved into `agent/` (and moves back to `origin` at shutdown).
+    moved_in: bool,
+    registry: Arc<Registry>,
+    /// A limit's controller found missing was logged (once per controller, not per probe:
+    /// the default `pids` limit is on every probe).
+    missing_logged: [AtomicBool; 2],
+}
+
+/// What a tree shares with its probes' cgroups (which hold it weakly: the tree holds them).
+#[derive(Debug)]
+pub(super) struct Registry {
+    pub(super) probes: Mutex<HashMap<String, Arc<ProbeCgroup>>>,
+    /// Leaves are named by one counter for the whole tree: a name is never used twice, even
+    /// for a probe removed and added again.
+    next_leaf: AtomicU64,
+    pub(super) kernel: Kernel,
+}
+
+impl Registry {
+    pub(super) fn next_leaf_name(&self) -> String {
+        format!("run-{}", self.next_leaf.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn probes(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ProbeCgroup>>> {
+        self.probes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last run of a removed probe checked in: its leaves go, and the probe's directory
+    /// too unless a probe of the same name was added since and uses it.
+    pub(super) fn finish_removal(&self, name: &str, path: &Path, leaves: &[PathBuf]) {
+        for leaf in leaves {
+            remove_dir_patiently(&self.kernel, leaf);
+        }
+        // Under the lock: a probe of the same name added now waits for this, not the
+        // reverse (its directory is made under the same lock).
+        let probes = self.probes();
+        if !probes.contains_key(name) {
+            // Once, not patiently: its leaves are gone, and the lock is held.
+            if let Err(e) = (self.kernel.rmdir)(path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!("cannot remove cgroup {}: {e}", path.display());
+                }
+            }
+        }
+    }
+}
+
+impl Tree {
+    /// Make the agent's subtree under `layout.own` (or take over `own`, delegated), lock it,
+    /// move this process into its `agent/`, and enable the controllers for the probes.
+    /// Stale siblings are removed first where provably abandoned.
+    pub fn set_up(layout: Layout) -> Result<Tree, SetUpError> {
+        let Layout {
+            own,
+            delegated,
+            name,
+            move_in,
+            kernel,
+        } = layout;
+        let (base, owned) = if delegated {
+            let owned = match lock_subtree(&own, Wait::No) {
+                Ok(Some(lock)) => lock,
+                Ok(None) => return Err(SetUpError::Taken(own)),
+                Err(source) => return Err(SetUpError::Lock { path: own, source }),
+            };
+            (own.clone(), owned)
+        } else {
+            remove_abandoned_siblings(&kernel, &own);
+            let base = create_subtree(&kernel, &own, &name)?;
+            // Blocking: a neighbour judging this new subtree holds its lock for as long as
+            // it takes to see that it has no `agent/` yet, and then leaves it alone.
+            let locked = lock_subtree(&base, Wait::Yes)
+                .and_then(|lock| lock.ok_or_else(|| io::ErrorKind::WouldBlock.into()));
+            match locked {
+                Ok(lock) => (base, lock),
+                Err(source) => {
+                    let _ = (kernel.rmdir)(&base);
+                    return Err(SetUpError::Lock { path: base, source });
+                }
+            }
+        };
+        let undo = |base: &Path| {
+            let _ = (kernel.rmdir)(&base.join("agent"));
+            if !delegated {
+                let _ = (kernel.rmdir)(base);
+            }
+        };
+        let agent = base.join("agent");
+        if let Err(source) = create_dir_if_missing(&kernel, &agent).and_then(|()| match move_in {
+            true => fs::write(agent.join("cgroup.procs"), "0"),
+            false => Ok(()),
+        }) {
+            undo(&base);
+            return Err(SetUpError::MoveIn {
+                path: agent,
+                source,
+            });
+        }
+        let probes = base.join("probes");
+        // A delegated subtree may still hold the probe cgroups (and processes) of the agent
+        // that ran in it before this one (systemd restarted it after a crash): none of them
+        // are this agent's (its lock is ours now), and a leaf left there would refuse this
+        // agent's run of the same name.
+        if delegated && probes.is_dir() {
+            tracing::warn!(
+                "removing {} left by the agent that ran in this unit before (and any process still in it): this agent holds the unit's lock",
+                probes.display()
+            );
+            remove_tree(&kernel, &probes);
+        }
+        if let Err(source) = create_dir_if_missing(&kernel, &probes) {
+            if move_in {
+                let _ = fs::write(own.join("cgroup.procs"), "0");
+            }
+            undo(&base);
+            return Err(SetUpError::Create {
+                path: probes,
+                source,
+            });
+        }
+        let controllers = enable_controllers(&kernel, &base, &probes);
+        Ok(Tree {
+            base,
+            _owned: owned,
+            controllers,
+            origin: own,
+            own_base: !delegated,
+            moved_in: move_in,
+            registry: Arc::new(Registry {
+                probes: Mutex::new(HashMap::new()),
+                next_leaf: AtomicU64::new(1),
+                kernel,
+            }),
+            missing_logged: Default::default(),
+        })
+    }
+
+    /// The probe's cgroup, made on first use; `limits` (memory, pids) applied when changed.
+    pub fn probe(&self, name: &str, limits: &Limits) -> Result<Arc<ProbeCgroup>, CgroupError> {
+        let mut probes = self.registry.probes();
+        let cg = match probes.get(name) {
+            Some(cg) => cg.clone(),
+            None => {
+                let path = self.base.join("probes").join(dir_name(name));
+                if let Err(source) = create_dir_if_missing(&self.registry.kernel, &path) {
+                    return Err(CgroupError::CreateProbe { path, source });
+                }
+                let cg = Arc::new(ProbeCgroup::new(name, path, &self.registry));
+                probes.insert(name.to_owned(), cg.clone());
+                cg
+            }
+        };
+        drop(probes);
+        cg.apply(limits, &self.controllers, &self.missing_logged);
+        Ok(cg)
+    }
+
+    /// The probe's cgroup, if it has one.
+    pub fn probe_if_made(&self, name: &str) -> Option<Arc<ProbeCgroup>> {
+        self.registry.probes().get(name).cloned()
+    }
+
+    /// Every probe's cgroup, for `/metrics`.
+    pub fn probes(&self) -> Vec<Arc<ProbeCgroup>> {
+        self.registry.probes().values().cloned().collect()
+    }
+
+    /// Remove the cgroups of probes not in `keep` (after a reload). One whose run is still
+    /// ending (the scheduler has cancelled it: a stream in its SIGTERM grace) is removed by
+    /// that run when it checks in, so the reload does not cut the grace short with a kill.
+    pub fn retain(&self, keep: &[&str]) {
+        let gone: Vec<Arc<ProbeCgroup>> = {
+            let mut probes = self.registry.probes();
+            let names: Vec<String> = probes
+                .keys()
+                .filter(|n| !keep.contains(&n.as_str()))
+                .cloned()
+                .collect();
+            names.iter().filter_map(|n| probes.remove(n)).collect()
+        };
+        for cg in gone {
+            if cg.mark_removed_if_in_use() {
+                continue;
+            }
+            // The retired leaves, and any process that is somehow still there.
+            remove_tree(&self.registry.kernel, &cg.path);
+        }
+    }
+
+    /// At shutdown: every probe's cgroup killed and removed (runs still ending too: the
+    /// stop has waited for them as long as it will), the agent back where it started, its
+    /// subtree removed.
+    pub fn shut_down(&self) {
+        self.registry.probes().clear();
+        let kernel = &self.registry.kernel;
+        // Deepest first: every probe's leaves, then the probe.
+        remove_tree(kernel, &self.base.join("probes"));
+        if !self.moved_in || fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
+            remove_dir_patiently(kernel, &self.base.join("agent"));
+            if self.own_base {
+                remove_dir_patiently(kernel, &self.base);
+            }
+        }
+    }
+}
+
+/// A tree dropped without [`Tree::shut_down`] (a test's, a benchmark's, an agent's on an
+/// error path) still leaves no cgroup behind; after a shutdown this finds nothing to do.
+impl Drop for Tree {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+/// Enable what the parent offers of [`WANTED`] on the way down to the probes' cgroups.
+fn enable_controllers(kernel: &Kernel, base: &Path, probes: &Path) -> Vec<String> {
+    let offered = read_words(&base.join("cgroup.controllers"));
+    for dir in [base, probes] {
+        for c in WANTED.iter().filter(|c| offered.iter().any(|o| o == *c)) {
+            let control = dir.join("cgroup.subtree_control");
+            if let Err(e) = (kernel.subtree_control)(&control, &format!("+{c}")) {
+                tracing::debug!(controller = c, "cannot enable in {}: {e}", dir.display());
+            }
+        }
+    }
+    read_words(&probes.join("cgroup.subtree_control"))
+}
+
+pub(super) fn read_words(path: &Path) -> Vec<String> {
+    fs::read_to_string(path)
+        .map(|s| s.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+pub(super) fn create_dir_if_missing(kernel: &Kernel, path: &Path) -> io::Result<()> {
+    match (kernel.mkdir)(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The exclusive flock an agent holds on its subtree's directory (see the module's doc).
+pub(super) type SubtreeLock = nix::fcntl::Flock<fs::File>;
+
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Wait {
+    Yes,
+    No,
+}
+
+/// Lock `dir`; `None` when another process holds it (only with `Wait::No`).
+pub(super) fn lock_subtree(dir: &Path, wait: Wait) -> io::Result<Option<SubtreeLock>> {
+    use nix::fcntl::{Flock, FlockArg};
+    // std opens close-on-exec: no probe ever inherits the lock (it would outlive the agent).
+    let file = fs::File::open(dir)?;
+    let arg = match wait {
+        Wait::Yes => FlockArg::LockExclusive,
+        Wait::No => FlockArg::LockExclusiveNonblock,
+    };
+    match Flock::lock(file, arg) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) if wait == Wait::No => Ok(None),
+        Err((_, e)) => Err(e.into()),
+    }
+}
+
+/// `<own>/<name>`, or `<name>.<n>` where that is taken (two PID namespaces can each have a
+/// process with the same pid that started in the same clock tick).
+fn create_subtree(kernel: &Kernel, own: &Path, name: &str) -> Result<PathBuf, SetUpError> {
+    let mut path = own.join(name);
+    for n in 1..=16 {
+        match (kernel.mkdir)(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                path = own.join(format!("{name}.{n}"));
+            }
+            Err(source) => return Err(SetUpError::Create { path, source }),
+        }
+    }
+    Err(SetUpError::Create {
+        path,
+        source: io::ErrorKind::AlreadyExists.into(),
+    })
+}
+
+/// Why a sibling subtree is left alone, or that it is abandoned.
+#[derive(Debug, PartialEq)]
+pub(super) enum Verdict {
+    /// Another process holds its lock: a live agent.
+    Locked,
+    /// No `agent/` yet: an agent may have made it and not locked it yet.
+    SettingUp,
+    /// Its `agent/` holds a process: an agent alive in it (one of an earlier version, which
+    /// takes no lock, or one that is moving out of it at its stop).
+    AgentInside,
+    /// Nobody holds its lock and its `agent/` is empty: its agent has ended.
+    Abandoned,
+}
+
+pub(super) fn judge(dir: &Path, lock: Option<&SubtreeLock>) -> Verdict {
+    if lock.is_none() {
+        return Verdict::Locked;
+    }
+    let agent = dir.join("agent");
+    if !agent.is_dir() {
+        return Verdict::SettingUp;
+    }
+    match fs::read_to_string(agent.join("cgroup.events")) {
+        Ok(events) if events.lines().any(|l| l == "populated 0") => Verdict::Abandoned,
+        _ => Verdict::AgentInside,
+    }
+}
+
+/// Kill and remove the sibling subtrees (`xce-agent.<pid>.<start>`, or `xce-agent.<pid>` as
+/// earlier versions named them) that agents which ended without cleaning up have left:
+/// only those [`judge`] finds abandoned, each while holding its lock.
+fn remove_abandoned_siblings(kernel: &Kernel, own: &Path) {
+    let Ok(entries) = fs::read_dir(own) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if !name.to_str().is_some_and(is_subtree_name) {
+            continue;
+        }
+        let dir = e.path();
+        let lock = match lock_subtree(&dir, Wait::No) {
+            Ok(lock) => lock,
+            Err(e) => {
+                tracing::debug!("cannot lock {}: {e}; left alone", dir.display());
+                continue;
+            }
+        };
+        let verdict = judge(&dir, lock.as_ref());
+        if verdict != Verdict::Abandoned {
+            tracing::debug!("cgroup subtree {} left alone: {verdict:?}", dir.display());
+            continue;
+        }
+        tracing::warn!(
+            "removing the cgroup subtree {} (and any process still in it): its agent has ended (nobody holds its lock and its agent/ cgroup is empty)",
+            dir.display()
+        );
+        remove_tree(kernel, &dir);
+        drop(lock);
+    }
+}
+
+/// `xce-agent.` followed by one to three dot-separated numbers: `<pid>.<start>`, `<pid>` (as
+/// earlier versions named a subtree), `<pid>.<start>.<n>` (where the first was taken).
+pub(super) fn is_subtree_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("xce-agent.") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() <= 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// When process `pid` started (clock ticks since boot); `None` if there is no such process.
+pub(super) fn start_time(pid: u32) -> Option<u64> {
+    use procfs::FromRead;
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    procfs::process::Stat::from_read(&stat[..])
+        .ok()
+        .map(|s| s.starttime)
+}
+
+/// Kill whatever is in a cgroup subtree and remove it, deepest first.
+pub(super) fn remove_tree(kernel: &Kernel, dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(kernel, &e.path());
+            }
+        }
+    }
+    kill_path(dir);
+    remove_dir_patiently(kernel, dir);
+}
+
+/// A cgroup whose last processes are still exiting is busy for a moment.
+pub(super) fn remove_dir_patiently(kernel: &Kernel, dir: &Path) {
+    for _ in 0..100 {
+        match (kernel.rmdir)(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!("cannot remove cgroup {}: {e}", dir.display());
+                return;
+            }
+            _ => return,
+        }
+    }
+    tracing::warn!("cannot remove cgroup {}: still busy", dir.display());
+}
+
+/// `cgroup.kill` (Linux 5.14); before it, SIGKILL to each process listed until none is left.
+fn kill_path(dir: &Path) {
+    if fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    for _ in 0..100 {
+        let pids = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let mut any = false;
+        for pid in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            any = true;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if !any {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
