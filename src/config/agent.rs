@@ -7,6 +7,14 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
+use super::limits::{
+    check_duration, count_bound, Bounds, DEFAULT_MAX_INTERVAL, DEFAULT_MAX_STUCK_READS,
+    DEFAULT_PROBE_PIDS_MAX, MAX_INTERVAL_CEILING, MAX_STUCK_READS_RANGE,
+};
+use super::names::field_names;
+use super::recover::{self, Items};
+use super::scalar::Scalar;
+use super::yaml::parse_yaml;
 
 /// The controller's port when a `controllers:` entry gives none.
 pub const DEFAULT_PORT: u16 = 6870;
@@ -59,10 +67,7 @@ pub const TLS_FIELD_DOCS: &[(&str, &str)] = &[
 
 /// The fields serde reads from agent.yaml and from its `tls:` section.
 pub fn parsed_fields() -> (&'static [&'static str], &'static [&'static str]) {
-    (
-        super::raw::field_names::<RawAgent>(),
-        super::raw::field_names::<RawTls>(),
-    )
+    (field_names::<RawAgent>(), field_names::<RawTls>())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,9 +86,9 @@ struct RawAgent {
     tls: Option<Spanned<RawTls>>,
     insecure_plaintext: Option<Spanned<bool>>,
     max_stuck_reads: Option<Spanned<i64>>,
-    max_interval: Option<Spanned<super::scalar::Scalar>>,
+    max_interval: Option<Spanned<Scalar>>,
     trust_config_files_of_any_owner: Option<Spanned<bool>>,
-    probe_pids_max: Option<Spanned<super::scalar::Scalar>>,
+    probe_pids_max: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,7 +98,7 @@ struct RawTls {
     cert: String,
     key: String,
     crl: Option<String>,
-    expiry_warning: Option<Spanned<super::scalar::Scalar>>,
+    expiry_warning: Option<Spanned<Scalar>>,
 }
 
 /// The link's key material (`tls:` in agent.yaml), paths resolved against agent.yaml's
@@ -155,8 +160,8 @@ impl AgentConfig {
     }
 
     /// What resources.yaml is validated against.
-    pub fn bounds(&self) -> super::limits::Bounds {
-        super::limits::Bounds {
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
             max_interval: self.max_interval,
             probe_pids_max: self.probe_pids_max,
         }
@@ -184,9 +189,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     let (raw, shape_errors): (RawAgent, _) = if text.trim().is_empty() {
         (RawAgent::default(), Vec::new())
     } else {
-        super::recover::parse_all(text, super::recover::Items::TopLevelKeys, |t| {
-            super::limits::parse_yaml(path, t)
-        })?
+        recover::parse_all(text, Items::TopLevelKeys, |t| parse_yaml(path, t))?
     };
     let mut errs = Errors::new(path);
     errs.list.extend(shape_errors);
@@ -319,21 +322,17 @@ pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
     std::time::Duration::from_secs(14 * 86_400);
 
 /// `tls.expiry_warning`: a duration of at most a year.
-fn tls_expiry_warning(
-    errs: &mut Errors,
-    raw: Option<&Spanned<super::scalar::Scalar>>,
-) -> std::time::Duration {
+fn tls_expiry_warning(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
     let Some(w) = raw else {
         return DEFAULT_TLS_EXPIRY_WARNING;
     };
-    let year = super::limits::MAX_INTERVAL_CEILING;
+    let year = MAX_INTERVAL_CEILING;
     match w
         .value
         .to_duration()
         .map_err(|e| e.to_string())
-        .and_then(|d| {
-            super::limits::check_duration("tls.expiry_warning", d, year).map_err(|e| e.to_string())
-        }) {
+        .and_then(|d| check_duration("tls.expiry_warning", d, year).map_err(|e| e.to_string()))
+    {
         Ok(d) => d,
         Err(e) => {
             errs.at(Pos::of(w), e);
@@ -343,8 +342,7 @@ fn tls_expiry_warning(
 }
 
 /// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.
-fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<super::scalar::Scalar>>) -> Option<u64> {
-    use super::limits::{count_bound, DEFAULT_PROBE_PIDS_MAX};
+fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> Option<u64> {
     let Some(m) = raw else {
         return Some(DEFAULT_PROBE_PIDS_MAX);
     };
@@ -368,9 +366,6 @@ fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<super::scalar::Scalar>
 
 /// `max_stuck_reads` and `max_interval`, range-checked (the bounds in the messages).
 fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::Duration) {
-    use super::limits::{
-        DEFAULT_MAX_INTERVAL, DEFAULT_MAX_STUCK_READS, MAX_INTERVAL_CEILING, MAX_STUCK_READS_RANGE,
-    };
     let stuck = match &raw.max_stuck_reads {
         None => DEFAULT_MAX_STUCK_READS,
         Some(m) if MAX_STUCK_READS_RANGE.contains(&m.value) => m.value as usize,
@@ -394,8 +389,7 @@ fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::D
             .to_duration()
             .map_err(|e| e.to_string())
             .and_then(|d| {
-                super::limits::check_duration("max_interval", d, MAX_INTERVAL_CEILING)
-                    .map_err(|e| e.to_string())
+                check_duration("max_interval", d, MAX_INTERVAL_CEILING).map_err(|e| e.to_string())
             }) {
             Ok(d) if d >= std::time::Duration::from_secs(1) => d,
             Ok(_) => {

@@ -1,11 +1,10 @@
-//! The bounds on every number a config may hold, in one table, and the YAML parser's budget.
+//! The bounds on every number a config may hold, in one table.
 //! A value past its bound is a config error that names the bound, so nothing later (plans,
 //! timers, deadlines) can overflow on it; the arithmetic on config values saturates anyway.
 
-use std::path::Path;
 use std::time::Duration;
 
-use super::error::{ConfigError, Pos};
+use super::scalar::format_duration;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -69,8 +68,8 @@ impl Default for Bounds {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "{field} {} is longer than the limit of {}{}",
-    super::scalar::format_duration(*.value),
-    super::scalar::format_duration(*.bound),
+    format_duration(*.value),
+    format_duration(*.bound),
     if *.from_max_interval { raise_max_interval() } else { String::new() }
 )]
 pub struct TooLong {
@@ -84,7 +83,7 @@ pub struct TooLong {
 fn raise_max_interval() -> String {
     format!(
         " (agent.yaml's max_interval; raise it there, up to {}, if the probe really runs that rarely)",
-        super::scalar::format_duration(MAX_INTERVAL_CEILING)
+        format_duration(MAX_INTERVAL_CEILING)
     )
 }
 
@@ -110,90 +109,6 @@ pub fn check_interval(d: Duration, bounds: &Bounds) -> Result<Duration, TooLong>
     })
 }
 
-/// Room for about 100,000 resources of a few dozen fields each (BENCHMARKS.md measures
-/// `check` at 100,000). Honest files scale with these; an alias bomb is stopped by the
-/// alias limits below, which honest files (no or few aliases) never approach.
-pub const MAX_YAML_NODES: usize = 8_000_000;
-/// A config file's size cap: a wrong path pointing at a log must not eat memory.
-pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
-/// Events that aliases may replay in one file, in all: the alias-bomb guard.
-pub const MAX_ALIAS_REPLAY: usize = 1_000_000;
-
-fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
-    let mut alias_limits = serde_saphyr::options::AliasLimits::default();
-    alias_limits.max_total_replayed_events = MAX_ALIAS_REPLAY;
-    serde_saphyr::options! {
-        budget: serde_saphyr::budget! {
-            max_nodes: max_nodes,
-            max_events: max_nodes.saturating_mul(2),
-            max_recorded_anchor_events: MAX_ALIAS_REPLAY,
-        },
-        alias_limits: alias_limits,
-    }
-}
-
-/// Parse a config file's YAML under the agent's budget. A breach names the limit and what
-/// to do; any other error is the parser's, positioned.
-pub fn parse_yaml<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    text: &str,
-) -> Result<T, ConfigError> {
-    parse_yaml_limited(path, text, MAX_YAML_NODES)
-}
-
-fn parse_yaml_limited<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    text: &str,
-    max_nodes: usize,
-) -> Result<T, ConfigError> {
-    serde_saphyr::from_str_with_options(text, yaml_options(max_nodes)).map_err(|e| {
-        let whole = |message: String| ConfigError::new(path, Pos::default(), message);
-        if let serde_saphyr::Error::Budget { breach, .. } = innermost(&e) {
-            return whole(budget_message(breach, max_nodes));
-        }
-        let raw = e.to_string();
-        if raw.contains("alias") && raw.contains("replay") {
-            return whole(alias_message());
-        }
-        super::error::from_yaml(path, text, &e)
-    })
-}
-
-/// The error under the parser's wrappers (alias locations, snippets).
-fn innermost(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
-    use serde_saphyr::Error as E;
-    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = e {
-        e = error;
-    }
-    e
-}
-
-fn alias_message() -> String {
-    format!(
-        "the file's aliases (*name) expand to more than {MAX_ALIAS_REPLAY} YAML events, the agent's limit against alias bombs; write the repeated parts out instead of aliasing them"
-    )
-}
-
-fn budget_message(breach: &serde_saphyr::budget::BudgetBreach, max_nodes: usize) -> String {
-    use serde_saphyr::budget::BudgetBreach as B;
-    match breach {
-        B::Nodes { .. } | B::Events { .. } => format!(
-            "the file has more than {max_nodes} YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file"
-        ),
-        B::Aliases { .. }
-        | B::Anchors { .. }
-        | B::AliasAnchorRatio { .. }
-        | B::RecordedAnchorEvents { .. }
-        | B::RecordedAnchorBytes { .. } => alias_message(),
-        B::Depth { depth } => format!(
-            "the file nests {depth} levels deep, past the YAML parser's limit; a resources file needs fewer than 10 (look for a runaway indentation or [[[...]]])"
-        ),
-        other => format!(
-            "the file exceeds a YAML parser limit ({other:?}); it is not a config file the agent can load"
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,14 +128,5 @@ mod tests {
             e.ends_with("up to 365d, if the probe really runs that rarely)"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn past_the_node_limit_the_message_names_it_and_what_to_do() {
-        let text = format!("x: [{}]\n", vec!["1"; 2000].join(","));
-        let e = parse_yaml_limited::<serde::de::IgnoredAny>(Path::new("r.yaml"), &text, 1000)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "r.yaml: the file has more than 1000 YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file");
     }
 }

@@ -12,12 +12,25 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
+use super::kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
+use super::limits::{check_duration, count_bound, duration_bound};
+use super::names::{field_names, near_miss};
 use super::pattern::Pattern;
 use super::probe_output::{self, RawCommand, RawSelect};
-use super::raw::near_miss;
-use super::resources::{ExecSpec, FileSpec, Limits, ProbeSpec, StreamSpec, DEFAULT_FILE_MAX_BYTES};
 use super::scalar::Scalar;
-use crate::output::Format;
+use super::stdio::{self, StdinMode, StdoutMode};
+use crate::output::{Format, Selection};
+
+/// A resource's `probe:`, validated.
+#[derive(Debug, Clone)]
+pub struct ProbeSpec {
+    pub pos: Pos,
+    pub kind: ProbeKind,
+    /// Resources this probe feeds: always includes the resource it is declared on.
+    pub provides: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub stale_after: Option<Duration>,
+}
 
 /// Which kinds a `probe:` field belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,7 +127,7 @@ pub const LIMIT_FIELD_DOCS: &[(&str, &str)] = &[
 
 /// The fields serde reads from `limits:`.
 pub fn parsed_limit_fields() -> &'static [&'static str] {
-    super::raw::field_names::<RawLimits>()
+    field_names::<RawLimits>()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -208,7 +221,7 @@ impl ProbeKind {
             },
             ProbeKind::Stream(s) => {
                 let mut out = format!("stream {}", describe_exec(&s.exec));
-                if s.stdin != super::StdinMode::None {
+                if s.stdin != StdinMode::None {
                     out.push_str(&format!(" stdin {}", s.stdin.as_str()));
                 }
                 out
@@ -243,7 +256,7 @@ impl ProbeKind {
 /// what `select:` picks.
 fn describe_exec(e: &ExecSpec) -> String {
     let mut out = format!("argv {:?} ({})", e.command, e.format.as_str());
-    if e.stdout != super::StdoutMode::Pipe {
+    if e.stdout != StdoutMode::Pipe {
         out.push_str(&format!(" stdout {}", e.stdout.as_str()));
     }
     for (resource, pick) in &e.select.picks {
@@ -360,7 +373,7 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
         exec,
         silence: duration_field(errs, &raw.silence, "silence"),
         restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
-        stdin: super::stdio::stdin(errs, raw.stdin.as_ref()),
+        stdin: stdio::stdin(errs, raw.stdin.as_ref()),
     }))
 }
 
@@ -419,7 +432,7 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
         limits: limits(errs, raw.limits.as_ref()),
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
-        stdout: super::stdio::stdout(errs, raw.stdout.as_ref()),
+        stdout: stdio::stdout(errs, raw.stdout.as_ref()),
     })
 }
 
@@ -461,7 +474,7 @@ fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
             }
         },
     };
-    let (format, select) = probe_output::file_format(errs, raw, input.provides);
+    let (format, select) = file_format(errs, raw, input.provides);
     Some(ProbeKind::File(FileSpec {
         path: PathBuf::from(&path.value),
         regex,
@@ -473,6 +486,65 @@ fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
     }))
 }
 
+/// A file probe's `format:` (optional: without it the file is one value) and `select:`.
+/// Several resources (`provides:`) need a format to tell them apart.
+fn file_format(
+    errs: &mut Errors,
+    raw: &RawProbe,
+    provides: &[String],
+) -> (Option<Format>, Selection) {
+    let Some(field) = &raw.format else {
+        if let Some(p) = &raw.provides {
+            // Every format but `value` gives several values; those that read an exit status
+            // do not apply to a file.
+            let several: Vec<&str> = Format::ALL
+                .iter()
+                .filter(|f| **f != Format::Value && !f.def().exits.needs_a_status())
+                .map(|f| f.as_str())
+                .collect();
+            errs.at(
+                Pos::of(p),
+                format!(
+                    "a file probe feeds several resources only with a `format:` ({})",
+                    several.join(", ")
+                ),
+            );
+        }
+        let select = probe_output::selection(
+            errs,
+            Format::Value,
+            raw.select.as_ref(),
+            raw.aggregate.as_ref(),
+            provides,
+        );
+        return (None, select);
+    };
+    let f = probe_output::format(errs, Some(field));
+    if f.def().exits.needs_a_status() {
+        errs.at(
+            Pos::of(field),
+            format!(
+                "format {} reads an exit status; a file has none",
+                f.as_str()
+            ),
+        );
+    }
+    if let Some(r) = &raw.regex {
+        errs.at(
+            Pos::of(r),
+            "`regex` and `format` do not go together: the format already says where the values are",
+        );
+    }
+    let select = probe_output::selection(
+        errs,
+        f,
+        raw.select.as_ref(),
+        raw.aggregate.as_ref(),
+        provides,
+    );
+    (Some(f), select)
+}
+
 fn duration_field(errs: &mut Errors, f: &Option<Spanned<Scalar>>, what: &str) -> Option<Duration> {
     let f = f.as_ref()?;
     match f.value.to_duration() {
@@ -480,7 +552,7 @@ fn duration_field(errs: &mut Errors, f: &Option<Spanned<Scalar>>, what: &str) ->
             errs.at(Pos::of(f), format!("{what} must be greater than 0"));
             None
         }
-        Ok(d) => super::limits::check_duration(what, d, super::limits::duration_bound(what))
+        Ok(d) => check_duration(what, d, duration_bound(what))
             .map_err(|e| errs.at(Pos::of(f), e))
             .ok(),
         Err(e) => {
@@ -502,7 +574,7 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
         } else {
             f.value.to_count()
         };
-        let bound = super::limits::count_bound(field);
+        let bound = count_bound(field);
         let r = r.map_err(|e| e.to_string());
         r.and_then(|n| {
             (n <= bound)
@@ -577,7 +649,7 @@ mod tests {
 
     #[test]
     fn the_field_table_is_the_struct_serde_reads() {
-        let from_serde = super::super::raw::field_names::<RawProbe>();
+        let from_serde = field_names::<RawProbe>();
         let from_table: Vec<&str> = FIELDS.iter().map(|(f, _)| *f).collect();
         assert_eq!(from_serde, from_table.as_slice());
     }

@@ -8,6 +8,7 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_saphyr::Spanned;
 
+use super::names::field_names;
 use super::probe_spec::RawProbe;
 use super::scalar::Scalar;
 
@@ -181,70 +182,16 @@ impl<'de> Deserialize<'de> for RawInstance {
     }
 }
 
-/// The field names serde derives for struct `T`, so that lists of known fields are never
-/// written by hand: a field added to the struct is known everywhere at once.
-pub fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
-    struct Capture<'a>(&'a mut &'static [&'static str]);
-    impl<'de> Deserializer<'de> for Capture<'_> {
-        type Error = serde::de::value::Error;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(serde::de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _name: &'static str,
-            fields: &'static [&'static str],
-            _visitor: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(serde::de::Error::custom("fields captured"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-            identifier ignored_any
-        }
-    }
-    let mut fields: &'static [&'static str] = &[];
-    let _ = T::deserialize(Capture(&mut fields));
-    fields
-}
-
 /// Fields of `probe:`, which belong there and not on the resource.
 pub fn probe_fields() -> &'static [&'static str] {
     field_names::<RawProbe>()
 }
 
-/// A known field within two edits of `key`, case ignored: `intreval` -> `interval`.
-pub fn near_miss<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
-    let k = key.to_ascii_lowercase();
-    known
-        .iter()
-        .copied()
-        .filter(|f| *f != key)
-        .map(|f| (edit_distance(&k, f), f))
-        .filter(|(d, f)| *d <= if f.len() <= 4 { 1 } else { 2 })
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, f)| f)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::names::near_miss;
+    use crate::config::probe_spec::RawLimits;
 
     #[test]
     fn the_field_docs_are_the_lists_the_parser_reads() {
@@ -276,9 +223,6 @@ mod tests {
             fields.contains(&"kind") && fields.contains(&"stale_after"),
             "{fields:?}"
         );
-        assert_eq!(
-            field_names::<super::super::probe_spec::RawLimits>().len(),
-            6
-        );
+        assert_eq!(field_names::<RawLimits>().len(), 6);
     }
 }
