@@ -1,41 +1,122 @@
-//! The bounds on every number a config may hold, in one table.
-//! A value past its bound is a config error that names the bound, so nothing later (plans,
-//! timers, deadlines) can overflow on it; the arithmetic on config values saturates anyway.
+//! The bound of every number a config may hold. Each is named here, with why it is where it
+//! is, and carried by its field's row in the field tables (`Field::bound`): the field's
+//! validation checks against that constant and the section-5 man pages print it from the
+//! row, so the two read the same numbers (`tests/it/config_limits.rs` holds every row to the
+//! parser). A value past its bound is a config error that names the bound, so nothing later
+//! (plans, timers, deadlines) can overflow on it; the arithmetic on config values saturates
+//! anyway.
 
 use std::time::Duration;
 
-use super::scalar::format_duration;
+use super::scalar::{format_duration, format_size};
 
+const SECOND: Duration = Duration::from_secs(1);
 const DAY: Duration = Duration::from_secs(86_400);
+/// A year: 365d.
+const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
 /// Default for agent.yaml's `max_interval`: a probe that runs less than daily is a cron job.
 pub const DEFAULT_MAX_INTERVAL: Duration = DAY;
 /// What `max_interval` itself may be raised to.
-pub const MAX_INTERVAL_CEILING: Duration = Duration::from_secs(365 * 86_400); // a year: 365d
+pub const MAX_INTERVAL_CEILING: Duration = YEAR;
 
-/// Bounds on durations other than `interval`, by field.
-pub fn duration_bound(field: &str) -> Duration {
-    match field {
-        // A file written weekly by a cron job may legitimately be weeks old.
-        "max_age" => MAX_INTERVAL_CEILING,
-        // stale_after and silence are a few intervals; the default interval bound is a day.
-        "stale_after" | "silence" => DAY * 30,
-        // timeout, cpu limit: a probe run longer than a day is not a probe.
-        _ => DAY,
+/// From `min` to `max`, both accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Between<T> {
+    pub min: T,
+    pub max: T,
+}
+
+impl<T: PartialOrd> Between<T> {
+    pub fn contains(&self, value: &T) -> bool {
+        self.min <= *value && *value <= self.max
     }
 }
 
-/// Bounds on counts and sizes, by field: (largest accepted, what it means).
-pub fn count_bound(field: &str) -> u64 {
-    match field {
-        "address_space" => 1 << 50, // 1 PiB: larger means "no limit"; leave it out
-        "open_files" => 1 << 20,    // the kernel's default nr_open
-        "processes" => 1 << 22,     // the kernel's pid_max ceiling
-        "pids" => 1 << 22,          // pids.max of a probe's cgroup: the same ceiling
-        "memory" => 1 << 50,        // memory.max of a probe's cgroup: 1 PiB, as address_space
-        _ => u64::MAX,
+/// What a bounded field accepts, as its row in a field table declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    Duration(Between<Duration>),
+    /// `interval`: from `min` to agent.yaml's `max_interval`, which is `max` unless raised.
+    Interval(Between<Duration>),
+    Count(Between<u64>),
+    /// Bytes.
+    Size(Between<u64>),
+}
+
+impl Bound {
+    /// The range as the admin writes its ends: `1s to 1d`, `1 to 1024`, `1 to 16MiB`.
+    pub fn describe(self) -> String {
+        match self {
+            Bound::Duration(b) => {
+                format!("{} to {}", format_duration(b.min), format_duration(b.max))
+            }
+            Bound::Interval(b) => format!(
+                "{} to agent.yaml's max_interval ({} unless raised)",
+                format_duration(b.min),
+                format_duration(b.max)
+            ),
+            Bound::Count(b) => format!("{} to {}", b.min, b.max),
+            Bound::Size(b) => format!("{} to {}", format_size(b.min), format_size(b.max)),
+        }
     }
 }
+
+/// resources.yaml's `interval` (absent or 0: a static resource). Its top is agent.yaml's
+/// `max_interval`; see [`Bounds`].
+pub const INTERVAL: Between<Duration> = Between {
+    min: SECOND,
+    max: DEFAULT_MAX_INTERVAL,
+};
+/// agent.yaml's `max_interval`.
+pub const MAX_INTERVAL: Between<Duration> = Between {
+    min: SECOND,
+    max: MAX_INTERVAL_CEILING,
+};
+/// `timeout` and `limits.cpu`: a probe run longer than a day is not a probe.
+pub const RUN_TIME: Between<Duration> = Between {
+    min: SECOND,
+    max: DAY,
+};
+/// `stale_after` and `silence` are a few intervals; the default interval bound is a day.
+pub const FEW_INTERVALS: Between<Duration> = Between {
+    min: SECOND,
+    max: Duration::from_secs(30 * 86_400),
+};
+/// `max_age`: a file written weekly by a cron job may legitimately be weeks old.
+pub const MAX_AGE: Between<Duration> = Between {
+    min: SECOND,
+    max: YEAR,
+};
+/// `tls.expiry_warning`.
+pub const TLS_EXPIRY_WARNING: Between<Duration> = Between {
+    min: Duration::ZERO,
+    max: YEAR,
+};
+/// A file probe's `max_bytes`: one read of a small file, never a log.
+pub const MAX_BYTES: Between<u64> = Between {
+    min: 1,
+    max: 16 << 20,
+};
+/// `limits.address_space` and `limits.memory`: 1 PiB; larger means "no limit": leave it out.
+pub const MEMORY: Between<u64> = Between {
+    min: 0,
+    max: 1 << 50,
+};
+/// `limits.open_files`: the kernel's default nr_open.
+pub const OPEN_FILES: Between<u64> = Between {
+    min: 0,
+    max: 1 << 20,
+};
+/// `limits.processes`, `limits.pids` and `probe_pids_max`: the kernel's pid_max ceiling.
+pub const PROCESSES: Between<u64> = Between {
+    min: 0,
+    max: 1 << 22,
+};
+/// agent.yaml's `max_parallel`: probes running at once.
+pub const MAX_PARALLEL: Between<u64> = Between { min: 1, max: 1024 };
+/// agent.yaml's `max_stuck_reads`.
+pub const MAX_STUCK_READS: Between<u64> = Between { min: 1, max: 1024 };
 
 /// agent.yaml's `probe_pids_max`: the `pids.max` of each exec and stream probe's cgroup
 /// unless its `limits: {pids: N}` says otherwise. One probe's fork bomb then stops at this
@@ -43,9 +124,8 @@ pub fn count_bound(field: &str) -> u64 {
 /// every other probe from starting; a probe script with a few pipelines needs a handful.
 pub const DEFAULT_PROBE_PIDS_MAX: u64 = 128;
 
-/// agent.yaml's `max_stuck_reads`: default and range.
+/// agent.yaml's `max_stuck_reads` default.
 pub const DEFAULT_MAX_STUCK_READS: usize = 32;
-pub const MAX_STUCK_READS_RANGE: std::ops::RangeInclusive<i64> = 1..=1024;
 
 /// The bounds resources.yaml is validated against (from agent.yaml).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

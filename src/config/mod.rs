@@ -3,8 +3,8 @@
 //! Layers, each file importing only those before it (the test at the foot of this file holds
 //! every file to its `ORDER`), split by what a file knows, not by when it runs in a load:
 //! - vocabulary: `error` (positions, the errors), `scalar` (values as written: durations,
-//!   sizes, counts), `pattern`, `hostlist`, `names` (field names, near misses), `limits`
-//!   (the bound of every number);
+//!   sizes, counts), `pattern`, `hostlist`, `limits` (the bound of every number), `names`
+//!   (the field tables' rows, field names, near misses);
 //! - reading YAML: `yaml_hint` -> `yaml` (the parser's budget, its errors said plainly),
 //!   `recover` (every error in one pass);
 //! - field shapes: `stdio`, `probe_output` (command, format, select) -> `kind_spec` (what
@@ -161,8 +161,8 @@ mod tests {
         "scalar",
         "pattern",
         "hostlist",
-        "names",
         "limits",
+        "names",
         "yaml_hint",
         "yaml",
         "recover",

@@ -1,9 +1,42 @@
-//! Field names: the ones serde derives for a struct, so that no list of known fields is
-//! written by hand, and the known name a misspelt one is closest to. The bottom layer of
-//! `config`: every "unknown field ...; did you mean ..." of both files comes from here.
+//! Field names: the row type of the field tables, the names serde derives for a struct (so
+//! that no list of known fields is written by hand), and the known name a misspelt one is
+//! closest to: every "unknown field ...; did you mean ..." of both files comes from here.
 
 use serde::de::Visitor;
 use serde::{Deserialize, Deserializer};
+
+use super::limits::Bound;
+
+/// One row of a field table: the name serde reads, the line the section-5 man page prints,
+/// and, for a number, the range its validation accepts (printed beside the line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub name: &'static str,
+    pub doc: &'static str,
+    pub bound: Option<Bound>,
+}
+
+impl Field {
+    pub const fn new(name: &'static str, doc: &'static str) -> Self {
+        Self {
+            name,
+            doc,
+            bound: None,
+        }
+    }
+
+    pub const fn bounded(self, bound: Bound) -> Self {
+        Self {
+            bound: Some(bound),
+            ..self
+        }
+    }
+}
+
+/// A table's names, in its order.
+pub fn names_of(table: &[Field]) -> Vec<&'static str> {
+    table.iter().map(|f| f.name).collect()
+}
 
 /// The field names serde derives for struct `T`, so that lists of known fields are never
 /// written by hand: a field added to the struct is known everywhere at once.

@@ -13,11 +13,14 @@ use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
 use super::kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
-use super::limits::{check_duration, count_bound, duration_bound};
-use super::names::{field_names, near_miss};
+use super::limits::{
+    check_duration, Between, Bound, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY, OPEN_FILES,
+    PROCESSES, RUN_TIME,
+};
+use super::names::{field_names, near_miss, Field};
 use super::pattern::Pattern;
 use super::probe_output::{self, RawCommand, RawSelect};
-use super::scalar::Scalar;
+use super::scalar::{format_size, Scalar};
 use super::stdio::{self, StdinMode, StdoutMode};
 use crate::output::{Format, Selection};
 
@@ -48,11 +51,22 @@ impl Takes {
     }
 }
 
-/// Declares `probe:`'s fields: `name: type => the kinds that take it`. Generates `RawProbe`
+/// `Some` of the expression given, `None` without one.
+macro_rules! optional {
+    () => {
+        None
+    };
+    ($e:expr) => {
+        Some($e)
+    };
+}
+
+/// Declares `probe:`'s fields: `name: type => the kinds that take it, "doc"` and, for a
+/// number, `, its Bound` (the constant its validation checks against). Generates `RawProbe`
 /// (every field optional and positioned) and [`FIELDS`], from which "not a field of X probes"
 /// is checked. Adding a field to a kind is one line here plus its use in the kind's builder.
 macro_rules! probe_fields {
-    ($($field:ident: $ty:ty => $takes:expr, $doc:literal;)*) => {
+    ($($field:ident: $ty:ty => $takes:expr, $doc:literal $(, $bound:expr)?;)*) => {
         /// `probe:` as written. It is the agent's own field, so it is strict: an unknown key
         /// is an error (with a near miss, from serde's field list).
         #[derive(Debug, Default, Deserialize)]
@@ -64,8 +78,11 @@ macro_rules! probe_fields {
         /// Every `probe:` field and the kinds that take it, in declaration order.
         pub const FIELDS: &[(&str, Takes)] = &[$((stringify!($field), $takes),)*];
 
-        /// Every `probe:` field with one line saying what it is (the man page's).
-        pub const FIELD_DOCS: &[(&str, &str)] = &[$((stringify!($field), $doc),)*];
+        /// Every `probe:` field with one line saying what it is (the man page's) and, for a
+        /// number, its bound.
+        pub const FIELD_DOCS: &[Field] = &[$(
+            Field { name: stringify!($field), doc: $doc, bound: optional!($($bound)?) },
+        )*];
 
         impl RawProbe {
             /// The fields given, each with the kinds that take it and where its value is.
@@ -97,32 +114,37 @@ probe_fields! {
     limits: RawLimits => EXEC_STREAM, "Resource limits of each run (fields below).";
     no_new_privs: bool => EXEC_STREAM, "false: allow setuid helpers (PR_SET_NO_NEW_PRIVS is set by default).";
     stdout: String => EXEC_STREAM, "pipe (default) or pty: how the program's standard output is connected.";
-    timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).";
+    timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).", Bound::Duration(RUN_TIME);
     provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
     path: String => Takes::Only(&["file"]), "The absolute path of the file to read.";
     regex: String => Takes::Only(&["file"]), "A regular expression whose first group is the value.";
-    max_age: Scalar => Takes::Only(&["file"]), "A file not modified for this long is a failure, a duration.";
-    max_bytes: Scalar => Takes::Only(&["file"]), "How much of the file is read at most, a size.";
-    silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.";
+    max_age: Scalar => Takes::Only(&["file"]), "A file not modified for this long is a failure, a duration.", Bound::Duration(MAX_AGE);
+    max_bytes: Scalar => Takes::Only(&["file"]), "How much of the file is read at most, a size.", Bound::Size(MAX_BYTES);
+    silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.", Bound::Duration(FEW_INTERVALS);
     restart_on_silence: bool => Takes::Only(&["stream"]), "true: restart a stream that stays silent past `silence`.";
     stdin: String => Takes::Only(&["stream"]), "none (default) or signal: what the stream's standard input is.";
-    stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).";
+    stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).", Bound::Duration(FEW_INTERVALS);
 }
 
 /// `limits:`'s fields, in [`RawLimits`]'s order.
-pub const LIMIT_FIELD_DOCS: &[(&str, &str)] = &[
-    ("cpu", "CPU time of one run, a duration (RLIMIT_CPU)."),
-    (
+pub const LIMIT_FIELD_DOCS: &[Field] = &[
+    Field::new("cpu", "CPU time of one run, a duration (RLIMIT_CPU).")
+        .bounded(Bound::Duration(RUN_TIME)),
+    Field::new(
         "address_space",
         "Virtual memory of each process, a size (RLIMIT_AS).",
-    ),
-    ("open_files", "Open files of each process (RLIMIT_NOFILE)."),
-    ("processes", "Processes of the run's user (RLIMIT_NPROC)."),
-    ("memory", "memory.max of the probe's cgroup, a size."),
-    (
+    )
+    .bounded(Bound::Size(MEMORY)),
+    Field::new("open_files", "Open files of each process (RLIMIT_NOFILE).")
+        .bounded(Bound::Count(OPEN_FILES)),
+    Field::new("processes", "Processes of the run's user (RLIMIT_NPROC).")
+        .bounded(Bound::Count(PROCESSES)),
+    Field::new("memory", "memory.max of the probe's cgroup, a size.").bounded(Bound::Size(MEMORY)),
+    Field::new(
         "pids",
         "pids.max of the probe's cgroup (default agent.yaml's probe_pids_max).",
-    ),
+    )
+    .bounded(Bound::Count(PROCESSES)),
 ];
 
 /// The fields serde reads from `limits:`.
@@ -317,8 +339,8 @@ pub fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, resource: &str) -> Option
             );
         }
     }
-    let timeout = duration_field(errs, &raw.timeout, "timeout");
-    let stale_after = duration_field(errs, &raw.stale_after, "stale_after");
+    let timeout = duration_field(errs, &raw.timeout, "timeout", RUN_TIME);
+    let stale_after = duration_field(errs, &raw.stale_after, "stale_after", FEW_INTERVALS);
     let mut provides = vec![resource.to_owned()];
     if let Some(list) = &raw.provides {
         for p in &list.value {
@@ -371,7 +393,7 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
     }
     Some(ProbeKind::Stream(StreamSpec {
         exec,
-        silence: duration_field(errs, &raw.silence, "silence"),
+        silence: duration_field(errs, &raw.silence, "silence", FEW_INTERVALS),
         restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
         stdin: stdio::stdin(errs, raw.stdin.as_ref()),
     }))
@@ -463,9 +485,16 @@ fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
     let max_bytes = match &raw.max_bytes {
         None => DEFAULT_FILE_MAX_BYTES,
         Some(m) => match m.value.to_bytes() {
-            Ok(b) if b > 0 && b <= 16 << 20 => b,
+            Ok(b) if MAX_BYTES.contains(&b) => b,
             Ok(_) => {
-                errs.at(Pos::of(m), "max_bytes must be between 1 and 16MiB");
+                errs.at(
+                    Pos::of(m),
+                    format!(
+                        "max_bytes must be between {} and {}",
+                        format_size(MAX_BYTES.min),
+                        format_size(MAX_BYTES.max)
+                    ),
+                );
                 DEFAULT_FILE_MAX_BYTES
             }
             Err(e) => {
@@ -480,7 +509,7 @@ fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
         regex,
         format,
         select,
-        max_age: duration_field(errs, &raw.max_age, "max_age"),
+        max_age: duration_field(errs, &raw.max_age, "max_age", MAX_AGE),
         max_bytes,
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
     }))
@@ -545,14 +574,20 @@ fn file_format(
     (Some(f), select)
 }
 
-fn duration_field(errs: &mut Errors, f: &Option<Spanned<Scalar>>, what: &str) -> Option<Duration> {
+/// A duration within `bound`; every probe duration's is above 0 (whole seconds).
+fn duration_field(
+    errs: &mut Errors,
+    f: &Option<Spanned<Scalar>>,
+    what: &str,
+    bound: Between<Duration>,
+) -> Option<Duration> {
     let f = f.as_ref()?;
     match f.value.to_duration() {
-        Ok(d) if d.is_zero() => {
+        Ok(d) if d < bound.min => {
             errs.at(Pos::of(f), format!("{what} must be greater than 0"));
             None
         }
-        Ok(d) => check_duration(what, d, duration_bound(what))
+        Ok(d) => check_duration(what, d, bound.max)
             .map_err(|e| errs.at(Pos::of(f), e))
             .ok(),
         Err(e) => {
@@ -567,30 +602,31 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
         return Limits::default();
     };
     let l = &raw.value;
-    let mut count = |f: &Option<Spanned<Scalar>>, field: &str| {
+    // Sizes and counts: the field's bound says which it is.
+    let mut count = |f: &Option<Spanned<Scalar>>, field: &str, bound: Bound| {
         let f = f.as_ref()?;
-        let r = if field == "address_space" || field == "memory" {
-            f.value.to_bytes()
-        } else {
-            f.value.to_count()
+        let (r, bound) = match bound {
+            Bound::Size(b) => (f.value.to_bytes(), b),
+            Bound::Count(b) => (f.value.to_count(), b),
+            Bound::Duration(_) | Bound::Interval(_) => return None,
         };
-        let bound = count_bound(field);
         let r = r.map_err(|e| e.to_string());
         r.and_then(|n| {
-            (n <= bound)
+            bound
+                .contains(&n)
                 .then_some(n)
-                .ok_or_else(|| format!("{field} {n} is larger than the limit of {bound}"))
+                .ok_or_else(|| format!("{field} {n} is larger than the limit of {}", bound.max))
         })
         .map_err(|e| errs.at(Pos::of(f), e))
         .ok()
     };
-    let address_space = count(&l.address_space, "address_space");
-    let open_files = count(&l.open_files, "open_files");
-    let processes = count(&l.processes, "processes");
-    let memory = count(&l.memory, "memory");
-    let pids = count(&l.pids, "pids");
+    let address_space = count(&l.address_space, "address_space", Bound::Size(MEMORY));
+    let open_files = count(&l.open_files, "open_files", Bound::Count(OPEN_FILES));
+    let processes = count(&l.processes, "processes", Bound::Count(PROCESSES));
+    let memory = count(&l.memory, "memory", Bound::Size(MEMORY));
+    let pids = count(&l.pids, "pids", Bound::Count(PROCESSES));
     Limits {
-        cpu: duration_field(errs, &l.cpu, "cpu limit"),
+        cpu: duration_field(errs, &l.cpu, "cpu limit", RUN_TIME),
         address_space,
         open_files,
         processes,
@@ -626,6 +662,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::config::names::names_of;
 
     #[test]
     fn every_kind_a_field_names_is_declared_once() {
@@ -643,8 +680,7 @@ mod tests {
 
     #[test]
     fn the_limit_docs_are_the_struct_serde_reads() {
-        let names: Vec<&str> = LIMIT_FIELD_DOCS.iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, parsed_limit_fields());
+        assert_eq!(names_of(LIMIT_FIELD_DOCS), parsed_limit_fields());
     }
 
     #[test]

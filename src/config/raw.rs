@@ -8,7 +8,8 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_saphyr::Spanned;
 
-use super::names::field_names;
+use super::limits::{Bound, INTERVAL};
+use super::names::{field_names, Field};
 use super::probe_spec::RawProbe;
 use super::scalar::Scalar;
 
@@ -52,24 +53,24 @@ impl<'de> Deserialize<'de> for RawResourcesFile {
 }
 
 /// [`RESOURCE_FIELDS`], one line each, for the man page `xce-resources.yaml(5)`.
-pub const RESOURCE_FIELD_DOCS: &[(&str, &str)] = &[
-    ("name", "The resource's name, as the controller and lsload-like tools show it."),
-    ("desc", "What it is, for people (the controller's)."),
-    ("valtype", "numeric, string or boolean: a probe's output that does not parse as it is a failure, never 0."),
-    ("ordtype", "increasing or decreasing (the controller's; checked here)."),
-    ("flags", "The controller's flags; passed through, not read by the agent."),
-    ("interval", "How often the probe runs, a duration; present and above 0 makes the resource dynamic."),
-    ("resourcemap", "Where the resource exists: a list of instances, each `{location: [HOSTS...]}` (host names, node[001-128] ranges, `default`, `all`, `others`) with the controller's `value`."),
-    ("probe", "How this agent gets the value: a mapping whose fields are below."),
+pub const RESOURCE_FIELD_DOCS: &[Field] = &[
+    Field::new("name", "The resource's name, as the controller and lsload-like tools show it."),
+    Field::new("desc", "What it is, for people (the controller's)."),
+    Field::new("valtype", "numeric, string or boolean: a probe's output that does not parse as it is a failure, never 0."),
+    Field::new("ordtype", "increasing or decreasing (the controller's; checked here)."),
+    Field::new("flags", "The controller's flags; passed through, not read by the agent."),
+    Field::new("interval", "How often the probe runs, a duration; present and above 0 makes the resource dynamic.").bounded(Bound::Interval(INTERVAL)),
+    Field::new("resourcemap", "Where the resource exists: a list of instances, each `{location: [HOSTS...]}` (host names, node[001-128] ranges, `default`, `all`, `others`) with the controller's `value`."),
+    Field::new("probe", "How this agent gets the value: a mapping whose fields are below."),
 ];
 
 /// [`INSTANCE_FIELDS`], one line each.
-pub const INSTANCE_FIELD_DOCS: &[(&str, &str)] = &[
-    (
+pub const INSTANCE_FIELD_DOCS: &[Field] = &[
+    Field::new(
         "location",
         "The hosts of this instance: a list (node001, node[001-128], default, all, others).",
     ),
-    (
+    Field::new(
         "value",
         "The controller's static value for the instance; not read by the agent.",
     ),
@@ -190,16 +191,13 @@ pub fn probe_fields() -> &'static [&'static str] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::names::near_miss;
+    use crate::config::names::{names_of, near_miss};
     use crate::config::probe_spec::RawLimits;
 
     #[test]
     fn the_field_docs_are_the_lists_the_parser_reads() {
-        let names = |docs: &[(&'static str, &'static str)]| -> Vec<&'static str> {
-            docs.iter().map(|(n, _)| *n).collect()
-        };
-        assert_eq!(names(RESOURCE_FIELD_DOCS), RESOURCE_FIELDS);
-        assert_eq!(names(INSTANCE_FIELD_DOCS), INSTANCE_FIELDS);
+        assert_eq!(names_of(RESOURCE_FIELD_DOCS), RESOURCE_FIELDS);
+        assert_eq!(names_of(INSTANCE_FIELD_DOCS), INSTANCE_FIELDS);
     }
 
     #[test]

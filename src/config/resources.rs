@@ -8,11 +8,12 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
-use super::limits::{check_interval, Bounds};
+use super::limits::{check_interval, Bounds, INTERVAL};
 use super::names::near_miss;
 use super::probe_spec::{self, ProbeKind, ProbeSpec, RawProbe};
 use super::raw::{probe_fields, RawResource, RawResourcesFile, INSTANCE_FIELDS, RESOURCE_FIELDS};
 use super::recover::{self, Items};
+use super::scalar::format_duration;
 use super::yaml::parse_yaml;
 use crate::value::Valtype;
 
@@ -270,8 +271,14 @@ fn resource(
         .as_ref()
         .and_then(|i| match i.value.to_duration() {
             Ok(d) if d.is_zero() => None,
-            Ok(d) if d < Duration::from_secs(1) => {
-                errs.at(Pos::of(i), "interval must be at least 1s");
+            Ok(d) if d < INTERVAL.min => {
+                errs.at(
+                    Pos::of(i),
+                    format!(
+                        "interval must be at least {}",
+                        format_duration(INTERVAL.min)
+                    ),
+                );
                 None
             }
             Ok(d) => check_interval(d, bounds)
