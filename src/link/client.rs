@@ -9,7 +9,6 @@
 //! thing shared with the probes, and it holds one slot per resource: while the controller is
 //! away or reads slowly, memory is the store plus the one frame being written.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -22,6 +21,7 @@ use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use super::assignment::Assigned;
 use super::name_rules::check_names;
 use super::pace::{Pace, CONTROLLER_MESSAGES_PER_SEC};
 use super::tls::{self, LinkStream};
@@ -31,9 +31,6 @@ use crate::config::agent::normalize_controller;
 use crate::store::{Store, Versions};
 use crate::text::escape;
 use crate::value::unix_ms;
-
-/// The (name, instance) pairs of shared instances the controller assigned to this host.
-pub type Assigned = BTreeSet<(String, String)>;
 
 /// How the link behaves. `Default` gives production values; tests shrink the durations.
 #[derive(Debug, Clone)]
