@@ -12,19 +12,25 @@ use super::scalar::{format_duration, format_size};
 
 const SECOND: Duration = Duration::from_secs(1);
 const DAY: Duration = Duration::from_secs(86_400);
+/// 30d.
+const MONTH: Duration = Duration::from_secs(30 * 86_400);
 /// A year: 365d.
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
 /// Default for agent.yaml's `max_interval`: a probe that runs less than daily is a cron job.
 pub const DEFAULT_MAX_INTERVAL: Duration = DAY;
-/// What `max_interval` itself may be raised to.
-pub const MAX_INTERVAL_CEILING: Duration = YEAR;
 
 /// From `min` to `max`, both accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Between<T> {
     pub min: T,
     pub max: T,
+}
+
+impl<T> Between<T> {
+    pub const fn new(min: T, max: T) -> Self {
+        Self { min, max }
+    }
 }
 
 impl<T: PartialOrd> Between<T> {
@@ -64,59 +70,29 @@ impl Bound {
 
 /// resources.yaml's `interval` (absent or 0: a static resource). Its top is agent.yaml's
 /// `max_interval`; see [`Bounds`].
-pub const INTERVAL: Between<Duration> = Between {
-    min: SECOND,
-    max: DEFAULT_MAX_INTERVAL,
-};
-/// agent.yaml's `max_interval`.
-pub const MAX_INTERVAL: Between<Duration> = Between {
-    min: SECOND,
-    max: MAX_INTERVAL_CEILING,
-};
+pub const INTERVAL: Between<Duration> = Between::new(SECOND, DEFAULT_MAX_INTERVAL);
+/// agent.yaml's `max_interval`: what the bound on `interval` may be raised to.
+pub const MAX_INTERVAL: Between<Duration> = Between::new(SECOND, YEAR);
 /// `timeout` and `limits.cpu`: a probe run longer than a day is not a probe.
-pub const RUN_TIME: Between<Duration> = Between {
-    min: SECOND,
-    max: DAY,
-};
+pub const RUN_TIME: Between<Duration> = Between::new(SECOND, DAY);
 /// `stale_after` and `silence` are a few intervals; the default interval bound is a day.
-pub const FEW_INTERVALS: Between<Duration> = Between {
-    min: SECOND,
-    max: Duration::from_secs(30 * 86_400),
-};
+pub const FEW_INTERVALS: Between<Duration> = Between::new(SECOND, MONTH);
 /// `max_age`: a file written weekly by a cron job may legitimately be weeks old.
-pub const MAX_AGE: Between<Duration> = Between {
-    min: SECOND,
-    max: YEAR,
-};
+pub const MAX_AGE: Between<Duration> = Between::new(SECOND, YEAR);
 /// `tls.expiry_warning`.
-pub const TLS_EXPIRY_WARNING: Between<Duration> = Between {
-    min: Duration::ZERO,
-    max: YEAR,
-};
+pub const TLS_EXPIRY_WARNING: Between<Duration> = Between::new(Duration::ZERO, YEAR);
 /// A file probe's `max_bytes`: one read of a small file, never a log.
-pub const MAX_BYTES: Between<u64> = Between {
-    min: 1,
-    max: 16 << 20,
-};
+pub const MAX_BYTES: Between<u64> = Between::new(1, 16 << 20);
 /// `limits.address_space` and `limits.memory`: 1 PiB; larger means "no limit": leave it out.
-pub const MEMORY: Between<u64> = Between {
-    min: 0,
-    max: 1 << 50,
-};
+pub const MEMORY: Between<u64> = Between::new(0, 1 << 50);
 /// `limits.open_files`: the kernel's default nr_open.
-pub const OPEN_FILES: Between<u64> = Between {
-    min: 0,
-    max: 1 << 20,
-};
+pub const OPEN_FILES: Between<u64> = Between::new(0, 1 << 20);
 /// `limits.processes`, `limits.pids` and `probe_pids_max`: the kernel's pid_max ceiling.
-pub const PROCESSES: Between<u64> = Between {
-    min: 0,
-    max: 1 << 22,
-};
+pub const PROCESSES: Between<u64> = Between::new(0, 1 << 22);
 /// agent.yaml's `max_parallel`: probes running at once.
-pub const MAX_PARALLEL: Between<u64> = Between { min: 1, max: 1024 };
+pub const MAX_PARALLEL: Between<u64> = Between::new(1, 1024);
 /// agent.yaml's `max_stuck_reads`.
-pub const MAX_STUCK_READS: Between<u64> = Between { min: 1, max: 1024 };
+pub const MAX_STUCK_READS: Between<u64> = Between::new(1, 1024);
 
 /// agent.yaml's `probe_pids_max`: the `pids.max` of each exec and stream probe's cgroup
 /// unless its `limits: {pids: N}` says otherwise. One probe's fork bomb then stops at this
@@ -163,7 +139,7 @@ pub struct TooLong {
 fn raise_max_interval() -> String {
     format!(
         " (agent.yaml's max_interval; raise it there, up to {}, if the probe really runs that rarely)",
-        format_duration(MAX_INTERVAL_CEILING)
+        format_duration(MAX_INTERVAL.max)
     )
 }
 
