@@ -608,6 +608,7 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
         let (r, bound) = match bound {
             Bound::Size(b) => (f.value.to_bytes(), b),
             Bound::Count(b) => (f.value.to_count(), b),
+            // `cpu`, the one duration here, is read by duration_field.
             Bound::Duration(_) | Bound::Interval(_) => return None,
         };
         let r = r.map_err(|e| e.to_string());
