@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use support::env::env_or;
 use support::proc_stats::{proc_cpu, proc_rss_kib};
-use xce_agent::link::limits::MAX_DECLARED;
+use xce_agent::link::frame_limits::MAX_DECLARED;
 use xce_agent::link::wire::{self, Batch, ControllerMessage, Envelope, Hello};
 use xce_agent::value::Value;
 

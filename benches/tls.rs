@@ -33,6 +33,7 @@ use support::receiver::{batch, free_addr, hello, name, Receiver};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use xce_agent::config::agent::TlsPaths;
+use xce_agent::link::assignment::Assigned;
 use xce_agent::link::client::{self, LinkConfig, LinkStats};
 use xce_agent::link::tls::Material;
 use xce_agent::link::wire::{self, Envelope};
@@ -189,7 +190,7 @@ fn storm(rt: &tokio::runtime::Runtime, ctl: &TlsPaths, ca: &Path, hosts: &Path) 
                 };
                 let (_hello_tx, hello_rx) =
                     tokio::sync::watch::channel(Arc::new(hello(&host, RESOURCES)));
-                let (assigned, _) = tokio::sync::watch::channel(client::Assigned::new());
+                let (assigned, _) = tokio::sync::watch::channel(Assigned::new());
                 let stats = Arc::new(LinkStats::default());
                 let link_stats = stats.clone();
                 let stop = stop.clone();

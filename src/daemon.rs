@@ -14,8 +14,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProbeKind};
-use crate::link::assignment::AssignmentGate;
-use crate::link::client::{self, Assigned, LinkConfig, LinkState, LinkStats};
+use crate::link::assignment::{Assigned, AssignmentGate};
+use crate::link::client::{self, LinkConfig, LinkState, LinkStats};
 use crate::link::tls::Material;
 use crate::link::wire;
 use crate::plan::{make_plan, Plan};

@@ -27,7 +27,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use xce_agent::config::agent::TlsPaths;
-use xce_agent::link::limits::{self, MAX_ASSIGNED};
+use xce_agent::link::frame_limits::MAX_ASSIGNED;
+use xce_agent::link::name_rules::check_names;
 use xce_agent::link::receiver::{
     self, identity_key as host_key, Control, Event, EventKind, Identity, ListenOpts, Reason,
 };
@@ -369,7 +370,7 @@ impl Receiver {
             ));
         }
         for (name, instance) in &instances {
-            limits::check_names(name, instance).map_err(|e| e.to_string())?;
+            check_names(name, instance).map_err(|e| e.to_string())?;
         }
         self.control.assign(host, instances);
         Ok(())

@@ -492,7 +492,7 @@ pub unsafe extern "C" fn xce_receiver_assign(
         if n > 0 && instances.is_null() {
             return fail(XCE_NULL_ARGUMENT, "instances is NULL");
         }
-        if n > xce_agent::link::limits::MAX_ASSIGNED as usize {
+        if n > xce_agent::link::frame_limits::MAX_ASSIGNED as usize {
             return fail(XCE_INVALID_ARGUMENT, format!("{n} instances is too many"));
         }
         let list: &[xce_instance] = if n == 0 {

@@ -7,6 +7,16 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
+use super::limits::{
+    check_duration, Between, Bound, Bounds, DEFAULT_MAX_INTERVAL, DEFAULT_MAX_STUCK_READS,
+    DEFAULT_PROBE_PIDS_MAX, MAX_INTERVAL, MAX_PARALLEL, MAX_STUCK_READS, PROCESSES,
+    TLS_EXPIRY_WARNING,
+};
+use super::names::{field_names, Field};
+use super::recover::{self, Items};
+use super::scalar::format_duration;
+use super::scalar::Scalar;
+use super::yaml::parse_yaml;
 
 /// The controller's port when a `controllers:` entry gives none.
 pub const DEFAULT_PORT: u16 = 6870;
@@ -18,51 +28,49 @@ pub const DEFAULT_STATUS_SOCKET: &str = "/run/xce-agent/status.sock";
 
 /// agent.yaml's fields, one line each, in [`RawAgent`]'s order: the man page
 /// `xce-agent.yaml(5)` is written from it, and a test holds it to the struct serde reads.
-pub const FIELD_DOCS: &[(&str, &str)] = &[
-    ("host", "This host's name as resources.yaml and the controller know it (default: the machine's host name)."),
-    ("controllers", "The controllers to report to, `HOST[:PORT]` (port 6870 by default), tried in order; empty: report to none."),
-    ("resources", "resources.yaml, relative to this file's directory (default /etc/xce/resources.yaml)."),
-    ("plugin_dir", "Where a probe's relative `command` is looked up (default /usr/libexec/xce-agent/plugins)."),
-    ("run_as", "The user probes run as when the agent is root (default nobody); a probe's own `run_as` wins."),
-    ("max_parallel", "How many probes may run at once, 1 to 1024 (default 8)."),
-    ("metrics", "ADDR:PORT to serve Prometheus metrics on (`/metrics`); off when absent."),
-    ("status_socket", "The unix socket `xce-agent status` reads (default /run/xce-agent/status.sock)."),
-    ("status_group", "A group whose members may read the status socket (else root only)."),
-    ("tls", "The link's key material: `ca`, `cert`, `key`, optional `crl` and `expiry_warning` (below); required once controllers are listed, unless insecure_plaintext."),
-    ("insecure_plaintext", "true: report to the controllers without TLS, unauthenticated and readable on the network."),
-    ("max_stuck_reads", "File reads stuck in a hung filesystem before reads of new paths fail at once, 1 to 1024 (default 32)."),
-    ("max_interval", "The longest `interval` resources.yaml may give, a duration up to 365d (default 1d)."),
-    ("trust_config_files_of_any_owner", "true: a root agent believes resources.yaml, the CA bundle and the CRL whoever owns them (shared storage); never agent.yaml."),
-    ("probe_pids_max", "pids.max of each exec and stream probe's cgroup unless its `limits:` say otherwise; 0: none (default 128)."),
+pub const FIELD_DOCS: &[Field] = &[
+    Field::new("host", "This host's name as resources.yaml and the controller know it (default: the machine's host name)."),
+    Field::new("controllers", "The controllers to report to, `HOST[:PORT]` (port 6870 by default), tried in order; empty: report to none."),
+    Field::new("resources", "resources.yaml, relative to this file's directory (default /etc/xce/resources.yaml)."),
+    Field::new("plugin_dir", "Where a probe's relative `command` is looked up (default /usr/libexec/xce-agent/plugins)."),
+    Field::new("run_as", "The user probes run as when the agent is root (default nobody); a probe's own `run_as` wins."),
+    Field::new("max_parallel", "How many probes may run at once (default 8).").bounded(Bound::Count(MAX_PARALLEL)),
+    Field::new("metrics", "ADDR:PORT to serve Prometheus metrics on (`/metrics`); off when absent."),
+    Field::new("status_socket", "The unix socket `xce-agent status` reads (default /run/xce-agent/status.sock)."),
+    Field::new("status_group", "A group whose members may read the status socket (else root only)."),
+    Field::new("tls", "The link's key material: `ca`, `cert`, `key`, optional `crl` and `expiry_warning` (below); required once controllers are listed, unless insecure_plaintext."),
+    Field::new("insecure_plaintext", "true: report to the controllers without TLS, unauthenticated and readable on the network."),
+    Field::new("max_stuck_reads", "File reads stuck in a hung filesystem before reads of new paths fail at once (default 32).").bounded(Bound::Count(MAX_STUCK_READS)),
+    Field::new("max_interval", "The longest `interval` resources.yaml may give, a duration (default 1d).").bounded(Bound::Duration(MAX_INTERVAL)),
+    Field::new("trust_config_files_of_any_owner", "true: a root agent believes resources.yaml, the CA bundle and the CRL whoever owns them (shared storage); never agent.yaml."),
+    Field::new("probe_pids_max", "pids.max of each exec and stream probe's cgroup unless its `limits:` say otherwise; 0: none (default 128).").bounded(Bound::Count(PROCESSES)),
 ];
 
 /// `tls:`'s fields, in [`RawTls`]'s order.
-pub const TLS_FIELD_DOCS: &[(&str, &str)] = &[
-    (
+pub const TLS_FIELD_DOCS: &[Field] = &[
+    Field::new(
         "ca",
         "CA bundle (PEM) that signs the controllers' and the hosts' certificates.",
     ),
-    (
+    Field::new(
         "cert",
         "This host's certificate (chain), PEM; a DNS SAN names the host.",
     ),
-    (
+    Field::new(
         "key",
         "Its private key: PKCS#8, SEC1 or RSA PEM, mode 0600.",
     ),
-    ("crl", "Revoked certificates, PEM (optional)."),
-    (
+    Field::new("crl", "Revoked certificates, PEM (optional)."),
+    Field::new(
         "expiry_warning",
-        "Warn this long before the host certificate expires, a duration up to 365d.",
-    ),
+        "Warn this long before the host certificate expires, a duration (default 14d).",
+    )
+    .bounded(Bound::Duration(TLS_EXPIRY_WARNING)),
 ];
 
 /// The fields serde reads from agent.yaml and from its `tls:` section.
 pub fn parsed_fields() -> (&'static [&'static str], &'static [&'static str]) {
-    (
-        super::raw::field_names::<RawAgent>(),
-        super::raw::field_names::<RawTls>(),
-    )
+    (field_names::<RawAgent>(), field_names::<RawTls>())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,9 +89,9 @@ struct RawAgent {
     tls: Option<Spanned<RawTls>>,
     insecure_plaintext: Option<Spanned<bool>>,
     max_stuck_reads: Option<Spanned<i64>>,
-    max_interval: Option<Spanned<super::scalar::Scalar>>,
+    max_interval: Option<Spanned<Scalar>>,
     trust_config_files_of_any_owner: Option<Spanned<bool>>,
-    probe_pids_max: Option<Spanned<super::scalar::Scalar>>,
+    probe_pids_max: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,7 +101,7 @@ struct RawTls {
     cert: String,
     key: String,
     crl: Option<String>,
-    expiry_warning: Option<Spanned<super::scalar::Scalar>>,
+    expiry_warning: Option<Spanned<Scalar>>,
 }
 
 /// The link's key material (`tls:` in agent.yaml), paths resolved against agent.yaml's
@@ -155,8 +163,8 @@ impl AgentConfig {
     }
 
     /// What resources.yaml is validated against.
-    pub fn bounds(&self) -> super::limits::Bounds {
-        super::limits::Bounds {
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
             max_interval: self.max_interval,
             probe_pids_max: self.probe_pids_max,
         }
@@ -184,9 +192,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     let (raw, shape_errors): (RawAgent, _) = if text.trim().is_empty() {
         (RawAgent::default(), Vec::new())
     } else {
-        super::recover::parse_all(text, super::recover::Items::TopLevelKeys, |t| {
-            super::limits::parse_yaml(path, t)
-        })?
+        recover::parse_all(text, Items::TopLevelKeys, |t| parse_yaml(path, t))?
     };
     let mut errs = Errors::new(path);
     errs.list.extend(shape_errors);
@@ -209,17 +215,13 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             Err(e) => errs.at(Pos::of(c), e),
         }
     }
-    let max_parallel = match &raw.max_parallel {
-        None => DEFAULT_MAX_PARALLEL,
-        Some(m) if (1..=1024).contains(&m.value) => m.value as usize,
-        Some(m) => {
-            errs.at(
-                Pos::of(m),
-                format!("max_parallel must be between 1 and 1024, got {}", m.value),
-            );
-            DEFAULT_MAX_PARALLEL
-        }
-    };
+    let max_parallel = counted(
+        &mut errs,
+        raw.max_parallel.as_ref(),
+        "max_parallel",
+        MAX_PARALLEL,
+    )
+    .unwrap_or(DEFAULT_MAX_PARALLEL);
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
     let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
     let tls_expiry_warning = tls_expiry_warning(
@@ -319,20 +321,17 @@ pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
     std::time::Duration::from_secs(14 * 86_400);
 
 /// `tls.expiry_warning`: a duration of at most a year.
-fn tls_expiry_warning(
-    errs: &mut Errors,
-    raw: Option<&Spanned<super::scalar::Scalar>>,
-) -> std::time::Duration {
+fn tls_expiry_warning(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
     let Some(w) = raw else {
         return DEFAULT_TLS_EXPIRY_WARNING;
     };
-    let year = super::limits::MAX_INTERVAL_CEILING;
     match w
         .value
         .to_duration()
         .map_err(|e| e.to_string())
         .and_then(|d| {
-            super::limits::check_duration("tls.expiry_warning", d, year).map_err(|e| e.to_string())
+            check_duration("tls.expiry_warning", d, TLS_EXPIRY_WARNING.max)
+                .map_err(|e| e.to_string())
         }) {
         Ok(d) => d,
         Err(e) => {
@@ -343,15 +342,14 @@ fn tls_expiry_warning(
 }
 
 /// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.
-fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<super::scalar::Scalar>>) -> Option<u64> {
-    use super::limits::{count_bound, DEFAULT_PROBE_PIDS_MAX};
+fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> Option<u64> {
     let Some(m) = raw else {
         return Some(DEFAULT_PROBE_PIDS_MAX);
     };
-    let bound = count_bound("pids");
+    let bound = PROCESSES.max;
     match m.value.to_count() {
         Ok(0) => None,
-        Ok(n) if n <= bound => Some(n),
+        Ok(n) if PROCESSES.contains(&n) => Some(n),
         Ok(n) => {
             errs.at(
                 Pos::of(m),
@@ -368,25 +366,13 @@ fn probe_pids_max(errs: &mut Errors, raw: Option<&Spanned<super::scalar::Scalar>
 
 /// `max_stuck_reads` and `max_interval`, range-checked (the bounds in the messages).
 fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::Duration) {
-    use super::limits::{
-        DEFAULT_MAX_INTERVAL, DEFAULT_MAX_STUCK_READS, MAX_INTERVAL_CEILING, MAX_STUCK_READS_RANGE,
-    };
-    let stuck = match &raw.max_stuck_reads {
-        None => DEFAULT_MAX_STUCK_READS,
-        Some(m) if MAX_STUCK_READS_RANGE.contains(&m.value) => m.value as usize,
-        Some(m) => {
-            errs.at(
-                Pos::of(m),
-                format!(
-                    "max_stuck_reads must be between {} and {}, got {}",
-                    MAX_STUCK_READS_RANGE.start(),
-                    MAX_STUCK_READS_RANGE.end(),
-                    m.value
-                ),
-            );
-            DEFAULT_MAX_STUCK_READS
-        }
-    };
+    let stuck = counted(
+        errs,
+        raw.max_stuck_reads.as_ref(),
+        "max_stuck_reads",
+        MAX_STUCK_READS,
+    )
+    .unwrap_or(DEFAULT_MAX_STUCK_READS);
     let interval = match &raw.max_interval {
         None => DEFAULT_MAX_INTERVAL,
         Some(m) => match m
@@ -394,12 +380,17 @@ fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::D
             .to_duration()
             .map_err(|e| e.to_string())
             .and_then(|d| {
-                super::limits::check_duration("max_interval", d, MAX_INTERVAL_CEILING)
-                    .map_err(|e| e.to_string())
+                check_duration("max_interval", d, MAX_INTERVAL.max).map_err(|e| e.to_string())
             }) {
-            Ok(d) if d >= std::time::Duration::from_secs(1) => d,
+            Ok(d) if d >= MAX_INTERVAL.min => d,
             Ok(_) => {
-                errs.at(Pos::of(m), "max_interval must be at least 1s");
+                errs.at(
+                    Pos::of(m),
+                    format!(
+                        "max_interval must be at least {}",
+                        format_duration(MAX_INTERVAL.min)
+                    ),
+                );
                 DEFAULT_MAX_INTERVAL
             }
             Err(e) => {
@@ -409,6 +400,30 @@ fn stuck_and_interval(errs: &mut Errors, raw: &RawAgent) -> (usize, std::time::D
         },
     };
     (stuck, interval)
+}
+
+/// A whole number within `bound`, else the error that names it and `None` (the caller's
+/// default then stands).
+fn counted(
+    errs: &mut Errors,
+    raw: Option<&Spanned<i64>>,
+    field: &str,
+    bound: Between<u64>,
+) -> Option<usize> {
+    let m = raw?;
+    match u64::try_from(m.value) {
+        Ok(n) if bound.contains(&n) => usize::try_from(n).ok(),
+        _ => {
+            errs.at(
+                Pos::of(m),
+                format!(
+                    "{field} must be between {} and {}, got {}",
+                    bound.min, bound.max, m.value
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// A `controllers:` entry that is not `host[:port]` (as written, trimmed).
@@ -455,15 +470,13 @@ pub fn normalize_controller(s: &str) -> Result<String, BadController> {
 mod tests {
     use super::normalize_controller;
     use super::{parsed_fields, FIELD_DOCS, TLS_FIELD_DOCS};
+    use crate::config::names::names_of;
 
     #[test]
     fn the_field_docs_are_the_structs_serde_reads() {
-        let names = |docs: &[(&'static str, &'static str)]| -> Vec<&'static str> {
-            docs.iter().map(|(n, _)| *n).collect()
-        };
         let (agent, tls) = parsed_fields();
-        assert_eq!(names(FIELD_DOCS), agent);
-        assert_eq!(names(TLS_FIELD_DOCS), tls);
+        assert_eq!(names_of(FIELD_DOCS), agent);
+        assert_eq!(names_of(TLS_FIELD_DOCS), tls);
     }
 
     #[test]

@@ -1,42 +1,98 @@
-//! The bounds on every number a config may hold, in one table, and the YAML parser's budget.
-//! A value past its bound is a config error that names the bound, so nothing later (plans,
-//! timers, deadlines) can overflow on it; the arithmetic on config values saturates anyway.
+//! The bound of every number a config may hold. Each is named here, with why it is where it
+//! is, and carried by its field's row in the field tables (`Field::bound`): the field's
+//! validation checks against that constant and the section-5 man pages print it from the
+//! row, so the two read the same numbers (`tests/it/config_limits.rs` holds every row to the
+//! parser). A value past its bound is a config error that names the bound, so nothing later
+//! (plans, timers, deadlines) can overflow on it; the arithmetic on config values saturates
+//! anyway.
 
-use std::path::Path;
 use std::time::Duration;
 
-use super::error::{ConfigError, Pos};
+use super::scalar::{format_duration, format_size};
 
+const SECOND: Duration = Duration::from_secs(1);
 const DAY: Duration = Duration::from_secs(86_400);
+/// 30d.
+const MONTH: Duration = Duration::from_secs(30 * 86_400);
+/// A year: 365d.
+const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
 /// Default for agent.yaml's `max_interval`: a probe that runs less than daily is a cron job.
 pub const DEFAULT_MAX_INTERVAL: Duration = DAY;
-/// What `max_interval` itself may be raised to.
-pub const MAX_INTERVAL_CEILING: Duration = Duration::from_secs(365 * 86_400); // a year: 365d
 
-/// Bounds on durations other than `interval`, by field.
-pub fn duration_bound(field: &str) -> Duration {
-    match field {
-        // A file written weekly by a cron job may legitimately be weeks old.
-        "max_age" => MAX_INTERVAL_CEILING,
-        // stale_after and silence are a few intervals; the default interval bound is a day.
-        "stale_after" | "silence" => DAY * 30,
-        // timeout, cpu limit: a probe run longer than a day is not a probe.
-        _ => DAY,
+/// From `min` to `max`, both accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Between<T> {
+    pub min: T,
+    pub max: T,
+}
+
+impl<T> Between<T> {
+    pub const fn new(min: T, max: T) -> Self {
+        Self { min, max }
     }
 }
 
-/// Bounds on counts and sizes, by field: (largest accepted, what it means).
-pub fn count_bound(field: &str) -> u64 {
-    match field {
-        "address_space" => 1 << 50, // 1 PiB: larger means "no limit"; leave it out
-        "open_files" => 1 << 20,    // the kernel's default nr_open
-        "processes" => 1 << 22,     // the kernel's pid_max ceiling
-        "pids" => 1 << 22,          // pids.max of a probe's cgroup: the same ceiling
-        "memory" => 1 << 50,        // memory.max of a probe's cgroup: 1 PiB, as address_space
-        _ => u64::MAX,
+impl<T: PartialOrd> Between<T> {
+    pub fn contains(&self, value: &T) -> bool {
+        self.min <= *value && *value <= self.max
     }
 }
+
+/// What a bounded field accepts, as its row in a field table declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    Duration(Between<Duration>),
+    /// `interval`: from `min` to agent.yaml's `max_interval`, which is `max` unless raised.
+    Interval(Between<Duration>),
+    Count(Between<u64>),
+    /// Bytes.
+    Size(Between<u64>),
+}
+
+impl Bound {
+    /// The range as the admin writes its ends: `1s to 1d`, `1 to 1024`, `1 to 16MiB`.
+    pub fn describe(self) -> String {
+        match self {
+            Bound::Duration(b) => {
+                format!("{} to {}", format_duration(b.min), format_duration(b.max))
+            }
+            Bound::Interval(b) => format!(
+                "{} to agent.yaml's max_interval ({} unless raised)",
+                format_duration(b.min),
+                format_duration(b.max)
+            ),
+            Bound::Count(b) => format!("{} to {}", b.min, b.max),
+            Bound::Size(b) => format!("{} to {}", format_size(b.min), format_size(b.max)),
+        }
+    }
+}
+
+/// resources.yaml's `interval` (absent or 0: a static resource). Its top is agent.yaml's
+/// `max_interval`; see [`Bounds`].
+pub const INTERVAL: Between<Duration> = Between::new(SECOND, DEFAULT_MAX_INTERVAL);
+/// agent.yaml's `max_interval`: what the bound on `interval` may be raised to.
+pub const MAX_INTERVAL: Between<Duration> = Between::new(SECOND, YEAR);
+/// `timeout` and `limits.cpu`: a probe run longer than a day is not a probe.
+pub const RUN_TIME: Between<Duration> = Between::new(SECOND, DAY);
+/// `stale_after` and `silence` are a few intervals; the default interval bound is a day.
+pub const FEW_INTERVALS: Between<Duration> = Between::new(SECOND, MONTH);
+/// `max_age`: a file written weekly by a cron job may legitimately be weeks old.
+pub const MAX_AGE: Between<Duration> = Between::new(SECOND, YEAR);
+/// `tls.expiry_warning`.
+pub const TLS_EXPIRY_WARNING: Between<Duration> = Between::new(Duration::ZERO, YEAR);
+/// A file probe's `max_bytes`: one read of a small file, never a log.
+pub const MAX_BYTES: Between<u64> = Between::new(1, 16 << 20);
+/// `limits.address_space` and `limits.memory`: 1 PiB; larger means "no limit": leave it out.
+pub const MEMORY: Between<u64> = Between::new(0, 1 << 50);
+/// `limits.open_files`: the kernel's default nr_open.
+pub const OPEN_FILES: Between<u64> = Between::new(0, 1 << 20);
+/// `limits.processes`, `limits.pids` and `probe_pids_max`: the kernel's pid_max ceiling.
+pub const PROCESSES: Between<u64> = Between::new(0, 1 << 22);
+/// agent.yaml's `max_parallel`: probes running at once.
+pub const MAX_PARALLEL: Between<u64> = Between::new(1, 1024);
+/// agent.yaml's `max_stuck_reads`.
+pub const MAX_STUCK_READS: Between<u64> = Between::new(1, 1024);
 
 /// agent.yaml's `probe_pids_max`: the `pids.max` of each exec and stream probe's cgroup
 /// unless its `limits: {pids: N}` says otherwise. One probe's fork bomb then stops at this
@@ -44,9 +100,8 @@ pub fn count_bound(field: &str) -> u64 {
 /// every other probe from starting; a probe script with a few pipelines needs a handful.
 pub const DEFAULT_PROBE_PIDS_MAX: u64 = 128;
 
-/// agent.yaml's `max_stuck_reads`: default and range.
+/// agent.yaml's `max_stuck_reads` default.
 pub const DEFAULT_MAX_STUCK_READS: usize = 32;
-pub const MAX_STUCK_READS_RANGE: std::ops::RangeInclusive<i64> = 1..=1024;
 
 /// The bounds resources.yaml is validated against (from agent.yaml).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,8 +124,8 @@ impl Default for Bounds {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "{field} {} is longer than the limit of {}{}",
-    super::scalar::format_duration(*.value),
-    super::scalar::format_duration(*.bound),
+    format_duration(*.value),
+    format_duration(*.bound),
     if *.from_max_interval { raise_max_interval() } else { String::new() }
 )]
 pub struct TooLong {
@@ -84,7 +139,7 @@ pub struct TooLong {
 fn raise_max_interval() -> String {
     format!(
         " (agent.yaml's max_interval; raise it there, up to {}, if the probe really runs that rarely)",
-        super::scalar::format_duration(MAX_INTERVAL_CEILING)
+        format_duration(MAX_INTERVAL.max)
     )
 }
 
@@ -110,90 +165,6 @@ pub fn check_interval(d: Duration, bounds: &Bounds) -> Result<Duration, TooLong>
     })
 }
 
-/// Room for about 100,000 resources of a few dozen fields each (BENCHMARKS.md measures
-/// `check` at 100,000). Honest files scale with these; an alias bomb is stopped by the
-/// alias limits below, which honest files (no or few aliases) never approach.
-pub const MAX_YAML_NODES: usize = 8_000_000;
-/// A config file's size cap: a wrong path pointing at a log must not eat memory.
-pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
-/// Events that aliases may replay in one file, in all: the alias-bomb guard.
-pub const MAX_ALIAS_REPLAY: usize = 1_000_000;
-
-fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
-    let mut alias_limits = serde_saphyr::options::AliasLimits::default();
-    alias_limits.max_total_replayed_events = MAX_ALIAS_REPLAY;
-    serde_saphyr::options! {
-        budget: serde_saphyr::budget! {
-            max_nodes: max_nodes,
-            max_events: max_nodes.saturating_mul(2),
-            max_recorded_anchor_events: MAX_ALIAS_REPLAY,
-        },
-        alias_limits: alias_limits,
-    }
-}
-
-/// Parse a config file's YAML under the agent's budget. A breach names the limit and what
-/// to do; any other error is the parser's, positioned.
-pub fn parse_yaml<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    text: &str,
-) -> Result<T, ConfigError> {
-    parse_yaml_limited(path, text, MAX_YAML_NODES)
-}
-
-fn parse_yaml_limited<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    text: &str,
-    max_nodes: usize,
-) -> Result<T, ConfigError> {
-    serde_saphyr::from_str_with_options(text, yaml_options(max_nodes)).map_err(|e| {
-        let whole = |message: String| ConfigError::new(path, Pos::default(), message);
-        if let serde_saphyr::Error::Budget { breach, .. } = innermost(&e) {
-            return whole(budget_message(breach, max_nodes));
-        }
-        let raw = e.to_string();
-        if raw.contains("alias") && raw.contains("replay") {
-            return whole(alias_message());
-        }
-        super::error::from_yaml(path, text, &e)
-    })
-}
-
-/// The error under the parser's wrappers (alias locations, snippets).
-fn innermost(mut e: &serde_saphyr::Error) -> &serde_saphyr::Error {
-    use serde_saphyr::Error as E;
-    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = e {
-        e = error;
-    }
-    e
-}
-
-fn alias_message() -> String {
-    format!(
-        "the file's aliases (*name) expand to more than {MAX_ALIAS_REPLAY} YAML events, the agent's limit against alias bombs; write the repeated parts out instead of aliasing them"
-    )
-}
-
-fn budget_message(breach: &serde_saphyr::budget::BudgetBreach, max_nodes: usize) -> String {
-    use serde_saphyr::budget::BudgetBreach as B;
-    match breach {
-        B::Nodes { .. } | B::Events { .. } => format!(
-            "the file has more than {max_nodes} YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file"
-        ),
-        B::Aliases { .. }
-        | B::Anchors { .. }
-        | B::AliasAnchorRatio { .. }
-        | B::RecordedAnchorEvents { .. }
-        | B::RecordedAnchorBytes { .. } => alias_message(),
-        B::Depth { depth } => format!(
-            "the file nests {depth} levels deep, past the YAML parser's limit; a resources file needs fewer than 10 (look for a runaway indentation or [[[...]]])"
-        ),
-        other => format!(
-            "the file exceeds a YAML parser limit ({other:?}); it is not a config file the agent can load"
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,14 +184,5 @@ mod tests {
             e.ends_with("up to 365d, if the probe really runs that rarely)"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn past_the_node_limit_the_message_names_it_and_what_to_do() {
-        let text = format!("x: [{}]\n", vec!["1"; 2000].join(","));
-        let e = parse_yaml_limited::<serde::de::IgnoredAny>(Path::new("r.yaml"), &text, 1000)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "r.yaml: the file has more than 1000 YAML nodes, the agent's limit (room for about 100,000 resources); remove resources and sections this site does not use, or split the controller's other sections into their own file");
     }
 }

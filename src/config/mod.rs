@@ -1,31 +1,50 @@
 //! Loading and validating agent.yaml and resources.yaml. Every error carries file:line:column.
+//!
+//! Layers, each file importing only those before it (the test at the foot of this file holds
+//! every file to its `ORDER`), split by what a file knows, not by when it runs in a load:
+//! - vocabulary: `error` (positions, the errors), `scalar` (values as written: durations,
+//!   sizes, counts), `pattern`, `hostlist`, `limits` (the bound of every number), `names`
+//!   (the field tables' rows, field names, near misses);
+//! - reading YAML: `yaml_hint` -> `yaml` (the parser's budget, its errors said plainly),
+//!   `recover` (every error in one pass);
+//! - field shapes: `stdio`, `probe_output` (command, format, select) -> `kind_spec` (what
+//!   each probe kind runs or reads, validated);
+//! - the probe: `probe_spec` (the kind and field tables; `probe:` validated);
+//! - the files: `raw` -> `resources` (resources.yaml), `agent` (agent.yaml);
+//! - this module: reading both files and loading them together.
+//!
+//! Outside `config` it imports only `value` and `output` (the parsers of what probes
+//! print), which sit below it in the crate's layering (see `lib.rs`).
 
 pub mod agent;
 pub mod error;
 pub mod hostlist;
+pub mod kind_spec;
 pub mod limits;
+pub mod names;
 pub mod pattern;
 mod probe_output;
 pub mod probe_spec;
 mod raw;
 mod recover;
-mod shell;
-pub use raw::{
-    near_miss, nearest, INSTANCE_FIELDS, INSTANCE_FIELD_DOCS, RESOURCE_FIELDS, RESOURCE_FIELD_DOCS,
-};
 pub mod resources;
 pub mod scalar;
+mod shell;
 pub mod stdio;
+mod yaml;
 mod yaml_hint;
+
+pub use names::{near_miss, nearest};
+pub use raw::{INSTANCE_FIELDS, INSTANCE_FIELD_DOCS, RESOURCE_FIELDS, RESOURCE_FIELD_DOCS};
 
 use std::path::{Path, PathBuf};
 
+pub use crate::output::Format;
 pub use agent::AgentConfig;
 pub use error::{ConfigError, ConfigErrors, Pos};
-pub use resources::{
-    ExecSpec, FileSpec, Format, Instance, Limits, Location, ProbeKind, ProbeSpec, Resource,
-    Resources, StreamSpec,
-};
+pub use kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec};
+pub use probe_spec::{ProbeKind, ProbeSpec};
+pub use resources::{Instance, Location, Resource, Resources};
 pub use stdio::{StdinMode, StdoutMode};
 
 /// Both files, validated together.
@@ -37,7 +56,7 @@ pub struct Config {
     pub digest: String,
 }
 
-use limits::MAX_CONFIG_BYTES;
+use yaml::MAX_CONFIG_BYTES;
 
 fn read(path: &Path) -> Result<String, ConfigError> {
     let whole = || ConfigError::new(path, Pos::default(), "");
@@ -131,4 +150,84 @@ pub fn fnv1a(parts: &[&[u8]]) -> u64 {
         }
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// `config`'s files, each importing only those before it.
+    pub const ORDER: &[&str] = &[
+        "error",
+        "scalar",
+        "pattern",
+        "hostlist",
+        "limits",
+        "names",
+        "yaml_hint",
+        "yaml",
+        "recover",
+        "stdio",
+        "probe_output",
+        "kind_spec",
+        "shell",
+        "probe_spec",
+        "raw",
+        "resources",
+        "agent",
+        "mod",
+    ];
+
+    /// What `config` may import from the rest of the crate: the layers below it.
+    const BELOW: &[&str] = &["output", "value"];
+
+    /// A file's code without its tests and comments, which may name anything.
+    fn code_of(path: &Path) -> String {
+        let text = std::fs::read_to_string(path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        code.lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn every_file_imports_only_the_layers_below_it() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/config");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let mut ordered: Vec<String> = ORDER.iter().map(|f| (*f).to_owned()).collect();
+        ordered.sort();
+        assert_eq!(
+            files, ordered,
+            "every file of src/config has its place in ORDER"
+        );
+        let sibling = regex::Regex::new(r"\b(?:super|crate::config)::(\w+)").unwrap();
+        let outside = regex::Regex::new(r"\bcrate::(\w+)").unwrap();
+        let mut wrong = Vec::new();
+        for (rank, file) in ORDER.iter().enumerate() {
+            let code = code_of(&dir.join(format!("{file}.rs")));
+            for cap in sibling.captures_iter(&code) {
+                // A name that is no file is mod.rs's (a re-export): the top, never below.
+                let to = ORDER
+                    .iter()
+                    .position(|f| *f == &cap[1])
+                    .unwrap_or(ORDER.len());
+                if *file != "mod" && to >= rank {
+                    wrong.push(format!("{file} -> {}", &cap[1]));
+                }
+            }
+            for cap in outside.captures_iter(&code) {
+                if cap[1] != *"config" && !BELOW.contains(&&cap[1]) {
+                    wrong.push(format!("{file} -> crate::{}", &cap[1]));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "imports against the layering: {wrong:?}");
+    }
 }

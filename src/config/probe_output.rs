@@ -319,65 +319,6 @@ pub fn selection(
     out
 }
 
-/// A file probe's `format:` (optional: without it the file is one value) and `select:`.
-/// Several resources (`provides:`) need a format to tell them apart.
-pub fn file_format(
-    errs: &mut Errors,
-    raw: &super::probe_spec::RawProbe,
-    provides: &[String],
-) -> (Option<Format>, Selection) {
-    let Some(field) = &raw.format else {
-        if let Some(p) = &raw.provides {
-            // Every format but `value` gives several values; those that read an exit status
-            // do not apply to a file.
-            let several: Vec<&str> = Format::ALL
-                .iter()
-                .filter(|f| **f != Format::Value && !f.def().exits.needs_a_status())
-                .map(|f| f.as_str())
-                .collect();
-            errs.at(
-                Pos::of(p),
-                format!(
-                    "a file probe feeds several resources only with a `format:` ({})",
-                    several.join(", ")
-                ),
-            );
-        }
-        let select = selection(
-            errs,
-            Format::Value,
-            raw.select.as_ref(),
-            raw.aggregate.as_ref(),
-            provides,
-        );
-        return (None, select);
-    };
-    let f = format(errs, Some(field));
-    if f.def().exits.needs_a_status() {
-        errs.at(
-            Pos::of(field),
-            format!(
-                "format {} reads an exit status; a file has none",
-                f.as_str()
-            ),
-        );
-    }
-    if let Some(r) = &raw.regex {
-        errs.at(
-            Pos::of(r),
-            "`regex` and `format` do not go together: the format already says where the values are",
-        );
-    }
-    let select = selection(
-        errs,
-        f,
-        raw.select.as_ref(),
-        raw.aggregate.as_ref(),
-        provides,
-    );
-    (Some(f), select)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

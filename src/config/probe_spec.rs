@@ -12,12 +12,28 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
+use super::kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
+use super::limits::{
+    check_duration, Between, Bound, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY, OPEN_FILES,
+    PROCESSES, RUN_TIME,
+};
+use super::names::{field_names, near_miss, Field};
 use super::pattern::Pattern;
 use super::probe_output::{self, RawCommand, RawSelect};
-use super::raw::near_miss;
-use super::resources::{ExecSpec, FileSpec, Limits, ProbeSpec, StreamSpec, DEFAULT_FILE_MAX_BYTES};
-use super::scalar::Scalar;
-use crate::output::Format;
+use super::scalar::{format_size, Scalar};
+use super::stdio::{self, StdinMode, StdoutMode};
+use crate::output::{Format, Selection};
+
+/// A resource's `probe:`, validated.
+#[derive(Debug, Clone)]
+pub struct ProbeSpec {
+    pub pos: Pos,
+    pub kind: ProbeKind,
+    /// Resources this probe feeds: always includes the resource it is declared on.
+    pub provides: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub stale_after: Option<Duration>,
+}
 
 /// Which kinds a `probe:` field belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,11 +51,22 @@ impl Takes {
     }
 }
 
-/// Declares `probe:`'s fields: `name: type => the kinds that take it`. Generates `RawProbe`
+/// `Some` of the expression given, `None` without one.
+macro_rules! optional {
+    () => {
+        None
+    };
+    ($e:expr) => {
+        Some($e)
+    };
+}
+
+/// Declares `probe:`'s fields: `name: type => the kinds that take it, "doc"` and, for a
+/// number, `, its Bound` (the constant its validation checks against). Generates `RawProbe`
 /// (every field optional and positioned) and [`FIELDS`], from which "not a field of X probes"
 /// is checked. Adding a field to a kind is one line here plus its use in the kind's builder.
 macro_rules! probe_fields {
-    ($($field:ident: $ty:ty => $takes:expr, $doc:literal;)*) => {
+    ($($field:ident: $ty:ty => $takes:expr, $doc:literal $(, $bound:expr)?;)*) => {
         /// `probe:` as written. It is the agent's own field, so it is strict: an unknown key
         /// is an error (with a near miss, from serde's field list).
         #[derive(Debug, Default, Deserialize)]
@@ -51,8 +78,11 @@ macro_rules! probe_fields {
         /// Every `probe:` field and the kinds that take it, in declaration order.
         pub const FIELDS: &[(&str, Takes)] = &[$((stringify!($field), $takes),)*];
 
-        /// Every `probe:` field with one line saying what it is (the man page's).
-        pub const FIELD_DOCS: &[(&str, &str)] = &[$((stringify!($field), $doc),)*];
+        /// Every `probe:` field with one line saying what it is (the man page's) and, for a
+        /// number, its bound.
+        pub const FIELD_DOCS: &[Field] = &[$(
+            Field { name: stringify!($field), doc: $doc, bound: optional!($($bound)?) },
+        )*];
 
         impl RawProbe {
             /// The fields given, each with the kinds that take it and where its value is.
@@ -85,37 +115,42 @@ probe_fields! {
     limits: RawLimits => EXEC_STREAM, "Resource limits of each run (fields below).";
     no_new_privs: bool => EXEC_STREAM, "false: allow setuid helpers (PR_SET_NO_NEW_PRIVS is set by default).";
     stdout: String => EXEC_STREAM, "pipe (default) or pty: how the program's standard output is connected.";
-    timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).";
+    timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).", Bound::Duration(RUN_TIME);
     provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
     path: String => Takes::Only(&["file"]), "The absolute path of the file to read.";
     regex: String => Takes::Only(&["file"]), "A regular expression whose first group is the value.";
-    max_age: Scalar => Takes::Only(&["file"]), "A file not modified for this long is a failure, a duration.";
-    max_bytes: Scalar => Takes::Only(&["file"]), "How much of the file is read at most, a size.";
-    silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.";
+    max_age: Scalar => Takes::Only(&["file"]), "A file not modified for this long is a failure, a duration.", Bound::Duration(MAX_AGE);
+    max_bytes: Scalar => Takes::Only(&["file"]), "How much of the file is read at most, a size.", Bound::Size(MAX_BYTES);
+    silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.", Bound::Duration(FEW_INTERVALS);
     restart_on_silence: bool => Takes::Only(&["stream"]), "true: restart a stream that stays silent past `silence`.";
     stdin: String => Takes::Only(&["stream"]), "none (default) or signal: what the stream's standard input is.";
-    stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).";
+    stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).", Bound::Duration(FEW_INTERVALS);
 }
 
 /// `limits:`'s fields, in [`RawLimits`]'s order.
-pub const LIMIT_FIELD_DOCS: &[(&str, &str)] = &[
-    ("cpu", "CPU time of one run, a duration (RLIMIT_CPU)."),
-    (
+pub const LIMIT_FIELD_DOCS: &[Field] = &[
+    Field::new("cpu", "CPU time of one run, a duration (RLIMIT_CPU).")
+        .bounded(Bound::Duration(RUN_TIME)),
+    Field::new(
         "address_space",
         "Virtual memory of each process, a size (RLIMIT_AS).",
-    ),
-    ("open_files", "Open files of each process (RLIMIT_NOFILE)."),
-    ("processes", "Processes of the run's user (RLIMIT_NPROC)."),
-    ("memory", "memory.max of the probe's cgroup, a size."),
-    (
+    )
+    .bounded(Bound::Size(MEMORY)),
+    Field::new("open_files", "Open files of each process (RLIMIT_NOFILE).")
+        .bounded(Bound::Count(OPEN_FILES)),
+    Field::new("processes", "Processes of the run's user (RLIMIT_NPROC).")
+        .bounded(Bound::Count(PROCESSES)),
+    Field::new("memory", "memory.max of the probe's cgroup, a size.").bounded(Bound::Size(MEMORY)),
+    Field::new(
         "pids",
         "pids.max of the probe's cgroup (default agent.yaml's probe_pids_max).",
-    ),
+    )
+    .bounded(Bound::Count(PROCESSES)),
 ];
 
 /// The fields serde reads from `limits:`.
 pub fn parsed_limit_fields() -> &'static [&'static str] {
-    super::raw::field_names::<RawLimits>()
+    field_names::<RawLimits>()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -209,7 +244,7 @@ impl ProbeKind {
             },
             ProbeKind::Stream(s) => {
                 let mut out = format!("stream {}", describe_exec(&s.exec));
-                if s.stdin != super::StdinMode::None {
+                if s.stdin != StdinMode::None {
                     out.push_str(&format!(" stdin {}", s.stdin.as_str()));
                 }
                 out
@@ -246,13 +281,13 @@ fn describe_exec(e: &ExecSpec) -> String {
     let mut out = match e.shell {
         true => format!(
             "shell {} -c {:?} ({})",
-            super::resources::SHELL,
+            super::kind_spec::SHELL,
             e.command.get(2).map_or("", String::as_str),
             e.format.as_str()
         ),
         false => format!("argv {:?} ({})", e.command, e.format.as_str()),
     };
-    if e.stdout != super::StdoutMode::Pipe {
+    if e.stdout != StdoutMode::Pipe {
         out.push_str(&format!(" stdout {}", e.stdout.as_str()));
     }
     for (resource, pick) in &e.select.picks {
@@ -313,8 +348,8 @@ pub fn probe(errs: &mut Errors, p: &Spanned<RawProbe>, resource: &str) -> Option
             );
         }
     }
-    let timeout = duration_field(errs, &raw.timeout, "timeout");
-    let stale_after = duration_field(errs, &raw.stale_after, "stale_after");
+    let timeout = duration_field(errs, &raw.timeout, "timeout", RUN_TIME);
+    let stale_after = duration_field(errs, &raw.stale_after, "stale_after", FEW_INTERVALS);
     let mut provides = vec![resource.to_owned()];
     if let Some(list) = &raw.provides {
         for p in &list.value {
@@ -367,15 +402,15 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
     }
     Some(ProbeKind::Stream(StreamSpec {
         exec,
-        silence: duration_field(errs, &raw.silence, "silence"),
+        silence: duration_field(errs, &raw.silence, "silence", FEW_INTERVALS),
         restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
-        stdin: super::stdio::stdin(errs, raw.stdin.as_ref()),
+        stdin: stdio::stdin(errs, raw.stdin.as_ref()),
     }))
 }
 
 fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ExecSpec> {
     let pos = input.pos;
-    let command = super::shell::argv(errs, raw, pos)?;
+    let command = super::shell::argv(errs, (&raw.command, &raw.shell), pos)?;
     let format = probe_output::format(errs, raw.format.as_ref());
     let select = probe_output::selection(
         errs,
@@ -406,7 +441,7 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
         limits: limits(errs, raw.limits.as_ref()),
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
-        stdout: super::stdio::stdout(errs, raw.stdout.as_ref()),
+        stdout: stdio::stdout(errs, raw.stdout.as_ref()),
     })
 }
 
@@ -437,9 +472,16 @@ fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
     let max_bytes = match &raw.max_bytes {
         None => DEFAULT_FILE_MAX_BYTES,
         Some(m) => match m.value.to_bytes() {
-            Ok(b) if b > 0 && b <= 16 << 20 => b,
+            Ok(b) if MAX_BYTES.contains(&b) => b,
             Ok(_) => {
-                errs.at(Pos::of(m), "max_bytes must be between 1 and 16MiB");
+                errs.at(
+                    Pos::of(m),
+                    format!(
+                        "max_bytes must be between {} and {}",
+                        format_size(MAX_BYTES.min),
+                        format_size(MAX_BYTES.max)
+                    ),
+                );
                 DEFAULT_FILE_MAX_BYTES
             }
             Err(e) => {
@@ -448,26 +490,91 @@ fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
             }
         },
     };
-    let (format, select) = probe_output::file_format(errs, raw, input.provides);
+    let (format, select) = file_format(errs, raw, input.provides);
     Some(ProbeKind::File(FileSpec {
         path: PathBuf::from(&path.value),
         regex,
         format,
         select,
-        max_age: duration_field(errs, &raw.max_age, "max_age"),
+        max_age: duration_field(errs, &raw.max_age, "max_age", MAX_AGE),
         max_bytes,
         run_as: raw.run_as.as_ref().map(|r| r.value.clone()),
     }))
 }
 
-fn duration_field(errs: &mut Errors, f: &Option<Spanned<Scalar>>, what: &str) -> Option<Duration> {
+/// A file probe's `format:` (optional: without it the file is one value) and `select:`.
+/// Several resources (`provides:`) need a format to tell them apart.
+fn file_format(
+    errs: &mut Errors,
+    raw: &RawProbe,
+    provides: &[String],
+) -> (Option<Format>, Selection) {
+    let Some(field) = &raw.format else {
+        if let Some(p) = &raw.provides {
+            // Every format but `value` gives several values; those that read an exit status
+            // do not apply to a file.
+            let several: Vec<&str> = Format::ALL
+                .iter()
+                .filter(|f| **f != Format::Value && !f.def().exits.needs_a_status())
+                .map(|f| f.as_str())
+                .collect();
+            errs.at(
+                Pos::of(p),
+                format!(
+                    "a file probe feeds several resources only with a `format:` ({})",
+                    several.join(", ")
+                ),
+            );
+        }
+        let select = probe_output::selection(
+            errs,
+            Format::Value,
+            raw.select.as_ref(),
+            raw.aggregate.as_ref(),
+            provides,
+        );
+        return (None, select);
+    };
+    let f = probe_output::format(errs, Some(field));
+    if f.def().exits.needs_a_status() {
+        errs.at(
+            Pos::of(field),
+            format!(
+                "format {} reads an exit status; a file has none",
+                f.as_str()
+            ),
+        );
+    }
+    if let Some(r) = &raw.regex {
+        errs.at(
+            Pos::of(r),
+            "`regex` and `format` do not go together: the format already says where the values are",
+        );
+    }
+    let select = probe_output::selection(
+        errs,
+        f,
+        raw.select.as_ref(),
+        raw.aggregate.as_ref(),
+        provides,
+    );
+    (Some(f), select)
+}
+
+/// A duration within `bound`; every probe duration's is above 0 (whole seconds).
+fn duration_field(
+    errs: &mut Errors,
+    f: &Option<Spanned<Scalar>>,
+    what: &str,
+    bound: Between<Duration>,
+) -> Option<Duration> {
     let f = f.as_ref()?;
     match f.value.to_duration() {
-        Ok(d) if d.is_zero() => {
+        Ok(d) if d < bound.min => {
             errs.at(Pos::of(f), format!("{what} must be greater than 0"));
             None
         }
-        Ok(d) => super::limits::check_duration(what, d, super::limits::duration_bound(what))
+        Ok(d) => check_duration(what, d, bound.max)
             .map_err(|e| errs.at(Pos::of(f), e))
             .ok(),
         Err(e) => {
@@ -482,30 +589,32 @@ fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
         return Limits::default();
     };
     let l = &raw.value;
-    let mut count = |f: &Option<Spanned<Scalar>>, field: &str| {
+    // Sizes and counts: the field's bound says which it is.
+    let mut count = |f: &Option<Spanned<Scalar>>, field: &str, bound: Bound| {
         let f = f.as_ref()?;
-        let r = if field == "address_space" || field == "memory" {
-            f.value.to_bytes()
-        } else {
-            f.value.to_count()
+        let (r, bound) = match bound {
+            Bound::Size(b) => (f.value.to_bytes(), b),
+            Bound::Count(b) => (f.value.to_count(), b),
+            // `cpu`, the one duration here, is read by duration_field.
+            Bound::Duration(_) | Bound::Interval(_) => return None,
         };
-        let bound = super::limits::count_bound(field);
         let r = r.map_err(|e| e.to_string());
         r.and_then(|n| {
-            (n <= bound)
+            bound
+                .contains(&n)
                 .then_some(n)
-                .ok_or_else(|| format!("{field} {n} is larger than the limit of {bound}"))
+                .ok_or_else(|| format!("{field} {n} is larger than the limit of {}", bound.max))
         })
         .map_err(|e| errs.at(Pos::of(f), e))
         .ok()
     };
-    let address_space = count(&l.address_space, "address_space");
-    let open_files = count(&l.open_files, "open_files");
-    let processes = count(&l.processes, "processes");
-    let memory = count(&l.memory, "memory");
-    let pids = count(&l.pids, "pids");
+    let address_space = count(&l.address_space, "address_space", Bound::Size(MEMORY));
+    let open_files = count(&l.open_files, "open_files", Bound::Count(OPEN_FILES));
+    let processes = count(&l.processes, "processes", Bound::Count(PROCESSES));
+    let memory = count(&l.memory, "memory", Bound::Size(MEMORY));
+    let pids = count(&l.pids, "pids", Bound::Count(PROCESSES));
     Limits {
-        cpu: duration_field(errs, &l.cpu, "cpu limit"),
+        cpu: duration_field(errs, &l.cpu, "cpu limit", RUN_TIME),
         address_space,
         open_files,
         processes,
@@ -541,6 +650,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::config::names::names_of;
 
     #[test]
     fn every_kind_a_field_names_is_declared_once() {
@@ -558,13 +668,12 @@ mod tests {
 
     #[test]
     fn the_limit_docs_are_the_struct_serde_reads() {
-        let names: Vec<&str> = LIMIT_FIELD_DOCS.iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, parsed_limit_fields());
+        assert_eq!(names_of(LIMIT_FIELD_DOCS), parsed_limit_fields());
     }
 
     #[test]
     fn the_field_table_is_the_struct_serde_reads() {
-        let from_serde = super::super::raw::field_names::<RawProbe>();
+        let from_serde = field_names::<RawProbe>();
         let from_table: Vec<&str> = FIELDS.iter().map(|(f, _)| *f).collect();
         assert_eq!(from_serde, from_table.as_slice());
     }

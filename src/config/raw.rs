@@ -8,6 +8,8 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_saphyr::Spanned;
 
+use super::limits::{Bound, INTERVAL};
+use super::names::{field_names, Field};
 use super::probe_spec::RawProbe;
 use super::scalar::Scalar;
 
@@ -51,24 +53,24 @@ impl<'de> Deserialize<'de> for RawResourcesFile {
 }
 
 /// [`RESOURCE_FIELDS`], one line each, for the man page `xce-resources.yaml(5)`.
-pub const RESOURCE_FIELD_DOCS: &[(&str, &str)] = &[
-    ("name", "The resource's name, as the controller and lsload-like tools show it."),
-    ("desc", "What it is, for people (the controller's)."),
-    ("valtype", "numeric, string or boolean: a probe's output that does not parse as it is a failure, never 0."),
-    ("ordtype", "increasing or decreasing (the controller's; checked here)."),
-    ("flags", "The controller's flags; passed through, not read by the agent."),
-    ("interval", "How often the probe runs, a duration; present and above 0 makes the resource dynamic."),
-    ("resourcemap", "Where the resource exists: a list of instances, each `{location: [HOSTS...]}` (host names, node[001-128] ranges, `default`, `all`, `others`) with the controller's `value`."),
-    ("probe", "How this agent gets the value: a mapping whose fields are below."),
+pub const RESOURCE_FIELD_DOCS: &[Field] = &[
+    Field::new("name", "The resource's name, as the controller and lsload-like tools show it."),
+    Field::new("desc", "What it is, for people (the controller's)."),
+    Field::new("valtype", "numeric, string or boolean: a probe's output that does not parse as it is a failure, never 0."),
+    Field::new("ordtype", "increasing or decreasing (the controller's; checked here)."),
+    Field::new("flags", "The controller's flags; passed through, not read by the agent."),
+    Field::new("interval", "How often the probe runs, a duration; present and above 0 makes the resource dynamic.").bounded(Bound::Interval(INTERVAL)),
+    Field::new("resourcemap", "Where the resource exists: a list of instances, each `{location: [HOSTS...]}` (host names, node[001-128] ranges, `default`, `all`, `others`) with the controller's `value`."),
+    Field::new("probe", "How this agent gets the value: a mapping whose fields are below."),
 ];
 
 /// [`INSTANCE_FIELDS`], one line each.
-pub const INSTANCE_FIELD_DOCS: &[(&str, &str)] = &[
-    (
+pub const INSTANCE_FIELD_DOCS: &[Field] = &[
+    Field::new(
         "location",
         "The hosts of this instance: a list (node001, node[001-128], default, all, others).",
     ),
-    (
+    Field::new(
         "value",
         "The controller's static value for the instance; not read by the agent.",
     ),
@@ -181,90 +183,21 @@ impl<'de> Deserialize<'de> for RawInstance {
     }
 }
 
-/// The field names serde derives for struct `T`, so that lists of known fields are never
-/// written by hand: a field added to the struct is known everywhere at once.
-pub fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
-    struct Capture<'a>(&'a mut &'static [&'static str]);
-    impl<'de> Deserializer<'de> for Capture<'_> {
-        type Error = serde::de::value::Error;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(serde::de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _name: &'static str,
-            fields: &'static [&'static str],
-            _visitor: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(serde::de::Error::custom("fields captured"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-            identifier ignored_any
-        }
-    }
-    let mut fields: &'static [&'static str] = &[];
-    let _ = T::deserialize(Capture(&mut fields));
-    fields
-}
-
 /// Fields of `probe:`, which belong there and not on the resource.
 pub fn probe_fields() -> &'static [&'static str] {
     field_names::<RawProbe>()
 }
 
-/// A known field within two edits of `key`, case ignored: `intreval` -> `interval`.
-pub fn near_miss<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
-    let k = key.to_ascii_lowercase();
-    known
-        .iter()
-        .copied()
-        .filter(|f| *f != key)
-        .map(|f| (edit_distance(&k, f), f))
-        .filter(|(d, f)| *d <= if f.len() <= 4 { 1 } else { 2 })
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, f)| f)
-}
-
-/// Up to `n` of `known`, nearest to `key` first (edit distance, case ignored; ties keep
-/// `known`'s order): what a did-you-mean lists when no single near miss stands out.
-pub fn nearest<'a>(key: &str, known: &[&'a str], n: usize) -> Vec<&'a str> {
-    let k = key.to_ascii_lowercase();
-    let mut ranked: Vec<(usize, &'a str)> = known
-        .iter()
-        .map(|f| (edit_distance(&k, &f.to_ascii_lowercase()), *f))
-        .collect();
-    ranked.sort_by_key(|(d, _)| *d);
-    ranked.into_iter().take(n).map(|(_, f)| f).collect()
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
-    }
-    prev[b.len()]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::names::{names_of, near_miss, nearest};
+    use crate::config::probe_spec::RawLimits;
 
     #[test]
     fn the_field_docs_are_the_lists_the_parser_reads() {
-        let names = |docs: &[(&'static str, &'static str)]| -> Vec<&'static str> {
-            docs.iter().map(|(n, _)| *n).collect()
-        };
-        assert_eq!(names(RESOURCE_FIELD_DOCS), RESOURCE_FIELDS);
-        assert_eq!(names(INSTANCE_FIELD_DOCS), INSTANCE_FIELDS);
+        assert_eq!(names_of(RESOURCE_FIELD_DOCS), RESOURCE_FIELDS);
+        assert_eq!(names_of(INSTANCE_FIELD_DOCS), INSTANCE_FIELDS);
     }
 
     #[test]
@@ -292,9 +225,6 @@ mod tests {
             fields.contains(&"kind") && fields.contains(&"stale_after"),
             "{fields:?}"
         );
-        assert_eq!(
-            field_names::<super::super::probe_spec::RawLimits>().len(),
-            6
-        );
+        assert_eq!(field_names::<RawLimits>().len(), 6);
     }
 }

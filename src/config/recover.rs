@@ -125,21 +125,6 @@ fn is_top_level_key(l: &str) -> bool {
         .is_some_and(|c| !matches!(c, ' ' | '\t' | '#' | '-' | '.' | '\r'))
 }
 
-/// The message serde gives for a value of the wrong shape, said the way the admin wrote it.
-pub fn shape_hint(message: &str) -> Option<&'static str> {
-    if message.contains("expected sequence start")
-        || (message.contains("invalid type: string") && message.contains("sequence"))
-    {
-        Some("this field takes a list: write it as [a, b] (or one `- item` per line)")
-    } else if message.contains("invalid type: sequence") || message.contains("invalid type: map") {
-        Some("this field takes one value, not a list or a mapping")
-    } else if message.starts_with("invalid i64") || message.starts_with("invalid u64") {
-        Some("this field takes a whole number")
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,7 +166,7 @@ mod tests {
         let parse = |t: &str| match t.lines().position(|l| l.contains("bad")) {
             Some(i) => Err(ConfigError::new(
                 Path::new("r.yaml"),
-                super::super::error::Pos {
+                crate::config::error::Pos {
                     line: i as u64 + 1,
                     column: 1,
                 },

@@ -8,12 +8,13 @@ use serde_saphyr::Spanned;
 
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
-use super::limits::Bounds;
-use super::pattern::Pattern;
-use super::probe_spec::RawProbe;
-use super::raw::{
-    near_miss, probe_fields, RawResource, RawResourcesFile, INSTANCE_FIELDS, RESOURCE_FIELDS,
-};
+use super::limits::{check_interval, Bounds, INTERVAL};
+use super::names::near_miss;
+use super::probe_spec::{self, ProbeKind, ProbeSpec, RawProbe};
+use super::raw::{probe_fields, RawResource, RawResourcesFile, INSTANCE_FIELDS, RESOURCE_FIELDS};
+use super::recover::{self, Items};
+use super::scalar::format_duration;
+use super::yaml::parse_yaml;
 use crate::value::Valtype;
 
 #[derive(Debug, Clone)]
@@ -103,79 +104,6 @@ pub enum Location {
     Hosts(Vec<String>),
 }
 
-#[derive(Debug, Clone)]
-pub struct ProbeSpec {
-    pub pos: Pos,
-    pub kind: ProbeKind,
-    /// Resources this probe feeds: always includes the resource it is declared on.
-    pub provides: Vec<String>,
-    pub timeout: Option<Duration>,
-    pub stale_after: Option<Duration>,
-}
-
-pub use super::probe_spec::ProbeKind;
-pub use crate::output::Format;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExecSpec {
-    /// The argv; for `shell:`, [`SHELL`], `-c` and the line.
-    pub command: Vec<String>,
-    /// Given as `shell:`: a shell runs `command[2]`.
-    pub shell: bool,
-    pub format: Format,
-    /// `select:` and `aggregate:`: which sample feeds which resource.
-    pub select: crate::output::Selection,
-    pub env: BTreeMap<String, String>,
-    pub run_as: Option<String>,
-    pub limits: Limits,
-    /// `PR_SET_NO_NEW_PRIVS` for the child (default on; off only for a probe that needs a
-    /// setuid helper).
-    pub no_new_privs: bool,
-    /// `stdout: pty` for a program that block-buffers a pipe.
-    pub stdout: super::StdoutMode,
-}
-
-/// The shell that runs a `shell:` line.
-pub const SHELL: &str = "/bin/sh";
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Limits {
-    pub cpu: Option<Duration>,
-    pub address_space: Option<u64>,
-    pub open_files: Option<u64>,
-    pub processes: Option<u64>,
-    /// cgroup `memory.max` of the probe's cgroup (bytes), where containment is on.
-    pub memory: Option<u64>,
-    /// cgroup `pids.max` of the probe's cgroup.
-    pub pids: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct FileSpec {
-    pub path: PathBuf,
-    pub regex: Option<Pattern>,
-    pub max_age: Option<Duration>,
-    pub max_bytes: u64,
-    /// The file's text in a probe output format (a node_exporter textfile); with a
-    /// directory as `path`, its `*.prom` files.
-    pub format: Option<Format>,
-    pub select: crate::output::Selection,
-    /// Who reads the file when the agent is root (default: agent.yaml's `run_as`).
-    pub run_as: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct StreamSpec {
-    pub exec: ExecSpec,
-    /// Values go stale after this long without a line; default 3 intervals.
-    pub silence: Option<Duration>,
-    pub restart_on_silence: bool,
-    /// `stdin: signal`: a newline at each interval asks the child for a batch.
-    pub stdin: super::StdinMode,
-}
-
-pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;
-
 /// Why a name breaks LSF's resource-name rules (config and the wire apply the same ones).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
@@ -213,9 +141,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Resources, ConfigErrors> {
 /// Parse with the bounds agent.yaml sets (the longest interval).
 pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources, ConfigErrors> {
     let (raw, shape_errors): (RawResourcesFile, _) =
-        super::recover::parse_all(text, super::recover::Items::ResourceEntries, |t| {
-            super::limits::parse_yaml(path, t)
-        })?;
+        recover::parse_all(text, Items::ResourceEntries, |t| parse_yaml(path, t))?;
     let mut errs = Errors::new(path);
     errs.list.extend(shape_errors);
     for key in &raw.other_sections {
@@ -254,7 +180,7 @@ pub fn parse_with(path: &Path, text: &str, bounds: &Bounds) -> Result<Resources,
         }
     }
     check_provides(&mut errs, &out.resources, &raw_probes);
-    super::probe_spec::forget_compiled_patterns();
+    probe_spec::forget_compiled_patterns();
     errs.finish()?;
     Ok(out)
 }
@@ -345,11 +271,17 @@ fn resource(
         .as_ref()
         .and_then(|i| match i.value.to_duration() {
             Ok(d) if d.is_zero() => None,
-            Ok(d) if d < Duration::from_secs(1) => {
-                errs.at(Pos::of(i), "interval must be at least 1s");
+            Ok(d) if d < INTERVAL.min => {
+                errs.at(
+                    Pos::of(i),
+                    format!(
+                        "interval must be at least {}",
+                        format_duration(INTERVAL.min)
+                    ),
+                );
                 None
             }
-            Ok(d) => super::limits::check_interval(d, bounds)
+            Ok(d) => check_interval(d, bounds)
                 .map_err(|e| errs.at(Pos::of(i), e))
                 .ok(),
             Err(e) => {
@@ -368,7 +300,7 @@ fn resource(
                 ),
             );
         }
-        let mut probe = super::probe_spec::probe(errs, p, &name.value)?;
+        let mut probe = probe_spec::probe(errs, p, &name.value)?;
         if let Some(spec) = probe.kind.exec_spec_mut() {
             spec.limits.pids = spec.limits.pids.or(bounds.probe_pids_max);
         }

@@ -173,6 +173,18 @@ pub fn format_duration(d: Duration) -> String {
     }
 }
 
+/// A size as `to_bytes` reads it, in the largest unit that holds it whole (`16MiB`,
+/// `1024TiB`; plain bytes otherwise), so a message's size can be written back.
+pub fn format_size(bytes: u64) -> String {
+    match [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")]
+        .into_iter()
+        .find(|(shift, _)| bytes != 0 && bytes % (1u64 << shift) == 0)
+    {
+        Some((shift, name)) => format!("{}{name}", bytes >> shift),
+        None => bytes.to_string(),
+    }
+}
+
 enum Refused {
     TooLarge,
     Because(String),
@@ -337,6 +349,20 @@ mod tests {
                 Scalar::Text(text).to_duration(),
                 Ok(Duration::from_secs(secs))
             );
+        }
+    }
+
+    #[test]
+    fn sizes_are_written_back_in_the_largest_whole_unit() {
+        for (bytes, written) in [
+            (0, "0"),
+            (1, "1"),
+            (1536, "1536"),
+            (16 << 20, "16MiB"),
+            (1 << 50, "1024TiB"),
+        ] {
+            assert_eq!(format_size(bytes), written);
+            assert_eq!(Scalar::Text(written.into()).to_bytes(), Ok(bytes));
         }
     }
 

@@ -11,9 +11,8 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
+use super::kind_spec::SHELL;
 use super::probe_output;
-use super::probe_spec::RawProbe;
-use super::resources::SHELL;
 
 /// `shell:` as written: one command line. A list is refused with the field it belongs in.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,8 +41,15 @@ impl<'de> Deserialize<'de> for RawShell {
 
 /// The argv of the probe's `command:` or `shell:`; errors (neither, both, an empty one, a
 /// list whose program has spaces) go to `errs`.
-pub fn argv(errs: &mut Errors, raw: &RawProbe, pos: Pos) -> Option<Vec<String>> {
-    match (&raw.command, &raw.shell) {
+pub fn argv(
+    errs: &mut Errors,
+    (command, shell): (
+        &Option<Spanned<probe_output::RawCommand>>,
+        &Option<Spanned<RawShell>>,
+    ),
+    pos: Pos,
+) -> Option<Vec<String>> {
+    match (command, shell) {
         (None, None) => {
             errs.at(
                 pos,

@@ -82,6 +82,21 @@ pub fn hint(text: &str, pos: Pos, message: &str) -> (Pos, Option<String>) {
     (pos, None)
 }
 
+/// The message serde gives for a value of the wrong shape, said the way the admin wrote it.
+pub fn shape_hint(message: &str) -> Option<&'static str> {
+    if message.contains("expected sequence start")
+        || (message.contains("invalid type: string") && message.contains("sequence"))
+    {
+        Some("this field takes a list: write it as [a, b] (or one `- item` per line)")
+    } else if message.contains("invalid type: sequence") || message.contains("invalid type: map") {
+        Some("this field takes one value, not a list or a mapping")
+    } else if message.starts_with("invalid i64") || message.starts_with("invalid u64") {
+        Some("this field takes a whole number")
+    } else {
+        None
+    }
+}
+
 fn indent(line: &str) -> usize {
     line.len() - line.trim_start_matches(' ').len()
 }

@@ -3,12 +3,17 @@
 //! (applied at most once per `MIN_GAP`, the last one wins), a flap that ends where it began is
 //! no change at all, and the caller logs one line per change that did take effect.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::client::Assigned;
+use crate::plan::Assignment;
+
+/// The (name, instance) pairs of shared instances the controller assigned to this host: what
+/// the link receives in a welcome and `make_plan` is given once the gate lets it through.
+pub type Assigned = BTreeSet<Assignment>;
 
 /// Least time between two applied assignment changes.
 pub const MIN_GAP: Duration = Duration::from_secs(1);

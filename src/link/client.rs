@@ -9,7 +9,6 @@
 //! thing shared with the probes, and it holds one slot per resource: while the controller is
 //! away or reads slowly, memory is the store plus the one frame being written.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -22,16 +21,16 @@ use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::limits::{self, Pace, Warnings, WARN_INTERVAL};
+use super::assignment::Assigned;
+use super::name_rules::check_names;
+use super::pace::{Pace, CONTROLLER_MESSAGES_PER_SEC};
 use super::tls::{self, LinkStream};
+use super::warning_throttle::{Warnings, WARN_INTERVAL};
 use super::wire::{self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError};
 use crate::config::agent::normalize_controller;
 use crate::store::{Store, Versions};
 use crate::text::escape;
 use crate::value::unix_ms;
-
-/// The (name, instance) pairs of shared instances the controller assigned to this host.
-pub type Assigned = BTreeSet<(String, String)>;
 
 /// How the link behaves. `Default` gives production values; tests shrink the durations.
 #[derive(Debug, Clone)]
@@ -1058,10 +1057,10 @@ async fn write_frame(
 }
 
 /// Read controller messages until the connection ends; returns why it ended. A controller
-/// is held to the limits of a receiver: a welcome longer than `limits::MAX_ASSIGNED` ends the
-/// connection from its list header, one with a name that breaks the rules is refused
+/// is held to the limits of a receiver: a welcome longer than `frame_limits::MAX_ASSIGNED`
+/// ends the connection from its list header, one with a name that breaks the rules is refused
 /// (counted, logged once per interval), the loop yields after every frame and reads at most
-/// `limits::CONTROLLER_MESSAGES_PER_SEC` frames a second after a burst. Logging an
+/// `CONTROLLER_MESSAGES_PER_SEC` frames a second after a burst. Logging an
 /// assignment that took effect is the daemon's (once per change, coalesced).
 /// How much of a controller's refusal text the agent logs.
 const MAX_REFUSAL_TEXT: usize = 512;
@@ -1077,7 +1076,7 @@ async fn read_controller(
     let failure = tls::FailureSlot::default();
     let mut rd = BufReader::new(tls::WatchFailure::new(rd, Arc::clone(&failure))).compat();
     let mut warnings = Warnings::new(WARN_INTERVAL);
-    let mut pace = Pace::new(limits::CONTROLLER_MESSAGES_PER_SEC);
+    let mut pace = Pace::new(CONTROLLER_MESSAGES_PER_SEC);
     loop {
         // Beyond the rate, the controller waits on TCP, not the agent on the controller.
         pace.take().await;
@@ -1102,7 +1101,7 @@ async fn read_controller(
             Ok(ControllerMessage::Welcome(list)) => {
                 LinkStats::add(&stats.welcomes, 1);
                 let now = tokio::time::Instant::now();
-                match list.iter().try_for_each(|(n, i)| limits::check_names(n, i)) {
+                match list.iter().try_for_each(|(n, i)| check_names(n, i)) {
                     Ok(()) => {
                         let set: Assigned = list.into_iter().collect();
                         debug!(assigned = set.len(), "welcome from the controller");

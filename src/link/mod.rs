@@ -3,7 +3,10 @@
 //! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
 //! - [`assignment`]: when a welcome's assignment takes effect (coalesced, once per second).
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
-//! - [`limits`]: what a frame may cost (list bounds, name rules, warning rate limits).
+//! - [`frame_limits`]: what a frame may carry (list bounds, text lengths).
+//! - [`name_rules`]: a frame's names against the rules resources.yaml is held to.
+//! - [`warning_throttle`]: a connection's repeated warnings, one summary per interval.
+//! - [`pace`]: how fast the agent reads a controller's messages.
 //! - [`receiver`]: the reference receiver behind `xce-agent listen`.
 //! - [`tls`]: TLS 1.3 with a certificate on both ends; the hello's host bound to the SANs.
 //!
@@ -16,7 +19,10 @@ pub mod agent_capnp;
 
 pub mod assignment;
 pub mod client;
-pub mod limits;
+pub mod frame_limits;
+pub mod name_rules;
+pub mod pace;
 pub mod receiver;
 pub mod tls;
+pub mod warning_throttle;
 pub mod wire;

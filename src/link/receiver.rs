@@ -29,8 +29,10 @@ use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::limits::{self, FrameLimits, Warnings, LISTEN_BUFFER_BYTES, WARN_INTERVAL};
+use super::frame_limits::FrameLimits;
+use super::name_rules::{check_hello, check_names, HelloError};
 use super::tls::{self, LinkStream};
+use super::warning_throttle::{Warnings, WARN_INTERVAL};
 use super::wire::{
     self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION, VERDICT_VERSION,
@@ -297,6 +299,10 @@ struct LineSink {
     tx: mpsc::UnboundedSender<(String, OwnedSemaphorePermit)>,
     budget: Arc<Semaphore>,
 }
+
+/// Bytes of printed output `listen` holds for a slow stdout before its connections stop
+/// reading (and TCP pushes back on the agents).
+pub const LISTEN_BUFFER_BYTES: usize = 1 << 20;
 
 /// What an entry costs beyond its text (the String and the channel node).
 const ENTRY_OVERHEAD: usize = 64;
@@ -844,9 +850,9 @@ impl Conn {
                 if h.host.is_empty() {
                     return Err(protocol("hello without a host name".into()));
                 }
-                limits::check_hello(&h).map_err(|e| {
+                check_hello(&h).map_err(|e| {
                     let reason = match e {
-                        limits::HelloError::TextTooLong { .. } => Reason::Limit,
+                        HelloError::TextTooLong { .. } => Reason::Limit,
                         _ => Reason::Protocol,
                     };
                     (reason, format!("hello refused: {e}"))
@@ -962,7 +968,7 @@ impl Conn {
         if r.name.is_empty() {
             return Err(("empty name", "empty name".into()));
         }
-        limits::check_names(&r.name, &r.instance).map_err(|e| ("bad name", e.to_string()))?;
+        check_names(&r.name, &r.instance).map_err(|e| ("bad name", e.to_string()))?;
         let key = (r.name.clone(), r.instance.clone());
         let Some(valtype) = self.declared.get(&key) else {
             return Err(("undeclared", "not declared in hello".into()));

@@ -7,7 +7,7 @@ use capnp::serialize;
 use futures::io::AsyncRead;
 
 use super::agent_capnp as schema;
-use super::limits::FrameLimits;
+use super::frame_limits::FrameLimits;
 use crate::value::{Resval, Status, Valtype, Value};
 
 /// Version of the protocol this code speaks (the schema's `protocolVersion`).
@@ -349,7 +349,7 @@ pub fn decode_controller<S: message::ReaderSegments>(
             bounded(
                 "Welcome.assigned",
                 list.len(),
-                super::limits::MAX_ASSIGNED,
+                super::frame_limits::MAX_ASSIGNED,
                 "a welcome may assign",
             )?;
             let mut out = Vec::with_capacity(list.len() as usize);

@@ -150,7 +150,7 @@ pub fn child_spec(
         child.args = resolved
             .args
             .iter()
-            .chain(std::iter::once(&crate::config::resources::SHELL.to_owned()))
+            .chain(std::iter::once(&crate::config::kind_spec::SHELL.to_owned()))
             .chain(&peer_args)
             .map(OsString::from)
             .collect();

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 
+use crate::config::names::Field;
 use crate::config::probe_spec::{self, FIELDS, FIELD_DOCS, LIMIT_FIELD_DOCS};
 use crate::config::scalar::DURATION_GRAMMAR;
 use crate::config::{agent, INSTANCE_FIELD_DOCS, RESOURCE_FIELD_DOCS};
@@ -36,9 +37,21 @@ fn section(out: &mut String, title: &str, intro: &str) {
     }
 }
 
-/// One field: `.TP`, the name in bold, then its line (and what else is said of it).
-fn field(out: &mut String, name: &str, doc: &str, extra: &str) {
-    let _ = writeln!(out, ".TP\n.B {}\n{}{}", roff(name), roff(doc), roff(extra));
+/// One field: `.TP`, the name in bold (under `prefix`, e.g. `tls.`), then its line, its
+/// bound as its row in the field table declares it, and what else is said of it.
+fn field(out: &mut String, prefix: &str, f: &Field, extra: &str) {
+    let range = f
+        .bound
+        .map(|b| format!(" Range: {}.", b.describe()))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        ".TP\n.B {}\n{}{}{}",
+        roff(&format!("{prefix}{}", f.name)),
+        roff(f.doc),
+        roff(&range),
+        roff(extra)
+    );
 }
 
 fn durations(out: &mut String) {
@@ -67,16 +80,16 @@ pub fn agent_yaml() -> String {
          does not know is an error. `xce-agent check` validates it with resources.yaml.",
     );
     section(&mut out, "FIELDS", "");
-    for (name, doc) in agent::FIELD_DOCS {
-        field(&mut out, name, doc, "");
+    for f in agent::FIELD_DOCS {
+        field(&mut out, "", f, "");
     }
     section(
         &mut out,
         "TLS FIELDS",
         "Under tls:. ca, cert and key are required.",
     );
-    for (name, doc) in agent::TLS_FIELD_DOCS {
-        field(&mut out, &format!("tls.{name}"), doc, "");
+    for f in agent::TLS_FIELD_DOCS {
+        field(&mut out, "tls.", f, "");
     }
     durations(&mut out);
     section(&mut out, "SEE ALSO", "xce-agent(1), xce-resources.yaml(5)");
@@ -99,16 +112,16 @@ pub fn resources_yaml() -> String {
          are tolerated, unless one looks like a misspelling of a field below.",
     );
     section(&mut out, "RESOURCE FIELDS", "");
-    for (name, doc) in RESOURCE_FIELD_DOCS {
-        field(&mut out, name, doc, "");
+    for f in RESOURCE_FIELD_DOCS {
+        field(&mut out, "", f, "");
     }
     section(
         &mut out,
         "RESOURCEMAP FIELDS",
         "Each entry of resourcemap:.",
     );
-    for (name, doc) in INSTANCE_FIELD_DOCS {
-        field(&mut out, name, doc, "");
+    for f in INSTANCE_FIELD_DOCS {
+        field(&mut out, "", f, "");
     }
     section(
         &mut out,
@@ -119,20 +132,20 @@ pub fn resources_yaml() -> String {
             probe_spec::kind_names().join(", ")
         ),
     );
-    for ((name, takes), (_, doc)) in FIELDS.iter().zip(FIELD_DOCS) {
+    for ((_, takes), f) in FIELDS.iter().zip(FIELD_DOCS) {
         let kinds = match takes {
             probe_spec::Takes::Every => "every kind".to_owned(),
             probe_spec::Takes::Only(kinds) => kinds.join(", "),
         };
-        field(&mut out, name, doc, &format!(" Kinds: {kinds}."));
+        field(&mut out, "", f, &format!(" Kinds: {kinds}."));
     }
     section(
         &mut out,
         "LIMITS FIELDS",
         "Under probe: limits: (exec and stream probes).",
     );
-    for (name, doc) in LIMIT_FIELD_DOCS {
-        field(&mut out, &format!("limits.{name}"), doc, "");
+    for f in LIMIT_FIELD_DOCS {
+        field(&mut out, "limits.", f, "");
     }
     durations(&mut out);
     section(&mut out, "SEE ALSO", "xce-agent(1), xce-agent.yaml(5)");

@@ -194,7 +194,7 @@ impl ProbeDebug<'_> {
                 let _ = writeln!(
                     t,
                     "  shell:     {} -c runs the `shell:` line (as the user below)",
-                    crate::config::resources::SHELL
+                    crate::config::kind_spec::SHELL
                 );
             }
             if let Some(found) = &exec.found {

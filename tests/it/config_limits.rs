@@ -9,6 +9,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
+use xce_agent::config::limits::Bound;
+use xce_agent::config::scalar::{format_duration, format_size};
 use xce_agent::config::{self, agent, resources, Config};
 use xce_agent::plan::make_plan;
 
@@ -317,4 +319,128 @@ async fn sighup_with_an_overflowing_interval_keeps_the_running_plan() {
     site.wait_runs("count", runs + 2).await;
     agent.assert_alive();
     assert!(agent.terminate().await.success());
+}
+
+/// A value of `bound`'s kind as YAML writes it (durations in seconds).
+fn written(bound: Bound, n: u64) -> String {
+    match bound {
+        Bound::Duration(_) | Bound::Interval(_) => format!("{n}s"),
+        Bound::Count(_) | Bound::Size(_) => n.to_string(),
+    }
+}
+
+/// `bound`'s ends in the unit `written` takes.
+fn ends(bound: Bound) -> (u64, u64) {
+    match bound {
+        Bound::Duration(b) | Bound::Interval(b) => (b.min.as_secs(), b.max.as_secs()),
+        Bound::Count(b) | Bound::Size(b) => (b.min, b.max),
+    }
+}
+
+/// Parse one file holding `field: value` where the field lives (`place`): the errors' text,
+/// empty when it loads.
+fn parse_with_field(place: &str, field: &str, value: &str) -> String {
+    let agent = |text: String| agent::parse(Path::new("agent.yaml"), &text).err();
+    let resource = |probe: String| {
+        let text = format!("resources:\n  - name: x\n    interval: 30\n    probe: {probe}\n");
+        resources::parse(Path::new("resources.yaml"), &text).err()
+    };
+    let errors = match place {
+        "agent" => agent(format!("{field}: {value}\n")),
+        "tls" => agent(format!(
+            "tls: {{ca: c, cert: c, key: k, {field}: {value}}}\n"
+        )),
+        "resource" => resources::parse(
+            Path::new("resources.yaml"),
+            &format!("resources:\n  - name: x\n    {field}: {value}\n"),
+        )
+        .err(),
+        "limits" => resource(format!(
+            "{{kind: exec, command: [p], limits: {{{field}: {value}}}}}"
+        )),
+        kind => {
+            let needs = match kind {
+                "exec" | "stream" => ", command: [p]",
+                "file" => ", path: /proc/uptime",
+                _ => "",
+            };
+            resource(format!("{{kind: {kind}{needs}, {field}: {value}}}"))
+        }
+    };
+    errors.map(|e| e.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn every_bounded_field_is_checked_at_its_table_bound_and_the_man_page_shows_it() {
+    use xce_agent::config::names::Field;
+    use xce_agent::config::probe_spec::{self, Takes};
+    use xce_agent::render::man;
+
+    // Every field table with a bound, where its fields are written, and its man page.
+    let mut rows: Vec<(String, Field, String)> = Vec::new();
+    let agent_page = man::agent_yaml();
+    let resources_page = man::resources_yaml();
+    for f in agent::FIELD_DOCS {
+        rows.push(("agent".into(), *f, String::new()));
+    }
+    for f in agent::TLS_FIELD_DOCS {
+        rows.push(("tls".into(), *f, "tls.".into()));
+    }
+    for f in config::RESOURCE_FIELD_DOCS {
+        rows.push(("resource".into(), *f, String::new()));
+    }
+    for ((_, takes), f) in probe_spec::FIELDS.iter().zip(probe_spec::FIELD_DOCS) {
+        let kind = match takes {
+            Takes::Every => "builtin",
+            Takes::Only(kinds) => kinds[0],
+        };
+        rows.push((kind.into(), *f, String::new()));
+    }
+    for f in probe_spec::LIMIT_FIELD_DOCS {
+        rows.push(("limits".into(), *f, "limits.".into()));
+    }
+    let mut checked = 0;
+    for (place, f, prefix) in rows {
+        let Some(bound) = f.bound else { continue };
+        checked += 1;
+        let name = f.name;
+        let (min, max) = ends(bound);
+        let at = |n: u64| parse_with_field(&place, name, &written(bound, n));
+        assert_eq!(at(max), "", "{prefix}{name} at its table's largest, {max}");
+        assert_eq!(at(min), "", "{prefix}{name} at its table's smallest, {min}");
+        // The error names the field (`cpu limit`, `tls.expiry_warning`) and the bound.
+        let past = at(max + 1);
+        let largest = match bound {
+            Bound::Duration(b) | Bound::Interval(b) => vec![format_duration(b.max)],
+            Bound::Count(b) => vec![b.max.to_string()],
+            Bound::Size(b) => vec![b.max.to_string(), format_size(b.max)],
+        };
+        assert!(
+            past.contains(name.split('_').next().unwrap_or(name))
+                && largest.iter().any(|l| past.contains(&format!(" {l}"))),
+            "{prefix}{name} past its table's largest, {max}: {past:?}"
+        );
+        // An interval of 0 is no error but a static resource.
+        if min > 0 && !matches!(bound, Bound::Interval(_)) {
+            let below = at(min - 1);
+            assert!(
+                below.contains(name),
+                "{prefix}{name} below its table's smallest, {min}: {below:?}"
+            );
+        }
+        let page = if ["agent", "tls"].contains(&place.as_str()) {
+            &agent_page
+        } else {
+            &resources_page
+        };
+        let entry = format!(".B {prefix}{name}\n");
+        let line = page
+            .split(&entry)
+            .nth(1)
+            .and_then(|rest| rest.lines().next())
+            .unwrap_or_else(|| panic!("{prefix}{name} is not on its man page"));
+        let range = format!("Range: {}.", bound.describe()).replace('-', "\\-");
+        assert!(line.contains(&range), "{prefix}{name}: {line}");
+    }
+    assert_eq!(checked, 17, "the bounded fields");
 }

@@ -12,7 +12,7 @@ use std::cell::Cell;
 
 use proptest::prelude::*;
 use xce_agent::link::agent_capnp;
-use xce_agent::link::limits::{FrameLimits, MAX_ASSIGNED, MAX_DECLARED};
+use xce_agent::link::frame_limits::{FrameLimits, MAX_ASSIGNED, MAX_DECLARED};
 use xce_agent::link::wire::{
     self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, WireError, MAX_FRAME_BYTES,
 };

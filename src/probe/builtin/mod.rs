@@ -78,12 +78,15 @@ const INCREASING: bool = true;
 /// LSF ordtype `decreasing`: more is better (free space).
 const DECREASING: bool = false;
 
-/// Declares the indices, one line each: `Variant => name, unit, ordtype, description`.
-/// Generates `Ix` (a collector's handle on its slot), `COUNT` and [`CATALOGUE`] in one
-/// order, so they cannot drift apart. A new index is one line here plus the collector that
-/// fills its slot (`slots.ok(Ix::Variant, value)`).
+/// Declares the indices, one line each: `Variant => name, unit, ordtype, description`, and
+/// for an index read straight from /proc/meminfo `, meminfo: its field` (bytes).
+/// Generates `Ix` (a collector's handle on its slot), `COUNT`, [`CATALOGUE`] and
+/// [`MEMINFO`] in one order, so they cannot drift apart. A new index is one line here plus
+/// the collector that fills its slot (`slots.ok(Ix::Variant, value)`); a new meminfo index
+/// is the line alone.
 macro_rules! indices {
-    ($($variant:ident => $name:literal, $unit:literal, $increasing:expr, $desc:literal;)*) => {
+    ($($variant:ident => $name:literal, $unit:literal, $increasing:expr, $desc:literal
+        $(, meminfo: $meminfo:expr)?;)*) => {
         /// Positions in [`CATALOGUE`]; the sampler keeps one slot per index in this order.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub(crate) enum Ix {
@@ -100,6 +103,11 @@ macro_rules! indices {
                 increasing: $increasing,
             },)*
         ];
+
+        /// The indices read straight from /proc/meminfo, each with the field it reports.
+        const MEMINFO: &[(Ix, fn(&procfs::Meminfo) -> u64)] = &[
+            $($((Ix::$variant, $meminfo),)?)*
+        ];
     };
 }
 
@@ -113,11 +121,11 @@ indices! {
     Ls => "ls", "users", INCREASING, "Distinct users logged in";
     It => "it", "minutes", DECREASING, "Idle time of the keyboards, mice and terminals";
     Tmp => "tmp", "MB", DECREASING, "Space available in /tmp";
-    Swp => "swp", "MB", DECREASING, "Free swap space";
-    Mem => "mem", "MB", DECREASING, "Available memory (MemAvailable)";
+    Swp => "swp", "MB", DECREASING, "Free swap space", meminfo: |m| m.swap_free;
+    Mem => "mem", "MB", DECREASING, "Available memory (MemAvailable)", meminfo: space::available;
     Ncpus => "ncpus", "cpus", DECREASING, "Online CPUs";
-    Maxmem => "maxmem", "MB", DECREASING, "Total memory";
-    Maxswp => "maxswp", "MB", DECREASING, "Total swap space";
+    Maxmem => "maxmem", "MB", DECREASING, "Total memory", meminfo: |m| m.mem_total;
+    Maxswp => "maxswp", "MB", DECREASING, "Total swap space", meminfo: |m| m.swap_total;
     Maxtmp => "maxtmp", "MB", DECREASING, "Size of the /tmp file system";
     CpuPsi => "cpu_psi", "%", INCREASING, "CPU pressure stall, some avg10";
     MemPsi => "mem_psi", "%", INCREASING, "Memory pressure stall, some avg10";

@@ -11,10 +11,14 @@
 
 use procfs::FromRead;
 
-use super::{read_file, Ix, ReadError, Roots, Slots, MIB};
+use super::{read_file, Ix, ReadError, Roots, Slots, MEMINFO, MIB};
 
-const MEMINFO_INDICES: [Ix; 4] = [Ix::Mem, Ix::Swp, Ix::Maxmem, Ix::Maxswp];
+/// `mem`: MemAvailable, or where the kernel has none (before 3.14) its old approximation.
+pub(super) fn available(m: &procfs::Meminfo) -> u64 {
+    m.mem_available.unwrap_or(m.mem_free + m.buffers + m.cached)
+}
 
+/// Every index of the table's `meminfo:` column, from one read of /proc/meminfo.
 pub(crate) fn sample_memory(roots: &Roots, buf: &mut Vec<u8>, slots: &mut Slots) {
     let path = roots.proc.join("meminfo");
     let info = read_file(&path, buf).and_then(|()| {
@@ -22,14 +26,15 @@ pub(crate) fn sample_memory(roots: &Roots, buf: &mut Vec<u8>, slots: &mut Slots)
     });
     match info {
         Ok(m) => {
-            // procfs gives bytes.
-            let available = m.mem_available.unwrap_or(m.mem_free + m.buffers + m.cached);
-            slots.ok(Ix::Mem, available as f64 / MIB);
-            slots.ok(Ix::Swp, m.swap_free as f64 / MIB);
-            slots.ok(Ix::Maxmem, m.mem_total as f64 / MIB);
-            slots.ok(Ix::Maxswp, m.swap_total as f64 / MIB);
+            for (ix, field) in MEMINFO {
+                // procfs gives bytes.
+                slots.ok(*ix, field(&m) as f64 / MIB);
+            }
         }
-        Err(e) => slots.fail(&MEMINFO_INDICES, &e.to_string()),
+        Err(e) => {
+            let indices: Vec<Ix> = MEMINFO.iter().map(|(ix, _)| *ix).collect();
+            slots.fail(&indices, &e.to_string());
+        }
     }
 }
 

@@ -1,0 +1,71 @@
+//! What each probe kind runs or reads, validated: the program of an exec or stream probe
+//! with its limits, the file of a file probe. Below `probe_spec`, whose kind table builds
+//! these; above the field shapes they are made of.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::pattern::Pattern;
+use super::stdio::{StdinMode, StdoutMode};
+use crate::output::{Format, Selection};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecSpec {
+    /// The argv; for `shell:`, [`SHELL`], `-c` and the line.
+    pub command: Vec<String>,
+    /// Given as `shell:`: a shell runs `command[2]`.
+    pub shell: bool,
+    pub format: Format,
+    /// `select:` and `aggregate:`: which sample feeds which resource.
+    pub select: Selection,
+    pub env: BTreeMap<String, String>,
+    pub run_as: Option<String>,
+    pub limits: Limits,
+    /// `PR_SET_NO_NEW_PRIVS` for the child (default on; off only for a probe that needs a
+    /// setuid helper).
+    pub no_new_privs: bool,
+    /// `stdout: pty` for a program that block-buffers a pipe.
+    pub stdout: StdoutMode,
+}
+
+/// The shell that runs a `shell:` line.
+pub const SHELL: &str = "/bin/sh";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu: Option<Duration>,
+    pub address_space: Option<u64>,
+    pub open_files: Option<u64>,
+    pub processes: Option<u64>,
+    /// cgroup `memory.max` of the probe's cgroup (bytes), where containment is on.
+    pub memory: Option<u64>,
+    /// cgroup `pids.max` of the probe's cgroup.
+    pub pids: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileSpec {
+    pub path: PathBuf,
+    pub regex: Option<Pattern>,
+    pub max_age: Option<Duration>,
+    pub max_bytes: u64,
+    /// The file's text in a probe output format (a node_exporter textfile); with a
+    /// directory as `path`, its `*.prom` files.
+    pub format: Option<Format>,
+    pub select: Selection,
+    /// Who reads the file when the agent is root (default: agent.yaml's `run_as`).
+    pub run_as: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSpec {
+    pub exec: ExecSpec,
+    /// Values go stale after this long without a line; default 3 intervals.
+    pub silence: Option<Duration>,
+    pub restart_on_silence: bool,
+    /// `stdin: signal`: a newline at each interval asks the child for a batch.
+    pub stdin: StdinMode,
+}
+
+pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;
