@@ -15,43 +15,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ProbeKind;
 use crate::plan::{Plan, ProbeTask};
-use crate::probe::exec::OutputLog;
-use crate::probe::{self, Outcome, ProbeContext, ProbeRun};
+use crate::probe::sink::Sink;
+use crate::probe::{self, ProbeContext, ProbeRun};
 use crate::reload::{probe_changes, Changes, ProbeKey};
 use crate::stats::Stats;
 use crate::store::Store;
-use crate::value::Reading;
 
 /// After a (re)start the first runs spread over at most this long, not a whole interval:
 /// an hourly probe must not leave its value pending for an hour.
 pub const STARTUP_SPREAD: Duration = Duration::from_secs(15);
-
-/// Count one run in its probe's counters.
-fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
-    let s = stats.probe(name);
-    match run.outcome {
-        Outcome::Ok => {
-            s.ok.fetch_add(1, Ordering::Relaxed);
-            s.last_success_ms
-                .store(crate::value::unix_ms(SystemTime::now()), Ordering::Relaxed);
-        }
-        Outcome::Failed => {
-            s.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        Outcome::TimedOut => {
-            s.timeout.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    s.last_duration_us
-        .store(run.duration.as_micros() as u64, Ordering::Relaxed);
-    s.agent_cpu_ns
-        .fetch_add(run.agent_cpu.as_nanos() as u64, Ordering::Relaxed);
-    s.unexpected_names.fetch_add(
-        (run.unexpected.len() + run.unexpected_more) as u64,
-        Ordering::Relaxed,
-    );
-    s.duration.observe(run.duration);
-}
 
 /// The next wall-clock slot of a probe: the first t > now with (t - splay) % interval == 0.
 pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Duration {
@@ -62,7 +34,7 @@ pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Durati
     Duration::from_millis(u64::try_from(interval_ms - phase).unwrap_or(u64::MAX))
 }
 
-/// Record a run's readings and say what went wrong, once per change of error.
+/// Record a run's readings (a one-shot pass, which counts and logs nothing: it prints).
 pub fn record_run(store: &Store, task: &ProbeTask, run: &ProbeRun) {
     let at = run.started + run.duration;
     for (name, reading) in &run.readings {
@@ -210,6 +182,17 @@ async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {
     }
 }
 
+/// What one probe's loop and each of its runs share: one allocation per probe, one `Arc`
+/// cloned per run (not a clone of each part per tick).
+struct Shared {
+    task: Arc<ProbeTask>,
+    ctx: ProbeContext,
+    budget: Arc<Semaphore>,
+    cancel: CancellationToken,
+    /// Where the runs go; locked once a run has ended, for its counting and recording.
+    sink: Mutex<Sink>,
+}
+
 async fn probe_loop(
     task: Arc<ProbeTask>,
     ctx: ProbeContext,
@@ -224,6 +207,7 @@ async fn probe_loop(
         Box::pin(probe::stream::supervise(task, ctx, store, stats, cancel)).await;
         return;
     }
+    let probe_stats = stats.probe(&task.name);
     let spread = task.interval.min(STARTUP_SPREAD);
     let first = Duration::from_millis((task.splay.as_millis() % spread.as_millis().max(1)) as u64);
     let mut next = later(first);
@@ -231,52 +215,43 @@ async fn probe_loop(
         let at = SystemTime::now()
             .checked_add(after)
             .map_or(u64::MAX, crate::value::unix_ms);
-        stats
-            .probe(&task.name)
-            .next_due_ms
-            .store(at, Ordering::Relaxed);
+        probe_stats.next_due_ms.store(at, Ordering::Relaxed);
     };
     due(first);
     let mut inflight: Option<JoinHandle<()>> = None;
-    // What this probe already logged, so a misbehaving probe does not repeat itself.
-    let output_log = Arc::new(Mutex::new(OutputLog::default()));
+    let shared = Arc::new(Shared {
+        sink: Mutex::new(Sink::new(task.clone(), store, &stats)),
+        task,
+        ctx,
+        budget,
+        cancel,
+    });
     // Skipped ticks are logged once per streak, not once per tick.
     let mut skipping = false;
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => break,
+            _ = shared.cancel.cancelled() => break,
             _ = sleep_until(next) => {}
         }
-        let after = next_slot(SystemTime::now(), task.interval, task.splay);
+        let after = next_slot(SystemTime::now(), shared.task.interval, shared.task.splay);
         next = later(after);
         due(after);
         if inflight.as_ref().is_some_and(|h| !h.is_finished()) {
-            stats
-                .probe(&task.name)
-                .skipped_overlap
-                .fetch_add(1, Ordering::Relaxed);
+            probe_stats.skipped_overlap.fetch_add(1, Ordering::Relaxed);
             if !std::mem::replace(&mut skipping, true) {
-                tracing::warn!(probe = %task.name, "still running at its next tick; this run is skipped (and later ones, until it ends)");
+                tracing::warn!(probe = %shared.task.name, "still running at its next tick; this run is skipped (and later ones, until it ends)");
             }
             continue;
         }
         skipping = false;
-        let (task, ctx, store, budget, stats, cancel, output_log) = (
-            task.clone(),
-            ctx.clone(),
-            store.clone(),
-            budget.clone(),
-            stats.clone(),
-            cancel.clone(),
-            output_log.clone(),
-        );
+        let shared = shared.clone();
         inflight = Some(tokio::spawn(async move {
             // Boxed so the run's large state machine is freed when the run ends: the task's
             // own allocation lives on until its handle is dropped at the next slot (an hour
             // for some probes), and an idle agent holds one per probe.
-            let run = Box::pin(run_one(&task, &ctx, &store, &budget, &stats, &output_log));
+            let run = Box::pin(run_one(&shared));
             tokio::select! {
-                _ = cancel.cancelled() => {}
+                _ = shared.cancel.cancelled() => {}
                 _ = run => {}
             }
         }));
@@ -295,49 +270,26 @@ fn later(after: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-async fn run_one(
-    task: &ProbeTask,
-    ctx: &ProbeContext,
-    store: &Store,
-    budget: &Semaphore,
-    stats: &Stats,
-    output_log: &Mutex<OutputLog>,
-) {
-    let _permit = match uses_budget(task) {
-        true => match budget.acquire().await {
+async fn run_one(shared: &Shared) {
+    let _permit = match uses_budget(&shared.task) {
+        true => match shared.budget.acquire().await {
             Ok(p) => Some(p),
             Err(_) => return,
         },
         false => None,
     };
-    let run = probe::run_once(task, ctx).await;
-    count_run(stats, &task.name, &run);
-    output_log
+    let run = probe::run_once(&shared.task, &shared.ctx).await;
+    shared
+        .sink
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .log_run(&task.name, &run);
-    log_run(task, &run, store);
-    record_run(store, task, &run);
+        .take(&run);
 }
 
 /// File reads have their own capacity (`file_reader`): a hung filesystem must not take the
 /// budget that exec probes and the builtins run on.
 fn uses_budget(task: &ProbeTask) -> bool {
     !matches!(task.kind, ProbeKind::File(_))
-}
-
-/// Log a failure when it is new (the resource was not already failing with the same error),
-/// so a broken probe does not write the same line every interval.
-fn log_run(task: &ProbeTask, run: &ProbeRun, store: &Store) {
-    let Some(err) = run.error() else { return };
-    let previous = store.get(&task.name, &task.instance).and_then(|r| r.error);
-    if previous.as_deref() != Some(err) {
-        let stderr = run.exec.as_ref().map(|e| e.stderr.as_str()).unwrap_or("");
-        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %crate::text::escape(stderr.trim()), "{}", crate::text::escape(err));
-    }
-    if let Some(Reading::Ok(_)) = run.readings.first().map(|(_, r)| r) {
-        tracing::debug!(probe = %task.name, "ok");
-    }
 }
 
 /// Run every probe of `plan` once, at most `max_parallel` at a time, record the readings,
@@ -359,10 +311,7 @@ pub async fn run_all_once(
                 false => None,
             };
             running.started(&task);
-            let run = match &task.kind {
-                ProbeKind::Stream(_) => probe::stream::first_values(&task, &ctx).await,
-                _ => probe::run_once(&task, &ctx).await,
-            };
+            let run = probe::run_once(&task, &ctx).await;
             running.ended(&task.name);
             (task, run)
         }));

@@ -12,7 +12,7 @@ use crate::daemon::probe_context;
 use crate::output;
 use crate::plan::{make_plan, ProbeTask};
 use crate::probe::process::Exit;
-use crate::probe::{cgroup, exec, security, stream, ProbeContext};
+use crate::probe::{cgroup, exec, security, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
 
 pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
@@ -67,10 +67,7 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             verdict,
         }
     });
-    let run = match &task.kind {
-        ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
-        _ => crate::probe::run_once(task, ctx).await,
-    };
+    let run = crate::probe::run_once(task, ctx).await;
     let containment = spec.map(|_| match cgroup::active() {
         None => Containment::ProcessGroup,
         Some(_) => match cgroup::usage_of(&task.name) {

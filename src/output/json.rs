@@ -16,6 +16,7 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
+use super::stream::Streaming;
 use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -26,7 +27,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: false,
-    streams: false,
+    stream: Streaming::No,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {

@@ -4,6 +4,7 @@
 //! resource's valtype happens in one place (`value::Valtype::parse`).
 
 pub mod select;
+pub mod stream;
 
 use std::collections::HashMap;
 
@@ -11,6 +12,7 @@ pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
+pub use stream::Streaming;
 pub use value::parse_value;
 
 /// One `name -> raw text` pair a probe reported.
@@ -70,7 +72,7 @@ impl Format {
     pub fn stream_names() -> Vec<&'static str> {
         Self::ALL
             .iter()
-            .filter(|f| f.def().streams)
+            .filter(|f| f.def().stream.reads())
             .map(|f| f.as_str())
             .collect()
     }
@@ -90,9 +92,9 @@ pub struct FormatDef {
     pub empty_is_an_answer: bool,
     /// Selector names match case-insensitively (ClassAd attribute names).
     pub fold_case: bool,
-    /// A stream probe can read it as it comes: each line is an update (value, kv, elim), or
-    /// a line says where an update ends (ClassAd's `-`).
-    pub streams: bool,
+    /// Whether and how a stream probe reads it as it comes: each line an update (value,
+    /// kv, elim), or lines gathered into blocks a terminator line ends (ClassAd's `-`).
+    pub stream: Streaming,
 }
 
 /// Exit statuses whose output is read; any other is a failed run.

@@ -1,6 +1,7 @@
-//! Running one probe once: builtin, exec or file. (Stream probes are long-running and live in
-//! `stream.rs`.) A run yields one reading per resource the probe feeds, plus what an admin
-//! needs to debug it.
+//! Running one probe once: builtin, exec, file, or a stream until its first values. A run
+//! (and each update of a long-running stream, `stream.rs`) yields one [`ProbeRun`]: one
+//! reading per resource the probe feeds, plus what an admin needs to debug it, which one
+//! [`sink::Sink`] counts, logs and records for every kind.
 
 pub mod builtin;
 pub mod cgroup;
@@ -12,6 +13,7 @@ pub mod output_log;
 pub mod reader_creds;
 pub mod reaper;
 pub mod security;
+pub mod sink;
 pub mod stream;
 
 /// The child engine's former name, for callers not yet moved to `child`.
@@ -121,7 +123,7 @@ impl ProbeRun {
     }
 
     /// A run whose output was read: failed if any reading failed, else ok.
-    fn parsed(
+    pub(crate) fn parsed(
         started: SystemTime,
         duration: Duration,
         readings: Vec<(String, Reading)>,
@@ -320,7 +322,7 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     }
 }
 
-/// Run one periodic probe once.
+/// Run one probe once; a stream: until its first values (`--once`, `probe NAME`).
 pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     let started = SystemTime::now();
     let t0 = std::time::Instant::now();
@@ -335,12 +337,6 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         }
         ProbeKind::Exec(spec) => exec::run(task, spec, ctx, started).await,
         ProbeKind::File(spec) => file::run(task, spec, ctx, started).await,
-        ProbeKind::Stream(_) => ProbeRun::all_failed(
-            task,
-            started,
-            t0.elapsed(),
-            Outcome::Failed,
-            "stream probes run continuously, not once".into(),
-        ),
+        ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
     }
 }

@@ -22,17 +22,17 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::child::{self as process, Child, Exit, Got, Reader, Tick};
-use super::exec::{self, ExecDetail, OutputLog};
-mod classad;
+use super::exec::{self, ExecDetail};
+use super::sink::Sink;
+mod updates;
 
-use super::{readings_from_pairs, Outcome, ProbeContext, ProbeRun};
-use crate::config::{Format, StdinMode, StreamSpec};
-use crate::output;
-use crate::output::{AdLine, AdStream};
+use super::{Outcome, ProbeContext, ProbeRun};
+use crate::config::{StdinMode, StreamSpec};
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::Reading;
+use updates::{FirstValues, Gathered, Updates};
 
 /// LSF's `ELIM_ABORT_VALUE`: the elim has nothing to report on this host.
 pub const ELIM_ABORT_VALUE: i32 = 97;
@@ -120,42 +120,6 @@ impl LineSplitter {
     }
 }
 
-/// What one complete line means.
-#[derive(Debug)]
-pub enum LineValues {
-    /// Nothing to apply (blank, comment, `0`).
-    Nothing,
-    Pairs(Vec<output::Pair>),
-    Error(String),
-}
-
-pub fn parse_line(format: Format, line: &[u8], own: &str) -> LineValues {
-    let Ok(text) = std::str::from_utf8(line) else {
-        return LineValues::Error("line is not valid UTF-8".into());
-    };
-    let text = text.trim_end_matches('\r');
-    if text.trim().is_empty() {
-        return LineValues::Nothing;
-    }
-    let parsed = match format {
-        Format::Elim => output::parse_elim_line(text).map_err(|e| e.to_string()),
-        Format::Kv if text.trim_start().starts_with('#') => Ok(Vec::new()),
-        Format::Kv => output::parse_kv(text).map_err(|e| e.to_string()),
-        Format::Value => output::parse_value(text)
-            .map(|v| vec![(own.to_owned(), v)])
-            .map_err(|e| e.to_string()),
-        other => Err(format!(
-            "format {} is not read line by line",
-            other.as_str()
-        )),
-    };
-    match parsed {
-        Ok(p) if p.is_empty() => LineValues::Nothing,
-        Ok(p) => LineValues::Pairs(p),
-        Err(e) => LineValues::Error(e),
-    }
-}
-
 /// How one run of the stream child ended.
 #[derive(Debug)]
 enum End {
@@ -174,13 +138,6 @@ fn spec_of(task: &ProbeTask) -> Option<&StreamSpec> {
     }
 }
 
-fn record_all(store: &Store, task: &ProbeTask, reading: Reading) {
-    let now = SystemTime::now();
-    for f in &task.feeds {
-        store.record(&f.name, &task.instance, reading.clone(), now);
-    }
-}
-
 /// Keep the stream process running and its values in the store until cancelled.
 pub async fn supervise(
     task: Arc<ProbeTask>,
@@ -192,29 +149,20 @@ pub async fn supervise(
     let Some(spec) = spec_of(&task).cloned() else {
         return;
     };
-    let mut log = OutputLog::default();
+    let mut sink = Sink::new(task.clone(), store, &stats);
     let mut backoff = BACKOFF_START;
     loop {
         let began = Instant::now();
         let mut said_something = false;
-        let end = run_child(
-            &task,
-            &spec,
-            &ctx,
-            (&store, &stats),
-            &mut log,
-            &cancel,
-            &mut said_something,
-        )
-        .await;
+        let end = run_child(&spec, &ctx, &mut sink, &cancel, &mut said_something).await;
         // What the log held back of this run is said once it has ended.
-        log.flush(&task.name);
+        sink.log().flush(&task.name);
         let why = match end {
             End::Cancelled => return,
             End::Aborted(why) => {
                 // `why` ends with the child's last stderr line: escaped for the journal too.
                 tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why));
-                record_all(&store, &task, Reading::Failed(why));
+                sink.record_all(&Reading::Failed(why));
                 cancel.cancelled().await;
                 return;
             }
@@ -233,17 +181,14 @@ pub async fn supervise(
                 humantime::format_duration(backoff)
             );
             tracing::warn!(probe = %task.name, "{}", crate::text::escape(&msg));
-            record_all(&store, &task, Reading::Failed(msg));
+            sink.record_all(&Reading::Failed(msg));
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(BACKOFF_CAP);
-        stats
-            .probe(&task.name)
-            .restarts
-            .fetch_add(1, Ordering::Relaxed);
+        sink.stats().restarts.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -268,14 +213,13 @@ async fn stop(child: &mut Child, reader: &mut Reader, grace: Duration) -> Option
 
 /// Run the child once, applying its lines, until it exits, hangs or the probe is cancelled.
 async fn run_child(
-    task: &ProbeTask,
     spec: &StreamSpec,
     ctx: &ProbeContext,
-    (store, stats): (&Store, &Stats),
-    log: &mut OutputLog,
+    sink: &mut Sink,
     cancel: &CancellationToken,
     said_something: &mut bool,
 ) -> End {
+    let task = &sink.task_arc();
     let env = stream_env(task, spec, &ctx.host);
     let (mut child_spec, _user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
@@ -300,7 +244,6 @@ async fn run_child(
     let mut dropped_ticks = 0u64;
     // Set when the leader exits: until then its last lines are still read and applied.
     let mut drain_until = Instant::now();
-    let probe_stats = stats.probe(&task.name);
     // The read rate: bytes this second, and when reading resumes once past the bound.
     let (mut second, mut second_bytes) = (Instant::now(), 0usize);
     let mut paused_until: Option<Instant> = None;
@@ -323,10 +266,13 @@ async fn run_child(
                     lines.push(&chunk, &mut batch);
                     for line in batch.drain(..) {
                         *said_something = true;
-                        if updates.take(task, spec, store, log, line) {
+                        let began = std::time::Instant::now();
+                        let update = updates.take(&task.name, line);
+                        if update.is_report() {
                             silent_until = Instant::now() + task.stale_after;
                             marked_stale = false;
                         }
+                        updates::apply(sink, spec, update, began);
                     }
                     let now = Instant::now();
                     if now.duration_since(second) >= Duration::from_secs(1) {
@@ -337,8 +283,7 @@ async fn run_child(
                         paused_until = Some(second + Duration::from_secs(1));
                     }
                     let spent = crate::stats::thread_cpu().saturating_sub(cpu);
-                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-                    probe_stats.unexpected_names.store(log.unexpected_total(), Ordering::Relaxed);
+                    sink.stats().agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
                 }
                 Got::Stderr(chunk) => {
                     let cpu = crate::stats::thread_cpu();
@@ -347,11 +292,11 @@ async fn run_child(
                     for l in got {
                         if let Line::Complete(l) = l {
                             let text = String::from_utf8_lossy(&l);
-                            log.stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
+                            sink.log().stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
                         }
                     }
                     let spent = crate::stats::thread_cpu().saturating_sub(cpu);
-                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+                    sink.stats().agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
                 }
                 Got::Closed => {}
             },
@@ -365,7 +310,7 @@ async fn run_child(
             _ = ticks.tick(), if signalled => {
                 if child.tick() == Tick::Dropped {
                     dropped_ticks += 1;
-                    stats.probe(&task.name).skipped_overlap.fetch_add(1, Ordering::Relaxed);
+                    sink.stats().skipped_overlap.fetch_add(1, Ordering::Relaxed);
                     // Once per run, and again at each power of two: a stuck child is heard
                     // without a line per interval.
                     if dropped_ticks.is_power_of_two() {
@@ -376,13 +321,13 @@ async fn run_child(
             _ = sleep_until(silent_until) => {
                 if spec.restart_on_silence {
                     stop(&mut child, &mut reader, child_spec.grace).await;
-                    record_all(store, task, Reading::Stale(silence_text(task)));
+                    sink.record_all(&Reading::Stale(silence_text(task)));
                     return End::Hung;
                 }
                 if !marked_stale {
                     marked_stale = true;
                     tracing::warn!(probe = %task.name, "{}", silence_text(task));
-                    record_all(store, task, Reading::Stale(silence_text(task)));
+                    sink.record_all(&Reading::Stale(silence_text(task)));
                 }
                 silent_until = Instant::now() + task.stale_after;
             }
@@ -391,7 +336,10 @@ async fn run_child(
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
     }
-    updates.child_exited(task, spec, store, log);
+    if let Some(last) = updates.finish() {
+        tracing::debug!(probe = %task.name, "the stream exited inside an update; its lines are applied as HTCondor does");
+        updates::apply(sink, spec, last, std::time::Instant::now());
+    }
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
     let mut why = exit.to_string();
@@ -412,270 +360,6 @@ fn silence_text(task: &ProbeTask) -> String {
         "stream silent for {} (silence)",
         humantime::format_duration(task.stale_after)
     )
-}
-
-/// How a stream's lines become values: each line of a line format is an update; ClassAd
-/// lines gather into one ad that a `-` line ends.
-enum Updates {
-    Lines,
-    Ads(AdStream),
-}
-
-impl Updates {
-    fn new(format: Format) -> Self {
-        match format {
-            Format::Classad => Updates::Ads(AdStream::default()),
-            _ => Updates::Lines,
-        }
-    }
-
-    /// Apply what `line` completes; whether it was a report (silence is measured between
-    /// reports: any line of a line format, the `-` that ends an ad).
-    fn take(
-        &mut self,
-        task: &ProbeTask,
-        spec: &StreamSpec,
-        store: &Store,
-        log: &mut OutputLog,
-        line: Line,
-    ) -> bool {
-        let ads = match self {
-            Updates::Lines => {
-                apply_line(task, spec, store, log, line);
-                return true;
-            }
-            Updates::Ads(ads) => ads,
-        };
-        match classad::push_line(ads, line) {
-            AdLine::Inside => false,
-            AdLine::Ended { tag, ad } => {
-                classad::apply(task, spec, store, log, &tag, &ad);
-                true
-            }
-            AdLine::TooLong => {
-                let msg = classad::too_long();
-                log.malformed(&task.name, &msg, std::time::Instant::now());
-                record_all(store, task, Reading::Failed(msg));
-                false
-            }
-        }
-    }
-
-    /// The child exited by itself: the attributes it printed after its last `-` are
-    /// applied as one more ad, as HTCondor publishes a cron job's output when it exits.
-    /// (A child the agent stops, on shutdown or for silence, has them dropped.)
-    fn child_exited(
-        &mut self,
-        task: &ProbeTask,
-        spec: &StreamSpec,
-        store: &Store,
-        log: &mut OutputLog,
-    ) {
-        if let Updates::Ads(ads) = self {
-            if let Some(ad) = ads.finish() {
-                tracing::debug!(probe = %task.name, "the stream exited after an ad without its `-`; applied as HTCondor does");
-                classad::apply(task, spec, store, log, "", &ad);
-            }
-        }
-    }
-}
-
-fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut OutputLog, line: Line) {
-    let now = SystemTime::now();
-    let bytes = match line {
-        Line::TooLong => {
-            log.malformed(
-                &task.name,
-                &format!("stream line longer than {MAX_LINE} bytes; skipped"),
-                std::time::Instant::now(),
-            );
-            return;
-        }
-        Line::Complete(b) => b,
-    };
-    match parse_line(spec.exec.format, &bytes, &task.name) {
-        LineValues::Nothing => {}
-        LineValues::Error(e) => {
-            let msg = format!("bad {} line: {e}", spec.exec.format.as_str());
-            log.malformed(&task.name, &msg, std::time::Instant::now());
-            // Only the resources this line was meant for are unknown: fail them all, the
-            // previous values stand until stale.
-            record_all(store, task, Reading::Failed(msg));
-        }
-        LineValues::Pairs(pairs) => {
-            let (readings, unexpected) = readings_from_pairs(task, pairs);
-            log.unexpected(&task.name, &unexpected);
-            for (name, r) in readings {
-                // A line may carry a subset: absent names keep their value.
-                if !matches!(r, Reading::Pending(_)) {
-                    store.record(&name, &task.instance, r, now);
-                }
-            }
-        }
-    }
-}
-
-/// What `first_values` has read so far.
-enum Gathered {
-    /// value, kv, elim: the pairs of the lines read (a later line's value wins).
-    Pairs(output::PairSet),
-    /// classad: the ads ended so far, merged, and the one being read.
-    Ads {
-        reading: AdStream,
-        ads: output::MergedAds,
-        ended: usize,
-        /// Per fed resource: whether the ads so far give it a value (checked against each
-        /// new ad only: a value once given stays).
-        answered: Vec<bool>,
-    },
-}
-
-impl Gathered {
-    fn new(format: Format) -> Self {
-        match format {
-            Format::Classad => Gathered::Ads {
-                reading: AdStream::default(),
-                ads: output::MergedAds::default(),
-                ended: 0,
-                answered: Vec::new(),
-            },
-            _ => Gathered::Pairs(output::PairSet::default()),
-        }
-    }
-
-    /// Take one line; `Some` when it decides how the wait ends. A kv stream is done when
-    /// every fed resource has a value (or a line does not parse), a ClassAd stream when
-    /// its ads so far give every fed resource one (or an ad holds a malformed line), another
-    /// line format at its first values.
-    fn take(&mut self, task: &ProbeTask, spec: &StreamSpec, line: Line) -> Option<FirstValues> {
-        let format = spec.exec.format;
-        match self {
-            Gathered::Pairs(pairs) => {
-                let bytes = match line {
-                    Line::TooLong => {
-                        return Some(FirstValues::Bad(format!(
-                            "line longer than {MAX_LINE} bytes"
-                        )))
-                    }
-                    Line::Complete(b) => b,
-                };
-                match parse_line(format, &bytes, &task.name) {
-                    LineValues::Nothing => None,
-                    LineValues::Error(e) => Some(FirstValues::Bad(format!(
-                        "bad {} line: {e}",
-                        format.as_str()
-                    ))),
-                    LineValues::Pairs(p) => {
-                        for (k, v) in p {
-                            pairs.upsert(&k, &v);
-                        }
-                        let complete = format != Format::Kv
-                            || task.feeds.iter().all(|f| pairs.contains(&f.name));
-                        complete.then_some(FirstValues::Got)
-                    }
-                }
-            }
-            Gathered::Ads {
-                reading,
-                ads,
-                ended,
-                answered,
-            } => match classad::push_line(reading, line) {
-                AdLine::Inside => None,
-                AdLine::TooLong => Some(FirstValues::Bad(classad::too_long())),
-                AdLine::Ended { ad, .. } => {
-                    // An ad with a malformed line answers at once: the line may be the
-                    // value still missing, and waiting would not bring it.
-                    let malformed = !ad.bad_lines.is_empty();
-                    answered.resize(task.feeds.len(), false);
-                    for (f, done) in task.feeds.iter().zip(answered.iter_mut()) {
-                        let pick = spec.exec.select.pick(&f.name);
-                        *done = *done
-                            || output::select::always_answers(&pick)
-                            || ad
-                                .samples
-                                .iter()
-                                .any(|s| output::select::matches(format, &pick, s, &f.name));
-                    }
-                    ads.add(ad);
-                    *ended += 1;
-                    let complete = answered.iter().all(|d| *d);
-                    (complete || malformed).then_some(FirstValues::Got)
-                }
-            },
-        }
-    }
-
-    /// The deadline passed, or the child exited and its output has been read. What it
-    /// gave so far is the answer (a kv probe that printed some values and paused; a
-    /// ClassAd stream whose later ads did not come); a child that exited by itself also
-    /// has the attributes after its last `-` count, as in the daemon.
-    fn at_end(&mut self, exited: bool) -> FirstValues {
-        let any = match self {
-            Gathered::Pairs(pairs) => !pairs.is_empty(),
-            Gathered::Ads {
-                reading,
-                ads,
-                ended,
-                ..
-            } => {
-                if let Some(ad) = exited.then(|| reading.finish()).flatten() {
-                    ads.add(ad);
-                    *ended += 1;
-                }
-                *ended > 0
-            }
-        };
-        match (any, exited) {
-            (true, _) => FirstValues::Got,
-            (false, true) => FirstValues::Ended,
-            (false, false) => FirstValues::TimedOut,
-        }
-    }
-
-    /// What a timed-out wait did not get, for its message.
-    fn missing(&self) -> String {
-        match self {
-            Gathered::Ads { reading, .. } if reading.pending() > 0 => format!(
-                "no `-` line ended the ClassAd it began ({} lines read)",
-                reading.pending()
-            ),
-            Gathered::Ads { .. } => "no ClassAd ended by a `-` line".to_owned(),
-            Gathered::Pairs(_) => "no complete line with values".to_owned(),
-        }
-    }
-
-    fn into_run(
-        self,
-        task: &ProbeTask,
-        spec: &StreamSpec,
-        (started, duration): (SystemTime, Duration),
-        stdout: &[u8],
-    ) -> ProbeRun {
-        match self {
-            Gathered::Pairs(pairs) => {
-                ProbeRun::from_pairs(task, started, duration, pairs.into_vec())
-            }
-            Gathered::Ads { ads, .. } => ProbeRun::from_output(
-                task,
-                started,
-                duration,
-                (spec.exec.format, &spec.exec.select),
-                ads.parsed(),
-                &String::from_utf8_lossy(stdout),
-            ),
-        }
-    }
-}
-
-/// How waiting for a stream's first values ended.
-enum FirstValues {
-    Got,
-    /// The deadline passed without a complete line of values.
-    TimedOut,
-    Bad(String),
-    /// The child ended (or could not be read) before reporting anything.
-    Ended,
 }
 
 /// `--once` / `probe NAME`: start the stream, take the first line that gives values (for kv:
