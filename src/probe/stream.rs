@@ -18,16 +18,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::child::{self as process, Child, Exit, Got, Reader, Tick};
+use super::child::{self as process, drive, AfterExit, Child, Ended, Event, Exit, Flow};
+use super::child::{Ticks, Watch};
 use super::exec::{self, ExecDetail};
 use super::sink::Sink;
 mod updates;
 
 use super::{Outcome, ProbeContext, ProbeRun};
 use crate::config::{StdinMode, StreamSpec};
+use crate::output::Streaming;
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
@@ -204,11 +206,25 @@ fn stream_child_spec(
     Ok((child_spec, user))
 }
 
-/// Stop a stream child with the engine's one termination routine; the exit, if it came.
-async fn stop(child: &mut Child, reader: &mut Reader, grace: Duration) -> Option<Exit> {
-    child.terminate(reader, grace).await;
-    child.end_rest();
-    child.exit()
+/// How a stream child is watched: the format's goodbye before it is stopped, the rest of
+/// its group ended with the leader; `stdin: signal` ticks, the read bound and silence are
+/// the daemon's ([`run_child`]), a deadline and one tick `--once`'s ([`first_values`]).
+fn watch<'a>(spec: &StreamSpec, grace: Duration) -> Watch<'a> {
+    let goodbye = match &spec.exec.format.def().stream {
+        Streaming::Blocks(blocks) => blocks.goodbye,
+        Streaming::Lines(_) | Streaming::No => None,
+    };
+    Watch {
+        deadline: None,
+        cancel: None,
+        ticks: Ticks::None,
+        bytes_per_sec: None,
+        silence: None,
+        after_exit: AfterExit::EndTheRest,
+        cap_ends_it: false,
+        grace,
+        goodbye,
+    }
 }
 
 /// Run the child once, applying its lines, until it exits, hangs or the probe is cancelled.
@@ -235,103 +251,86 @@ async fn run_child(
     let mut updates = Updates::new(spec.exec.format);
     let mut err_lines = LineSplitter::new(4096);
     let mut batch = Vec::new();
-    let mut silent_until = Instant::now() + task.stale_after;
     let mut marked_stale = false;
-    // The first tick is at once: a child started (or restarted) is asked for values now.
-    let mut ticks = tokio::time::interval(task.interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let signalled = spec.stdin == StdinMode::Signal;
     let mut dropped_ticks = 0u64;
-    // Set when the leader exits: until then its last lines are still read and applied.
-    let mut drain_until = Instant::now();
-    // The read rate: bytes this second, and when reading resumes once past the bound.
-    let (mut second, mut second_bytes) = (Instant::now(), 0usize);
-    let mut paused_until: Option<Instant> = None;
-    loop {
-        if child.exited() && !reader.open() {
-            break;
+    let watch = Watch {
+        cancel: Some(cancel),
+        // The first tick is at once: a child started (or restarted) is asked for values now.
+        ticks: match spec.stdin {
+            StdinMode::Signal => Ticks::Every(task.interval),
+            StdinMode::None => Ticks::None,
+        },
+        bytes_per_sec: Some(STREAM_BYTES_PER_SEC),
+        silence: Some(task.stale_after),
+        ..watch(spec, child_spec.grace)
+    };
+    let driven = drive(&mut child, &mut reader, &watch, |event| match event {
+        Event::Stdout(chunk) => {
+            let cpu = crate::stats::thread_cpu();
+            let mut flow = Flow::Continue;
+            lines.push(chunk, &mut batch);
+            for line in batch.drain(..) {
+                *said_something = true;
+                let began = std::time::Instant::now();
+                let update = updates.take(&task.name, line);
+                if update.is_report() {
+                    flow = Flow::Heard;
+                    marked_stale = false;
+                }
+                updates::apply(sink, spec, update, began);
+            }
+            let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+            sink.stats()
+                .agent_cpu_ns
+                .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+            flow
         }
-        tokio::select! {
-            _ = cancel.cancelled() => {
-                stop(&mut child, &mut reader, child_spec.grace).await;
-                return End::Cancelled;
-            }
-            _ = sleep_until(paused_until.unwrap_or(second)), if paused_until.is_some() => {
-                paused_until = None;
-                (second, second_bytes) = (Instant::now(), 0);
-            }
-            got = reader.next(), if reader.open() && paused_until.is_none() => match got {
-                Got::Stdout(chunk) => {
-                    let cpu = crate::stats::thread_cpu();
-                    lines.push(&chunk, &mut batch);
-                    for line in batch.drain(..) {
-                        *said_something = true;
-                        let began = std::time::Instant::now();
-                        let update = updates.take(&task.name, line);
-                        if update.is_report() {
-                            silent_until = Instant::now() + task.stale_after;
-                            marked_stale = false;
-                        }
-                        updates::apply(sink, spec, update, began);
-                    }
-                    let now = Instant::now();
-                    if now.duration_since(second) >= Duration::from_secs(1) {
-                        (second, second_bytes) = (now, 0);
-                    }
-                    second_bytes += chunk.len();
-                    if second_bytes >= STREAM_BYTES_PER_SEC {
-                        paused_until = Some(second + Duration::from_secs(1));
-                    }
-                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
-                    sink.stats().agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-                }
-                Got::Stderr(chunk) => {
-                    let cpu = crate::stats::thread_cpu();
-                    let mut got = Vec::new();
-                    err_lines.push(&chunk, &mut got);
-                    for l in got {
-                        if let Line::Complete(l) = l {
-                            let text = String::from_utf8_lossy(&l);
-                            sink.log().stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
-                        }
-                    }
-                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
-                    sink.stats().agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-                }
-                Got::Closed => {}
-            },
-            _ = child.wait(), if !child.exited() => {
-                // The rest of the group and cgroup goes with the leader; what they wrote is
-                // still read for a moment, but never waited on.
-                child.end_rest();
-                drain_until = Instant::now() + process::AFTER_KILL_DRAIN;
-            }
-            _ = sleep_until(drain_until), if child.exited() => break,
-            _ = ticks.tick(), if signalled => {
-                if child.tick() == Tick::Dropped {
-                    dropped_ticks += 1;
-                    sink.stats().skipped_overlap.fetch_add(1, Ordering::Relaxed);
-                    // Once per run, and again at each power of two: a stuck child is heard
-                    // without a line per interval.
-                    if dropped_ticks.is_power_of_two() {
-                        tracing::warn!(probe = %task.name, dropped = dropped_ticks, "stdin signal dropped: the stream child is not reading its stdin");
-                    }
+        Event::Stderr(chunk) => {
+            let cpu = crate::stats::thread_cpu();
+            let mut got = Vec::new();
+            err_lines.push(chunk, &mut got);
+            for l in got {
+                if let Line::Complete(l) = l {
+                    let text = String::from_utf8_lossy(&l);
+                    let now = std::time::Instant::now();
+                    sink.log()
+                        .stderr(&task.name, &text, "stream probe wrote to stderr", now);
                 }
             }
-            _ = sleep_until(silent_until) => {
-                if spec.restart_on_silence {
-                    stop(&mut child, &mut reader, child_spec.grace).await;
-                    sink.record_all(&Reading::Stale(silence_text(task)));
-                    return End::Hung;
-                }
-                if !marked_stale {
-                    marked_stale = true;
-                    tracing::warn!(probe = %task.name, "{}", silence_text(task));
-                    sink.record_all(&Reading::Stale(silence_text(task)));
-                }
-                silent_until = Instant::now() + task.stale_after;
-            }
+            let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+            sink.stats()
+                .agent_cpu_ns
+                .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+            Flow::Continue
         }
+        Event::TickDropped => {
+            dropped_ticks += 1;
+            sink.stats().skipped_overlap.fetch_add(1, Ordering::Relaxed);
+            // Once per run, and again at each power of two: a stuck child is heard without
+            // a line per interval.
+            if dropped_ticks.is_power_of_two() {
+                tracing::warn!(probe = %task.name, dropped = dropped_ticks, "stdin signal dropped: the stream child is not reading its stdin");
+            }
+            Flow::Continue
+        }
+        Event::Silent if spec.restart_on_silence => {
+            sink.record_all(&Reading::Stale(silence_text(task)));
+            Flow::Stop
+        }
+        Event::Silent => {
+            if !std::mem::replace(&mut marked_stale, true) {
+                tracing::warn!(probe = %task.name, "{}", silence_text(task));
+                sink.record_all(&Reading::Stale(silence_text(task)));
+            }
+            Flow::Continue
+        }
+    })
+    .await;
+    match driven.ended {
+        Ended::Cancelled => return End::Cancelled,
+        // Only silence stops a stream from here.
+        Ended::Stopped => return End::Hung,
+        Ended::Exited | Ended::Deadline | Ended::Overflow => {}
     }
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
@@ -396,49 +395,35 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         Ok(c) => c,
         Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
     };
-    if spec.stdin == StdinMode::Signal {
-        // Ask once; a child that exited at once is found by the loop below.
-        child.tick();
-    }
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
     let mut gathered = Gathered::new(spec.exec.format);
-    let deadline = t0 + task.timeout;
-    let mut wake = deadline;
     let mut result: Option<FirstValues> = None;
-    while result.is_none() {
-        if child.exited() && !reader.open() {
-            break;
-        }
-        tokio::select! {
-            got = reader.next(), if reader.open() => if let Got::Stdout(chunk) = got {
-                lines.push(&chunk, &mut batch);
-                for line in batch.drain(..) {
-                    result = gathered.take(task, spec, line);
-                    if result.is_some() {
-                        break;
-                    }
-                }
-            },
-            _ = child.wait(), if !child.exited() => {
-                // Lines already written are still read; a grandchild holding the pipe is not
-                // waited for.
-                child.end_rest();
-                wake = wake.min(Instant::now() + process::AFTER_KILL_DRAIN);
-            }
-            _ = sleep_until(wake) => result = Some(gathered.at_end(child.exited())),
-        }
-    }
-    let result = result.unwrap_or_else(|| gathered.at_end(true));
-    // The pipes stay open while the child is stopped: closing them first would turn a clean
-    // TERM exit into SIGPIPE.
-    let exit = match child.exit() {
-        Some(e) => {
-            child.end_rest();
-            Some(e)
-        }
-        None => stop(&mut child, &mut reader, child_spec.grace).await,
+    let watch = Watch {
+        deadline: Some(t0 + task.timeout),
+        ticks: match spec.stdin {
+            StdinMode::Signal => Ticks::Once,
+            StdinMode::None => Ticks::None,
+        },
+        ..watch(spec, child_spec.grace)
     };
+    let driven = drive(&mut child, &mut reader, &watch, |event| {
+        let Event::Stdout(chunk) = event else {
+            return Flow::Continue;
+        };
+        lines.push(chunk, &mut batch);
+        for line in batch.drain(..) {
+            result = gathered.take(task, spec, line);
+            if result.is_some() {
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
+    })
+    .await;
+    // Stopped at the deadline, it has exited now, but not by itself.
+    let result = result.unwrap_or_else(|| gathered.at_end(driven.exited_before_end));
+    let exit = child.exit();
     detail.exit = exit;
     detail.stderr = reader.stderr.text();
     detail.stdout = std::mem::take(&mut reader.stdout);

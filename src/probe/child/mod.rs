@@ -7,6 +7,7 @@
 //! forever. The deadline ends the whole group (SIGTERM, a grace period during which output is
 //! still drained, then SIGKILL and `cgroup.kill`).
 
+pub mod drive;
 pub mod output;
 pub mod pty;
 pub mod spawn;
@@ -27,6 +28,7 @@ use nix::unistd::{Gid, Pid, Uid};
 use tokio::io::unix::AsyncFd;
 use tokio::time::{sleep_until, Instant};
 
+pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
 pub use stdin::{Tick, TickWriter};
 
@@ -506,6 +508,11 @@ impl Child {
         self.stdin.as_ref().map_or(Tick::Closed, TickWriter::send)
     }
 
+    /// Write `bytes` to the child's stdin pipe (a goodbye), never blocking.
+    pub fn say(&self, bytes: &[u8]) -> Tick {
+        self.stdin.as_ref().map_or(Tick::Closed, |w| w.write(bytes))
+    }
+
     pub fn signal_group(&self, sig: Signal) {
         signal_group(self.pgid, sig);
     }
@@ -581,45 +588,19 @@ impl Drop for Child {
 pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
     let start = Instant::now();
     let (mut child, mut reader) = Child::start(spec)?;
-    let deadline = start + spec.timeout;
-    let mut exited_before_deadline = false;
-    let mut overflow = false;
-    let mut timed_out = false;
-    loop {
-        if child.exited() && !reader.open() {
-            break;
-        }
-        tokio::select! {
-            _ = reader.next(), if reader.open() => if reader.overflow {
-                overflow = true;
-                break;
-            },
-            _ = child.wait(), if !child.exited() => exited_before_deadline = true,
-            _ = sleep_until(deadline) => {
-                timed_out = true;
-                break;
-            }
-        }
-    }
-    let killed = if overflow || timed_out {
-        child.terminate(&mut reader, spec.grace).await
-    } else {
-        false
-    };
-    child.end_rest();
-    let ending = if overflow {
-        Ending::OutputOverflow {
+    let watch = Watch::run_until(start + spec.timeout, spec.grace);
+    let driven = drive(&mut child, &mut reader, &watch, |_| Flow::Continue).await;
+    let ending = match driven.ended {
+        Ended::Overflow => Ending::OutputOverflow {
             cap: spec.stdout_cap,
-            killed,
-        }
-    } else if timed_out {
-        Ending::TimedOut {
+            killed: driven.killed,
+        },
+        Ended::Deadline | Ended::Cancelled | Ended::Stopped => Ending::TimedOut {
             after: spec.timeout,
-            killed,
-            exited_before_deadline,
-        }
-    } else {
-        Ending::Finished
+            killed: driven.killed,
+            exited_before_deadline: driven.exited_before_end,
+        },
+        Ended::Exited => Ending::Finished,
     };
     Ok(ChildOutcome {
         pid: child.pid,

@@ -44,11 +44,12 @@ impl Tail {
     }
 }
 
-/// What one read brought.
+/// What one read brought: how many bytes, to be had from [`Reader::stdout_chunk`] or
+/// [`Reader::stderr_chunk`] until the next read (no allocation per read).
 #[derive(Debug)]
 pub enum Got {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
+    Stdout(usize),
+    Stderr(usize),
     /// One of the pipes reached its end.
     Closed,
 }
@@ -115,24 +116,28 @@ impl Reader {
                 }
                 Got::Closed
             }
+            Ok(n) if from_stdout => {
+                let room = self.stdout_cap.saturating_sub(self.stdout.len());
+                self.stdout
+                    .extend_from_slice(&self.out_chunk[..n.min(room)]);
+                self.overflow |= n > room;
+                Got::Stdout(n)
+            }
             Ok(n) => {
-                let chunk = if from_stdout {
-                    &self.out_chunk
-                } else {
-                    &self.err_chunk
-                };
-                let bytes = chunk[..n].to_vec();
-                if from_stdout {
-                    let room = self.stdout_cap.saturating_sub(self.stdout.len());
-                    self.stdout.extend_from_slice(&bytes[..n.min(room)]);
-                    self.overflow |= n > room;
-                    Got::Stdout(bytes)
-                } else {
-                    self.stderr.push(&bytes);
-                    Got::Stderr(bytes)
-                }
+                self.stderr.push(&self.err_chunk[..n]);
+                Got::Stderr(n)
             }
         }
+    }
+
+    /// The bytes of the last [`Got::Stdout`].
+    pub fn stdout_chunk(&self, n: usize) -> &[u8] {
+        &self.out_chunk[..n.min(self.out_chunk.len())]
+    }
+
+    /// The bytes of the last [`Got::Stderr`].
+    pub fn stderr_chunk(&self, n: usize) -> &[u8] {
+        &self.err_chunk[..n.min(self.err_chunk.len())]
     }
 }
 
