@@ -182,16 +182,20 @@ async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {
     }
 }
 
-/// What one probe's loop and each of its runs share: one allocation per probe, one `Arc`
-/// cloned per run (not a clone of each part per tick).
+/// What one probe's loop and each of its runs share: made once per probe, borrowed by
+/// each run (nothing cloned per tick).
 struct Shared {
     task: Arc<ProbeTask>,
     ctx: ProbeContext,
     budget: Arc<Semaphore>,
-    cancel: CancellationToken,
-    /// Where the runs go; locked once a run has ended, for its counting and recording.
+    /// Where the runs go (a run at a time; the lock is never contended).
     sink: Mutex<Sink>,
 }
+
+/// A run in flight, polled by its probe's loop: no task of its own, no hop between
+/// runtime threads per run. Boxed so the run's large state machine is freed when the run
+/// ends (an idle agent holds one loop per probe).
+type InFlightRun<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 async fn probe_loop(
     task: Arc<ProbeTask>,
@@ -218,25 +222,35 @@ async fn probe_loop(
         probe_stats.next_due_ms.store(at, Ordering::Relaxed);
     };
     due(first);
-    let mut inflight: Option<JoinHandle<()>> = None;
-    let shared = Arc::new(Shared {
+    let shared = Shared {
         sink: Mutex::new(Sink::new(task.clone(), store, &stats)),
         task,
         ctx,
         budget,
-        cancel,
-    });
+    };
+    let mut inflight: Option<InFlightRun<'_>> = None;
     // Skipped ticks are logged once per streak, not once per tick.
     let mut skipping = false;
     loop {
+        let run_ended = async {
+            match inflight.as_mut() {
+                Some(run) => run.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = shared.cancel.cancelled() => break,
+            // Dropping the run drops its child: the group is killed.
+            _ = cancel.cancelled() => break,
+            _ = run_ended => {
+                inflight = None;
+                continue;
+            }
             _ = sleep_until(next) => {}
         }
         let after = next_slot(SystemTime::now(), shared.task.interval, shared.task.splay);
         next = later(after);
         due(after);
-        if inflight.as_ref().is_some_and(|h| !h.is_finished()) {
+        if inflight.is_some() {
             probe_stats.skipped_overlap.fetch_add(1, Ordering::Relaxed);
             if !std::mem::replace(&mut skipping, true) {
                 tracing::warn!(probe = %shared.task.name, "still running at its next tick; this run is skipped (and later ones, until it ends)");
@@ -244,21 +258,7 @@ async fn probe_loop(
             continue;
         }
         skipping = false;
-        let shared = shared.clone();
-        inflight = Some(tokio::spawn(async move {
-            // Boxed so the run's large state machine is freed when the run ends: the task's
-            // own allocation lives on until its handle is dropped at the next slot (an hour
-            // for some probes), and an idle agent holds one per probe.
-            let run = Box::pin(run_one(&shared));
-            tokio::select! {
-                _ = shared.cancel.cancelled() => {}
-                _ = run => {}
-            }
-        }));
-    }
-    if let Some(h) = inflight {
-        // The run sees the cancellation, drops its child, and the group is killed.
-        let _ = h.await;
+        inflight = Some(Box::pin(run_one(&shared)));
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::{Outcome, ProbeContext, ProbeRun};
+use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
 use crate::plan::ProbeTask;
@@ -199,7 +199,7 @@ pub async fn run(
     let (child, user) = match child_spec(task, spec, ctx, env) {
         Ok(c) => c,
         Err(e) => {
-            let why = e.to_string();
+            let why = RunFailure::Refused(e.into());
             let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
             run.exec = Some(detail);
             return run;
@@ -209,25 +209,35 @@ pub async fn run(
     detail.user = user;
     let result = process::run(&child).await;
     let mut run = match result {
-        Err(e) => ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e.to_string()),
+        Err(e) => {
+            let why = RunFailure::Spawn(e.into());
+            ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why)
+        }
         Ok(mut o) => {
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
             let failure = failure_message(&o, spec.format.def().exits)
                 .map(|(outcome, why)| (outcome, with_stream_hint(spec, &o, why)));
+            let exit = match o.exit {
+                Exit::Code(c) => Some(c),
+                _ => None,
+            };
             let mut run = match failure {
                 Some((outcome, why)) => {
+                    let why = RunFailure::Ended(why);
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
+                }
+                None if o.stdout.len() <= INLINE_PARSE_BYTES => {
+                    let cpu = crate::stats::thread_cpu();
+                    let mut run = parse_output(task, spec, started, (o.duration, exit), &o.stdout);
+                    run.agent_cpu = crate::stats::thread_cpu().saturating_sub(cpu);
+                    run
                 }
                 None => {
                     // Parsed off the runtime's threads: megabytes of output never hold up
                     // the status socket, the link or the other probes.
                     let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
-                    let exit = match o.exit {
-                        Exit::Code(c) => Some(c),
-                        _ => None,
-                    };
                     let stdout = std::mem::take(&mut o.stdout);
                     let parsed = super::off_runtime(task.timeout, move || {
                         let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
@@ -255,6 +265,11 @@ pub async fn run(
     run
 }
 
+/// Output up to this size is parsed where the run is, on the runtime's thread: it takes
+/// microseconds, less than the hop to the blocking pool and back would cost every run.
+/// Longer output goes to the blocking pool ([`super::off_runtime`]).
+pub const INLINE_PARSE_BYTES: usize = 4 * 1024;
+
 /// The hook from a finished child to its format's parser: stdout, exit status, and the
 /// probe's `select:` give one reading per fed resource.
 fn parse_output(
@@ -265,12 +280,15 @@ fn parse_output(
     stdout: &[u8],
 ) -> ProbeRun {
     match output::parse(spec.format, stdout, exit, &task.name) {
-        Err(e) => ProbeRun::all_failed(
+        Err(error) => ProbeRun::all_failed(
             task,
             started,
             duration,
             Outcome::Failed,
-            format!("bad {} output: {e}", spec.format.as_str()),
+            RunFailure::Output {
+                format: spec.format,
+                error,
+            },
         ),
         Ok(parsed) => ProbeRun::from_output(
             task,

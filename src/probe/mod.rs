@@ -65,6 +65,48 @@ impl Outcome {
     }
 }
 
+/// Why a run failed as a whole, with its source: rendered to text where it is shown (the
+/// log line, the `--once` table, `probe NAME`, and each fed resource's error in the store,
+/// which status and the controller show).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RunFailure {
+    /// The child could not be started: its user, the security rules, its cgroup.
+    #[error(transparent)]
+    Refused(Arc<exec::SpawnRefused>),
+    /// The spawn itself failed.
+    #[error(transparent)]
+    Spawn(Arc<child::SpawnError>),
+    /// The child ended badly: its exit status, the timeout or the output cap, with what it
+    /// said about it.
+    #[error("{0}")]
+    Ended(String),
+    /// Its output did not parse.
+    #[error("bad {} output: {error}", format.as_str())]
+    Output {
+        format: output::Format,
+        error: output::OutputError,
+    },
+    /// A file in a probe output format did not parse.
+    #[error("bad {} in {}: {error}", format.as_str(), path.display())]
+    FileOutput {
+        format: output::Format,
+        path: PathBuf,
+        error: output::OutputError,
+    },
+    /// Parsing the output outlived the timeout, or panicked.
+    #[error("{0}")]
+    Parse(String),
+    /// A file probe's user cannot be looked up.
+    #[error("run_as: {0}")]
+    RunAs(child::UserError),
+    /// A file probe's read failed.
+    #[error("{0}")]
+    Read(String),
+    /// A stream gave no first values.
+    #[error("{0}")]
+    NoFirstValues(String),
+}
+
 #[derive(Debug, Clone)]
 pub struct ProbeRun {
     pub started: SystemTime,
@@ -83,6 +125,8 @@ pub struct ProbeRun {
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
     pub bad_lines: Vec<String>,
+    /// Why the run failed as a whole (each fed resource then fails with it).
+    pub failure: Option<RunFailure>,
 }
 
 impl ProbeRun {
@@ -92,8 +136,9 @@ impl ProbeRun {
         started: SystemTime,
         duration: Duration,
         outcome: Outcome,
-        why: String,
+        failure: RunFailure,
     ) -> Self {
+        let why = failure.to_string();
         Self {
             started,
             duration,
@@ -108,6 +153,7 @@ impl ProbeRun {
             agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
+            failure: Some(failure),
         }
     }
 
@@ -147,6 +193,7 @@ impl ProbeRun {
             agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines,
+            failure: None,
         }
     }
 
@@ -172,6 +219,7 @@ impl ProbeRun {
             agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
+            failure: None,
         }
     }
 
@@ -306,7 +354,7 @@ fn feed_names(task: &ProbeTask) -> HashSet<&str> {
 pub(crate) async fn off_runtime<T: Send + 'static>(
     timeout: Duration,
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<(T, Duration), String> {
+) -> Result<(T, Duration), RunFailure> {
     let handle = tokio::task::spawn_blocking(move || {
         let cpu = crate::stats::thread_cpu();
         let answer = work();
@@ -314,11 +362,11 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     });
     match tokio::time::timeout(timeout, handle).await {
         Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(format!("parsing the output failed: {e}")),
-        Err(_) => Err(format!(
+        Ok(Err(e)) => Err(RunFailure::Parse(format!("parsing the output failed: {e}"))),
+        Err(_) => Err(RunFailure::Parse(format!(
             "parsing the output took longer than the timeout ({})",
             humantime::format_duration(timeout)
-        )),
+        ))),
     }
 }
 

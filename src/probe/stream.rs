@@ -27,7 +27,7 @@ use super::exec::{self, ExecDetail};
 use super::sink::Sink;
 mod updates;
 
-use super::{Outcome, ProbeContext, ProbeRun};
+use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{StdinMode, StreamSpec};
 use crate::output::Streaming;
 use crate::plan::ProbeTask;
@@ -375,25 +375,25 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             started,
             t0.elapsed(),
             Outcome::Failed,
-            "not a stream probe".into(),
+            RunFailure::NoFirstValues("not a stream probe".into()),
         );
     };
     let env = stream_env(task, spec, &ctx.host);
     let mut detail = ExecDetail::new(&spec.exec.command, &env);
-    let failed = |detail: ExecDetail, outcome, why: String| {
+    let failed = |detail: ExecDetail, outcome, why: RunFailure| {
         let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
         run.exec = Some(detail);
         run
     };
     let (child_spec, user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
-        Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
+        Err(e) => return failed(detail, Outcome::Failed, RunFailure::Refused(e.into())),
     };
     detail.argv[0] = child_spec.program.display().to_string();
     detail.user = user;
     let (mut child, mut reader) = match Child::start(&child_spec) {
         Ok(c) => c,
-        Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
+        Err(e) => return failed(detail, Outcome::Failed, RunFailure::Spawn(e.into())),
     };
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
@@ -460,6 +460,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
         _ => why,
     };
+    let why = RunFailure::NoFirstValues(why);
     let mut run = ProbeRun::all_failed(task, started, duration, outcome, why);
     run.exec = Some(detail);
     run

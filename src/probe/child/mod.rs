@@ -291,6 +291,9 @@ pub struct Child {
     watch: ExitWatch,
     exit: Option<Exit>,
     reaped: bool,
+    /// The rest of the run was ended after the leader exited: nothing of it is left to end
+    /// (so the end of a run and the drop of its child signal the group once, not twice).
+    ended: bool,
     /// The run's own leaf of its probe's cgroup.
     cgroup: Option<RunCgroup>,
     registered: Option<Registered>,
@@ -440,6 +443,7 @@ impl Child {
                     watch,
                     exit: None,
                     reaped: false,
+                    ended: false,
                     cgroup,
                     registered: Some(registered),
                     stdin,
@@ -520,13 +524,19 @@ impl Child {
     /// Whatever is left of the run goes: SIGKILL to the group, `cgroup.kill` to the cgroup
     /// (which catches what left the group). Then the leader is reaped if it has exited.
     pub fn end_rest(&mut self) {
+        if self.ended {
+            return;
+        }
         signal_group(self.pgid, Signal::SIGKILL);
         if let Some(cg) = &mut self.cgroup {
             cg.kill();
         }
-        if self.exit.is_some() && !self.reaped {
-            let _ = waitpid(self.pgid, Some(WaitPidFlag::WNOHANG));
-            self.reaped = true;
+        if self.exit.is_some() {
+            if !self.reaped {
+                let _ = waitpid(self.pgid, Some(WaitPidFlag::WNOHANG));
+                self.reaped = true;
+            }
+            self.ended = true;
         }
     }
 
