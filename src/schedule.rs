@@ -171,13 +171,32 @@ async fn after_old_loop(
     }
 }
 
+/// Sweeps are at least this far apart: values go stale within a second of their time.
+const SWEEP_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+
+/// Age the store's values when one can go stale, not on a fixed tick: an idle agent whose
+/// values are fresh for an hour wakes for them once an hour, not every second (an HPC job
+/// feels every wake-up on its cores).
 async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        let now = SystemTime::now();
+        store.sweep(now);
+        let wait = store.next_stale_at(now).map(|at| {
+            at.duration_since(now)
+                .unwrap_or_default()
+                .max(SWEEP_AT_MOST_EVERY)
+        });
+        let sleep = async {
+            match wait {
+                // Just past the time: a value exactly `stale_after` old is still fresh.
+                Some(wait) => tokio::time::sleep(wait + Duration::from_millis(1)).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => { store.sweep(SystemTime::now()); }
+            _ = store.redeclared() => {}
+            _ = sleep => {}
         }
     }
 }

@@ -144,3 +144,42 @@ async fn a_first_sample_that_is_pending_is_no_error() {
     let resval = store.get("ut", "").unwrap();
     assert_eq!((resval.status, resval.error), (Status::Pending, None));
 }
+
+/// A value whose probe stops reporting (its next run is stuck, with an hour's timeout)
+/// goes stale at its stale time by the store's sweeper alone, which wakes when a value
+/// can go stale rather than on a fixed tick.
+#[tokio::test]
+async fn a_value_nobody_refreshes_is_swept_stale() {
+    let (s, fifo, _runs) = blocking_setup(&["slow"]);
+    let resources = s.path().join("resources.yaml");
+    let yaml = std::fs::read_to_string(&resources).unwrap();
+    std::fs::write(
+        &resources,
+        yaml.replace("timeout: 1h}", "timeout: 1h, stale_after: 2s}"),
+    )
+    .unwrap();
+    let (sched, store) = start(&s, 8);
+    // The first run waits on the FIFO; opening it for writing waits for that run.
+    tokio::task::spawn_blocking(move || std::fs::write(&fifo, "go\n").unwrap());
+    let versions = store.subscribe();
+    let status = |want: Status| {
+        let store = store.clone();
+        let mut versions = versions.clone();
+        async move {
+            while store.get("slow", "").unwrap().status != want {
+                versions.changed().await.unwrap();
+            }
+        }
+    };
+    common::guard("the first value", status(Status::Ok)).await;
+    common::guard("the value going stale", status(Status::Stale)).await;
+    let slow = store.get("slow", "").unwrap();
+    assert_eq!(slow.value, Value::Unknown);
+    assert!(
+        slow.error
+            .as_deref()
+            .is_some_and(|e| e.contains("stale after 2s")),
+        "{slow:?}"
+    );
+    sched.stop().await;
+}
