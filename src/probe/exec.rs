@@ -228,10 +228,12 @@ pub async fn run(
                     let why = RunFailure::Ended(why);
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
                 }
-                None if o.stdout.len() <= INLINE_PARSE_BYTES => {
-                    let cpu = crate::stats::thread_cpu();
-                    let mut run = parse_output(task, spec, started, (o.duration, exit), &o.stdout);
-                    run.agent_cpu = crate::stats::thread_cpu().saturating_sub(cpu);
+                // A small output is parsed here: the pool's hop would cost more.
+                None if o.stdout.len() <= super::INLINE_PARSE_BYTES => {
+                    let (mut run, cpu) = super::in_place(|| {
+                        parse_output(task, spec, started, (o.duration, exit), &o.stdout)
+                    });
+                    run.agent_cpu = cpu;
                     run
                 }
                 None => {
@@ -264,11 +266,6 @@ pub async fn run(
     run.exec = Some(detail);
     run
 }
-
-/// Output up to this size is parsed where the run is, on the runtime's thread: it takes
-/// microseconds, less than the hop to the blocking pool and back would cost every run.
-/// Longer output goes to the blocking pool ([`super::off_runtime`]).
-pub const INLINE_PARSE_BYTES: usize = 4 * 1024;
 
 /// The hook from a finished child to its format's parser: stdout, exit status, and the
 /// probe's `select:` give one reading per fed resource.

@@ -72,8 +72,17 @@ pub async fn run(
         Err(ReadError::Failed(e)) => Err(e),
         Ok(r) => Ok(r),
     };
-    // What was read is parsed off the runtime's threads (a file may hold megabytes).
     let elapsed = t0.elapsed();
+    let small = match &result {
+        Ok(ReadOutcome::Text(text)) => text.len() <= super::INLINE_PARSE_BYTES,
+        _ => true,
+    };
+    if small {
+        let (mut run, cpu) = super::in_place(|| interpret(task, spec, result, started, elapsed));
+        run.agent_cpu = cpu;
+        return run;
+    }
+    // A larger read is parsed off the runtime's threads (a file may hold megabytes).
     let (t, sp) = (task.clone(), spec.clone());
     match super::off_runtime(task.timeout, move || {
         interpret(&t, &sp, result, started, elapsed)

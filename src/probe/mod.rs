@@ -346,6 +346,18 @@ fn feed_names(task: &ProbeTask) -> HashSet<&str> {
     task.feeds.iter().map(|f| f.name.as_str()).collect()
 }
 
+/// Output up to this size is parsed where the run is, on the runtime's thread: it takes
+/// microseconds, less than the hop to the blocking pool and back would cost every run.
+/// Longer output goes to the blocking pool ([`off_runtime`]).
+pub const INLINE_PARSE_BYTES: usize = 4 * 1024;
+
+/// Run `work` here, and the CPU this thread spent on it (a small output's parse).
+pub(crate) fn in_place<T>(work: impl FnOnce() -> T) -> (T, Duration) {
+    let cpu = crate::stats::thread_cpu();
+    let answer = work();
+    (answer, crate::stats::thread_cpu().saturating_sub(cpu))
+}
+
 /// Run `work` (parsing a finished run's output, typing its values) on the blocking pool,
 /// off the async runtime's threads, and wait for it at most `timeout` (the probe's): the
 /// status socket, the link and the other probes go on meanwhile. `Err` says why there is
@@ -355,11 +367,7 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     timeout: Duration,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<(T, Duration), RunFailure> {
-    let handle = tokio::task::spawn_blocking(move || {
-        let cpu = crate::stats::thread_cpu();
-        let answer = work();
-        (answer, crate::stats::thread_cpu().saturating_sub(cpu))
-    });
+    let handle = tokio::task::spawn_blocking(move || in_place(work));
     match tokio::time::timeout(timeout, handle).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(e)) => Err(RunFailure::Parse(format!("parsing the output failed: {e}"))),
