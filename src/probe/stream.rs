@@ -4,10 +4,12 @@
 //! /dev/null, stdout a pipe or with `stdout: pty` a terminal) and also gets `LSF_RESOURCES`
 //! and `ELIM_ABORT_VALUE`. With `stdin: signal` its stdin is a pipe that gets a newline when
 //! the child starts and at every interval after; a tick the child has not read room for is
-//! dropped and counted as an overlap skip, never waited on. Each complete stdout line
-//! is parsed and its values applied at once (with `format: classad`, the `Name = value`
-//! lines of one ad are applied together at its `-` line); a partial line waits for its
-//! newline and a line longer than [`MAX_LINE`] is skipped, never blocking. When the child
+//! dropped and counted as an overlap skip, never waited on. Each complete stdout line is
+//! read as its format's table entry says (`output::Streaming`): a line format's line is
+//! one update, a block format's lines (ClassAd's `Name = value` lines of one ad) are one
+//! update at their terminator (`-`). Each update is applied at once, as one run through
+//! the probe's sink (counted and shown like any probe's runs; one that does not parse is a
+//! rejected run). A partial line waits for its newline and a line longer than [`MAX_LINE`] is skipped, never blocking. When the child
 //! exits it is restarted after a backoff (1 s doubling to [`BACKOFF_CAP`], reset after a
 //! good long run); exit [`ELIM_ABORT_VALUE`] means "nothing to report here": no restart.
 //! Silent for longer than the task's stale time (no line; for ClassAd, no `-`): its values

@@ -126,8 +126,8 @@ async fn environment_has_lsf_resources_and_elim_abort_value() {
     r.stop().await;
 }
 
-/// Each line applied is a run of the probe, counted with its last success; a line that
-/// does not parse is a rejected one; restarts are counted.
+/// Each line applied is a run of the probe, counted and timed with its last success; a
+/// line that does not parse is a rejected one.
 #[tokio::test]
 async fn a_streams_lines_are_counted_as_runs() {
     let s = setup(
