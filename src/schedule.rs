@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use futures::FutureExt as _;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
@@ -277,7 +278,14 @@ async fn probe_loop(
             continue;
         }
         skipping = false;
-        inflight = Some(Box::pin(run_one(&shared)));
+        // A run that panics (a bug) ends that run, not the probe's loop: the next tick runs
+        // it again, as when each run was a task of its own.
+        let run = std::panic::AssertUnwindSafe(run_one(&shared)).catch_unwind();
+        inflight = Some(Box::pin(run.map(|ended| {
+            if ended.is_err() {
+                tracing::error!(probe = %shared.task.name, "a probe run panicked (a bug: please report it); it runs again at its next tick");
+            }
+        })));
     }
 }
 

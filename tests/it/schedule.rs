@@ -183,3 +183,28 @@ async fn a_value_nobody_refreshes_is_swept_stale() {
     );
     sched.stop().await;
 }
+
+/// A run that panics (a bug) costs that run, not the probe: its loop runs it again at the
+/// next tick.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_panics_is_run_again_at_the_next_tick() {
+    use std::sync::atomic::AtomicBool;
+    struct PanicsOnce(AtomicBool);
+    impl xce_agent::probe::BuiltinSource for PanicsOnce {
+        fn reading(&self, _index: &str) -> Option<xce_agent::value::Reading> {
+            assert!(self.0.swap(true, Ordering::Relaxed), "a bug in a run");
+            Some(xce_agent::value::Reading::Ok(Value::Numeric(3.0)))
+        }
+    }
+    let yaml = "resources:\n  - {name: ut, interval: 1s, probe: {kind: builtin}}\n";
+    let r = resources::parse(std::path::Path::new("r.yaml"), yaml).unwrap();
+    let plan = make_plan(&r, "node001", &Default::default());
+    let (_, mut ctx) = common::task_from_yaml(yaml, "ut", std::path::Path::new("/"));
+    ctx.builtin = Arc::new(PanicsOnce(AtomicBool::new(false)));
+    let store = Arc::new(Store::new());
+    store.declare(xce_agent::daemon::declared(&plan));
+    let mut sched = Scheduler::new(store.clone(), ctx, 4, CancellationToken::new());
+    sched.start(&plan);
+    assert!(advance_until(|| store.get("ut", "").unwrap().status == Status::Ok).await);
+    sched.stop().await;
+}
