@@ -310,7 +310,7 @@ async fn run_one(shared: &Shared) {
         .sink
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .take(&run);
+        .take(run);
 }
 
 /// File reads have their own capacity (`file_reader`): a hung filesystem must not take the

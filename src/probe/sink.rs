@@ -53,15 +53,14 @@ impl Sink {
         &mut self.log
     }
 
-    /// Count, log and record one run.
-    pub fn take(&mut self, run: &ProbeRun) {
-        count(&self.stats, run);
-        self.log.log_run(&self.task.name, run);
-        self.log_failure(run);
+    /// Count, log and record one run (its readings move into the store).
+    pub fn take(&mut self, run: ProbeRun) {
+        count(&self.stats, &run);
+        self.log.log_run(&self.task.name, &run);
+        self.log_failure(&run);
         let at = run.started + run.duration;
-        for (name, reading) in &run.readings {
-            self.store
-                .record(name, &self.task.instance, reading.clone(), at);
+        for (name, reading) in run.readings {
+            self.store.record(&name, &self.task.instance, reading, at);
         }
     }
 

@@ -210,7 +210,7 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
             ProbeRun::parsed(started, began.elapsed(), readings, Vec::new(), Vec::new())
         }
     };
-    sink.take(&run);
+    sink.take(run);
 }
 
 /// Whether `pick` selects a value of a named block other than `name`.
