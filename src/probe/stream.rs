@@ -226,6 +226,7 @@ fn watch<'a>(spec: &StreamSpec, grace: Duration) -> Watch<'a> {
         cap_ends_it: false,
         grace,
         goodbye,
+        quick_exit: None,
     }
 }
 

@@ -31,7 +31,15 @@ pub struct Watch<'a> {
     /// Written to stdin before SIGTERM, and the child given the grace to exit by itself
     /// (a Grid Engine load sensor's `quit`).
     pub goodbye: Option<&'a [u8]>,
+    /// First wait this long for the exit alone: a short run's output is then whole in its
+    /// pipes, read without registering them with the reactor (an exec run).
+    pub quick_exit: Option<Duration>,
 }
+
+/// How long an exec run's exit is waited for before its pipes are watched too: most
+/// scripts that print a line are done within it; one that writes more than a pipe holds
+/// waits at most this long for its first read.
+pub const QUICK_EXIT: Duration = Duration::from_millis(10);
 
 impl Watch<'_> {
     /// An exec run: read to the end or to `deadline`, ending at the stdout cap.
@@ -46,6 +54,7 @@ impl Watch<'_> {
             cap_ends_it: true,
             grace,
             goodbye: None,
+            quick_exit: Some(QUICK_EXIT),
         }
     }
 }
@@ -143,15 +152,39 @@ pub async fn drive(
     };
     let silence = watch.silence;
     let mut silent_until = silence.map_or_else(far, |s| Instant::now() + s);
-    // The read rate: bytes this second, and when reading resumes once past the bound.
-    let (mut second, mut second_bytes) = (Instant::now(), 0usize);
-    let mut paused_until: Option<Instant> = None;
+    let mut rate = Rate::new(watch.bytes_per_sec);
     // Set when the leader exits and the rest is ended: its last output is read until then.
     let mut drain_until: Option<Instant> = None;
     let mut exited_before_end = false;
+    if let Some(quick) = watch.quick_exit {
+        let until = (Instant::now() + quick).min(deadline);
+        tokio::select! {
+            _ = child.wait() => {
+                exited_before_end = true;
+                drain_until = after_exit(child, watch);
+            }
+            _ = sleep_until(until) => {}
+        }
+    }
     let ended = loop {
         if child.exited() && !reader.open() {
             break Ended::Exited;
+        }
+        // What is already in a pipe not yet registered is read first, without the reactor.
+        let ready = match rate.paused_until {
+            None => reader.read_ready(),
+            Some(_) => None,
+        };
+        if let Some(got) = ready {
+            match took(got, reader, watch, &mut rate, &mut on_event) {
+                Ok(Flow::Continue) => continue,
+                Ok(Flow::Heard) => {
+                    silent_until = silence.map_or_else(far, |s| Instant::now() + s);
+                    continue;
+                }
+                Ok(Flow::Stop) => break Ended::Stopped,
+                Err(ended) => break ended,
+            }
         }
         let cancelled = async {
             match watch.cancel {
@@ -168,37 +201,19 @@ pub async fn drive(
         let flow = tokio::select! {
             _ = cancelled => break Ended::Cancelled,
             _ = sleep_until(deadline) => break Ended::Deadline,
-            _ = sleep_until(paused_until.unwrap_or(second)), if paused_until.is_some() => {
-                paused_until = None;
-                (second, second_bytes) = (Instant::now(), 0);
+            _ = sleep_until(rate.paused_until.unwrap_or(deadline)), if rate.paused_until.is_some() => {
+                rate.resume();
                 Flow::Continue
             }
-            got = reader.next(), if reader.open() && paused_until.is_none() => match got {
-                Got::Stdout(n) => {
-                    if watch.cap_ends_it && reader.overflow {
-                        break Ended::Overflow;
-                    }
-                    if let Some(bound) = watch.bytes_per_sec {
-                        let now = Instant::now();
-                        if now.duration_since(second) >= Duration::from_secs(1) {
-                            (second, second_bytes) = (now, 0);
-                        }
-                        second_bytes += n;
-                        if second_bytes >= bound {
-                            paused_until = Some(second + Duration::from_secs(1));
-                        }
-                    }
-                    on_event(Event::Stdout(reader.stdout_chunk(n)))
+            got = reader.next(), if reader.open() && rate.paused_until.is_none() => {
+                match took(got, reader, watch, &mut rate, &mut on_event) {
+                    Ok(flow) => flow,
+                    Err(ended) => break ended,
                 }
-                Got::Stderr(n) => on_event(Event::Stderr(reader.stderr_chunk(n))),
-                Got::Closed => Flow::Continue,
-            },
+            }
             _ = child.wait(), if !child.exited() => {
                 exited_before_end = true;
-                if watch.after_exit == AfterExit::EndTheRest {
-                    child.end_rest();
-                    drain_until = Some(Instant::now() + AFTER_KILL_DRAIN);
-                }
+                drain_until = after_exit(child, watch);
                 Flow::Continue
             }
             _ = sleep_until(drain_until.unwrap_or(deadline)), if drain_until.is_some() => break Ended::Exited,
@@ -233,6 +248,75 @@ pub async fn drive(
         ended,
         exited_before_end,
         killed,
+    }
+}
+
+/// The leader exited: a stream's rest of the group goes with it, its last output read
+/// until the returned time; an exec run reads on (see [`AfterExit`]).
+fn after_exit(child: &mut Child, watch: &Watch<'_>) -> Option<Instant> {
+    match watch.after_exit {
+        AfterExit::EndTheRest => {
+            child.end_rest();
+            Some(Instant::now() + AFTER_KILL_DRAIN)
+        }
+        AfterExit::ReadToDeadline => None,
+    }
+}
+
+/// A chunk read: the stdout cap, the read rate, and what the caller makes of it.
+fn took(
+    got: Got,
+    reader: &Reader,
+    watch: &Watch<'_>,
+    rate: &mut Rate,
+    on_event: &mut impl FnMut(Event<'_>) -> Flow,
+) -> Result<Flow, Ended> {
+    Ok(match got {
+        Got::Stdout(n) => {
+            if watch.cap_ends_it && reader.overflow {
+                return Err(Ended::Overflow);
+            }
+            rate.count(n);
+            on_event(Event::Stdout(reader.stdout_chunk(n)))
+        }
+        Got::Stderr(n) => on_event(Event::Stderr(reader.stderr_chunk(n))),
+        Got::Closed => Flow::Continue,
+    })
+}
+
+/// A stream's read rate: bytes this second, and when reading resumes once past the bound.
+struct Rate {
+    bound: Option<usize>,
+    second: Instant,
+    bytes: usize,
+    paused_until: Option<Instant>,
+}
+
+impl Rate {
+    fn new(bound: Option<usize>) -> Self {
+        Self {
+            bound,
+            second: Instant::now(),
+            bytes: 0,
+            paused_until: None,
+        }
+    }
+
+    fn count(&mut self, n: usize) {
+        let Some(bound) = self.bound else { return };
+        let now = Instant::now();
+        if now.duration_since(self.second) >= Duration::from_secs(1) {
+            (self.second, self.bytes) = (now, 0);
+        }
+        self.bytes += n;
+        if self.bytes >= bound {
+            self.paused_until = Some(self.second + Duration::from_secs(1));
+        }
+    }
+
+    fn resume(&mut self) {
+        self.paused_until = None;
+        (self.second, self.bytes) = (Instant::now(), 0);
     }
 }
 

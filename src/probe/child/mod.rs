@@ -342,10 +342,12 @@ fn rlimits(limits: &Limits) -> Vec<(libc::c_int, u64)> {
     r
 }
 
-fn nonblocking_receiver(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Receiver> {
+/// The agent's read end of a pipe, non-blocking (the reader registers it with the reactor
+/// only when a read would wait).
+fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-    tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)
+    Ok(fd)
 }
 
 impl Child {
@@ -431,8 +433,8 @@ impl Child {
             Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
             None => watch_sigchld().map(ExitWatch::Sigchld),
         };
-        let reader = nonblocking_receiver(out_read).and_then(|out| {
-            let err = nonblocking_receiver(err_read)?;
+        let reader = nonblocking(out_read).and_then(|out| {
+            let err = nonblocking(err_read)?;
             Ok(Reader::new(out, err, spec.stdout_cap, spec.stderr_tail))
         });
         match (watch, reader) {
