@@ -305,13 +305,14 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
     family(
         enc,
         "xce_probe_runs",
-        "Probe runs by outcome; skipped_overlap = a tick skipped because the last run was still going.",
+        "Probe runs by outcome (a stream's runs are its updates: lines, blocks or ads); rejected = a stream update that did not parse; skipped_overlap = a tick skipped because the last run was still going.",
         MetricType::Counter,
         probes.iter().flat_map(|(name, p)| {
             [
                 ("ok", &p.ok),
                 ("failed", &p.failed),
                 ("timeout", &p.timeout),
+                ("rejected", &p.rejected),
                 ("skipped_overlap", &p.skipped_overlap),
             ]
             .map(|(outcome, c)| {

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use futures::FutureExt as _;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
@@ -15,43 +16,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ProbeKind;
 use crate::plan::{Plan, ProbeTask};
-use crate::probe::exec::OutputLog;
-use crate::probe::{self, Outcome, ProbeContext, ProbeRun};
+use crate::probe::sink::Sink;
+use crate::probe::{self, ProbeContext, ProbeRun};
 use crate::reload::{probe_changes, Changes, ProbeKey};
 use crate::stats::Stats;
 use crate::store::Store;
-use crate::value::Reading;
 
 /// After a (re)start the first runs spread over at most this long, not a whole interval:
 /// an hourly probe must not leave its value pending for an hour.
 pub const STARTUP_SPREAD: Duration = Duration::from_secs(15);
-
-/// Count one run in its probe's counters.
-fn count_run(stats: &Stats, name: &str, run: &ProbeRun) {
-    let s = stats.probe(name);
-    match run.outcome {
-        Outcome::Ok => {
-            s.ok.fetch_add(1, Ordering::Relaxed);
-            s.last_success_ms
-                .store(crate::value::unix_ms(SystemTime::now()), Ordering::Relaxed);
-        }
-        Outcome::Failed => {
-            s.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        Outcome::TimedOut => {
-            s.timeout.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    s.last_duration_us
-        .store(run.duration.as_micros() as u64, Ordering::Relaxed);
-    s.agent_cpu_ns
-        .fetch_add(run.agent_cpu.as_nanos() as u64, Ordering::Relaxed);
-    s.unexpected_names.fetch_add(
-        (run.unexpected.len() + run.unexpected_more) as u64,
-        Ordering::Relaxed,
-    );
-    s.duration.observe(run.duration);
-}
 
 /// The next wall-clock slot of a probe: the first t > now with (t - splay) % interval == 0.
 pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Duration {
@@ -62,7 +35,7 @@ pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Durati
     Duration::from_millis(u64::try_from(interval_ms - phase).unwrap_or(u64::MAX))
 }
 
-/// Record a run's readings and say what went wrong, once per change of error.
+/// Record a run's readings (a one-shot pass, which counts and logs nothing: it prints).
 pub fn record_run(store: &Store, task: &ProbeTask, run: &ProbeRun) {
     let at = run.started + run.duration;
     for (name, reading) in &run.readings {
@@ -199,16 +172,50 @@ async fn after_old_loop(
     }
 }
 
+/// Sweeps are at least this far apart: values go stale within a second of their time.
+const SWEEP_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+
+/// Age the store's values when one can go stale, not on a fixed tick: an idle agent whose
+/// values are fresh for an hour wakes for them once an hour, not every second (an HPC job
+/// feels every wake-up on its cores).
 async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        let now = SystemTime::now();
+        store.sweep(now);
+        let wait = store.next_stale_at(now).map(|at| {
+            at.duration_since(now)
+                .unwrap_or_default()
+                .max(SWEEP_AT_MOST_EVERY)
+        });
+        let sleep = async {
+            match wait {
+                // Just past the time: a value exactly `stale_after` old is still fresh.
+                Some(wait) => tokio::time::sleep(wait + Duration::from_millis(1)).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => { store.sweep(SystemTime::now()); }
+            _ = store.redeclared() => {}
+            _ = sleep => {}
         }
     }
 }
+
+/// What one probe's loop and each of its runs share: made once per probe, borrowed by
+/// each run (nothing cloned per tick).
+struct Shared {
+    task: Arc<ProbeTask>,
+    ctx: ProbeContext,
+    budget: Arc<Semaphore>,
+    /// Where the runs go (a run at a time; the lock is never contended).
+    sink: Mutex<Sink>,
+}
+
+/// A run in flight, polled by its probe's loop: no task of its own, no hop between
+/// runtime threads per run. Boxed so the run's large state machine is freed when the run
+/// ends (an idle agent holds one loop per probe).
+type InFlightRun<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
 
 async fn probe_loop(
     task: Arc<ProbeTask>,
@@ -224,6 +231,7 @@ async fn probe_loop(
         Box::pin(probe::stream::supervise(task, ctx, store, stats, cancel)).await;
         return;
     }
+    let probe_stats = stats.probe(&task.name);
     let spread = task.interval.min(STARTUP_SPREAD);
     let first = Duration::from_millis((task.splay.as_millis() % spread.as_millis().max(1)) as u64);
     let mut next = later(first);
@@ -231,59 +239,53 @@ async fn probe_loop(
         let at = SystemTime::now()
             .checked_add(after)
             .map_or(u64::MAX, crate::value::unix_ms);
-        stats
-            .probe(&task.name)
-            .next_due_ms
-            .store(at, Ordering::Relaxed);
+        probe_stats.next_due_ms.store(at, Ordering::Relaxed);
     };
     due(first);
-    let mut inflight: Option<JoinHandle<()>> = None;
-    // What this probe already logged, so a misbehaving probe does not repeat itself.
-    let output_log = Arc::new(Mutex::new(OutputLog::default()));
+    let shared = Shared {
+        sink: Mutex::new(Sink::new(task.clone(), store, &stats)),
+        task,
+        ctx,
+        budget,
+    };
+    let mut inflight: Option<InFlightRun<'_>> = None;
     // Skipped ticks are logged once per streak, not once per tick.
     let mut skipping = false;
     loop {
+        let run_ended = async {
+            match inflight.as_mut() {
+                Some(run) => run.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            // Dropping the run drops its child: the group is killed.
             _ = cancel.cancelled() => break,
+            _ = run_ended => {
+                inflight = None;
+                continue;
+            }
             _ = sleep_until(next) => {}
         }
-        let after = next_slot(SystemTime::now(), task.interval, task.splay);
+        let after = next_slot(SystemTime::now(), shared.task.interval, shared.task.splay);
         next = later(after);
         due(after);
-        if inflight.as_ref().is_some_and(|h| !h.is_finished()) {
-            stats
-                .probe(&task.name)
-                .skipped_overlap
-                .fetch_add(1, Ordering::Relaxed);
+        if inflight.is_some() {
+            probe_stats.skipped_overlap.fetch_add(1, Ordering::Relaxed);
             if !std::mem::replace(&mut skipping, true) {
-                tracing::warn!(probe = %task.name, "still running at its next tick; this run is skipped (and later ones, until it ends)");
+                tracing::warn!(probe = %shared.task.name, "still running at its next tick; this run is skipped (and later ones, until it ends)");
             }
             continue;
         }
         skipping = false;
-        let (task, ctx, store, budget, stats, cancel, output_log) = (
-            task.clone(),
-            ctx.clone(),
-            store.clone(),
-            budget.clone(),
-            stats.clone(),
-            cancel.clone(),
-            output_log.clone(),
-        );
-        inflight = Some(tokio::spawn(async move {
-            // Boxed so the run's large state machine is freed when the run ends: the task's
-            // own allocation lives on until its handle is dropped at the next slot (an hour
-            // for some probes), and an idle agent holds one per probe.
-            let run = Box::pin(run_one(&task, &ctx, &store, &budget, &stats, &output_log));
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = run => {}
+        // A run that panics (a bug) ends that run, not the probe's loop: the next tick runs
+        // it again, as when each run was a task of its own.
+        let run = std::panic::AssertUnwindSafe(run_one(&shared)).catch_unwind();
+        inflight = Some(Box::pin(run.map(|ended| {
+            if ended.is_err() {
+                tracing::error!(probe = %shared.task.name, "a probe run panicked (a bug: please report it); it runs again at its next tick");
             }
-        }));
-    }
-    if let Some(h) = inflight {
-        // The run sees the cancellation, drops its child, and the group is killed.
-        let _ = h.await;
+        })));
     }
 }
 
@@ -295,49 +297,26 @@ fn later(after: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-async fn run_one(
-    task: &ProbeTask,
-    ctx: &ProbeContext,
-    store: &Store,
-    budget: &Semaphore,
-    stats: &Stats,
-    output_log: &Mutex<OutputLog>,
-) {
-    let _permit = match uses_budget(task) {
-        true => match budget.acquire().await {
+async fn run_one(shared: &Shared) {
+    let _permit = match uses_budget(&shared.task) {
+        true => match shared.budget.acquire().await {
             Ok(p) => Some(p),
             Err(_) => return,
         },
         false => None,
     };
-    let run = probe::run_once(task, ctx).await;
-    count_run(stats, &task.name, &run);
-    output_log
+    let run = probe::run_once(&shared.task, &shared.ctx).await;
+    shared
+        .sink
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .log_run(&task.name, &run);
-    log_run(task, &run, store);
-    record_run(store, task, &run);
+        .take(run);
 }
 
 /// File reads have their own capacity (`file_reader`): a hung filesystem must not take the
 /// budget that exec probes and the builtins run on.
 fn uses_budget(task: &ProbeTask) -> bool {
     !matches!(task.kind, ProbeKind::File(_))
-}
-
-/// Log a failure when it is new (the resource was not already failing with the same error),
-/// so a broken probe does not write the same line every interval.
-fn log_run(task: &ProbeTask, run: &ProbeRun, store: &Store) {
-    let Some(err) = run.error() else { return };
-    let previous = store.get(&task.name, &task.instance).and_then(|r| r.error);
-    if previous.as_deref() != Some(err) {
-        let stderr = run.exec.as_ref().map(|e| e.stderr.as_str()).unwrap_or("");
-        tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %crate::text::escape(stderr.trim()), "{}", crate::text::escape(err));
-    }
-    if let Some(Reading::Ok(_)) = run.readings.first().map(|(_, r)| r) {
-        tracing::debug!(probe = %task.name, "ok");
-    }
 }
 
 /// Run every probe of `plan` once, at most `max_parallel` at a time, record the readings,
@@ -359,10 +338,7 @@ pub async fn run_all_once(
                 false => None,
             };
             running.started(&task);
-            let run = match &task.kind {
-                ProbeKind::Stream(_) => probe::stream::first_values(&task, &ctx).await,
-                _ => probe::run_once(&task, &ctx).await,
-            };
+            let run = probe::run_once(&task, &ctx).await;
             running.ended(&task.name);
             (task, run)
         }));

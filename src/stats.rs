@@ -1,5 +1,5 @@
-//! Counters per probe (runs by outcome, durations, restarts), written by the scheduler and
-//! the stream supervisor, read by the metrics endpoint. Lock-free: counting a run never waits
+//! Counters per probe (runs by outcome, durations, restarts), written by each probe's
+//! sink (`probe::sink`), read by the metrics endpoint. Lock-free: counting a run never waits
 //! on a scrape.
 
 use std::collections::BTreeMap;
@@ -13,6 +13,8 @@ pub struct ProbeStats {
     pub ok: AtomicU64,
     pub failed: AtomicU64,
     pub timeout: AtomicU64,
+    /// A stream's updates that did not parse (a line, a block): none of it applied.
+    pub rejected: AtomicU64,
     pub skipped_overlap: AtomicU64,
     pub restarts: AtomicU64,
     /// Agent CPU (ns, on the thread that did it) spent on the probe's output: a stream's

@@ -63,6 +63,8 @@ pub struct Versions {
 pub struct Store {
     state: Mutex<State>,
     notify: watch::Sender<Versions>,
+    /// Woken by [`Store::declare`]: what can go stale, and when, may have changed.
+    declared_anew: tokio::sync::Notify,
 }
 
 impl Default for Store {
@@ -76,6 +78,7 @@ impl Store {
         Self {
             state: Mutex::new(State::default()),
             notify: watch::channel(Versions::default()).0,
+            declared_anew: tokio::sync::Notify::new(),
         }
     }
 
@@ -95,6 +98,8 @@ impl Store {
     /// Set the declared resources. Slots that survive keep their value (a reload must not
     /// turn every value pending); new ones start pending; gone ones are dropped.
     pub fn declare(&self, decls: impl IntoIterator<Item = Declared>) {
+        // A permit is kept if the sweeper is not waiting yet: it cannot miss this.
+        self.declared_anew.notify_one();
         let mut st = self.lock();
         st.version += 1;
         st.generation += 1;
@@ -227,6 +232,29 @@ impl Store {
         changed
     }
 
+    /// When [`Store::sweep`] can next have something to do, seen at `now`: the earliest a
+    /// good value goes stale, or a value recorded from now on could (`now` plus the
+    /// shortest stale time); `None` while nothing is declared. A later [`Store::declare`]
+    /// wakes [`Store::redeclared`].
+    pub fn next_stale_at(&self, now: SystemTime) -> Option<SystemTime> {
+        let st = self.lock();
+        st.slots
+            .values()
+            .filter_map(|slot| {
+                let from = match slot.last_good {
+                    Some(t) if !slot.resval.value.is_unknown() => t.min(now),
+                    _ => now,
+                };
+                from.checked_add(slot.declared.stale_after)
+            })
+            .min()
+    }
+
+    /// Resolves after the next [`Store::declare`] (at once if one came since the last wait).
+    pub async fn redeclared(&self) {
+        self.declared_anew.notified().await;
+    }
+
     /// Every resval, in name order, and the version it is current as of.
     pub fn snapshot(&self) -> (Versions, Vec<Resval>) {
         self.changes_since(0)
@@ -298,6 +326,40 @@ mod tests {
             stale_after: Duration::from_secs(stale_secs),
         }]);
         s
+    }
+
+    #[test]
+    fn the_next_sweep_is_when_a_value_can_first_go_stale() {
+        let s = Store::new();
+        assert_eq!(s.next_stale_at(SystemTime::now()), None, "nothing declared");
+        let declared = |name: &str, secs| Declared {
+            name: name.into(),
+            instance: String::new(),
+            valtype: Valtype::Numeric,
+            stale_after: Duration::from_secs(secs),
+        };
+        s.declare([declared("a", 10), declared("b", 100)]);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let at = |secs| t0 + Duration::from_secs(secs);
+        // No value yet: one recorded now could go stale after the shortest stale time.
+        assert_eq!(s.next_stale_at(t0), Some(at(10)));
+        s.record("a", "", Reading::Ok(Value::Numeric(1.0)), t0);
+        assert_eq!(s.next_stale_at(at(5)), Some(at(10)), "a's value");
+        s.sweep(at(11));
+        assert_eq!(
+            s.next_stale_at(at(11)),
+            Some(at(21)),
+            "a went stale: the next is a value recorded from now on"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_declare_wakes_the_sweeper_even_before_it_waits() {
+        let s = store_with("a", 60);
+        // The declare came before the wait: its permit is kept.
+        tokio::time::timeout(Duration::from_secs(60), s.redeclared())
+            .await
+            .expect("woken");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::output;
 use crate::plan::{make_plan, ProbeTask};
 use crate::probe::process::Exit;
 use crate::probe::supervisor::Supervisor;
-use crate::probe::{exec, resolve, security, stream, ProbeContext};
+use crate::probe::{exec, resolve, security, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
 
 pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
@@ -69,10 +69,7 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             found,
         }
     });
-    let mut run = match &task.kind {
-        ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
-        _ => crate::probe::run_once(task, ctx).await,
-    };
+    let mut run = crate::probe::run_once(task, ctx).await;
     super::strict::unreported_fails(task, &mut run);
     super::strict::explain_failure(task, &mut run, &ctx.plugin_dir);
     let contained = &ctx.supervisor.containment;

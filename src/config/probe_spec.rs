@@ -390,7 +390,7 @@ fn exec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKin
 /// A stream probe reads its output as it comes: only the formats the table says stream.
 fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
     let exec = exec_spec(errs, raw, input)?;
-    if !exec.format.def().streams {
+    if !exec.format.def().stream.reads() {
         errs.at(
             raw.format.as_ref().map_or(input.pos, Pos::of),
             format!(

@@ -10,6 +10,7 @@
 
 use std::collections::hash_map::{Entry, HashMap};
 
+use super::stream::{Block, BlockLine, BlockStream, Blocks, Streaming};
 use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -20,9 +21,61 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: true,
-    streams: true,
+    stream: Streaming::Blocks(BLOCKS),
     peer: &super::NO_PEER,
 };
+
+/// A stream's ClassAd output: `Name = value` lines, each ad ended by `-` or `- NAME`.
+const BLOCKS: Blocks = Blocks {
+    end: separator,
+    parse: parse_ad,
+    called: "ClassAd",
+    terminator: "`-`",
+    goodbye: None,
+};
+
+/// `-` and `- NAME` end an ad (the one rule for them, whole outputs and streams alike).
+fn separator(line: &str) -> Option<&str> {
+    line.strip_prefix('-').map(str::trim)
+}
+
+/// One ad's lines: its attributes, labelled `ad="NAME"` by a `- NAME` separator, a later
+/// value of an attribute replacing an earlier one.
+fn parse_ad(block: &Block) -> Parsed {
+    let mut ad = Parsed::default();
+    // Each attribute carries its ad's name: a long one would be copied into every
+    // attribute of the ad.
+    if block.name.len() > MAX_AD_NAME {
+        let after = block.lines.last().map_or(0, |(n, _)| n + 1);
+        ad.bad(
+            after,
+            format!("ad name longer than {MAX_AD_NAME} bytes; the ad is dropped"),
+        );
+        return ad;
+    }
+    for (number, line) in block.lines {
+        if line.starts_with('#') {
+            continue;
+        }
+        match attribute(line) {
+            Ok(Some((name, value))) => ad.samples.push(Sample {
+                name,
+                labels: Vec::new(),
+                value,
+                line: *number,
+            }),
+            Ok(None) => {}
+            Err(why) => ad.bad(*number, why),
+        }
+    }
+    if !block.name.is_empty() {
+        for s in &mut ad.samples {
+            s.labels = vec![(AD_LABEL.to_owned(), block.name.to_owned())];
+        }
+    }
+    ad.samples = later_wins(ad.samples);
+    ad
+}
 
 /// The label a `- NAME` separator puts on its ad's attributes.
 pub const AD_LABEL: &str = "ad";
@@ -91,26 +144,16 @@ impl MergedAds {
     }
 }
 
-/// Longest ad a stream may print before its `-` (a finished run's whole output is capped
-/// at the same size): a stream that never prints `-` must not grow the agent's memory.
-pub const MAX_AD_BYTES: usize = 64 * 1024;
+/// Longest ad a stream may print before its `-`.
+pub const MAX_AD_BYTES: usize = super::stream::MAX_BLOCK_BYTES;
 
 /// Longest name a `- NAME` line may give its ad.
 pub const MAX_AD_NAME: usize = 1024;
 
-/// Reads ClassAd output one line at a time: the one rule for `-` and `- NAME`, for a
-/// finished run's output and for a stream probe's updates. Lines are numbered from 1.
+/// Reads ClassAd output one line at a time: the format's [`Blocks`] entry through the one
+/// block reader, for a finished run's whole output and a stream's lines alike.
 #[derive(Debug, Default)]
-pub struct AdStream {
-    /// The ad being read: its attributes and malformed lines so far.
-    ad: Parsed,
-    /// Lines read, for the line numbers.
-    line: usize,
-    /// Bytes of the ad being read, against [`MAX_AD_BYTES`].
-    bytes: usize,
-    /// The ad ran past [`MAX_AD_BYTES`]: its lines are dropped up to the next `-`.
-    skipping: bool,
-}
+pub struct AdStream(BlockStream);
 
 /// What one line did to the ad being read.
 #[derive(Debug, PartialEq)]
@@ -128,86 +171,25 @@ pub enum AdLine {
 impl AdStream {
     /// Read one line (without its newline).
     pub fn push(&mut self, raw: &str) -> AdLine {
-        self.line += 1;
-        let line = raw.trim();
-        if let Some(tag) = line.strip_prefix('-') {
-            let tag = tag.trim();
-            return match std::mem::take(&mut self.skipping) {
-                true => AdLine::Inside,
-                // Each attribute carries its ad's name: a long one would be copied into
-                // every attribute of the ad.
-                false if tag.len() > MAX_AD_NAME => {
-                    let mut ad = self.end("");
-                    ad.samples.clear();
-                    ad.bad(
-                        self.line,
-                        format!("ad name longer than {MAX_AD_NAME} bytes; the ad is dropped"),
-                    );
-                    AdLine::Ended {
-                        tag: String::new(),
-                        ad,
-                    }
-                }
-                false => AdLine::Ended {
-                    tag: tag.to_owned(),
-                    ad: self.end(tag),
-                },
-            };
-        }
-        if self.skipping || line.is_empty() || line.starts_with('#') {
-            return AdLine::Inside;
-        }
-        self.bytes += line.len();
-        if self.bytes > MAX_AD_BYTES {
-            self.ad = Parsed::default();
-            self.bytes = 0;
-            self.skipping = true;
-            return AdLine::TooLong;
-        }
-        match attribute(line) {
-            Ok(Some((name, value))) => self.ad.samples.push(Sample {
-                name,
-                labels: Vec::new(),
-                value,
-                line: self.line,
-            }),
-            Ok(None) => {}
-            Err(why) => self.ad.bad(self.line, why),
-        }
-        AdLine::Inside
-    }
-
-    /// Count a line that could not be read as text (not UTF-8, too long) as malformed.
-    pub fn bad_line(&mut self, why: &str) {
-        self.line += 1;
-        if !self.skipping {
-            self.ad.bad(self.line, why);
+        match self.0.push(&BLOCKS, raw) {
+            BlockLine::Inside => AdLine::Inside,
+            BlockLine::Ended { name, parsed } => AdLine::Ended {
+                tag: name,
+                ad: parsed,
+            },
+            BlockLine::TooLong => AdLine::TooLong,
         }
     }
 
     /// The lines read since the last `-`, as an ad of their own (`None` when there are
     /// none): what a run that ended without its last `-` printed.
     pub fn finish(&mut self) -> Option<Parsed> {
-        let started = !self.ad.samples.is_empty() || !self.ad.bad_lines.is_empty();
-        self.skipping = false;
-        started.then(|| self.end(""))
+        self.0.finish(&BLOCKS)
     }
 
-    /// Lines of the ad being read that hold an attribute or did not parse.
+    /// Lines of the ad being read.
     pub fn pending(&self) -> usize {
-        self.ad.samples.len() + self.ad.bad_lines.len()
-    }
-
-    fn end(&mut self, tag: &str) -> Parsed {
-        self.bytes = 0;
-        let mut ad = std::mem::take(&mut self.ad);
-        if !tag.is_empty() {
-            for s in &mut ad.samples {
-                s.labels = vec![(AD_LABEL.to_owned(), tag.to_owned())];
-            }
-        }
-        ad.samples = later_wins(ad.samples);
-        ad
+        self.0.pending()
     }
 }
 

@@ -1,5 +1,6 @@
 //! `format: elim`: LSF ELIM lines, `n name1 value1 ... nameN valueN`.
 
+use super::stream::{Lines, Streaming};
 use super::{clip, Exits, FormatDef, Input, LastWins, OutputError, Pair, Parsed};
 
 pub const DEF: FormatDef = FormatDef {
@@ -10,7 +11,10 @@ pub const DEF: FormatDef = FormatDef {
     selectable: false,
     empty_is_an_answer: false,
     fold_case: false,
-    streams: true,
+    stream: Streaming::Lines(Lines {
+        parse: stream_line,
+        whole: true,
+    }),
     peer: &super::NO_PEER,
 };
 
@@ -29,6 +33,11 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
         }
     }
     out.into_parsed()
+}
+
+/// A stream's line: the values it names (`0`: none this time).
+fn stream_line(line: &str, _own: &str) -> Result<Vec<Pair>, String> {
+    parse_elim_line(line).map_err(|e| e.to_string())
 }
 
 /// Every complete line updates the values it names; the last line wins.

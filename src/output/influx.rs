@@ -4,6 +4,7 @@
 //! strings. Backslash escapes `,`, `=`, space (and `"` and `\` in strings). One sample per
 //! field, named `measurement.field`, with the tags as its labels.
 
+use super::stream::Streaming;
 use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -14,7 +15,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: false,
-    streams: false,
+    stream: Streaming::No,
     peer: &super::NO_PEER,
 };
 

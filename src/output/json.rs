@@ -23,6 +23,7 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
+use super::stream::Streaming;
 use super::{Budget, Exits, FormatDef, Input, OutputError, Parsed, Sample, Selector};
 
 pub const DEF: FormatDef = FormatDef {
@@ -33,7 +34,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: false,
-    streams: false,
+    stream: Streaming::No,
     peer: &super::NO_PEER,
 };
 

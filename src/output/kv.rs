@@ -1,5 +1,6 @@
 //! `format: kv`: `name = value` lines (HTCondor startd cron style without ClassAd typing).
 
+use super::stream::{Lines, Streaming};
 use super::{clip, Exits, FormatDef, Input, LastWins, OutputError, Pair, Parsed};
 
 pub const DEF: FormatDef = FormatDef {
@@ -10,7 +11,10 @@ pub const DEF: FormatDef = FormatDef {
     selectable: false,
     empty_is_an_answer: false,
     fold_case: false,
-    streams: true,
+    stream: Streaming::Lines(Lines {
+        parse: stream_line,
+        whole: false,
+    }),
     peer: &super::NO_PEER,
 };
 
@@ -22,6 +26,14 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
         }
     }
     out.into_parsed()
+}
+
+/// A stream's line: one `name = value`, or a `#` comment (nothing).
+fn stream_line(line: &str, _own: &str) -> Result<Vec<Pair>, String> {
+    if line.trim_start().starts_with('#') {
+        return Ok(Vec::new());
+    }
+    parse_kv(line).map_err(|e| e.to_string())
 }
 
 /// `name = value` lines; blank lines and `#` comments are ignored; a value in double quotes

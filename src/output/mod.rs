@@ -4,6 +4,7 @@
 //! resource's valtype happens in one place (`value::Valtype::parse`).
 
 pub mod select;
+pub mod stream;
 
 use std::collections::HashMap;
 
@@ -19,6 +20,7 @@ pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
 pub use sge::{
     parse_block as parse_sge_block, this_host as sge_host, BEGIN as SGE_BEGIN, END as SGE_END,
 };
+pub use stream::Streaming;
 pub use value::parse_value;
 
 /// One `name -> raw text` pair a probe reported.
@@ -83,7 +85,7 @@ impl Format {
     pub fn stream_names() -> Vec<&'static str> {
         Self::ALL
             .iter()
-            .filter(|f| f.def().streams)
+            .filter(|f| f.def().stream.reads())
             .map(|f| f.as_str())
             .collect()
     }
@@ -103,9 +105,9 @@ pub struct FormatDef {
     pub empty_is_an_answer: bool,
     /// Selector names match case-insensitively (ClassAd attribute names).
     pub fold_case: bool,
-    /// A stream probe can read it as it comes: each line is an update (value, kv, elim), or
-    /// a line says where an update ends (ClassAd's `-`).
-    pub streams: bool,
+    /// Whether and how a stream probe reads it as it comes: each line an update (value,
+    /// kv, elim), or lines gathered into blocks a terminator line ends (ClassAd's `-`).
+    pub stream: Streaming,
     /// What the format's home system does when it runs a script (its arguments and
     /// environment) and how it names values, so the agent does the same.
     pub peer: &'static Peer,
@@ -129,7 +131,7 @@ impl FormatDef {
             selectable: true,
             empty_is_an_answer: false,
             fold_case: false,
-            streams: false,
+            stream: Streaming::No,
             peer,
         }
     }

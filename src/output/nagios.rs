@@ -10,6 +10,7 @@
 //! Samples: one per perfdata label, plus `exit` (the status as a number), `ok` (true when
 //! the status is 0) and `text` (the first line before `|`).
 
+use super::stream::Streaming;
 use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -20,7 +21,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: false,
-    streams: false,
+    stream: Streaming::No,
     peer: &super::NO_PEER,
 };
 

@@ -4,6 +4,7 @@
 //! quantile) samples as printed; timestamps are ignored; `NaN` and `±Inf` are passed on
 //! (a numeric resource refuses them). No samples at all is a normal answer.
 
+use super::stream::Streaming;
 use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -14,7 +15,7 @@ pub const DEF: FormatDef = FormatDef {
     selectable: true,
     empty_is_an_answer: true,
     fold_case: false,
-    streams: false,
+    stream: Streaming::No,
     peer: &super::NO_PEER,
 };
 

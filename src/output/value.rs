@@ -1,6 +1,7 @@
 //! `format: value`: the first non-blank line is the probe's own value.
 
-use super::{Exits, OutputError};
+use super::stream::{Lines, Streaming};
+use super::{Exits, OutputError, Pair};
 use super::{FormatDef, Input, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
@@ -11,13 +12,23 @@ pub const DEF: FormatDef = FormatDef {
     selectable: false,
     empty_is_an_answer: false,
     fold_case: false,
-    streams: true,
+    stream: Streaming::Lines(Lines {
+        parse: stream_line,
+        whole: true,
+    }),
     peer: &super::NO_PEER,
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let v = parse_value(input.text)?;
     Ok(Parsed::of(vec![Sample::plain(input.own, &v)]))
+}
+
+/// A stream's line: the probe's own value.
+fn stream_line(line: &str, own: &str) -> Result<Vec<Pair>, String> {
+    parse_value(line)
+        .map(|v| vec![(own.to_owned(), v)])
+        .map_err(|e| e.to_string())
 }
 
 /// The first non-blank line.

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::{Outcome, ProbeContext, ProbeRun};
+use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
 use crate::plan::ProbeTask;
@@ -209,7 +209,7 @@ pub async fn run(
     let (child, user) = match child_spec(task, spec, ctx, env) {
         Ok(c) => c,
         Err(e) => {
-            let why = e.to_string();
+            let why = RunFailure::Refused(e.into());
             let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
             run.exec = Some(detail);
             return run;
@@ -219,25 +219,37 @@ pub async fn run(
     detail.user = user;
     let result = process::run(&child).await;
     let mut run = match result {
-        Err(e) => ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, e.to_string()),
+        Err(e) => {
+            let why = RunFailure::Spawn(e.into());
+            ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why)
+        }
         Ok(mut o) => {
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
             let failure = failure_message(&o, spec.format.def().exits)
                 .map(|(outcome, why)| (outcome, with_stream_hint(spec, &o, why)));
+            let exit = match o.exit {
+                Exit::Code(c) => Some(c),
+                _ => None,
+            };
             let mut run = match failure {
                 Some((outcome, why)) => {
+                    let why = RunFailure::Ended(why);
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
+                }
+                // A small output is parsed here: the pool's hop would cost more.
+                None if o.stdout.len() <= super::INLINE_PARSE_BYTES => {
+                    let (mut run, cpu) = super::in_place(|| {
+                        parse_output(task, spec, started, (o.duration, exit), &o.stdout)
+                    });
+                    run.agent_cpu = cpu;
+                    run
                 }
                 None => {
                     // Parsed off the runtime's threads: megabytes of output never hold up
                     // the status socket, the link or the other probes.
                     let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
-                    let exit = match o.exit {
-                        Exit::Code(c) => Some(c),
-                        _ => None,
-                    };
                     let stdout = std::mem::take(&mut o.stdout);
                     let parsed = super::off_runtime(task.timeout, move || {
                         let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
@@ -275,12 +287,15 @@ fn parse_output(
     stdout: &[u8],
 ) -> ProbeRun {
     match output::parse(spec.format, stdout, exit, &task.name) {
-        Err(e) => ProbeRun::all_failed(
+        Err(error) => ProbeRun::all_failed(
             task,
             started,
             duration,
             Outcome::Failed,
-            format!("bad {} output: {e}", spec.format.as_str()),
+            RunFailure::Output {
+                format: spec.format,
+                error,
+            },
         ),
         Ok(parsed) => ProbeRun::from_output(
             task,

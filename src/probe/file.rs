@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
-use super::{Outcome, ProbeContext, ProbeRun};
+use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{FileSpec, ProbeKind};
 use crate::plan::ProbeTask;
 use crate::value::Reading;
@@ -54,10 +54,10 @@ pub async fn run(
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
     let fail =
-        |why: String, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
+        |why: RunFailure, outcome| ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
     let creds = match reader_credentials(spec, ctx) {
         Ok(c) => c,
-        Err(e) => return fail(format!("run_as: {e}"), Outcome::Failed),
+        Err(e) => return fail(RunFailure::RunAs(e), Outcome::Failed),
     };
     let request = ReadRequest {
         path: spec.path.clone(),
@@ -69,13 +69,22 @@ pub async fn run(
         textfiles: spec.format.is_some(),
     };
     let result = match ctx.files.read(request).await {
-        Err(ReadError::TimedOut(e)) => return fail(e, Outcome::TimedOut),
-        Err(ReadError::Refused(e)) => return fail(e, Outcome::Failed),
+        Err(ReadError::TimedOut(e)) => return fail(RunFailure::Read(e), Outcome::TimedOut),
+        Err(ReadError::Refused(e)) => return fail(RunFailure::Read(e), Outcome::Failed),
         Err(ReadError::Failed(e)) => Err(e),
         Ok(r) => Ok(r),
     };
-    // What was read is parsed off the runtime's threads (a file may hold megabytes).
     let elapsed = t0.elapsed();
+    let small = match &result {
+        Ok(ReadOutcome::Text(text)) => text.len() <= super::INLINE_PARSE_BYTES,
+        _ => true,
+    };
+    if small {
+        let (mut run, cpu) = super::in_place(|| interpret(task, spec, result, started, elapsed));
+        run.agent_cpu = cpu;
+        return run;
+    }
+    // A larger read is parsed off the runtime's threads (a file may hold megabytes).
     let (t, sp) = (task.clone(), spec.clone());
     match super::off_runtime(task.timeout, move || {
         interpret(&t, &sp, result, started, elapsed)
@@ -101,7 +110,15 @@ fn interpret(
     if let Some(format) = spec.format {
         return in_format(task, spec, format, result, started, elapsed);
     }
-    let fail = |why: String| ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
+    let fail = |why: String| {
+        ProbeRun::all_failed(
+            task,
+            started,
+            elapsed,
+            Outcome::Failed,
+            RunFailure::Read(why),
+        )
+    };
     let text = match result {
         Err(e) => return fail(e),
         Ok(ReadOutcome::TooOld(path, age)) => {
@@ -139,9 +156,12 @@ fn in_format(
     elapsed: Duration,
 ) -> ProbeRun {
     let text = match read {
-        Err(e) => return ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, e),
+        Err(e) => {
+            let why = RunFailure::Read(e);
+            return ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
+        }
         Ok(ReadOutcome::TooOld(path, age)) => {
-            let why = too_old(&path, age, spec);
+            let why = RunFailure::Read(too_old(&path, age, spec));
             let mut run = ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
             for (_, r) in &mut run.readings {
                 if let Reading::Failed(why) = r {
@@ -153,12 +173,16 @@ fn in_format(
         Ok(ReadOutcome::Text(t)) => t,
     };
     match crate::output::parse(format, text.as_bytes(), None, &task.name) {
-        Err(e) => ProbeRun::all_failed(
+        Err(error) => ProbeRun::all_failed(
             task,
             started,
             elapsed,
             Outcome::Failed,
-            format!("bad {} in {}: {e}", format.as_str(), spec.path.display()),
+            RunFailure::FileOutput {
+                format,
+                path: spec.path.clone(),
+                error,
+            },
         ),
         Ok(parsed) => ProbeRun::from_output(
             task,

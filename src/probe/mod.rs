@@ -1,6 +1,7 @@
-//! Running one probe once: builtin, exec or file. (Stream probes are long-running and live in
-//! `stream.rs`.) A run yields one reading per resource the probe feeds, plus what an admin
-//! needs to debug it.
+//! Running one probe once: builtin, exec, file, or a stream until its first values. A run
+//! (and each update of a long-running stream, `stream.rs`) yields one [`ProbeRun`]: one
+//! reading per resource the probe feeds, plus what an admin needs to debug it, which one
+//! [`sink::Sink`] counts, logs and records for every kind.
 
 pub mod builtin;
 pub mod cgroup;
@@ -13,6 +14,7 @@ pub mod reader_creds;
 pub mod reaper;
 pub mod resolve;
 pub mod security;
+pub mod sink;
 pub mod stream;
 pub mod supervisor;
 
@@ -68,6 +70,48 @@ impl Outcome {
     }
 }
 
+/// Why a run failed as a whole, with its source: rendered to text where it is shown (the
+/// log line, the `--once` table, `probe NAME`, and each fed resource's error in the store,
+/// which status and the controller show).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RunFailure {
+    /// The child could not be started: its user, the security rules, its cgroup.
+    #[error(transparent)]
+    Refused(Arc<exec::SpawnRefused>),
+    /// The spawn itself failed.
+    #[error(transparent)]
+    Spawn(Arc<child::SpawnError>),
+    /// The child ended badly: its exit status, the timeout or the output cap, with what it
+    /// said about it.
+    #[error("{0}")]
+    Ended(String),
+    /// Its output did not parse.
+    #[error("bad {} output: {error}", format.as_str())]
+    Output {
+        format: output::Format,
+        error: output::OutputError,
+    },
+    /// A file in a probe output format did not parse.
+    #[error("bad {} in {}: {error}", format.as_str(), path.display())]
+    FileOutput {
+        format: output::Format,
+        path: PathBuf,
+        error: output::OutputError,
+    },
+    /// Parsing the output outlived the timeout, or panicked.
+    #[error("{0}")]
+    Parse(String),
+    /// A file probe's user cannot be looked up.
+    #[error("run_as: {0}")]
+    RunAs(child::UserError),
+    /// A file probe's read failed.
+    #[error("{0}")]
+    Read(String),
+    /// A stream gave no first values.
+    #[error("{0}")]
+    NoFirstValues(String),
+}
+
 #[derive(Debug, Clone)]
 pub struct ProbeRun {
     pub started: SystemTime,
@@ -86,6 +130,8 @@ pub struct ProbeRun {
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
     pub bad_lines: Vec<String>,
+    /// Why the run failed as a whole (each fed resource then fails with it).
+    pub failure: Option<RunFailure>,
 }
 
 impl ProbeRun {
@@ -95,8 +141,9 @@ impl ProbeRun {
         started: SystemTime,
         duration: Duration,
         outcome: Outcome,
-        why: String,
+        failure: RunFailure,
     ) -> Self {
+        let why = failure.to_string();
         Self {
             started,
             duration,
@@ -111,6 +158,7 @@ impl ProbeRun {
             agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
+            failure: Some(failure),
         }
     }
 
@@ -126,7 +174,7 @@ impl ProbeRun {
     }
 
     /// A run whose output was read: failed if any reading failed, else ok.
-    fn parsed(
+    pub(crate) fn parsed(
         started: SystemTime,
         duration: Duration,
         readings: Vec<(String, Reading)>,
@@ -150,6 +198,7 @@ impl ProbeRun {
             agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines,
+            failure: None,
         }
     }
 
@@ -175,6 +224,7 @@ impl ProbeRun {
             agent_cpu: Duration::ZERO,
             exec: None,
             bad_lines: Vec::new(),
+            failure: None,
         }
     }
 
@@ -301,6 +351,18 @@ fn feed_names(task: &ProbeTask) -> HashSet<&str> {
     task.feeds.iter().map(|f| f.name.as_str()).collect()
 }
 
+/// Output up to this size is parsed where the run is, on the runtime's thread: it takes
+/// microseconds, less than the hop to the blocking pool and back would cost every run.
+/// Longer output goes to the blocking pool ([`off_runtime`]).
+pub const INLINE_PARSE_BYTES: usize = 4 * 1024;
+
+/// Run `work` here, and the CPU this thread spent on it (a small output's parse).
+pub(crate) fn in_place<T>(work: impl FnOnce() -> T) -> (T, Duration) {
+    let cpu = crate::stats::thread_cpu();
+    let answer = work();
+    (answer, crate::stats::thread_cpu().saturating_sub(cpu))
+}
+
 /// Run `work` (parsing a finished run's output, typing its values) on the blocking pool,
 /// off the async runtime's threads, and wait for it at most `timeout` (the probe's): the
 /// status socket, the link and the other probes go on meanwhile. `Err` says why there is
@@ -309,23 +371,19 @@ fn feed_names(task: &ProbeTask) -> HashSet<&str> {
 pub(crate) async fn off_runtime<T: Send + 'static>(
     timeout: Duration,
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<(T, Duration), String> {
-    let handle = tokio::task::spawn_blocking(move || {
-        let cpu = crate::stats::thread_cpu();
-        let answer = work();
-        (answer, crate::stats::thread_cpu().saturating_sub(cpu))
-    });
+) -> Result<(T, Duration), RunFailure> {
+    let handle = tokio::task::spawn_blocking(move || in_place(work));
     match tokio::time::timeout(timeout, handle).await {
         Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(format!("parsing the output failed: {e}")),
-        Err(_) => Err(format!(
+        Ok(Err(e)) => Err(RunFailure::Parse(format!("parsing the output failed: {e}"))),
+        Err(_) => Err(RunFailure::Parse(format!(
             "parsing the output took longer than the timeout ({})",
             humantime::format_duration(timeout)
-        )),
+        ))),
     }
 }
 
-/// Run one periodic probe once.
+/// Run one probe once; a stream: until its first values (`--once`, `probe NAME`).
 pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     let started = SystemTime::now();
     let t0 = std::time::Instant::now();
@@ -340,12 +398,6 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         }
         ProbeKind::Exec(spec) => exec::run(task, spec, ctx, started).await,
         ProbeKind::File(spec) => file::run(task, spec, ctx, started).await,
-        ProbeKind::Stream(_) => ProbeRun::all_failed(
-            task,
-            started,
-            t0.elapsed(),
-            Outcome::Failed,
-            "stream probes run continuously, not once".into(),
-        ),
+        ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
     }
 }

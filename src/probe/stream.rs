@@ -4,10 +4,12 @@
 //! /dev/null, stdout a pipe or with `stdout: pty` a terminal) and also gets `LSF_RESOURCES`
 //! and `ELIM_ABORT_VALUE`. With `stdin: signal` its stdin is a pipe that gets a newline when
 //! the child starts and at every interval after; a tick the child has not read room for is
-//! dropped and counted as an overlap skip, never waited on. Each complete stdout line
-//! is parsed and its values applied at once (with `format: classad`, the `Name = value`
-//! lines of one ad are applied together at its `-` line); a partial line waits for its
-//! newline and a line longer than [`MAX_LINE`] is skipped, never blocking. When the child
+//! dropped and counted as an overlap skip, never waited on. Each complete stdout line is
+//! read as its format's table entry says (`output::Streaming`): a line format's line is
+//! one update, a block format's lines (ClassAd's `Name = value` lines of one ad) are one
+//! update at their terminator (`-`). Each update is applied at once, as one run through
+//! the probe's sink (counted and shown like any probe's runs; one that does not parse is a
+//! rejected run). A partial line waits for its newline and a line longer than [`MAX_LINE`] is skipped, never blocking. When the child
 //! exits it is restarted after a backoff (1 s doubling to [`BACKOFF_CAP`], reset after a
 //! good long run); exit [`ELIM_ABORT_VALUE`] means "nothing to report here": no restart.
 //! Silent for longer than the task's stale time (no line; for ClassAd, no `-`): its values
@@ -18,21 +20,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::child::{self as process, Child, Exit, Got, Reader, Tick};
-use super::exec::{self, ExecDetail, OutputLog};
-mod classad;
+use super::child::{self as process, drive, AfterExit, Child, Ended, Event, Exit, Flow};
+use super::child::{Ticks, Watch};
+use super::exec::{self, ExecDetail};
+use super::sink::Sink;
+mod updates;
 
-use super::{readings_from_pairs, Outcome, ProbeContext, ProbeRun};
-use crate::config::{Format, StdinMode, StreamSpec};
-use crate::output;
-use crate::output::{AdLine, AdStream};
+use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
+use crate::config::{StdinMode, StreamSpec};
+use crate::output::Streaming;
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::Reading;
+use updates::{FirstValues, Gathered, Updates};
 
 /// LSF's `ELIM_ABORT_VALUE`: the elim has nothing to report on this host.
 pub const ELIM_ABORT_VALUE: i32 = 97;
@@ -120,42 +124,6 @@ impl LineSplitter {
     }
 }
 
-/// What one complete line means.
-#[derive(Debug)]
-pub enum LineValues {
-    /// Nothing to apply (blank, comment, `0`).
-    Nothing,
-    Pairs(Vec<output::Pair>),
-    Error(String),
-}
-
-pub fn parse_line(format: Format, line: &[u8], own: &str) -> LineValues {
-    let Ok(text) = std::str::from_utf8(line) else {
-        return LineValues::Error("line is not valid UTF-8".into());
-    };
-    let text = text.trim_end_matches('\r');
-    if text.trim().is_empty() {
-        return LineValues::Nothing;
-    }
-    let parsed = match format {
-        Format::Elim => output::parse_elim_line(text).map_err(|e| e.to_string()),
-        Format::Kv if text.trim_start().starts_with('#') => Ok(Vec::new()),
-        Format::Kv => output::parse_kv(text).map_err(|e| e.to_string()),
-        Format::Value => output::parse_value(text)
-            .map(|v| vec![(own.to_owned(), v)])
-            .map_err(|e| e.to_string()),
-        other => Err(format!(
-            "format {} is not read line by line",
-            other.as_str()
-        )),
-    };
-    match parsed {
-        Ok(p) if p.is_empty() => LineValues::Nothing,
-        Ok(p) => LineValues::Pairs(p),
-        Err(e) => LineValues::Error(e),
-    }
-}
-
 /// How one run of the stream child ended.
 #[derive(Debug)]
 enum End {
@@ -174,13 +142,6 @@ fn spec_of(task: &ProbeTask) -> Option<&StreamSpec> {
     }
 }
 
-fn record_all(store: &Store, task: &ProbeTask, reading: Reading) {
-    let now = SystemTime::now();
-    for f in &task.feeds {
-        store.record(&f.name, &task.instance, reading.clone(), now);
-    }
-}
-
 /// Keep the stream process running and its values in the store until cancelled.
 pub async fn supervise(
     task: Arc<ProbeTask>,
@@ -192,29 +153,20 @@ pub async fn supervise(
     let Some(spec) = spec_of(&task).cloned() else {
         return;
     };
-    let mut log = OutputLog::default();
+    let mut sink = Sink::new(task.clone(), store, &stats);
     let mut backoff = BACKOFF_START;
     loop {
         let began = Instant::now();
         let mut said_something = false;
-        let end = run_child(
-            &task,
-            &spec,
-            &ctx,
-            (&store, &stats),
-            &mut log,
-            &cancel,
-            &mut said_something,
-        )
-        .await;
+        let end = run_child(&spec, &ctx, &mut sink, &cancel, &mut said_something).await;
         // What the log held back of this run is said once it has ended.
-        log.flush(&task.name);
+        sink.log().flush(&task.name);
         let why = match end {
             End::Cancelled => return,
             End::Aborted(why) => {
                 // `why` ends with the child's last stderr line: escaped for the journal too.
                 tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why));
-                record_all(&store, &task, Reading::Failed(why));
+                sink.record_all(&Reading::Failed(why));
                 cancel.cancelled().await;
                 return;
             }
@@ -233,17 +185,14 @@ pub async fn supervise(
                 humantime::format_duration(backoff)
             );
             tracing::warn!(probe = %task.name, "{}", crate::text::escape(&msg));
-            record_all(&store, &task, Reading::Failed(msg));
+            sink.record_all(&Reading::Failed(msg));
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(BACKOFF_CAP);
-        stats
-            .probe(&task.name)
-            .restarts
-            .fetch_add(1, Ordering::Relaxed);
+        sink.stats().restarts.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -259,23 +208,37 @@ fn stream_child_spec(
     Ok((child_spec, user))
 }
 
-/// Stop a stream child with the engine's one termination routine; the exit, if it came.
-async fn stop(child: &mut Child, reader: &mut Reader, grace: Duration) -> Option<Exit> {
-    child.terminate(reader, grace).await;
-    child.end_rest();
-    child.exit()
+/// How a stream child is watched: the format's goodbye before it is stopped, the rest of
+/// its group ended with the leader; `stdin: signal` ticks, the read bound and silence are
+/// the daemon's ([`run_child`]), a deadline and one tick `--once`'s ([`first_values`]).
+fn watch<'a>(spec: &StreamSpec, grace: Duration) -> Watch<'a> {
+    let goodbye = match &spec.exec.format.def().stream {
+        Streaming::Blocks(blocks) => blocks.goodbye,
+        Streaming::Lines(_) | Streaming::No => None,
+    };
+    Watch {
+        deadline: None,
+        cancel: None,
+        ticks: Ticks::None,
+        bytes_per_sec: None,
+        silence: None,
+        after_exit: AfterExit::EndTheRest,
+        cap_ends_it: false,
+        grace,
+        goodbye,
+        quick_exit: None,
+    }
 }
 
 /// Run the child once, applying its lines, until it exits, hangs or the probe is cancelled.
 async fn run_child(
-    task: &ProbeTask,
     spec: &StreamSpec,
     ctx: &ProbeContext,
-    (store, stats): (&Store, &Stats),
-    log: &mut OutputLog,
+    sink: &mut Sink,
     cancel: &CancellationToken,
     said_something: &mut bool,
 ) -> End {
+    let task = &sink.task_arc();
     let env = stream_env(task, spec, &ctx.host);
     let (mut child_spec, _user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
@@ -291,107 +254,94 @@ async fn run_child(
     let mut updates = Updates::new(spec.exec.format);
     let mut err_lines = LineSplitter::new(4096);
     let mut batch = Vec::new();
-    let mut silent_until = Instant::now() + task.stale_after;
     let mut marked_stale = false;
-    // The first tick is at once: a child started (or restarted) is asked for values now.
-    let mut ticks = tokio::time::interval(task.interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let signalled = spec.stdin == StdinMode::Signal;
     let mut dropped_ticks = 0u64;
-    // Set when the leader exits: until then its last lines are still read and applied.
-    let mut drain_until = Instant::now();
-    let probe_stats = stats.probe(&task.name);
-    // The read rate: bytes this second, and when reading resumes once past the bound.
-    let (mut second, mut second_bytes) = (Instant::now(), 0usize);
-    let mut paused_until: Option<Instant> = None;
-    loop {
-        if child.exited() && !reader.open() {
-            break;
+    let watch = Watch {
+        cancel: Some(cancel),
+        // The first tick is at once: a child started (or restarted) is asked for values now.
+        ticks: match spec.stdin {
+            StdinMode::Signal => Ticks::Every(task.interval),
+            StdinMode::None => Ticks::None,
+        },
+        bytes_per_sec: Some(STREAM_BYTES_PER_SEC),
+        silence: Some(task.stale_after),
+        ..watch(spec, child_spec.grace)
+    };
+    let driven = drive(&mut child, &mut reader, &watch, |event| match event {
+        Event::Stdout(chunk) => {
+            let cpu = crate::stats::thread_cpu();
+            let mut flow = Flow::Continue;
+            lines.push(chunk, &mut batch);
+            for line in batch.drain(..) {
+                *said_something = true;
+                let began = std::time::Instant::now();
+                let update = updates.take(&task.name, line);
+                if update.is_report() {
+                    flow = Flow::Heard;
+                    marked_stale = false;
+                }
+                updates::apply(sink, spec, update, began);
+            }
+            let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+            sink.stats()
+                .agent_cpu_ns
+                .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+            flow
         }
-        tokio::select! {
-            _ = cancel.cancelled() => {
-                stop(&mut child, &mut reader, child_spec.grace).await;
-                return End::Cancelled;
-            }
-            _ = sleep_until(paused_until.unwrap_or(second)), if paused_until.is_some() => {
-                paused_until = None;
-                (second, second_bytes) = (Instant::now(), 0);
-            }
-            got = reader.next(), if reader.open() && paused_until.is_none() => match got {
-                Got::Stdout(chunk) => {
-                    let cpu = crate::stats::thread_cpu();
-                    lines.push(&chunk, &mut batch);
-                    for line in batch.drain(..) {
-                        *said_something = true;
-                        if updates.take(task, spec, store, log, line) {
-                            silent_until = Instant::now() + task.stale_after;
-                            marked_stale = false;
-                        }
-                    }
-                    let now = Instant::now();
-                    if now.duration_since(second) >= Duration::from_secs(1) {
-                        (second, second_bytes) = (now, 0);
-                    }
-                    second_bytes += chunk.len();
-                    if second_bytes >= STREAM_BYTES_PER_SEC {
-                        paused_until = Some(second + Duration::from_secs(1));
-                    }
-                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
-                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-                    probe_stats.unexpected_names.store(log.unexpected_total(), Ordering::Relaxed);
-                }
-                Got::Stderr(chunk) => {
-                    let cpu = crate::stats::thread_cpu();
-                    let mut got = Vec::new();
-                    err_lines.push(&chunk, &mut got);
-                    for l in got {
-                        if let Line::Complete(l) = l {
-                            let text = String::from_utf8_lossy(&l);
-                            log.stderr(&task.name, &text, "stream probe wrote to stderr", std::time::Instant::now());
-                        }
-                    }
-                    let spent = crate::stats::thread_cpu().saturating_sub(cpu);
-                    probe_stats.agent_cpu_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-                }
-                Got::Closed => {}
-            },
-            _ = child.wait(), if !child.exited() => {
-                // The rest of the group and cgroup goes with the leader; what they wrote is
-                // still read for a moment, but never waited on.
-                child.end_rest();
-                drain_until = Instant::now() + process::AFTER_KILL_DRAIN;
-            }
-            _ = sleep_until(drain_until), if child.exited() => break,
-            _ = ticks.tick(), if signalled => {
-                if child.tick() == Tick::Dropped {
-                    dropped_ticks += 1;
-                    stats.probe(&task.name).skipped_overlap.fetch_add(1, Ordering::Relaxed);
-                    // Once per run, and again at each power of two: a stuck child is heard
-                    // without a line per interval.
-                    if dropped_ticks.is_power_of_two() {
-                        tracing::warn!(probe = %task.name, dropped = dropped_ticks, "stdin signal dropped: the stream child is not reading its stdin");
-                    }
+        Event::Stderr(chunk) => {
+            let cpu = crate::stats::thread_cpu();
+            let mut got = Vec::new();
+            err_lines.push(chunk, &mut got);
+            for l in got {
+                if let Line::Complete(l) = l {
+                    let text = String::from_utf8_lossy(&l);
+                    let now = std::time::Instant::now();
+                    sink.log()
+                        .stderr(&task.name, &text, "stream probe wrote to stderr", now);
                 }
             }
-            _ = sleep_until(silent_until) => {
-                if spec.restart_on_silence {
-                    stop(&mut child, &mut reader, child_spec.grace).await;
-                    record_all(store, task, Reading::Stale(silence_text(task)));
-                    return End::Hung;
-                }
-                if !marked_stale {
-                    marked_stale = true;
-                    tracing::warn!(probe = %task.name, "{}", silence_text(task));
-                    record_all(store, task, Reading::Stale(silence_text(task)));
-                }
-                silent_until = Instant::now() + task.stale_after;
-            }
+            let spent = crate::stats::thread_cpu().saturating_sub(cpu);
+            sink.stats()
+                .agent_cpu_ns
+                .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+            Flow::Continue
         }
+        Event::TickDropped => {
+            dropped_ticks += 1;
+            sink.stats().skipped_overlap.fetch_add(1, Ordering::Relaxed);
+            // Once per run, and again at each power of two: a stuck child is heard without
+            // a line per interval.
+            if dropped_ticks.is_power_of_two() {
+                tracing::warn!(probe = %task.name, dropped = dropped_ticks, "stdin signal dropped: the stream child is not reading its stdin");
+            }
+            Flow::Continue
+        }
+        Event::Silent if spec.restart_on_silence => {
+            sink.record_all(&Reading::Stale(silence_text(task)));
+            Flow::Stop
+        }
+        Event::Silent => {
+            if !std::mem::replace(&mut marked_stale, true) {
+                tracing::warn!(probe = %task.name, "{}", silence_text(task));
+                sink.record_all(&Reading::Stale(silence_text(task)));
+            }
+            Flow::Continue
+        }
+    })
+    .await;
+    match driven.ended {
+        Ended::Cancelled => return End::Cancelled,
+        // Only silence stops a stream from here.
+        Ended::Stopped => return End::Hung,
+        Ended::Exited | Ended::Deadline | Ended::Overflow => {}
     }
     if lines.pending() > 0 {
         tracing::debug!(probe = %task.name, bytes = lines.pending(), "stream ended inside a line; the partial line is dropped");
     }
-    updates.child_exited(task, spec, store, log);
+    if let Some(last) = updates.finish() {
+        tracing::debug!(probe = %task.name, "the stream exited inside an update; its lines are applied as HTCondor does");
+        updates::apply(sink, spec, last, std::time::Instant::now());
+    }
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
     let mut why = exit.to_string();
@@ -414,270 +364,6 @@ fn silence_text(task: &ProbeTask) -> String {
     )
 }
 
-/// How a stream's lines become values: each line of a line format is an update; ClassAd
-/// lines gather into one ad that a `-` line ends.
-enum Updates {
-    Lines,
-    Ads(AdStream),
-}
-
-impl Updates {
-    fn new(format: Format) -> Self {
-        match format {
-            Format::Classad => Updates::Ads(AdStream::default()),
-            _ => Updates::Lines,
-        }
-    }
-
-    /// Apply what `line` completes; whether it was a report (silence is measured between
-    /// reports: any line of a line format, the `-` that ends an ad).
-    fn take(
-        &mut self,
-        task: &ProbeTask,
-        spec: &StreamSpec,
-        store: &Store,
-        log: &mut OutputLog,
-        line: Line,
-    ) -> bool {
-        let ads = match self {
-            Updates::Lines => {
-                apply_line(task, spec, store, log, line);
-                return true;
-            }
-            Updates::Ads(ads) => ads,
-        };
-        match classad::push_line(ads, line) {
-            AdLine::Inside => false,
-            AdLine::Ended { tag, ad } => {
-                classad::apply(task, spec, store, log, &tag, &ad);
-                true
-            }
-            AdLine::TooLong => {
-                let msg = classad::too_long();
-                log.malformed(&task.name, &msg, std::time::Instant::now());
-                record_all(store, task, Reading::Failed(msg));
-                false
-            }
-        }
-    }
-
-    /// The child exited by itself: the attributes it printed after its last `-` are
-    /// applied as one more ad, as HTCondor publishes a cron job's output when it exits.
-    /// (A child the agent stops, on shutdown or for silence, has them dropped.)
-    fn child_exited(
-        &mut self,
-        task: &ProbeTask,
-        spec: &StreamSpec,
-        store: &Store,
-        log: &mut OutputLog,
-    ) {
-        if let Updates::Ads(ads) = self {
-            if let Some(ad) = ads.finish() {
-                tracing::debug!(probe = %task.name, "the stream exited after an ad without its `-`; applied as HTCondor does");
-                classad::apply(task, spec, store, log, "", &ad);
-            }
-        }
-    }
-}
-
-fn apply_line(task: &ProbeTask, spec: &StreamSpec, store: &Store, log: &mut OutputLog, line: Line) {
-    let now = SystemTime::now();
-    let bytes = match line {
-        Line::TooLong => {
-            log.malformed(
-                &task.name,
-                &format!("stream line longer than {MAX_LINE} bytes; skipped"),
-                std::time::Instant::now(),
-            );
-            return;
-        }
-        Line::Complete(b) => b,
-    };
-    match parse_line(spec.exec.format, &bytes, &task.name) {
-        LineValues::Nothing => {}
-        LineValues::Error(e) => {
-            let msg = format!("bad {} line: {e}", spec.exec.format.as_str());
-            log.malformed(&task.name, &msg, std::time::Instant::now());
-            // Only the resources this line was meant for are unknown: fail them all, the
-            // previous values stand until stale.
-            record_all(store, task, Reading::Failed(msg));
-        }
-        LineValues::Pairs(pairs) => {
-            let (readings, unexpected) = readings_from_pairs(task, pairs);
-            log.unexpected(&task.name, &unexpected);
-            for (name, r) in readings {
-                // A line may carry a subset: absent names keep their value.
-                if !matches!(r, Reading::Pending(_)) {
-                    store.record(&name, &task.instance, r, now);
-                }
-            }
-        }
-    }
-}
-
-/// What `first_values` has read so far.
-enum Gathered {
-    /// value, kv, elim: the pairs of the lines read (a later line's value wins).
-    Pairs(output::PairSet),
-    /// classad: the ads ended so far, merged, and the one being read.
-    Ads {
-        reading: AdStream,
-        ads: output::MergedAds,
-        ended: usize,
-        /// Per fed resource: whether the ads so far give it a value (checked against each
-        /// new ad only: a value once given stays).
-        answered: Vec<bool>,
-    },
-}
-
-impl Gathered {
-    fn new(format: Format) -> Self {
-        match format {
-            Format::Classad => Gathered::Ads {
-                reading: AdStream::default(),
-                ads: output::MergedAds::default(),
-                ended: 0,
-                answered: Vec::new(),
-            },
-            _ => Gathered::Pairs(output::PairSet::default()),
-        }
-    }
-
-    /// Take one line; `Some` when it decides how the wait ends. A kv stream is done when
-    /// every fed resource has a value (or a line does not parse), a ClassAd stream when
-    /// its ads so far give every fed resource one (or an ad holds a malformed line), another
-    /// line format at its first values.
-    fn take(&mut self, task: &ProbeTask, spec: &StreamSpec, line: Line) -> Option<FirstValues> {
-        let format = spec.exec.format;
-        match self {
-            Gathered::Pairs(pairs) => {
-                let bytes = match line {
-                    Line::TooLong => {
-                        return Some(FirstValues::Bad(format!(
-                            "line longer than {MAX_LINE} bytes"
-                        )))
-                    }
-                    Line::Complete(b) => b,
-                };
-                match parse_line(format, &bytes, &task.name) {
-                    LineValues::Nothing => None,
-                    LineValues::Error(e) => Some(FirstValues::Bad(format!(
-                        "bad {} line: {e}",
-                        format.as_str()
-                    ))),
-                    LineValues::Pairs(p) => {
-                        for (k, v) in p {
-                            pairs.upsert(&k, &v);
-                        }
-                        let complete = format != Format::Kv
-                            || task.feeds.iter().all(|f| pairs.contains(&f.name));
-                        complete.then_some(FirstValues::Got)
-                    }
-                }
-            }
-            Gathered::Ads {
-                reading,
-                ads,
-                ended,
-                answered,
-            } => match classad::push_line(reading, line) {
-                AdLine::Inside => None,
-                AdLine::TooLong => Some(FirstValues::Bad(classad::too_long())),
-                AdLine::Ended { ad, .. } => {
-                    // An ad with a malformed line answers at once: the line may be the
-                    // value still missing, and waiting would not bring it.
-                    let malformed = !ad.bad_lines.is_empty();
-                    answered.resize(task.feeds.len(), false);
-                    for (f, done) in task.feeds.iter().zip(answered.iter_mut()) {
-                        let pick = spec.exec.select.pick(&f.name);
-                        *done = *done
-                            || output::select::always_answers(&pick)
-                            || ad
-                                .samples
-                                .iter()
-                                .any(|s| output::select::matches(format, &pick, s, &f.name));
-                    }
-                    ads.add(ad);
-                    *ended += 1;
-                    let complete = answered.iter().all(|d| *d);
-                    (complete || malformed).then_some(FirstValues::Got)
-                }
-            },
-        }
-    }
-
-    /// The deadline passed, or the child exited and its output has been read. What it
-    /// gave so far is the answer (a kv probe that printed some values and paused; a
-    /// ClassAd stream whose later ads did not come); a child that exited by itself also
-    /// has the attributes after its last `-` count, as in the daemon.
-    fn at_end(&mut self, exited: bool) -> FirstValues {
-        let any = match self {
-            Gathered::Pairs(pairs) => !pairs.is_empty(),
-            Gathered::Ads {
-                reading,
-                ads,
-                ended,
-                ..
-            } => {
-                if let Some(ad) = exited.then(|| reading.finish()).flatten() {
-                    ads.add(ad);
-                    *ended += 1;
-                }
-                *ended > 0
-            }
-        };
-        match (any, exited) {
-            (true, _) => FirstValues::Got,
-            (false, true) => FirstValues::Ended,
-            (false, false) => FirstValues::TimedOut,
-        }
-    }
-
-    /// What a timed-out wait did not get, for its message.
-    fn missing(&self) -> String {
-        match self {
-            Gathered::Ads { reading, .. } if reading.pending() > 0 => format!(
-                "no `-` line ended the ClassAd it began ({} lines read)",
-                reading.pending()
-            ),
-            Gathered::Ads { .. } => "no ClassAd ended by a `-` line".to_owned(),
-            Gathered::Pairs(_) => "no complete line with values".to_owned(),
-        }
-    }
-
-    fn into_run(
-        self,
-        task: &ProbeTask,
-        spec: &StreamSpec,
-        (started, duration): (SystemTime, Duration),
-        stdout: &[u8],
-    ) -> ProbeRun {
-        match self {
-            Gathered::Pairs(pairs) => {
-                ProbeRun::from_pairs(task, started, duration, pairs.into_vec())
-            }
-            Gathered::Ads { ads, .. } => ProbeRun::from_output(
-                task,
-                started,
-                duration,
-                (spec.exec.format, &spec.exec.select),
-                ads.parsed(),
-                &String::from_utf8_lossy(stdout),
-            ),
-        }
-    }
-}
-
-/// How waiting for a stream's first values ended.
-enum FirstValues {
-    Got,
-    /// The deadline passed without a complete line of values.
-    TimedOut,
-    Bad(String),
-    /// The child ended (or could not be read) before reporting anything.
-    Ended,
-}
-
 /// `--once` / `probe NAME`: start the stream, take the first line that gives values (for kv:
 /// until every fed resource has one or a line that is not `name = value` ends the set; for
 /// classad: the ads, each ended by `-`, until every fed resource has a value), or
@@ -692,69 +378,55 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             started,
             t0.elapsed(),
             Outcome::Failed,
-            "not a stream probe".into(),
+            RunFailure::NoFirstValues("not a stream probe".into()),
         );
     };
     let env = stream_env(task, spec, &ctx.host);
     let mut detail = ExecDetail::new(&spec.exec.command, &env);
-    let failed = |detail: ExecDetail, outcome, why: String| {
+    let failed = |detail: ExecDetail, outcome, why: RunFailure| {
         let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
         run.exec = Some(detail);
         run
     };
     let (child_spec, user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
-        Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
+        Err(e) => return failed(detail, Outcome::Failed, RunFailure::Refused(e.into())),
     };
     detail.argv = exec::argv_of(&child_spec);
     detail.user = user;
     let (mut child, mut reader) = match Child::start(&child_spec) {
         Ok(c) => c,
-        Err(e) => return failed(detail, Outcome::Failed, e.to_string()),
+        Err(e) => return failed(detail, Outcome::Failed, RunFailure::Spawn(e.into())),
     };
-    if spec.stdin == StdinMode::Signal {
-        // Ask once; a child that exited at once is found by the loop below.
-        child.tick();
-    }
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
     let mut gathered = Gathered::new(spec.exec.format);
-    let deadline = t0 + task.timeout;
-    let mut wake = deadline;
     let mut result: Option<FirstValues> = None;
-    while result.is_none() {
-        if child.exited() && !reader.open() {
-            break;
-        }
-        tokio::select! {
-            got = reader.next(), if reader.open() => if let Got::Stdout(chunk) = got {
-                lines.push(&chunk, &mut batch);
-                for line in batch.drain(..) {
-                    result = gathered.take(task, spec, line);
-                    if result.is_some() {
-                        break;
-                    }
-                }
-            },
-            _ = child.wait(), if !child.exited() => {
-                // Lines already written are still read; a grandchild holding the pipe is not
-                // waited for.
-                child.end_rest();
-                wake = wake.min(Instant::now() + process::AFTER_KILL_DRAIN);
-            }
-            _ = sleep_until(wake) => result = Some(gathered.at_end(child.exited())),
-        }
-    }
-    let result = result.unwrap_or_else(|| gathered.at_end(true));
-    // The pipes stay open while the child is stopped: closing them first would turn a clean
-    // TERM exit into SIGPIPE.
-    let exit = match child.exit() {
-        Some(e) => {
-            child.end_rest();
-            Some(e)
-        }
-        None => stop(&mut child, &mut reader, child_spec.grace).await,
+    let watch = Watch {
+        deadline: Some(t0 + task.timeout),
+        ticks: match spec.stdin {
+            StdinMode::Signal => Ticks::Once,
+            StdinMode::None => Ticks::None,
+        },
+        ..watch(spec, child_spec.grace)
     };
+    let driven = drive(&mut child, &mut reader, &watch, |event| {
+        let Event::Stdout(chunk) = event else {
+            return Flow::Continue;
+        };
+        lines.push(chunk, &mut batch);
+        for line in batch.drain(..) {
+            result = gathered.take(task, spec, line);
+            if result.is_some() {
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
+    })
+    .await;
+    // Stopped at the deadline, it has exited now, but not by itself.
+    let result = result.unwrap_or_else(|| gathered.at_end(driven.exited_before_end));
+    let exit = child.exit();
     detail.exit = exit;
     detail.stderr = reader.stderr.text();
     detail.stdout = std::mem::take(&mut reader.stdout);
@@ -791,6 +463,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
         _ => why,
     };
+    let why = RunFailure::NoFirstValues(why);
     let mut run = ProbeRun::all_failed(task, started, duration, outcome, why);
     run.exec = Some(detail);
     run

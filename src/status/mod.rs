@@ -168,6 +168,9 @@ pub struct ProbeInfo {
     pub runs_ok: u64,
     pub runs_failed: u64,
     pub runs_timeout: u64,
+    /// A stream's updates that did not parse (`xce_probe_runs_total{outcome="rejected"}`).
+    #[serde(default)]
+    pub runs_rejected: u64,
     pub skipped_overlap: u64,
     pub restarts: u64,
     /// Agent CPU (ms) spent on the probe's output (`xce_probe_agent_cpu_seconds`).
@@ -308,13 +311,14 @@ pub fn snapshot(src: &Sources, names: &[String]) -> StatusReport {
         .map(|t| {
             let s = stats.get(&t.name).unwrap_or_default();
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-            let runs = load(&s.ok) + load(&s.failed) + load(&s.timeout);
+            let runs = load(&s.ok) + load(&s.failed) + load(&s.timeout) + load(&s.rejected);
             ProbeInfo {
                 name: t.name.clone(),
                 kind: t.kind.name().to_owned(),
                 runs_ok: load(&s.ok),
                 runs_failed: load(&s.failed),
                 runs_timeout: load(&s.timeout),
+                runs_rejected: load(&s.rejected),
                 skipped_overlap: load(&s.skipped_overlap),
                 restarts: load(&s.restarts),
                 agent_cpu_ms: load(&s.agent_cpu_ns) as f64 / 1e6,

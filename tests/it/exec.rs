@@ -1,7 +1,9 @@
 //! Exec probes: real child processes, every way a script can go wrong.
 
 use crate::support::{read_pid, script, task_from_yaml, wait_gone};
-use xce_agent::probe::{run_once, Outcome};
+use xce_agent::output::{Format, OutputError};
+use xce_agent::probe::exec::SpawnRefused;
+use xce_agent::probe::{run_once, Outcome, RunFailure};
 use xce_agent::value::{Reading, Value};
 
 fn yaml(command: &str, extra: &str) -> String {
@@ -88,6 +90,18 @@ async fn garbage_output_is_a_failure_not_zero() {
     );
     let r = run(dir.path(), "#!/bin/sh\ntrue\n", "").await;
     assert_eq!(failed_with(&r), "bad value output: empty output");
+    // The failure keeps its source: which format, which parse error.
+    assert!(
+        matches!(
+            r.failure,
+            Some(RunFailure::Output {
+                format: Format::Value,
+                error: OutputError::Empty
+            })
+        ),
+        "{:?}",
+        r.failure
+    );
 }
 
 #[tokio::test]
@@ -110,6 +124,11 @@ async fn missing_program() {
         xce_agent::probe::child::PROBE_PATH
     );
     assert_eq!(e, wanted);
+    assert!(
+        matches!(&r.failure, Some(RunFailure::Refused(why)) if matches!(**why, SpawnRefused::NotRunnable(_))),
+        "{:?}",
+        r.failure
+    );
 }
 
 /// A run gives the verdict `check` gives, with the fix, instead of the kernel's EACCES.

@@ -22,6 +22,7 @@ mod daemon_flush;
 mod daemon_link;
 mod daemon_welcome;
 mod disk_full;
+mod drive;
 mod escapes;
 mod exec;
 mod exec_output_log;

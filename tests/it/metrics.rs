@@ -168,6 +168,34 @@ async fn start(setup: &Setup) -> (AgentProc, String) {
     (daemon, addr)
 }
 
+/// A stream's lines are its runs in `xce_probe_runs_total`, and one whose every line is
+/// rejected shows it there, not only in the log (issue 27, items 9 and 10).
+#[tokio::test]
+async fn a_streams_lines_are_counted_and_rejected_ones_shown() {
+    let setup = Setup::with_agent(
+        crate::status::STREAMS,
+        "run_as: root\nmetrics: 127.0.0.1:0\n",
+    );
+    crate::status::stream_scripts(|name, body| setup.script(name, body));
+    let (mut daemon, addr) = start(&setup).await;
+    const GET: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let want = [
+        "xce_probe_runs_total{probe=\"good\",outcome=\"ok\"} 2\n",
+        "xce_probe_runs_total{probe=\"garbage\",outcome=\"rejected\"} 2\n",
+    ];
+    let text = scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
+        want.iter().all(|w| text.contains(w))
+    })
+    .await;
+    assert!(text.contains("xce_probe_runs_total{probe=\"garbage\",outcome=\"ok\"} 0\n"));
+    assert!(text.contains("xce_probe_last_success_timestamp_seconds{probe=\"good\"} "));
+    assert!(
+        !text.contains("xce_probe_last_success_timestamp_seconds{probe=\"garbage\"}"),
+        "{text}"
+    );
+    stop(&mut daemon).await;
+}
+
 /// SIGTERM, and the daemon exits cleanly.
 async fn stop(daemon: &mut AgentProc) {
     let status = daemon.terminate().await;

@@ -144,3 +144,67 @@ async fn a_first_sample_that_is_pending_is_no_error() {
     let resval = store.get("ut", "").unwrap();
     assert_eq!((resval.status, resval.error), (Status::Pending, None));
 }
+
+/// A value whose probe stops reporting (its next run is stuck, with an hour's timeout)
+/// goes stale at its stale time by the store's sweeper alone, which wakes when a value
+/// can go stale rather than on a fixed tick.
+#[tokio::test]
+async fn a_value_nobody_refreshes_is_swept_stale() {
+    let (s, fifo, _runs) = blocking_setup(&["slow"]);
+    let resources = s.path().join("resources.yaml");
+    let yaml = std::fs::read_to_string(&resources).unwrap();
+    std::fs::write(
+        &resources,
+        yaml.replace("timeout: 1h}", "timeout: 1h, stale_after: 2s}"),
+    )
+    .unwrap();
+    let (sched, store) = start(&s, 8);
+    // The first run waits on the FIFO; opening it for writing waits for that run.
+    tokio::task::spawn_blocking(move || std::fs::write(&fifo, "go\n").unwrap());
+    let versions = store.subscribe();
+    let status = |want: Status| {
+        let store = store.clone();
+        let mut versions = versions.clone();
+        async move {
+            while store.get("slow", "").unwrap().status != want {
+                versions.changed().await.unwrap();
+            }
+        }
+    };
+    common::guard("the first value", status(Status::Ok)).await;
+    common::guard("the value going stale", status(Status::Stale)).await;
+    let slow = store.get("slow", "").unwrap();
+    assert_eq!(slow.value, Value::Unknown);
+    assert!(
+        slow.error
+            .as_deref()
+            .is_some_and(|e| e.contains("stale after 2s")),
+        "{slow:?}"
+    );
+    sched.stop().await;
+}
+
+/// A run that panics (a bug) costs that run, not the probe: its loop runs it again at the
+/// next tick.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_panics_is_run_again_at_the_next_tick() {
+    use std::sync::atomic::AtomicBool;
+    struct PanicsOnce(AtomicBool);
+    impl xce_agent::probe::BuiltinSource for PanicsOnce {
+        fn reading(&self, _index: &str) -> Option<xce_agent::value::Reading> {
+            assert!(self.0.swap(true, Ordering::Relaxed), "a bug in a run");
+            Some(xce_agent::value::Reading::Ok(Value::Numeric(3.0)))
+        }
+    }
+    let yaml = "resources:\n  - {name: ut, interval: 1s, probe: {kind: builtin}}\n";
+    let r = resources::parse(std::path::Path::new("r.yaml"), yaml).unwrap();
+    let plan = make_plan(&r, "node001", &Default::default());
+    let (_, mut ctx) = common::task_from_yaml(yaml, "ut", std::path::Path::new("/"));
+    ctx.builtin = Arc::new(PanicsOnce(AtomicBool::new(false)));
+    let store = Arc::new(Store::new());
+    store.declare(xce_agent::daemon::declared(&plan));
+    let mut sched = Scheduler::new(store.clone(), ctx, 4, CancellationToken::new());
+    sched.start(&plan);
+    assert!(advance_until(|| store.get("ut", "").unwrap().status == Status::Ok).await);
+    sched.stop().await;
+}

@@ -38,6 +38,11 @@ fn status_site(controllers: &[String], extra: &str) -> Site {
         &format!("#!/bin/sh\nm=$(cat {d}/mode)\n[ \"$m\" = fail ] && {{ echo broken >&2; exit 3; }}\necho $m\n"),
     );
     site.write_atomic("mode", "fine\n");
+    with_status_socket(site, extra)
+}
+
+/// `site`, its agent serving its status socket in the site's directory.
+fn with_status_socket(site: Site, extra: &str) -> Site {
     let mut agent = std::fs::OpenOptions::new()
         .append(true)
         .open(site.agent_yaml())
@@ -78,6 +83,74 @@ fn resource<'a>(r: &'a StatusReport, name: &str) -> &'a xce_agent::status::Resou
         .iter()
         .find(|x| x.name == name)
         .unwrap_or_else(|| panic!("no {name} in {r:?}"))
+}
+
+/// Two stream probes: `good` prints two ELIM lines, `garbage` two lines that are not.
+pub const STREAMS: &str = "resources:
+  - {name: good, valtype: numeric, interval: 60s, resourcemap: [{location: [default]}], probe: {kind: stream, command: [good], format: elim}}
+  - {name: garbage, valtype: numeric, interval: 60s, resourcemap: [{location: [default]}], probe: {kind: stream, command: [garbage], format: elim}}
+";
+
+/// The scripts of [`STREAMS`], written by `script(name, body)`.
+pub fn stream_scripts<T>(script: impl Fn(&str, &str) -> T) {
+    script(
+        "good",
+        "#!/bin/sh\necho '1 good 5'\necho '1 good 6'\nexec sleep 1000\n",
+    );
+    script(
+        "garbage",
+        "#!/bin/sh\necho 'not an elim line'\necho 'nor this'\nexec sleep 1000\n",
+    );
+}
+
+/// Stream probes are counted like the others (issue 27, items 9 and 10): each line applied
+/// is a run, with its last success; a stream whose every line is rejected says so.
+#[tokio::test]
+async fn a_streams_lines_are_counted_as_runs_and_rejected_ones_shown() {
+    let site = with_status_socket(Site::new(&[], STREAMS), "");
+    stream_scripts(|name, body| site.script(name, body));
+    let _agent = site.spawn_agent();
+    let probe = |r: &StatusReport, name: &str| {
+        r.probes
+            .iter()
+            .find(|p| p.name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no probe {name} in {r:?}"))
+    };
+    let (report, _) = wait_status(&site, "both streams' lines counted", |r| {
+        probe(r, "good").runs_ok == 2 && probe(r, "garbage").runs_rejected == 2
+    })
+    .await;
+    let good = probe(&report, "good");
+    assert!(good.last_success_ms.is_some(), "{good:?}");
+    assert_eq!(
+        (good.runs_failed, good.runs_rejected, good.restarts),
+        (0, 0, 0)
+    );
+    let garbage = probe(&report, "garbage");
+    assert_eq!((garbage.runs_ok, garbage.last_success_ms), (0, None));
+    assert!(
+        resource(&report, "garbage")
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("bad elim line")),
+        "{report:?}"
+    );
+    let (_, table, _) = status(&site, &[]);
+    let mut probes = table.lines().skip_while(|l| !l.starts_with("PROBE "));
+    let header = probes.next().expect("the probes' table");
+    let rejected_column = header
+        .split_whitespace()
+        .position(|c| c == "REJECTED")
+        .expect("a REJECTED column");
+    let row = probes
+        .find(|l| l.starts_with("garbage "))
+        .expect("garbage's row");
+    assert_eq!(
+        row.split_whitespace().nth(rejected_column),
+        Some("2"),
+        "{table}"
+    );
 }
 
 #[tokio::test]

@@ -126,6 +126,27 @@ async fn environment_has_lsf_resources_and_elim_abort_value() {
     r.stop().await;
 }
 
+/// Each line applied is a run of the probe, counted and timed with its last success; a
+/// line that does not parse is a rejected one.
+#[tokio::test]
+async fn a_streams_lines_are_counted_as_runs() {
+    let s = setup(
+        ELIM,
+        "#!/bin/sh\necho '1 a 1'\necho 'garbage'\necho '2 a 2 b 3'\nexec sleep 1000\n",
+    );
+    let r = start(&s);
+    wait_for(&r.store, "b", num(3.0)).await;
+    let probe = r.stats.probe("a");
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(
+        (load(&probe.ok), load(&probe.rejected), load(&probe.failed)),
+        (2, 1, 0)
+    );
+    assert!(load(&probe.last_success_ms) > 0);
+    assert_eq!(probe.duration.count.load(Ordering::Relaxed), 2);
+    r.stop().await;
+}
+
 #[tokio::test]
 async fn a_crash_is_restarted_and_counted() {
     let s = setup(
@@ -287,11 +308,13 @@ async fn an_unmodified_lsf_elim_that_has_nothing_to_report_aborts() {
     assert!(err.contains("none of LSF_RESOURCES (mem)"), "{err}");
 }
 
+/// `--once` and `probe NAME` run a stream like any probe (`run_once`): until its first
+/// values.
 #[tokio::test]
 async fn first_values_takes_the_first_line_then_stops_the_group() {
     let s = elim_example_setup("nprocs, nzombies, oom_kills");
     let (task, ctx) = load_task(&s, "nprocs");
-    let run = stream::first_values(&task, &ctx).await;
+    let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
     let vals: Vec<String> = run
         .readings

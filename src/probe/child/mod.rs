@@ -7,6 +7,7 @@
 //! forever. The deadline ends the whole group (SIGTERM, a grace period during which output is
 //! still drained, then SIGKILL and `cgroup.kill`).
 
+pub mod drive;
 pub mod output;
 pub mod pty;
 pub mod spawn;
@@ -27,6 +28,7 @@ use nix::unistd::{Gid, Pid, Uid};
 use tokio::io::unix::AsyncFd;
 use tokio::time::{sleep_until, Instant};
 
+pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
 pub use stdin::{Tick, TickWriter};
 
@@ -289,6 +291,9 @@ pub struct Child {
     watch: ExitWatch,
     exit: Option<Exit>,
     reaped: bool,
+    /// The rest of the run was ended after the leader exited: nothing of it is left to end
+    /// (so the end of a run and the drop of its child signal the group once, not twice).
+    ended: bool,
     /// The run's own leaf of its probe's cgroup.
     cgroup: Option<RunCgroup>,
     registered: Option<Registered>,
@@ -339,10 +344,12 @@ fn rlimits(limits: &Limits) -> Vec<(libc::c_int, u64)> {
     r
 }
 
-fn nonblocking_receiver(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Receiver> {
+/// The agent's read end of a pipe, non-blocking (the reader registers it with the reactor
+/// only when a read would wait).
+fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
-    tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)
+    Ok(fd)
 }
 
 impl Child {
@@ -428,8 +435,8 @@ impl Child {
             Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
             None => watch_sigchld().map(ExitWatch::Sigchld),
         };
-        let reader = nonblocking_receiver(out_read).and_then(|out| {
-            let err = nonblocking_receiver(err_read)?;
+        let reader = nonblocking(out_read).and_then(|out| {
+            let err = nonblocking(err_read)?;
             Ok(Reader::new(out, err, spec.stdout_cap, spec.stderr_tail))
         });
         match (watch, reader) {
@@ -440,6 +447,7 @@ impl Child {
                     watch,
                     exit: None,
                     reaped: false,
+                    ended: false,
                     cgroup,
                     registered: Some(registered),
                     stdin,
@@ -508,6 +516,11 @@ impl Child {
         self.stdin.as_ref().map_or(Tick::Closed, TickWriter::send)
     }
 
+    /// Write `bytes` to the child's stdin pipe (a goodbye), never blocking.
+    pub fn say(&self, bytes: &[u8]) -> Tick {
+        self.stdin.as_ref().map_or(Tick::Closed, |w| w.write(bytes))
+    }
+
     pub fn signal_group(&self, sig: Signal) {
         signal_group(self.pgid, sig);
     }
@@ -515,13 +528,19 @@ impl Child {
     /// Whatever is left of the run goes: SIGKILL to the group, `cgroup.kill` to the cgroup
     /// (which catches what left the group). Then the leader is reaped if it has exited.
     pub fn end_rest(&mut self) {
+        if self.ended {
+            return;
+        }
         signal_group(self.pgid, Signal::SIGKILL);
         if let Some(cg) = &mut self.cgroup {
             cg.kill();
         }
-        if self.exit.is_some() && !self.reaped {
-            let _ = waitpid(self.pgid, Some(WaitPidFlag::WNOHANG));
-            self.reaped = true;
+        if self.exit.is_some() {
+            if !self.reaped {
+                let _ = waitpid(self.pgid, Some(WaitPidFlag::WNOHANG));
+                self.reaped = true;
+            }
+            self.ended = true;
         }
     }
 
@@ -583,45 +602,19 @@ impl Drop for Child {
 pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
     let start = Instant::now();
     let (mut child, mut reader) = Child::start(spec)?;
-    let deadline = start + spec.timeout;
-    let mut exited_before_deadline = false;
-    let mut overflow = false;
-    let mut timed_out = false;
-    loop {
-        if child.exited() && !reader.open() {
-            break;
-        }
-        tokio::select! {
-            _ = reader.next(), if reader.open() => if reader.overflow {
-                overflow = true;
-                break;
-            },
-            _ = child.wait(), if !child.exited() => exited_before_deadline = true,
-            _ = sleep_until(deadline) => {
-                timed_out = true;
-                break;
-            }
-        }
-    }
-    let killed = if overflow || timed_out {
-        child.terminate(&mut reader, spec.grace).await
-    } else {
-        false
-    };
-    child.end_rest();
-    let ending = if overflow {
-        Ending::OutputOverflow {
+    let watch = Watch::run_until(start + spec.timeout, spec.grace);
+    let driven = drive(&mut child, &mut reader, &watch, |_| Flow::Continue).await;
+    let ending = match driven.ended {
+        Ended::Overflow => Ending::OutputOverflow {
             cap: spec.stdout_cap,
-            killed,
-        }
-    } else if timed_out {
-        Ending::TimedOut {
+            killed: driven.killed,
+        },
+        Ended::Deadline | Ended::Cancelled | Ended::Stopped => Ending::TimedOut {
             after: spec.timeout,
-            killed,
-            exited_before_deadline,
-        }
-    } else {
-        Ending::Finished
+            killed: driven.killed,
+            exited_before_deadline: driven.exited_before_end,
+        },
+        Ended::Exited => Ending::Finished,
     };
     Ok(ChildOutcome {
         pid: child.pid,

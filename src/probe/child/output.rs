@@ -2,6 +2,7 @@
 //! pipes read by one future that every supervising loop polls as a single `select!` arm.
 
 use std::io;
+use std::os::fd::OwnedFd;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
@@ -44,20 +45,32 @@ impl Tail {
     }
 }
 
-/// What one read brought.
+/// What one read brought: how many bytes, to be had from [`Reader::stdout_chunk`] or
+/// [`Reader::stderr_chunk`] until the next read (no allocation per read).
 #[derive(Debug)]
 pub enum Got {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
+    Stdout(usize),
+    Stderr(usize),
     /// One of the pipes reached its end.
+    Closed,
+}
+
+/// One pipe of a child. It is read without the reactor until a read would block, and only
+/// then registered with it: a short run's output is whole in the pipe when it exits, and
+/// read so it costs no epoll registration.
+#[derive(Debug)]
+enum Pipe {
+    /// Not registered yet (non-blocking).
+    Raw(OwnedFd),
+    Registered(pipe::Receiver),
     Closed,
 }
 
 /// Both pipes of a child, and what was read from them.
 #[derive(Debug)]
 pub struct Reader {
-    out: Option<pipe::Receiver>,
-    err: Option<pipe::Receiver>,
+    out: Pipe,
+    err: Pipe,
     /// The first `stdout_cap` bytes of stdout.
     pub stdout: Vec<u8>,
     stdout_cap: usize,
@@ -69,15 +82,11 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn new(
-        out: pipe::Receiver,
-        err: pipe::Receiver,
-        stdout_cap: usize,
-        stderr_tail: usize,
-    ) -> Self {
+    /// `out` and `err` are the agent's non-blocking read ends.
+    pub fn new(out: OwnedFd, err: OwnedFd, stdout_cap: usize, stderr_tail: usize) -> Self {
         Self {
-            out: Some(out),
-            err: Some(err),
+            out: Pipe::Raw(out),
+            err: Pipe::Raw(err),
             stdout: Vec::new(),
             stdout_cap,
             overflow: false,
@@ -89,7 +98,35 @@ impl Reader {
 
     /// Whether a pipe is still open (poll [`Reader::next`] only then).
     pub fn open(&self) -> bool {
-        self.out.is_some() || self.err.is_some()
+        !matches!((&self.out, &self.err), (Pipe::Closed, Pipe::Closed))
+    }
+
+    /// A chunk already waiting in a pipe not yet registered, read without waiting; `None`
+    /// when each such pipe would block (or none is left unregistered).
+    pub fn read_ready(&mut self) -> Option<Got> {
+        for from_stdout in [true, false] {
+            let (pipe, buf) = if from_stdout {
+                (&mut self.out, &mut self.out_chunk)
+            } else {
+                (&mut self.err, &mut self.err_chunk)
+            };
+            let Pipe::Raw(fd) = pipe else { continue };
+            let read = loop {
+                match nix::unistd::read(&*fd, buf) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    other => break other,
+                }
+            };
+            return Some(match read {
+                Err(nix::errno::Errno::EAGAIN) => continue,
+                Ok(0) | Err(_) => {
+                    *pipe = Pipe::Closed;
+                    Got::Closed
+                }
+                Ok(n) => self.took(n, from_stdout),
+            });
+        }
+        None
     }
 
     /// The next chunk from either pipe. Cancel-safe: a read that did not complete read
@@ -103,42 +140,58 @@ impl Reader {
             ..
         } = self;
         let (n, from_stdout) = tokio::select! {
-            r = read_opt(out, out_chunk) => (r, true),
-            r = read_opt(err, err_chunk) => (r, false),
+            r = read_pipe(out, out_chunk) => (r, true),
+            r = read_pipe(err, err_chunk) => (r, false),
         };
         match n {
             Ok(0) | Err(_) => {
                 if from_stdout {
-                    self.out = None;
+                    self.out = Pipe::Closed;
                 } else {
-                    self.err = None;
+                    self.err = Pipe::Closed;
                 }
                 Got::Closed
             }
-            Ok(n) => {
-                let chunk = if from_stdout {
-                    &self.out_chunk
-                } else {
-                    &self.err_chunk
-                };
-                let bytes = chunk[..n].to_vec();
-                if from_stdout {
-                    let room = self.stdout_cap.saturating_sub(self.stdout.len());
-                    self.stdout.extend_from_slice(&bytes[..n.min(room)]);
-                    self.overflow |= n > room;
-                    Got::Stdout(bytes)
-                } else {
-                    self.stderr.push(&bytes);
-                    Got::Stderr(bytes)
-                }
-            }
+            Ok(n) => self.took(n, from_stdout),
         }
+    }
+
+    /// Keep what `n` bytes just read into a chunk add to stdout (up to its cap) or stderr.
+    fn took(&mut self, n: usize, from_stdout: bool) -> Got {
+        if from_stdout {
+            let room = self.stdout_cap.saturating_sub(self.stdout.len());
+            self.stdout
+                .extend_from_slice(&self.out_chunk[..n.min(room)]);
+            self.overflow |= n > room;
+            Got::Stdout(n)
+        } else {
+            self.stderr.push(&self.err_chunk[..n]);
+            Got::Stderr(n)
+        }
+    }
+
+    /// The bytes of the last [`Got::Stdout`].
+    pub fn stdout_chunk(&self, n: usize) -> &[u8] {
+        &self.out_chunk[..n.min(self.out_chunk.len())]
+    }
+
+    /// The bytes of the last [`Got::Stderr`].
+    pub fn stderr_chunk(&self, n: usize) -> &[u8] {
+        &self.err_chunk[..n.min(self.err_chunk.len())]
     }
 }
 
-async fn read_opt(r: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> io::Result<usize> {
-    match r {
-        Some(r) => r.read(buf).await,
-        None => std::future::pending().await,
+/// Read a pipe through the reactor, registering it with the first read that must wait.
+async fn read_pipe(pipe: &mut Pipe, buf: &mut [u8]) -> io::Result<usize> {
+    if let Pipe::Raw(_) = pipe {
+        let Pipe::Raw(fd) = std::mem::replace(pipe, Pipe::Closed) else {
+            return Ok(0);
+        };
+        // A pipe that cannot be registered reads as ended: the deadline still ends the run.
+        *pipe = Pipe::Registered(pipe::Receiver::from_owned_fd_unchecked(fd)?);
+    }
+    match pipe {
+        Pipe::Registered(r) => r.read(buf).await,
+        Pipe::Raw(_) | Pipe::Closed => std::future::pending().await,
     }
 }

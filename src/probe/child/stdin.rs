@@ -36,8 +36,14 @@ impl TickWriter {
 
     /// Write one newline without ever blocking.
     pub fn send(&self) -> Tick {
+        self.write(b"\n")
+    }
+
+    /// Write `bytes` (a tick, a goodbye) without ever blocking; [`Tick::Dropped`] when the
+    /// pipe has no room for them.
+    pub fn write(&self, bytes: &[u8]) -> Tick {
         loop {
-            return match nix::unistd::write(&self.pipe, b"\n") {
+            return match nix::unistd::write(&self.pipe, bytes) {
                 Ok(0) | Err(Errno::EAGAIN) => Tick::Dropped,
                 Ok(_) => Tick::Sent,
                 Err(Errno::EINTR) => continue,

@@ -1,0 +1,379 @@
+//! The one reading of a stream's lines into updates, as its format's table entry says
+//! ([`output::Streaming`]): each line of a line format is an update; the lines of a block
+//! format gather into one that its terminator ends. Two consumers take the updates: the
+//! daemon's [`apply`] makes each a run for the probe's [`Sink`]; `--once` and `probe NAME`
+//! gather them into the first values ([`Gathered`]).
+
+use std::time::{Instant, SystemTime};
+
+use super::{Line, MAX_LINE};
+use crate::config::StreamSpec;
+use crate::output::stream::{BlockLine, BlockStream, Blocks, Lines, MAX_BLOCK_BYTES};
+use crate::output::{self, Format, Streaming};
+use crate::plan::ProbeTask;
+use crate::probe::sink::Sink;
+use crate::probe::{readings_from_pairs, ProbeRun};
+use crate::value::Reading;
+
+/// What one line of a stream completes.
+#[derive(Debug)]
+pub(super) enum Update {
+    /// Nothing to apply, but a report: a blank line, a comment, ELIM's `0`.
+    Nothing,
+    /// A line inside a block: not a report yet (silence is measured between blocks).
+    Inside,
+    /// A line format's values.
+    Pairs(Vec<output::Pair>),
+    /// A block ended: its name and what it holds.
+    Block {
+        name: String,
+        parsed: output::Parsed,
+    },
+    /// A line or block that did not parse; with `fails`, every fed resource fails with
+    /// `why` (a line that held values that could not be read), else it is only skipped.
+    Rejected { why: String, fails: bool },
+}
+
+impl Update {
+    /// Whether it counts as the stream having said something (for silence).
+    pub(super) fn is_report(&self) -> bool {
+        !matches!(self, Update::Inside)
+    }
+}
+
+/// A stream's lines into updates (see the module's text).
+pub(super) struct Updates {
+    format: Format,
+    how: How,
+}
+
+enum How {
+    Lines(Lines),
+    Blocks(&'static Blocks, BlockStream),
+    /// The config refuses such a stream; every line says why, should one get here.
+    Not,
+}
+
+impl Updates {
+    pub(super) fn new(format: Format) -> Self {
+        let how = match &format.def().stream {
+            Streaming::Lines(lines) => How::Lines(*lines),
+            Streaming::Blocks(blocks) => How::Blocks(blocks, BlockStream::default()),
+            Streaming::No => How::Not,
+        };
+        Self { format, how }
+    }
+
+    /// The update `line` completes.
+    pub(super) fn take(&mut self, own: &str, line: Line) -> Update {
+        let format = self.format;
+        match &mut self.how {
+            How::Lines(lines) => {
+                let bytes = match line {
+                    Line::TooLong => {
+                        return Update::Rejected {
+                            why: format!("stream line longer than {MAX_LINE} bytes; skipped"),
+                            fails: false,
+                        }
+                    }
+                    Line::Complete(b) => b,
+                };
+                let Ok(text) = std::str::from_utf8(&bytes) else {
+                    return rejected(format, "line is not valid UTF-8");
+                };
+                let text = text.trim_end_matches('\r');
+                if text.trim().is_empty() {
+                    return Update::Nothing;
+                }
+                match (lines.parse)(text, own) {
+                    Ok(p) if p.is_empty() => Update::Nothing,
+                    Ok(p) => Update::Pairs(p),
+                    Err(e) => rejected(format, &e),
+                }
+            }
+            How::Blocks(def, stream) => {
+                let pushed = match line {
+                    Line::TooLong => {
+                        stream.bad_line(&format!("longer than {MAX_LINE} bytes; skipped"));
+                        BlockLine::Inside
+                    }
+                    Line::Complete(bytes) => match std::str::from_utf8(&bytes) {
+                        Ok(text) => stream.push(def, text),
+                        Err(_) => {
+                            stream.bad_line("not valid UTF-8");
+                            BlockLine::Inside
+                        }
+                    },
+                };
+                match pushed {
+                    BlockLine::Inside => Update::Inside,
+                    BlockLine::Ended { name, parsed } => Update::Block { name, parsed },
+                    BlockLine::TooLong => Update::Rejected {
+                        why: too_long(def),
+                        fails: true,
+                    },
+                }
+            }
+            How::Not => rejected(format, "the format is not read line by line"),
+        }
+    }
+
+    /// The child exited by itself: a block it left without its terminator is one more
+    /// update, as HTCondor publishes a cron job's output when it exits. (A child the agent
+    /// stops, on shutdown or for silence, has it dropped.)
+    pub(super) fn finish(&mut self) -> Option<Update> {
+        match &mut self.how {
+            How::Blocks(def, stream) => stream.finish(def).map(|parsed| Update::Block {
+                name: String::new(),
+                parsed,
+            }),
+            How::Lines(_) | How::Not => None,
+        }
+    }
+
+    /// What a wait for first values did not get, for its message.
+    fn missing(&self) -> String {
+        match &self.how {
+            How::Blocks(def, stream) if stream.pending() > 0 => format!(
+                "no {} line ended the {} it began ({} lines read)",
+                def.terminator,
+                def.called,
+                stream.pending()
+            ),
+            How::Blocks(def, _) => {
+                format!("no {} ended by a {} line", def.called, def.terminator)
+            }
+            How::Lines(_) | How::Not => "no complete line with values".to_owned(),
+        }
+    }
+
+    /// A line format's line is a whole answer (else first values wait for every resource).
+    fn line_is_whole(&self) -> bool {
+        match &self.how {
+            How::Lines(lines) => lines.whole,
+            How::Blocks(..) | How::Not => true,
+        }
+    }
+}
+
+fn rejected(format: Format, why: &str) -> Update {
+    Update::Rejected {
+        why: format!("bad {} line: {why}", format.as_str()),
+        fails: true,
+    }
+}
+
+fn too_long(def: &Blocks) -> String {
+    let (called, end) = (def.called, def.terminator);
+    format!(
+        "a {called} ran past {MAX_BLOCK_BYTES} bytes without a {end} line; a stream's {called} output ends each update with {end}"
+    )
+}
+
+/// The daemon's consumer: each update one run for the probe's sink, stamped now. A line
+/// may carry a subset of the values: the names it leaves out keep theirs. A block's
+/// resources it gives no value keep their last one, pending with the reason, until their
+/// stale time fails them; one selected from another named block (`ad="SQUID1"` while this
+/// is SQUID0's) is not touched. A block's malformed lines are logged by number; the rest
+/// still applies.
+pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: Instant) {
+    let started = SystemTime::now();
+    let run = match update {
+        Update::Nothing | Update::Inside => return,
+        Update::Rejected { why, fails } => return sink.reject(&why, fails),
+        Update::Pairs(pairs) => {
+            let (mut readings, unexpected) = readings_from_pairs(sink.task(), pairs);
+            readings.retain(|(_, r)| !matches!(r, Reading::Pending(_)));
+            ProbeRun::parsed(started, began.elapsed(), readings, unexpected, Vec::new())
+        }
+        Update::Block { name, parsed } => {
+            let format = spec.exec.format;
+            for bad in &parsed.bad_lines {
+                let why = format!("bad {} line: {bad}", format.as_str());
+                sink.malformed(&why);
+            }
+            let mut readings = Vec::with_capacity(sink.task().feeds.len());
+            for feed in &sink.task().feeds {
+                let pick = spec.exec.select.pick(&feed.name);
+                if selects_another_block(&pick, &name) {
+                    continue;
+                }
+                let reading =
+                    output::select::reading(format, &pick, &parsed, &feed.name, feed.valtype)
+                        .unwrap_or_else(|| {
+                            Reading::Pending(output::select::absent_reason(
+                                format, &pick, &parsed, "", &feed.name,
+                            ))
+                        });
+                readings.push((feed.name.clone(), reading));
+            }
+            ProbeRun::parsed(started, began.elapsed(), readings, Vec::new(), Vec::new())
+        }
+    };
+    sink.take(run);
+}
+
+/// Whether `pick` selects a value of a named block other than `name`.
+fn selects_another_block(pick: &output::Pick, name: &str) -> bool {
+    pick.selector.as_ref().is_some_and(|sel| {
+        sel.labels
+            .iter()
+            .any(|(k, v)| k == output::AD_LABEL && v != name)
+    })
+}
+
+/// What `--once` / `probe NAME` have read of a stream so far.
+pub(super) struct Gathered {
+    updates: Updates,
+    got: Got,
+}
+
+enum Got {
+    /// A line format: the pairs of the lines read (a later line's value wins).
+    Pairs(output::PairSet),
+    /// A block format: the blocks ended so far, merged.
+    Blocks {
+        blocks: output::MergedAds,
+        ended: usize,
+        /// Per fed resource: whether the blocks so far give it a value (checked against
+        /// each new block only: a value once given stays).
+        answered: Vec<bool>,
+    },
+}
+
+/// How a wait for first values ends.
+pub(super) enum FirstValues {
+    Got,
+    /// The deadline passed without a complete update with values.
+    TimedOut,
+    Bad(String),
+    /// The child ended (or could not be read) before reporting anything.
+    Ended,
+}
+
+impl Gathered {
+    pub(super) fn new(format: Format) -> Self {
+        let got = match format.def().stream {
+            Streaming::Blocks(_) => Got::Blocks {
+                blocks: output::MergedAds::default(),
+                ended: 0,
+                answered: Vec::new(),
+            },
+            Streaming::Lines(_) | Streaming::No => Got::Pairs(output::PairSet::default()),
+        };
+        Self {
+            updates: Updates::new(format),
+            got,
+        }
+    }
+
+    /// Take one line; `Some` when it decides how the wait ends. A line format whose lines
+    /// are whole answers is done at its first values; kv when every fed resource has a
+    /// value; a block format when its blocks so far give every fed resource one (or a
+    /// block holds a malformed line: the line may be the value still missing, and waiting
+    /// would not bring it). A rejected line or block ends it.
+    pub(super) fn take(
+        &mut self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        line: Line,
+    ) -> Option<FirstValues> {
+        match self.updates.take(&task.name, line) {
+            Update::Nothing | Update::Inside => None,
+            Update::Rejected { why, .. } => Some(FirstValues::Bad(why)),
+            Update::Pairs(p) => {
+                let Got::Pairs(pairs) = &mut self.got else {
+                    return None;
+                };
+                for (k, v) in p {
+                    pairs.upsert(&k, &v);
+                }
+                let complete = self.updates.line_is_whole()
+                    || task.feeds.iter().all(|f| pairs.contains(&f.name));
+                complete.then_some(FirstValues::Got)
+            }
+            Update::Block { parsed, .. } => self.add_block(task, spec, parsed),
+        }
+    }
+
+    fn add_block(
+        &mut self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        block: output::Parsed,
+    ) -> Option<FirstValues> {
+        let Got::Blocks {
+            blocks,
+            ended,
+            answered,
+        } = &mut self.got
+        else {
+            return None;
+        };
+        let format = spec.exec.format;
+        let malformed = !block.bad_lines.is_empty();
+        answered.resize(task.feeds.len(), false);
+        for (f, done) in task.feeds.iter().zip(answered.iter_mut()) {
+            let pick = spec.exec.select.pick(&f.name);
+            *done = *done
+                || output::select::always_answers(&pick)
+                || block
+                    .samples
+                    .iter()
+                    .any(|s| output::select::matches(format, &pick, s, &f.name));
+        }
+        blocks.add(block);
+        *ended += 1;
+        let complete = answered.iter().all(|d| *d);
+        (complete || malformed).then_some(FirstValues::Got)
+    }
+
+    /// The deadline passed, or the child exited and its output has been read. What it
+    /// gave so far is the answer (a kv probe that printed some values and paused; a
+    /// ClassAd stream whose later ads did not come); a child that exited by itself also
+    /// has the lines after its last terminator count, as in the daemon.
+    pub(super) fn at_end(&mut self, exited: bool) -> FirstValues {
+        if exited {
+            if let Some(Update::Block { parsed, .. }) = self.updates.finish() {
+                if let Got::Blocks { blocks, ended, .. } = &mut self.got {
+                    blocks.add(parsed);
+                    *ended += 1;
+                }
+            }
+        }
+        let any = match &self.got {
+            Got::Pairs(pairs) => !pairs.is_empty(),
+            Got::Blocks { ended, .. } => *ended > 0,
+        };
+        match (any, exited) {
+            (true, _) => FirstValues::Got,
+            (false, true) => FirstValues::Ended,
+            (false, false) => FirstValues::TimedOut,
+        }
+    }
+
+    /// What a timed-out wait did not get, for its message.
+    pub(super) fn missing(&self) -> String {
+        self.updates.missing()
+    }
+
+    pub(super) fn into_run(
+        self,
+        task: &ProbeTask,
+        spec: &StreamSpec,
+        (started, duration): (SystemTime, std::time::Duration),
+        stdout: &[u8],
+    ) -> ProbeRun {
+        match self.got {
+            Got::Pairs(pairs) => ProbeRun::from_pairs(task, started, duration, pairs.into_vec()),
+            Got::Blocks { blocks, .. } => ProbeRun::from_output(
+                task,
+                started,
+                duration,
+                (spec.exec.format, &spec.exec.select),
+                blocks.parsed(),
+                &String::from_utf8_lossy(stdout),
+            ),
+        }
+    }
+}
