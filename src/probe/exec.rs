@@ -221,19 +221,20 @@ pub async fn run(
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
                 }
                 None => {
-                    // Parsed off the runtime's threads: megabytes of output never hold up
-                    // the status socket, the link or the other probes.
+                    // Large output is parsed off the runtime's threads: megabytes never hold
+                    // up the status socket, the link or the other probes.
                     let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
                     let exit = match o.exit {
                         Exit::Code(c) => Some(c),
                         _ => None,
                     };
                     let stdout = std::mem::take(&mut o.stdout);
-                    let parsed = super::off_runtime(task.timeout, move || {
-                        let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
-                        (run, stdout)
-                    })
-                    .await;
+                    let parsed =
+                        super::parse_off_runtime_if_large(task.timeout, stdout.len(), move || {
+                            let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
+                            (run, stdout)
+                        })
+                        .await;
                     match parsed {
                         Ok(((mut run, stdout), cpu)) => {
                             o.stdout = stdout;
