@@ -4,7 +4,7 @@
 //! The agent: the real `xce-agent` daemon as root, `run_as: nobody`, containment on (where
 //! this host has a writable cgroup v2), PROBES (50) exec probes of a trivial `#!/bin/sh`
 //! script at interval 1 s: 50 runs a second. Its figure is the daemon process's own utime +
-//! stime (all its threads, children excluded: `/proc/PID/stat`) over SECS (20) seconds,
+//! stime (all its threads, children excluded: `/proc/PID/stat`) over SECS (60) seconds,
 //! divided by the runs it made in that window (`xce_probe_runs_total` from `/metrics`, read
 //! just before and just after the window, outside it).
 //!
@@ -23,7 +23,7 @@
 //!
 //! No controller link: the figure is the cost of a run, not of sending its value.
 //!
-//! Run (as root): `cargo bench --bench exec_cpu` (env PROBES=50 SECS=20 IDLE_SECS=60; the
+//! Run (as root): `cargo bench --bench exec_cpu` (env PROBES=50 SECS=60 IDLE_SECS=60; the
 //! measured binary is this build's `xce-agent`, or `XCE_AGENT_BIN`).
 
 mod support {
@@ -293,7 +293,7 @@ fn main() {
         return;
     }
     let probes: usize = env_or("PROBES", 50);
-    let secs: u64 = env_or("SECS", 20);
+    let secs: u64 = env_or("SECS", 60);
     let idle_secs: u64 = env_or("IDLE_SECS", 60);
     let dir = tempfile::tempdir().expect("tempdir");
     let script = setup_script(dir.path());
