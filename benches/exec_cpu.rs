@@ -273,7 +273,8 @@ fn setup_script(dir: &Path) -> PathBuf {
     script
 }
 
-/// The daemon's context switches per second over `secs`, once `ready` holds.
+/// The daemon's context switches per second and CPU (ms per second) over `secs`, and its
+/// thread count at the end.
 fn idle_wakeups(daemon: &Daemon, secs: u64) -> (f64, f64, usize) {
     let (s0, _) = daemon.switches();
     let c0 = proc_cpu(daemon.pid());
