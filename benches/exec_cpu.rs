@@ -1,173 +1,271 @@
-//! Agent-side CPU per exec probe run, children excluded, in the configuration nodes run —
-//! root agent, probes as `run_as: nobody`, containment on (each run cloned into the probe's
-//! cgroup and ended with cgroup.kill) — beside the physical floor measured in the same run:
-//! a raw libc loop of posix_spawn (own process group, default signals, stdin /dev/null,
-//! stdout piped) + read to EOF + waitpid of the same script. Then the non-root configuration
-//! (no credential switch, no cgroup: what an unprivileged agent gets) beside the same floor,
-//! measured in a child process of this bench that dropped to `nobody` (or in this process
-//! when it is not root). CPU is getrusage(RUSAGE_SELF) utime + stime: every thread of the
-//! process, the runtime's included, so it does not depend on how busy the shared machine is.
+//! The agent's own CPU per exec probe run, in the shipped configuration, against the physical
+//! floor measured in the same run by a separate minimal process (issue 29 item 5).
 //!
-//! Run: `cargo bench --bench exec_cpu` (env RUNS, default 2000 per side).
+//! The agent: the real `xce-agent` daemon as root, `run_as: nobody`, containment on (where
+//! this host has a writable cgroup v2), PROBES (50) exec probes of a trivial `#!/bin/sh`
+//! script at interval 1 s: 50 runs a second. Its figure is the daemon process's own utime +
+//! stime (all its threads, children excluded: `/proc/PID/stat`) over SECS (60) seconds,
+//! divided by the runs it made in that window (`xce_probe_runs_total` from `/metrics`, read
+//! just before and just after the window, outside it).
+//!
+//! The floor: `benches/floor/spawn_floor.c`, compiled here with `cc -O2`, a process of its
+//! own with nothing in it but the loop, run during the same window at the same rate (paced
+//! on absolute deadlines, as the daemon's timers are): posix_spawn + pipe + read to EOF +
+//! waitpid of the same script as root; fork + setuid(nobody) + exec; and, where a cgroup v2
+//! mount is writable, the same with the kernel work the agent's design asks for (clone3
+//! into a cgroup, a pidfd, setsid, a stderr pipe): what containment costs, without the
+//! agent. Each its own getrusage(RUSAGE_SELF). Then the same loops back to back (no sleeps:
+//! warm caches, the lowest figures there are), after the window.
+//!
+//! Beside it, idle wake-ups: context switches (voluntary + involuntary, summed over
+//! `/proc/PID/task/*/status`) per second of the daemon over IDLE_SECS (60), with PROBES
+//! probes at interval 1h after their first runs, and with no resource configured.
+//!
+//! No controller link: the figure is the cost of a run, not of sending its value.
+//!
+//! Run (as root): `cargo bench --bench exec_cpu` (env PROBES=50 SECS=60 IDLE_SECS=60; the
+//! measured binary is this build's `xce-agent`, or `XCE_AGENT_BIN`).
 
 mod support {
     pub mod env;
-    pub mod rusage;
+    pub mod proc_stats;
 }
 
-use std::ffi::CString;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::env::env_or;
-use support::rusage::{self, UsageWho};
-use xce_agent::probe::{self, BuiltinSource, ProbeContext};
-use xce_agent::value::Reading;
+use support::proc_stats::{proc_cpu, proc_rss_kib};
 
-struct NoBuiltins;
-
-impl BuiltinSource for NoBuiltins {
-    fn reading(&self, _index: &str) -> Option<Reading> {
-        None
-    }
+/// The binary under measurement.
+fn agent_bin() -> String {
+    std::env::var("XCE_AGENT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xce-agent").to_owned())
 }
 
-#[derive(Default)]
-struct Side {
-    runs: u32,
-    self_cpu: Duration,
-    child_cpu: Duration,
-    wall: Duration,
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
 }
 
-impl Side {
-    fn measure(&mut self, runs: u32, mut f: impl FnMut()) {
-        let (s0, c0, w0) = (
-            rusage::cpu(UsageWho::RUSAGE_SELF),
-            rusage::cpu(UsageWho::RUSAGE_CHILDREN),
-            Instant::now(),
-        );
-        (0..runs).for_each(|_| f());
-        self.wall += w0.elapsed();
-        self.self_cpu += rusage::cpu(UsageWho::RUSAGE_SELF) - s0;
-        self.child_cpu += rusage::cpu(UsageWho::RUSAGE_CHILDREN) - c0;
-        self.runs += runs;
-    }
-
-    fn per_run(&self, d: Duration) -> f64 {
-        d.as_secs_f64() * 1e6 / f64::from(self.runs.max(1))
-    }
+/// A daemon on `resources` (a resources.yaml body) in `dir`, with /metrics on loopback.
+struct Daemon {
+    child: Child,
+    port: u16,
 }
 
-/// The floor: posix_spawn + pipe + read to EOF + waitpid, in raw libc, nothing else.
-struct Floor {
-    path: CString,
-    argv: [*const libc::c_char; 2],
-    envp: [*const libc::c_char; 2],
-    _env: CString,
-    null: CString,
-}
-
-impl Floor {
-    fn new(script: &Path) -> Self {
-        let path = CString::new(script.as_os_str().as_encoded_bytes()).expect("path");
-        let env = CString::new(format!("PATH={}", probe::child::PROBE_PATH)).expect("env");
-        Self {
-            argv: [path.as_ptr(), std::ptr::null()],
-            envp: [env.as_ptr(), std::ptr::null()],
-            path,
-            _env: env,
-            null: CString::new("/dev/null").expect("null"),
+impl Daemon {
+    fn start(dir: &Path, resources: &str) -> Self {
+        let port = free_port();
+        std::fs::write(
+            dir.join("agent.yaml"),
+            format!(
+                "host: node001\ncontrollers: []\nresources: resources.yaml\nplugin_dir: {d}\n\
+                 run_as: nobody\nmetrics: 127.0.0.1:{port}\nstatus_socket: {d}/status.sock\n",
+                d = dir.display()
+            ),
+        )
+        .expect("write agent.yaml");
+        std::fs::write(dir.join("resources.yaml"), resources).expect("write resources.yaml");
+        let child = Command::new(agent_bin())
+            .arg("--config")
+            .arg(dir.join("agent.yaml"))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start xce-agent");
+        let me = Self { child, port };
+        let t0 = Instant::now();
+        while me.scrape().is_none() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the daemon serves no /metrics"
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
+        me
     }
 
-    fn once(&self) {
-        // SAFETY: plain libc calls on locals and on CStrings owned by self; every object
-        // initialised by an *_init is destroyed before return.
-        unsafe {
-            let mut fds = [0; 2];
-            assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
-            let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
-            libc::posix_spawn_file_actions_init(&mut fa);
-            libc::posix_spawn_file_actions_addopen(
-                &mut fa,
-                0,
-                self.null.as_ptr(),
-                libc::O_RDONLY,
-                0,
-            );
-            libc::posix_spawn_file_actions_adddup2(&mut fa, fds[1], 1);
-            let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
-            libc::posix_spawnattr_init(&mut attr);
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::posix_spawnattr_setsigdefault(&mut attr, &all);
-            libc::posix_spawnattr_setpgroup(&mut attr, 0);
-            libc::posix_spawnattr_setflags(
-                &mut attr,
-                (libc::POSIX_SPAWN_SETPGROUP | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
-            );
-            let mut pid = 0;
-            let rc = libc::posix_spawn(
-                &mut pid,
-                self.path.as_ptr(),
-                &fa,
-                &attr,
-                self.argv.as_ptr() as *const *mut libc::c_char,
-                self.envp.as_ptr() as *const *mut libc::c_char,
-            );
-            assert_eq!(rc, 0, "posix_spawn");
-            libc::posix_spawn_file_actions_destroy(&mut fa);
-            libc::posix_spawnattr_destroy(&mut attr);
-            libc::close(fds[1]);
-            let mut buf = [0u8; 64];
-            let mut got = 0;
-            loop {
-                let n = libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len());
-                if n <= 0 {
-                    break;
-                }
-                got += n as usize;
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn scrape(&self) -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        body.contains("xce_").then_some(body)
+    }
+
+    /// Runs so far (every outcome but a skipped tick), and how many of them did not succeed.
+    fn runs(&self) -> (u64, u64) {
+        let body = self.scrape().expect("scrape /metrics");
+        let (mut all, mut bad) = (0, 0);
+        for line in body
+            .lines()
+            .filter(|l| l.starts_with("xce_probe_runs_total{"))
+        {
+            let n: u64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64;
+            if line.contains("outcome=\"ok\"") {
+                all += n;
+            } else if !line.contains("skipped_overlap") {
+                all += n;
+                bad += n;
             }
-            libc::close(fds[0]);
-            let mut status = 0;
-            libc::waitpid(pid, &mut status, 0);
-            assert!(got == 2 && status == 0, "floor run failed");
         }
+        (all, bad)
+    }
+
+    /// Voluntary + involuntary context switches of every thread now, and the thread count.
+    fn switches(&self) -> (u64, usize) {
+        let mut sum = 0;
+        let mut threads = 0;
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).expect("tasks");
+        for t in tasks.flatten() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            threads += 1;
+            sum += status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        (sum, threads)
     }
 }
 
-/// One configuration of the agent beside the floor, interleaved in blocks so background
-/// load on the shared machine hits both alike. Prints one table row and returns the ratio.
-fn compare(label: &str, runs: u32, floor: &Floor, mut agent_once: impl FnMut()) -> f64 {
-    for _ in 0..50 {
-        floor.once();
-        agent_once();
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM: it removes its cgroups on the way out.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
     }
-    let (mut f, mut a) = (Side::default(), Side::default());
-    let block = 100.min(runs);
-    let mut done = 0;
-    while done < runs {
-        f.measure(block, || floor.once());
-        a.measure(block, &mut agent_once);
-        done += block;
-    }
-    let ratio = a.self_cpu.as_secs_f64() / f.self_cpu.as_secs_f64().max(1e-9);
-    println!(
-        "| {label} | {:.0} | {:.0} | **{ratio:.2}x** | {:.0} / {:.0} | {:.0} / {:.0} |",
-        a.per_run(a.self_cpu),
-        f.per_run(f.self_cpu),
-        a.per_run(a.child_cpu),
-        f.per_run(f.child_cpu),
-        a.per_run(a.wall),
-        f.per_run(f.wall),
-    );
-    ratio
 }
 
-fn setup_script(dir: &Path) -> std::path::PathBuf {
+fn resources(probes: usize, interval: &str, script: &Path) -> String {
+    let mut y = String::from("resources:\n");
+    for i in 0..probes {
+        y.push_str(&format!(
+            "  - name: r{i:03}\n    valtype: numeric\n    interval: {interval}\n    \
+             resourcemap: [{{location: [default]}}]\n    \
+             probe: {{kind: exec, command: [{}], format: value}}\n",
+            script.display()
+        ));
+    }
+    y
+}
+
+/// The floor program, compiled for this run.
+fn build_floor(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/floor/spawn_floor.c");
+    let bin = dir.join("spawn_floor");
+    let st = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc {} failed", src.display());
+    bin
+}
+
+/// The floor's loops: a label and spawn_floor's MODE [USER [CGROUP_DIR]].
+fn floor_variants(cgroup: Option<&FloorCgroup>) -> Vec<(&'static str, Vec<String>)> {
+    let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut v = vec![
+        ("posix_spawn + pipe + read + waitpid", words(&["spawn"])),
+        (
+            "fork + setuid(nobody) + exec + pipe + read + waitpid",
+            words(&["fork"]),
+        ),
+    ];
+    if let Some(cg) = cgroup {
+        v.push((
+            "the same + clone3 CLONE_INTO_CGROUP + pidfd + setsid + stderr pipe",
+            vec![
+                "contained".into(),
+                "nobody".into(),
+                cg.0.display().to_string(),
+            ],
+        ));
+    }
+    v
+}
+
+/// A cgroup of the floor's own under the cgroup v2 mount (for the `contained` loop); removed
+/// when dropped. `None` where there is no writable v2 mount.
+struct FloorCgroup(PathBuf);
+
+impl FloorCgroup {
+    fn make() -> Option<Self> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = info.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+                .flatten()
+        })?;
+        let dir = mount.join(format!("xce-bench-floor-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        Some(Self(dir))
+    }
+}
+
+impl Drop for FloorCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// One floor loop: CPU per run (µs) and context switches per run.
+struct FloorRun {
+    cpu_us: f64,
+    switches: f64,
+}
+
+fn floor_start(bin: &Path, args: &[String], script: &Path, runs: u64, rate: u64) -> Child {
+    Command::new(bin)
+        .arg(&args[0])
+        .arg(script)
+        .arg(runs.to_string())
+        .arg(rate.to_string())
+        .args(&args[1..])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start spawn_floor")
+}
+
+fn floor_finish(child: Child) -> FloorRun {
+    let out = child.wait_with_output().expect("spawn_floor");
+    assert!(out.status.success(), "spawn_floor failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> f64 {
+        let mut words = text.split_whitespace();
+        words.find(|w| *w == name);
+        words.next().and_then(|v| v.parse().ok()).unwrap_or(0.0)
+    };
+    let runs = field("runs").max(1.0);
+    FloorRun {
+        cpu_us: field("cpu_us") / runs,
+        switches: (field("nvcsw") + field("nivcsw")) / runs,
+    }
+}
+
+fn setup_script(dir: &Path) -> PathBuf {
+    // World-readable, not writable: the probes run as nobody.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let script = dir.join("tiny.sh");
     std::fs::write(&script, "#!/bin/sh\necho 1\n").expect("write script");
@@ -175,117 +273,126 @@ fn setup_script(dir: &Path) -> std::path::PathBuf {
     script
 }
 
-fn agent_runner(
-    script: &Path,
-    run_as: &str,
-    supervisor: std::sync::Arc<probe::supervisor::Supervisor>,
-) -> impl FnMut() {
-    let yaml = format!(
-        "resources:\n  - name: tiny\n    interval: 1s\n    probe: {{kind: exec, command: [{}], format: value}}\n",
-        script.display()
-    );
-    let res = xce_agent::config::resources::parse(Path::new("resources.yaml"), &yaml)
-        .expect("resources parse");
-    let plan = xce_agent::plan::make_plan(&res, "node001", &Default::default());
-    let task = plan.tasks[0].clone();
-    let ctx = ProbeContext {
-        host: "node001".into(),
-        plugin_dir: script.parent().expect("dir").to_owned(),
-        run_as: run_as.into(),
-        builtin: std::sync::Arc::new(NoBuiltins),
-        files: xce_agent::probe::file_reader::FileReads::new(32),
-        supervisor,
-    };
-    // The daemon's runtime: multi-thread, 2 workers.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let _ = probe::child::become_subreaper();
-    });
-    move || {
-        rt.block_on(async {
-            let r = probe::run_once(&task, &ctx).await;
-            assert_eq!(r.outcome, probe::Outcome::Ok, "{:?}", r.error());
-        })
-    }
+/// The daemon's context switches per second and CPU (ms per second) over `secs`, and its
+/// thread count at the end.
+fn idle_wakeups(daemon: &Daemon, secs: u64) -> (f64, f64, usize) {
+    let (s0, _) = daemon.switches();
+    let c0 = proc_cpu(daemon.pid());
+    std::thread::sleep(Duration::from_secs(secs));
+    let (s1, threads) = daemon.switches();
+    let c1 = proc_cpu(daemon.pid());
+    (
+        (s1.saturating_sub(s0)) as f64 / secs as f64,
+        (c1 - c0) * 1e3 / secs as f64,
+        threads,
+    )
 }
 
-const HEADER: &str = "| configuration | agent CPU/run (µs) | floor CPU/run (µs) | agent / floor | children CPU/run agent / floor (µs) | wall/run agent / floor (µs) |\n|---|---|---|---|---|---|";
-
 fn main() {
-    let runs: u32 = env_or("RUNS", 2000);
-    if let Ok(script) = std::env::var("XCE_BENCH_UNPRIVILEGED") {
-        // The child: an unprivileged agent (no run_as switch, no cgroup), same floor.
-        let script = Path::new(&script);
-        let floor = Floor::new(script);
-        compare(
-            "agent as an unprivileged user (no run_as switch, no cgroup)",
-            runs,
-            &floor,
-            agent_runner(script, "root", probe::supervisor::Supervisor::uncontained()),
-        );
+    if !nix::unistd::geteuid().is_root() {
+        println!("exec_cpu: skipped: the shipped configuration needs a root agent (run as root)");
         return;
     }
+    let probes: usize = env_or("PROBES", 50);
+    let secs: u64 = env_or("SECS", 60);
+    let idle_secs: u64 = env_or("IDLE_SECS", 60);
     let dir = tempfile::tempdir().expect("tempdir");
     let script = setup_script(dir.path());
-    let floor = Floor::new(&script);
-    println!("exec probe run, {runs} runs per side, script `#!/bin/sh\\necho 1`; floor = raw posix_spawn + pipe + read + waitpid");
-    println!("{HEADER}");
-    let root = nix::unistd::geteuid().is_root();
-    let nobody = nix::unistd::User::from_name("nobody").ok().flatten();
-    match (&nobody, root) {
-        (Some(_), true) => {
-            let supervisor =
-                probe::supervisor::Supervisor::new(probe::cgroup::Containment::for_this_process());
-            let contained = supervisor.containment.tree().is_some();
-            let label = if contained {
-                "root agent, run_as: nobody, containment on (cgroup per probe)"
-            } else {
-                "root agent, run_as: nobody (no writable cgroup v2: process groups only)"
-            };
-            compare(
-                label,
-                runs,
-                &floor,
-                agent_runner(&script, "nobody", supervisor),
-            );
-        }
-        _ => println!(
-            "| root agent, run_as: nobody | skipped: needs root and a nobody user | | | | |"
-        ),
+    let floor = build_floor(dir.path());
+    let rate = probes as u64;
+
+    println!("## exec probe run: the daemon's own CPU against a C floor in a process of its own");
+    println!(
+        "agent: `{}` as root, run_as: nobody, {probes} exec probes at interval 1s, \
+         script `#!/bin/sh\\necho 1`, window {secs} s",
+        agent_bin()
+    );
+    let daemon = Daemon::start(dir.path(), &resources(probes, "1s", &script));
+    // Past the startup spread, every probe on its slot.
+    std::thread::sleep(Duration::from_secs(3));
+    let floor_runs = rate * secs;
+    let cgroup = FloorCgroup::make();
+    let variants = floor_variants(cgroup.as_ref());
+    let paced: Vec<Child> = variants
+        .iter()
+        .map(|(_, args)| floor_start(&floor, args, &script, floor_runs, rate))
+        .collect();
+    let (r0, bad0) = daemon.runs();
+    let (sw0, _) = daemon.switches();
+    let c0 = proc_cpu(daemon.pid());
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let c1 = proc_cpu(daemon.pid());
+    let wall = t0.elapsed().as_secs_f64();
+    let (sw1, threads) = daemon.switches();
+    let (r1, bad1) = daemon.runs();
+    let paced: Vec<FloorRun> = paced.into_iter().map(floor_finish).collect();
+    let contained = dir_has_cgroup(daemon.pid());
+    let rss_mib = proc_rss_kib(daemon.pid(), "VmRSS:") as f64 / 1024.0;
+    drop(daemon);
+    let runs = r1 - r0;
+    assert!(runs > 0, "the daemon made no run in the window");
+    assert_eq!(bad1 - bad0, 0, "runs failed in the window");
+    let agent_us = (c1 - c0) * 1e6 / runs as f64;
+    let agent_sw = (sw1 - sw0) as f64 / runs as f64;
+    println!(
+        "{runs} runs in {wall:.1} s ({:.1}/s); containment {}; {threads} threads; VmRSS {rss_mib:.1} MiB",
+        runs as f64 / wall,
+        if contained {
+            "on (a cgroup per probe)"
+        } else {
+            "OFF: no writable cgroup v2 here"
+        },
+    );
+    println!();
+    println!("| measured | CPU per run (µs) | agent / this | context switches per run |");
+    println!("|---|---|---|---|");
+    println!("| **daemon** (utime+stime of the process, children excluded) | **{agent_us:.0}** | | {agent_sw:.1} |");
+    for ((label, _), f) in variants.iter().zip(&paced) {
+        println!(
+            "| floor: {label}, {rate}/s in the same window | {:.0} | **{:.2}x** | {:.1} |",
+            f.cpu_us,
+            agent_us / f.cpu_us,
+            f.switches
+        );
     }
-    match (nobody, root) {
-        (Some(user), true) => {
-            // Drop to nobody in a fresh process: the same binary, measuring itself there.
-            let out = std::process::Command::new(std::env::current_exe().expect("exe"))
-                .env("XCE_BENCH_UNPRIVILEGED", &script)
-                .env("RUNS", runs.to_string())
-                .uid(user.uid.as_raw())
-                .gid(user.gid.as_raw())
-                .output()
-                .expect("unprivileged bench");
-            print!("{}", String::from_utf8_lossy(&out.stdout));
-            if !out.status.success() {
-                println!(
-                    "unprivileged side failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
-        _ => {
-            compare(
-                "agent as an unprivileged user (no run_as switch, no cgroup)",
-                runs,
-                &floor,
-                agent_runner(
-                    &script,
-                    "root",
-                    probe::supervisor::Supervisor::uncontained(),
-                ),
-            );
-        }
+    for (label, args) in &variants {
+        let f = floor_finish(floor_start(&floor, args, &script, floor_runs, 0));
+        println!(
+            "| floor: {label}, back to back (after the window) | {:.0} | {:.2}x | {:.1} |",
+            f.cpu_us,
+            agent_us / f.cpu_us,
+            f.switches
+        );
     }
+    drop(cgroup);
+
+    if idle_secs == 0 {
+        return;
+    }
+    println!();
+    println!("## idle wake-ups of the daemon, over {idle_secs} s");
+    println!("| configuration | context switches / s | CPU (ms/s) | threads |");
+    println!("|---|---|---|---|");
+    let daemon = Daemon::start(dir.path(), &resources(probes, "1h", &script));
+    // Every probe's first run falls in the startup spread (at most 15 s).
+    let t0 = Instant::now();
+    while daemon.runs().0 < probes as u64 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "first runs missing");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let (per_s, cpu_ms, threads) = idle_wakeups(&daemon, idle_secs);
+    println!("| {probes} exec probes at interval 1h, between runs | {per_s:.2} | {cpu_ms:.3} | {threads} |");
+    drop(daemon);
+    let daemon = Daemon::start(dir.path(), "resources: []\n");
+    std::thread::sleep(Duration::from_secs(2));
+    let (per_s, cpu_ms, threads) = idle_wakeups(&daemon, idle_secs);
+    println!("| no resource configured | {per_s:.2} | {cpu_ms:.3} | {threads} |");
+}
+
+/// Whether the daemon made its cgroup subtree (containment on): its own cgroup moved.
+fn dir_has_cgroup(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .is_ok_and(|c| c.lines().any(|l| l.starts_with("0::") && l.len() > 4))
 }

@@ -28,7 +28,7 @@ cargo build --release --quiet
 
 # ---- 1. exec probe: agent CPU vs bare spawn --------------------------------------------
 if want 1; then
-echo "## 1. agent CPU per exec probe run"
+echo "## 21 (was 1). the daemon's CPU per exec probe run vs C floors in a process of their own"
 cargo bench --quiet --bench exec_cpu
 echo
 fi

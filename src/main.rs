@@ -25,8 +25,12 @@ fn main() -> ExitCode {
         common.log_level.as_deref(),
         cli.once || cli.command.is_some(),
     );
+    // One worker thread (beside this one, which runs the command's own loop). A probe run
+    // is a few system calls and waits, so a second worker buys no throughput; it costs
+    // wake-ups, a spawned task or a readiness event landing on the other, idle, thread
+    // (BENCHMARKS.md section 21: context switches and CPU per exec run).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()
     {

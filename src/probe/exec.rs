@@ -247,8 +247,8 @@ pub async fn run(
                     run
                 }
                 None => {
-                    // Parsed off the runtime's threads: megabytes of output never hold up
-                    // the status socket, the link or the other probes.
+                    // Large output is parsed off the runtime's threads: megabytes never hold
+                    // up the status socket, the link or the other probes.
                     let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
                     let stdout = std::mem::take(&mut o.stdout);
                     let parsed = super::off_runtime(task.timeout, move || {

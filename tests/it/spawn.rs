@@ -262,3 +262,18 @@ async fn without_a_stdin_pipe_a_tick_reports_closed() {
     let (started, _reader) = child::Child::start(&sh("exec sleep 1000")).expect("spawn");
     assert_eq!(started.tick(), child::Tick::Closed);
 }
+
+#[tokio::test]
+async fn output_many_times_the_first_read_buffer_arrives_whole_and_in_order() {
+    // The reader starts with small buffers and grows them: nothing may be lost or reordered
+    // on the way, on either pipe.
+    let (o, out) = output(&sh("seq 1 10000; seq 1 3000 >&2")).await;
+    let numbers = |n: u32| (1..=n).map(|i| format!("{i}\n")).collect::<String>();
+    assert_eq!(out, numbers(10000));
+    let err = numbers(3000);
+    assert_eq!(o.stderr_total, err.len() as u64);
+    assert_eq!(
+        o.stderr_tail,
+        err.as_bytes()[err.len() - child::DEFAULT_STDERR_TAIL..]
+    );
+}

@@ -23,14 +23,16 @@
 //! - Everything the parent opened for the child is close-on-exec, and the child marks every
 //!   descriptor above 2 close-on-exec (`close_range`), so a probe sees only 0, 1 and 2 whatever
 //!   the agent inherited.
-//! - A failure before `execve` succeeds is written as (stage, errno) to a close-on-exec pipe
-//!   and the child exits 127; the parent reads that pipe after the clone returns (with
-//!   `CLONE_VFORK` the child has then either exec'd, closing the pipe, or exited).
+//! - A failure before `execve` succeeds is stored as (stage, errno) in [`Prepared`], the
+//!   memory the child shares with the agent, and the child exits 127; the parent reads it
+//!   after the clone returns (with `CLONE_VFORK` the child has then either exec'd or exited),
+//!   as glibc's `posix_spawn` does: no pipe to make, read and close for every run.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// Where a child failed before its `execve` succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +112,9 @@ pub struct Prepared {
     join_by_write: bool,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
-    report: RawFd,
+    /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
+    /// errno`; 0 while nothing failed.
+    failure: AtomicU64,
 }
 
 // SAFETY: the raw pointers point into the CStrings owned by the same struct, which are never
@@ -141,8 +145,12 @@ impl Prepared {
         };
         let argv_ptrs = ptrs(&plan.argv);
         let envp_ptrs = ptrs(&plan.envp);
-        let max_fd = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-            .map_or(1024, |(soft, _)| soft.min(65_536) as c_int);
+        // The agent's own limit, which it never changes: looked up once, not per run.
+        static MAX_FD: OnceLock<c_int> = OnceLock::new();
+        let max_fd = *MAX_FD.get_or_init(|| {
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map_or(1024, |(soft, _)| soft.min(65_536) as c_int)
+        });
         Self {
             path: plan.path,
             _argv: plan.argv,
@@ -169,7 +177,7 @@ impl Prepared {
             cgroup: plan.cgroup.map(|(d, p)| (d.as_raw_fd(), p.as_raw_fd())),
             join_by_write: false,
             max_fd,
-            report: -1,
+            failure: AtomicU64::new(0),
         }
     }
 }
@@ -350,45 +358,26 @@ pub fn spawn(prepared: &mut Prepared) -> Result<Started, ChildFailed> {
         stage: Stage::Exec,
         error,
     };
-    let (report_read, report_write) = pipe().map_err(setup)?;
-    prepared.report = report_write.as_raw_fd();
+    prepared.failure.store(0, Ordering::Relaxed);
     let started = with_stack(|stack| {
         let _blocked = SignalsBlocked::new();
         clone_child(prepared, stack)
     })
     .map_err(setup)?;
-    drop(report_write);
-    prepared.report = -1;
-    // The child has exec'd (the pipe is closed: EOF) or failed (8 bytes, then EOF).
-    let mut msg = [0u8; 8];
-    let n = read_full(&report_read, &mut msg);
-    if n < msg.len() {
+    // The child has exec'd or failed: with CLONE_VFORK the clone returns only then, and what
+    // the child stored before is visible here (the kernel's wake-up of this thread orders it).
+    let failure = prepared.failure.load(Ordering::Acquire);
+    if failure == 0 {
         return Ok(started);
     }
-    let stage_index = i32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
-    let errno = i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]);
+    let stage_index = (failure >> 32) as usize - 1;
+    let errno = failure as u32 as i32;
     // Reap the failed child now: it has exited (status 127) or is about to.
     let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(started.pid), None);
     Err(ChildFailed {
-        stage: Stage::ALL
-            .get(stage_index as usize)
-            .copied()
-            .unwrap_or(Stage::Exec),
+        stage: Stage::ALL.get(stage_index).copied().unwrap_or(Stage::Exec),
         error: io::Error::from_raw_os_error(errno),
     })
-}
-
-fn read_full(fd: &OwnedFd, buf: &mut [u8]) -> usize {
-    let mut got = 0;
-    while got < buf.len() {
-        match nix::unistd::read(fd, &mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break,
-        }
-    }
-    got
 }
 
 fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
@@ -524,10 +513,11 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     unsafe {
         let fail = |stage: Stage| -> ! {
             let errno = *libc::__errno_location();
-            let mut msg = [0u8; 8];
-            msg[..4].copy_from_slice(&(stage as i32).to_ne_bytes());
-            msg[4..].copy_from_slice(&errno.to_ne_bytes());
-            libc::syscall(libc::SYS_write, p.report, msg.as_ptr(), msg.len());
+            // A plain store into the shared memory: no lock, no system call.
+            p.failure.store(
+                ((stage as u64 + 1) << 32) | u64::from(errno as u32),
+                Ordering::Release,
+            );
             libc::syscall(libc::SYS_exit_group, 127);
             #[allow(clippy::empty_loop)]
             loop {}
@@ -599,7 +589,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         if libc::syscall(libc::SYS_chdir, p.cwd.as_ptr()) != 0 {
             fail(Stage::Chdir);
         }
-        // Close-on-exec, not closed: the report pipe must stay open until execve succeeds.
+        // Close-on-exec, not closed: a descriptor the agent holds is not the child's to close.
         if libc::syscall(
             libc::SYS_close_range,
             3u32,
