@@ -123,7 +123,7 @@ probe_fields! {
     max_bytes: Scalar => Takes::Only(&["file"]), "How much of the file is read at most, a size.", Bound::Size(MAX_BYTES);
     silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.", Bound::Duration(FEW_INTERVALS);
     restart_on_silence: bool => Takes::Only(&["stream"]), "true: restart a stream that stays silent past `silence`.";
-    stdin: String => Takes::Only(&["stream"]), "none (default) or signal: what the stream's standard input is.";
+    stdin: String => Takes::Only(&["stream"]), "none (default; signal for format: sge) or signal: what the stream's standard input is.";
     stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).", Bound::Duration(FEW_INTERVALS);
 }
 
@@ -401,10 +401,14 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
         );
     }
     Some(ProbeKind::Stream(StreamSpec {
-        exec,
         silence: duration_field(errs, &raw.silence, "silence", FEW_INTERVALS),
         restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
-        stdin: stdio::stdin(errs, raw.stdin.as_ref()),
+        // A Grid Engine load sensor waits for its newline: `format: sge` needs nothing else.
+        stdin: match &raw.stdin {
+            None if exec.format.def().stream.asked_on_stdin() => StdinMode::Signal,
+            given => stdio::stdin(errs, given.as_ref()),
+        },
+        exec,
     }))
 }
 

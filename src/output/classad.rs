@@ -32,6 +32,7 @@ const BLOCKS: Blocks = Blocks {
     called: "ClassAd",
     terminator: "`-`",
     goodbye: None,
+    asked: false,
 };
 
 /// `-` and `- NAME` end an ad (the one rule for them, whole outputs and streams alike).

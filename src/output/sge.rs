@@ -11,9 +11,27 @@
 //! and `quit` to stop it. [`parse_block`] reads one report for a stream reader; [`parse`]
 //! reads whole text (a one-shot script printing one report).
 
+use super::stream::{Block, Blocks, Streaming};
 use super::{clip, FormatDef, Input, Latest, OutputError, Parsed, Sample};
 
-pub const DEF: FormatDef = FormatDef::of_a_peer("sge", "a Grid Engine load sensor report", parse, &super::NO_PEER);
+pub const DEF: FormatDef = FormatDef {
+    // A stream probe asks for each report with a newline on the sensor's stdin and says
+    // `quit` before it stops the sensor, as sge_execd does.
+    stream: Streaming::Blocks(Blocks {
+        end: |line| (line == END).then_some(""),
+        parse: report,
+        called: "load report",
+        terminator: "`end`",
+        goodbye: Some(b"quit\n"),
+        asked: true,
+    }),
+    ..FormatDef::of_a_peer(
+        "sge",
+        "a Grid Engine load sensor report",
+        parse,
+        &super::NO_PEER,
+    )
+};
 
 /// The host a cluster-wide value names.
 pub const GLOBAL: &str = "global";
@@ -74,6 +92,18 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
         return Err(OutputError::Empty);
     }
     Ok(out)
+}
+
+/// One report a stream read up to its `end`: its lines after `begin` (a sensor that leaves
+/// `begin` out is read all the same, as sge_execd does).
+fn report(block: &Block) -> Parsed {
+    let lines: Vec<(usize, &str)> = block
+        .lines
+        .iter()
+        .map(|(n, l)| (*n, l.as_str()))
+        .filter(|(_, l)| *l != BEGIN)
+        .collect();
+    parse_block(&lines, this_host())
 }
 
 /// One report: the `(line number, line)`s between `begin` and `end`, for `this_host`. A

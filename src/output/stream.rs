@@ -50,6 +50,17 @@ pub struct Blocks {
     /// Written to the child's stdin when the agent stops it, before SIGTERM (a Grid Engine
     /// load sensor's `quit\n`); needs `stdin: signal`, which gives the child a stdin pipe.
     pub goodbye: Option<&'static [u8]>,
+    /// The child waits to be asked for each block with a newline on its stdin (a Grid Engine
+    /// load sensor, as sge_execd asks it): a stream probe in this format gets
+    /// `stdin: signal` unless its config says otherwise.
+    pub asked: bool,
+}
+
+impl Streaming {
+    /// The `stdin:` a stream probe in this format gets when its config names none.
+    pub fn asked_on_stdin(&self) -> bool {
+        matches!(self, Streaming::Blocks(b) if b.asked)
+    }
 }
 
 /// A block's lines, as its parser gets them.
@@ -183,6 +194,7 @@ mod tests {
         called: "report",
         terminator: "`end`",
         goodbye: Some(b"quit\n"),
+        asked: true,
     };
 
     #[test]
