@@ -16,11 +16,48 @@
 
 use std::time::Duration;
 
+use super::stream::{SessionReader, Sessions, Streaming};
 use super::{
     clip, Budget, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
 };
 
-pub const DEF: FormatDef = FormatDef::of_a_peer("collectd", "collectd Exec output (PUTVAL)", parse, &PEER);
+pub const DEF: FormatDef = FormatDef {
+    // collectd runs an Exec script that loops (a batch per interval) as long as it lives:
+    // a stream probe reads each PUTVAL as it comes.
+    stream: Streaming::Sessions(Sessions {
+        start: || Box::new(ExecStream),
+        called: "PUTVAL line",
+    }),
+    ..FormatDef::of_a_peer(
+        "collectd",
+        "collectd Exec output (PUTVAL)",
+        parse,
+        &PEER,
+    )
+};
+
+/// A stream's lines, one at a time: each PUTVAL is an update of the values it carries.
+struct ExecStream;
+
+impl SessionReader for ExecStream {
+    fn line(&mut self, line: &str, number: usize) -> Result<Option<Parsed>, String> {
+        let mut budget = Budget::for_output(line.len());
+        match parse_line(line, number, &mut budget)? {
+            Line::Nothing => Ok(None),
+            Line::Notification(text) => {
+                tracing::info!("collectd notification: {}", crate::text::escape(&text));
+                Ok(None)
+            }
+            Line::Values(samples, unknown) => {
+                let mut parsed = Parsed::of(samples);
+                for why in unknown {
+                    parsed.bad(number, why);
+                }
+                Ok(Some(parsed))
+            }
+        }
+    }
+}
 
 const PEER: Peer = Peer::environment(env, &["type_instance", "type"]);
 

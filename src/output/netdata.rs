@@ -18,11 +18,53 @@
 
 use std::collections::HashMap;
 
+use super::stream::{SessionReader, Sessions, Streaming, MAX_BLOCK_BYTES};
 use super::{
     clip, Budget, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
 };
 
-pub const DEF: FormatDef = FormatDef::of_a_peer("netdata", "Netdata plugin output (plugins.d)", parse, &PEER);
+pub const DEF: FormatDef = FormatDef {
+    // A plugin runs for as long as netdata does, declaring its charts once and updating
+    // them every update-every: a stream probe keeps its session across the updates.
+    stream: Streaming::Sessions(Sessions {
+        start: || Box::new(PluginStream::default()),
+        called: "chart update",
+    }),
+    ..FormatDef::of_a_peer(
+        "netdata",
+        "Netdata plugin output (plugins.d)",
+        parse,
+        &PEER,
+    )
+};
+
+/// A plugin's stream: its session, and the budget of the update being read (each update
+/// gets its own, as large as a block a stream may print).
+struct PluginStream {
+    session: Session,
+    budget: Budget,
+}
+
+impl Default for PluginStream {
+    fn default() -> Self {
+        Self {
+            session: Session::default(),
+            budget: Budget::for_output(MAX_BLOCK_BYTES),
+        }
+    }
+}
+
+impl SessionReader for PluginStream {
+    fn line(&mut self, line: &str, number: usize) -> Result<Option<Parsed>, String> {
+        match self.session.line(line, number, &mut self.budget)? {
+            Event::Nothing => Ok(None),
+            Event::Update(samples) => {
+                self.budget = Budget::for_output(MAX_BLOCK_BYTES);
+                Ok(Some(Parsed::of(samples)))
+            }
+        }
+    }
+}
 
 const PEER: Peer = Peer {
     args: |run| vec![update_every(run)],
@@ -76,6 +118,12 @@ pub enum Event {
     /// An `END`: the chart's values of this update.
     Update(Vec<Sample>),
 }
+
+/// Most charts one plugin's session keeps, and dimensions per chart: a stream declares
+/// them once, and one that declares new ones for ever must not grow the agent's memory
+/// (netdata's own plugins declare tens).
+pub const MAX_CHARTS: usize = 10_000;
+pub const MAX_DIMENSIONS: usize = 1_000;
 
 /// A plugin's charts and the update being read: the state a stream reader keeps across
 /// blocks (a chart is declared once, updated every interval).
@@ -133,6 +181,12 @@ impl Session {
         let Some(id) = args.first().filter(|id| id.contains('.')) else {
             return Err("CHART needs a `type.id` first".into());
         };
+        if self.charts.len() >= MAX_CHARTS && !self.charts.contains_key(id) {
+            return Err(format!(
+                "more than {MAX_CHARTS} charts: CHART {:?} is not kept",
+                clip(id)
+            ));
+        }
         self.charts.entry(id.clone()).or_default();
         self.defining = Some(id.clone());
         Ok(Event::Nothing)
@@ -161,6 +215,13 @@ impl Session {
             divisor: factor(4)?,
         };
         if let Some(c) = self.charts.get_mut(chart) {
+            if c.dimensions.len() >= MAX_DIMENSIONS && !c.dimensions.contains_key(id) {
+                return Err(format!(
+                    "chart {:?} has more than {MAX_DIMENSIONS} dimensions: {:?} is not kept",
+                    clip(chart),
+                    clip(id)
+                ));
+            }
             c.dimensions.insert(id.clone(), scale);
         }
         Ok(Event::Nothing)

@@ -15,6 +15,28 @@ pub enum Streaming {
     Lines(Lines),
     /// Lines gather into a block; a terminator line ends it, and the block is one update.
     Blocks(Blocks),
+    /// A reader that keeps state across lines (Netdata's charts, declared once and updated
+    /// every interval) or whose lines carry labelled samples (collectd's PUTVAL): each
+    /// update it completes gives some of the probe's values.
+    Sessions(Sessions),
+}
+
+/// A stateful format's stream entry.
+#[derive(Clone, Copy)]
+pub struct Sessions {
+    /// A fresh reader for each start of the child: what it declared dies with it.
+    pub start: fn() -> Box<dyn SessionReader>,
+    /// What one update is called, for the messages ("chart update").
+    pub called: &'static str,
+}
+
+/// Reads one child's lines (see [`Sessions`]).
+pub trait SessionReader: Send {
+    /// One line (without its newline; `number` counts from the child's start). `Ok(None)`:
+    /// nothing to apply yet (a declaration, a line inside an update); `Ok(Some(parsed))`:
+    /// an update's samples, with any of its values that could not be read as bad lines;
+    /// `Err`: the line is malformed.
+    fn line(&mut self, line: &str, number: usize) -> Result<Option<Parsed>, String>;
 }
 
 impl Streaming {

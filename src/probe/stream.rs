@@ -214,7 +214,7 @@ fn stream_child_spec(
 fn watch<'a>(spec: &StreamSpec, grace: Duration) -> Watch<'a> {
     let goodbye = match &spec.exec.format.def().stream {
         Streaming::Blocks(blocks) => blocks.goodbye,
-        Streaming::Lines(_) | Streaming::No => None,
+        Streaming::Lines(_) | Streaming::Sessions(_) | Streaming::No => None,
     };
     Watch {
         deadline: None,

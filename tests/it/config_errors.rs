@@ -443,7 +443,7 @@ fn format_lists_in_errors_come_from_the_formats_table() {
     let e = one_error("resources:\n  - name: s\n    interval: 30\n    probe: {kind: stream, command: [x], format: json}\n");
     assert_eq!(
         e,
-        "resources.yaml:4:49: format json is read from a finished run: use it with `kind: exec`; stream probes read value, kv, elim, classad or sge"
+        "resources.yaml:4:49: format json is read from a finished run: use it with `kind: exec`; stream probes read value, kv, elim, classad, collectd, netdata or sge"
     );
     let e = one_error("resources:\n  - name: f\n    interval: 30\n    probe: {kind: file, path: /x, provides: [g]}\n  - {name: g, interval: 30}\n");
     assert_eq!(
@@ -462,7 +462,7 @@ fn a_stream_reads_the_formats_that_stream_and_classad_takes_a_select() {
     let e = one_error("resources:\n  - name: a\n    interval: 30\n    probe: {kind: stream, command: [x], format: prometheus}\n");
     assert_eq!(
         e,
-        "resources.yaml:4:49: format prometheus is read from a finished run: use it with `kind: exec`; stream probes read value, kv, elim, classad or sge"
+        "resources.yaml:4:49: format prometheus is read from a finished run: use it with `kind: exec`; stream probes read value, kv, elim, classad, collectd, netdata or sge"
     );
     let ok = "resources:\n  - name: a\n    interval: 30\n    probe: {kind: stream, command: [x], format: classad, select: {a: 'Requests{ad=\"SQUID0\"}'}}\n";
     assert!(resources::parse(Path::new("resources.yaml"), ok).is_ok());

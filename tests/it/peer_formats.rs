@@ -627,3 +627,107 @@ resources:
         .collect();
     assert_eq!(number(&json, "nuser"), users.len() as f64, "{json:#}");
 }
+
+/// A collectd Exec script as collectd-exec(5) shows the usual one: it loops for as long as
+/// it lives, a batch of PUTVALs per interval.
+const COLLECTD_LOOP: &str = r#"#!/bin/sh
+HOSTNAME="${COLLECTD_HOSTNAME:-localhost}"
+INTERVAL="${COLLECTD_INTERVAL:-60}"
+while :; do
+  total=$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 }' /proc/meminfo)
+  echo "PUTNOTIF severity=okay time=$(date +%s) message=starting a batch"
+  echo "PUTVAL \"$HOSTNAME/memory/memory-total\" interval=$INTERVAL N:$total"
+  echo "PUTVAL \"$HOSTNAME/exec-agent/gauge-interval\" interval=$INTERVAL N:$INTERVAL"
+  sleep "${INTERVAL%.*}"
+done
+"#;
+
+#[test]
+fn a_looping_collectd_exec_script_is_a_stream() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: total
+    interval: 60
+    probe:
+      kind: stream
+      command: [collectd-loop.sh]
+      format: collectd
+      provides: [collectd_interval]
+      select: {collectd_interval: 'exec-agent/gauge-interval'}
+  - name: collectd_interval
+    interval: 60
+"#,
+    );
+    s.script("collectd-loop.sh", COLLECTD_LOOP);
+    // The first values wait for both PUTVALs: each line carries one of them.
+    let json = answered(&s);
+    assert_eq!(
+        number(&json, "total"),
+        meminfo_kb("MemTotal").unwrap() * 1024.0
+    );
+    assert_eq!(number(&json, "collectd_interval"), 60.0);
+}
+
+#[test]
+fn a_bad_collectd_line_on_a_stream_says_which() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: total
+    interval: 60
+    probe: {kind: stream, command: [bad.sh], format: collectd}
+"#,
+    );
+    s.script("bad.sh", "#!/bin/sh\necho 'PUTVAL nonsense'\nsleep 60\n");
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let error = row(&json, "total")["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("bad collectd line"), "{error}");
+}
+
+/// A netdata external plugin as plugins.d describes one: charts declared once, then an
+/// update of each per update-every (its first argument), for as long as it lives.
+const NETDATA_PLUGIN: &str = r#"#!/bin/sh
+every="${1:-1}"
+echo "CHART example.random '' 'A random number' 'n' random example.random line 1 $every"
+echo "DIMENSION r1 '' absolute 1 1000"
+echo "CHART example.static '' 'A number' 'n' static example.static line 2 $every"
+echo "DIMENSION fixed '' absolute 3 2"
+while :; do
+  echo "BEGIN example.random"
+  echo "SET r1 = 2500"
+  echo "END"
+  echo "BEGIN example.static"
+  echo "SET fixed = 7"
+  echo "END"
+  sleep "$every"
+done
+"#;
+
+#[test]
+fn a_netdata_plugin_is_a_stream_whose_charts_are_declared_once() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: r1
+    interval: 2
+    probe:
+      kind: stream
+      command: [example.plugin]
+      format: netdata
+      provides: [fixed]
+  - name: fixed
+    interval: 2
+"#,
+    );
+    s.script("example.plugin", NETDATA_PLUGIN);
+    let json = answered(&s);
+    // SET x multiplier / divisor, the scale of the DIMENSION declared before the updates.
+    assert_eq!(number(&json, "r1"), 2.5);
+    assert_eq!(number(&json, "fixed"), 10.5);
+    let (code, text) = probe(&s, "r1");
+    assert_eq!(code, Some(0), "{text}");
+    // Run as netdata runs it: its update-every, the interval, as its first argument.
+    assert!(text.contains("example.plugin 2\n"), "{text}");
+}

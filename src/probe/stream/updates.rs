@@ -8,7 +8,9 @@ use std::time::{Instant, SystemTime};
 
 use super::{Line, MAX_LINE};
 use crate::config::StreamSpec;
-use crate::output::stream::{BlockLine, BlockStream, Blocks, Lines, MAX_BLOCK_BYTES};
+use crate::output::stream::{
+    BlockLine, BlockStream, Blocks, Lines, SessionReader, Sessions, MAX_BLOCK_BYTES,
+};
 use crate::output::{self, Format, Streaming};
 use crate::plan::ProbeTask;
 use crate::probe::sink::Sink;
@@ -29,6 +31,9 @@ pub(super) enum Update {
         name: String,
         parsed: output::Parsed,
     },
+    /// A session's update: samples for some of the probe's resources (the others keep
+    /// their values, as with a line that carries a subset).
+    Samples(output::Parsed),
     /// A line or block that did not parse; with `fails`, every fed resource fails with
     /// `why` (a line that held values that could not be read), else it is only skipped.
     Rejected { why: String, fails: bool },
@@ -50,6 +55,8 @@ pub(super) struct Updates {
 enum How {
     Lines(Lines),
     Blocks(&'static Blocks, BlockStream),
+    /// A session, and the lines it has read (for their numbers).
+    Sessions(&'static Sessions, Box<dyn SessionReader>, usize),
     /// The config refuses such a stream; every line says why, should one get here.
     Not,
 }
@@ -59,6 +66,7 @@ impl Updates {
         let how = match &format.def().stream {
             Streaming::Lines(lines) => How::Lines(*lines),
             Streaming::Blocks(blocks) => How::Blocks(blocks, BlockStream::default()),
+            Streaming::Sessions(sessions) => How::Sessions(sessions, (sessions.start)(), 0),
             Streaming::No => How::Not,
         };
         Self { format, how }
@@ -114,6 +122,26 @@ impl Updates {
                     },
                 }
             }
+            How::Sessions(_, reader, number) => {
+                *number += 1;
+                let bytes = match line {
+                    Line::TooLong => {
+                        return Update::Rejected {
+                            why: format!("stream line longer than {MAX_LINE} bytes; skipped"),
+                            fails: false,
+                        }
+                    }
+                    Line::Complete(b) => b,
+                };
+                let Ok(text) = std::str::from_utf8(&bytes) else {
+                    return rejected(format, "line is not valid UTF-8");
+                };
+                match reader.line(text.trim_end_matches('\r'), *number) {
+                    Ok(None) => Update::Inside,
+                    Ok(Some(parsed)) => Update::Samples(parsed),
+                    Err(why) => rejected(format, &why),
+                }
+            }
             How::Not => rejected(format, "the format is not read line by line"),
         }
     }
@@ -127,7 +155,7 @@ impl Updates {
                 name: String::new(),
                 parsed,
             }),
-            How::Lines(_) | How::Not => None,
+            How::Lines(_) | How::Sessions(..) | How::Not => None,
         }
     }
 
@@ -143,6 +171,7 @@ impl Updates {
             How::Blocks(def, _) => {
                 format!("no {} ended by a {} line", def.called, def.terminator)
             }
+            How::Sessions(sessions, ..) => format!("no {} with values", sessions.called),
             How::Lines(_) | How::Not => "no complete line with values".to_owned(),
         }
     }
@@ -151,7 +180,7 @@ impl Updates {
     fn line_is_whole(&self) -> bool {
         match &self.how {
             How::Lines(lines) => lines.whole,
-            How::Blocks(..) | How::Not => true,
+            How::Blocks(..) | How::Sessions(..) | How::Not => true,
         }
     }
 }
@@ -209,6 +238,28 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
             }
             ProbeRun::parsed(started, began.elapsed(), readings, Vec::new(), Vec::new())
         }
+        Update::Samples(parsed) => {
+            let format = spec.exec.format;
+            for bad in &parsed.bad_lines {
+                sink.malformed(&format!("bad {} line: {bad}", format.as_str()));
+            }
+            let readings: Vec<_> = sink
+                .task()
+                .feeds
+                .iter()
+                .filter_map(|feed| {
+                    let pick = spec.exec.select.pick(&feed.name);
+                    output::select::reading(format, &pick, &parsed, &feed.name, feed.valtype)
+                        .map(|r| (feed.name.clone(), r))
+                })
+                .collect();
+            if readings.is_empty() {
+                // An update of values this probe does not take (another chart's): nothing
+                // to count, as a comment line.
+                return;
+            }
+            ProbeRun::parsed(started, began.elapsed(), readings, Vec::new(), Vec::new())
+        }
     };
     sink.take(run);
 }
@@ -254,7 +305,7 @@ pub(super) enum FirstValues {
 impl Gathered {
     pub(super) fn new(format: Format) -> Self {
         let got = match format.def().stream {
-            Streaming::Blocks(_) => Got::Blocks {
+            Streaming::Blocks(_) | Streaming::Sessions(_) => Got::Blocks {
                 blocks: output::MergedAds::default(),
                 ended: 0,
                 answered: Vec::new(),
@@ -292,7 +343,9 @@ impl Gathered {
                     || task.feeds.iter().all(|f| pairs.contains(&f.name));
                 complete.then_some(FirstValues::Got)
             }
-            Update::Block { parsed, .. } => self.add_block(task, spec, parsed),
+            Update::Block { parsed, .. } | Update::Samples(parsed) => {
+                self.add_block(task, spec, parsed)
+            }
         }
     }
 
