@@ -331,6 +331,28 @@ mod tests {
     use super::super::test_support::{bad_line_numbers, parse_ok, refused_at_budget};
     use super::*;
 
+    #[test]
+    fn a_stream_that_declares_charts_for_ever_keeps_a_bounded_session() {
+        let mut stream = PluginStream::default();
+        for i in 0..MAX_CHARTS {
+            assert_eq!(stream.line(&format!("CHART c.{i}"), i + 1), Ok(None));
+        }
+        let refused = stream.line("CHART c.new", 0).unwrap_err();
+        assert!(refused.contains("more than 10000 charts"), "{refused}");
+        // A chart already kept is still declared again, and its dimensions are bounded too.
+        assert_eq!(stream.line("CHART c.0", 0), Ok(None));
+        for i in 0..MAX_DIMENSIONS {
+            assert_eq!(stream.line(&format!("DIMENSION d{i}"), 0), Ok(None));
+        }
+        let refused = stream.line("DIMENSION d_new", 0).unwrap_err();
+        assert!(refused.contains("more than 1000 dimensions"), "{refused}");
+        // Updates still apply, each with the scale declared before them.
+        assert_eq!(stream.line("BEGIN c.0", 0), Ok(None));
+        assert_eq!(stream.line("SET d1 = 4", 0), Ok(None));
+        let update = stream.line("END", 0).unwrap().expect("an update");
+        assert_eq!(update.samples.len(), 1);
+    }
+
     fn get<'a>(p: &'a Parsed, name: &str) -> Option<&'a str> {
         p.samples
             .iter()
