@@ -133,6 +133,8 @@ enum End {
     Restart(String),
     /// Silent too long with `restart_on_silence`.
     Hung,
+    /// Its executable was replaced (a load sensor: restarted at once, as sge_execd does).
+    Replaced,
 }
 
 fn spec_of(task: &ProbeTask) -> Option<&StreamSpec> {
@@ -173,6 +175,11 @@ pub async fn supervise(
             End::Hung => {
                 tracing::warn!(probe = %task.name, "silent for {}; restarting it", humantime::format_duration(task.stale_after));
                 None
+            }
+            End::Replaced => {
+                tracing::info!(probe = %task.name, "its executable changed; restarting it");
+                sink.stats().restarts.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
             End::Restart(why) => Some(why),
         };
@@ -256,6 +263,18 @@ async fn run_child(
     let mut batch = Vec::new();
     let mut marked_stale = false;
     let mut dropped_ticks = 0u64;
+    // A load sensor asked on stdin is restarted when its executable changes, as sge_execd
+    // does: what it was started from is looked at after each report (one stat an interval).
+    let program = &child_spec.program;
+    let started_from = spec
+        .exec
+        .format
+        .def()
+        .stream
+        .asked_on_stdin()
+        .then(|| modified(program))
+        .flatten();
+    let mut replaced = false;
     let watch = Watch {
         cancel: Some(cancel),
         // The first tick is at once: a child started (or restarted) is asked for values now.
@@ -286,6 +305,10 @@ async fn run_child(
             sink.stats()
                 .agent_cpu_ns
                 .fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+            if flow == Flow::Heard && started_from.is_some() && modified(program) != started_from {
+                replaced = true;
+                return Flow::Stop;
+            }
             flow
         }
         Event::Stderr(chunk) => {
@@ -331,7 +354,8 @@ async fn run_child(
     .await;
     match driven.ended {
         Ended::Cancelled => return End::Cancelled,
-        // Only silence stops a stream from here.
+        Ended::Stopped if replaced => return End::Replaced,
+        // Else only silence stops a stream from here.
         Ended::Stopped => return End::Hung,
         Ended::Exited | Ended::Deadline | Ended::Overflow => {}
     }
@@ -355,6 +379,12 @@ async fn run_child(
     } else {
         End::Restart(why)
     }
+}
+
+/// When `program` was last modified; `None` when it cannot be read (a sensor removed under
+/// its running process counts as changed: its restart says why it cannot start).
+fn modified(program: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(program).and_then(|m| m.modified()).ok()
 }
 
 fn silence_text(task: &ProbeTask) -> String {

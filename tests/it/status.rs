@@ -103,6 +103,54 @@ pub fn stream_scripts<T>(script: impl Fn(&str, &str) -> T) {
     );
 }
 
+/// A Grid Engine load sensor printing `value`, as sge_execd asks it (a newline a report).
+fn load_sensor(value: u32) -> String {
+    format!(
+        "#!/bin/sh\nwhile read -r line; do\n  [ \"$line\" = quit ] && exit 0\n  \
+         printf 'begin\\n%s:sensed:{value}\\nend\\n' \"$(uname -n)\"\ndone\n"
+    )
+}
+
+/// Like sge_execd, the agent restarts a load sensor whose executable changed (issue 27
+/// item 1): the new one's reports arrive, and the restart is counted.
+#[tokio::test]
+async fn a_load_sensor_whose_executable_changes_is_restarted() {
+    let stream = "resources:
+  - {name: sensed, valtype: numeric, interval: 1s, resourcemap: [{location: [default]}], probe: {kind: stream, command: [sensor], format: sge}}
+";
+    let site = with_status_socket(Site::new(&[], stream), "");
+    site.script("sensor", &load_sensor(1));
+    let _agent = site.spawn_agent();
+    let value = |r: &StatusReport| {
+        r.resources
+            .iter()
+            .find(|x| x.name == "sensed")
+            .map(|x| x.value.clone())
+    };
+    wait_status(&site, "the first sensor's report", |r| {
+        value(r) == Some(xce_agent::value::Value::Numeric(1.0))
+    })
+    .await;
+    // Replaced as a package upgrade does (a new file renamed over the old one), with a
+    // modification time of its own.
+    site.write_atomic("sensor", &load_sensor(2));
+    let path = site.file("sensor");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(10);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let (report, _) = wait_status(&site, "the new sensor's report", |r| {
+        value(r) == Some(xce_agent::value::Value::Numeric(2.0))
+    })
+    .await;
+    let probe = report.probes.iter().find(|p| p.name == "sensed").unwrap();
+    assert_eq!(probe.restarts, 1, "{probe:?}");
+}
+
 /// Stream probes are counted like the others (issue 27, items 9 and 10): each line applied
 /// is a run, with its last success; a stream whose every line is rejected says so.
 #[tokio::test]
