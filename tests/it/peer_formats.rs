@@ -317,6 +317,27 @@ fn one_report(sensor: &Path, sge_root: &Path) -> String {
     report
 }
 
+/// `SGE_ROOT` as an execd host has it, under `dir`, readable by `nobody`: util/ from the
+/// package, and utilbin/ARCH/gethostname (gridengine-exec's binary) as a stub printing this
+/// host's name. The root, and the architecture `util/arch` names.
+fn sge_root(dir: &Path) -> (PathBuf, String) {
+    let root = dir.join("sge");
+    std::fs::create_dir(&root).unwrap();
+    std::os::unix::fs::symlink("/usr/share/gridengine/util", root.join("util")).unwrap();
+    let arch = Command::new(root.join("util/arch"))
+        .env("SGE_ROOT", &root)
+        .output()
+        .unwrap();
+    let arch = String::from_utf8_lossy(&arch.stdout).trim().to_owned();
+    let bin = root.join("utilbin").join(&arch);
+    std::fs::create_dir_all(&bin).unwrap();
+    crate::support::script(&bin, "gethostname", "#!/bin/sh\nuname -n\n");
+    for d in [dir, &root, &root.join("utilbin"), &bin] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    (root, arch)
+}
+
 #[test]
 fn grid_engine_load_sensors_reports_parse_with_this_hosts_values() {
     let dir = "/usr/share/gridengine/util/resources/loadsensors";
@@ -326,21 +347,11 @@ fn grid_engine_load_sensors_reports_parse_with_this_hosts_values() {
     ) else {
         return;
     };
-    // SGE_ROOT as an execd host has it: util/ from the package, and utilbin/ARCH/gethostname
-    // (gridengine-exec's binary) as a stub printing this host's name.
-    let root = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink("/usr/share/gridengine/util", root.path().join("util")).unwrap();
-    let arch = Command::new(root.path().join("util/arch"))
-        .env("SGE_ROOT", root.path())
-        .output()
-        .unwrap();
-    let arch = String::from_utf8_lossy(&arch.stdout).trim().to_owned();
-    let bin = root.path().join("utilbin").join(&arch);
-    std::fs::create_dir_all(&bin).unwrap();
-    crate::support::script(&bin, "gethostname", "#!/bin/sh\nuname -n\n");
+    let dir = tempfile::tempdir().unwrap();
+    let (root, arch) = sge_root(dir.path());
 
     let before = loadavg();
-    let report = one_report(&load, root.path());
+    let report = one_report(&load, &root);
     let after = loadavg();
     let parsed = xce_agent::output::parse(Format::Sge, report.as_bytes(), Some(0), "x").unwrap();
     let get = |name: &str| {
@@ -362,7 +373,7 @@ fn grid_engine_load_sensors_reports_parse_with_this_hosts_values() {
         assert!(bad.to_string().contains("has no value"), "{bad}\n{report}");
     }
 
-    let report = one_report(&nuser, root.path());
+    let report = one_report(&nuser, &root);
     let parsed = xce_agent::output::parse(Format::Sge, report.as_bytes(), Some(0), "x").unwrap();
     let who = Command::new("who").output().unwrap();
     let users: std::collections::BTreeSet<String> = String::from_utf8_lossy(&who.stdout)
@@ -588,23 +599,8 @@ fn grid_engines_own_nuser_sensor_runs_unmodified_as_a_stream() {
     ) else {
         return;
     };
-    // SGE_ROOT as an execd host has it (see the test above), where `nobody` can read it.
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("sge");
-    std::fs::create_dir(&root).unwrap();
-    std::os::unix::fs::symlink("/usr/share/gridengine/util", root.join("util")).unwrap();
-    let arch = Command::new(root.join("util/arch"))
-        .env("SGE_ROOT", &root)
-        .output()
-        .unwrap();
-    let bin = root
-        .join("utilbin")
-        .join(String::from_utf8_lossy(&arch.stdout).trim());
-    std::fs::create_dir_all(&bin).unwrap();
-    crate::support::script(&bin, "gethostname", "#!/bin/sh\nuname -n\n");
-    for d in [dir.path(), &root, &root.join("utilbin"), &bin] {
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    }
+    let (root, _) = sge_root(dir.path());
     let s = Setup::new(&format!(
         r#"
 resources:

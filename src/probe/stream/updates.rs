@@ -77,23 +77,14 @@ impl Updates {
         let format = self.format;
         match &mut self.how {
             How::Lines(lines) => {
-                let bytes = match line {
-                    Line::TooLong => {
-                        return Update::Rejected {
-                            why: format!("stream line longer than {MAX_LINE} bytes; skipped"),
-                            fails: false,
-                        }
-                    }
-                    Line::Complete(b) => b,
+                let text = match text_line(format, line) {
+                    Ok(text) => text,
+                    Err(rejected) => return rejected,
                 };
-                let Ok(text) = std::str::from_utf8(&bytes) else {
-                    return rejected(format, "line is not valid UTF-8");
-                };
-                let text = text.trim_end_matches('\r');
                 if text.trim().is_empty() {
                     return Update::Nothing;
                 }
-                match (lines.parse)(text, own) {
+                match (lines.parse)(&text, own) {
                     Ok(p) if p.is_empty() => Update::Nothing,
                     Ok(p) => Update::Pairs(p),
                     Err(e) => rejected(format, &e),
@@ -124,19 +115,11 @@ impl Updates {
             }
             How::Sessions(_, reader, number) => {
                 *number += 1;
-                let bytes = match line {
-                    Line::TooLong => {
-                        return Update::Rejected {
-                            why: format!("stream line longer than {MAX_LINE} bytes; skipped"),
-                            fails: false,
-                        }
-                    }
-                    Line::Complete(b) => b,
+                let text = match text_line(format, line) {
+                    Ok(text) => text,
+                    Err(rejected) => return rejected,
                 };
-                let Ok(text) = std::str::from_utf8(&bytes) else {
-                    return rejected(format, "line is not valid UTF-8");
-                };
-                match reader.line(text.trim_end_matches('\r'), *number) {
+                match reader.line(&text, *number) {
                     Ok(None) => Update::Inside,
                     Ok(Some(parsed)) => Update::Samples(parsed),
                     Err(why) => rejected(format, &why),
@@ -182,6 +165,27 @@ impl Updates {
             How::Lines(lines) => lines.whole,
             How::Blocks(..) | How::Sessions(..) | How::Not => true,
         }
+    }
+}
+
+/// A complete line of text (checked UTF-8), or the update that rejects it: a line too long
+/// is skipped, one that is not text is bad.
+/// Without a CR its writer left before the newline.
+fn text_line(format: Format, line: Line) -> Result<String, Update> {
+    match line {
+        Line::TooLong => Err(Update::Rejected {
+            why: format!("stream line longer than {MAX_LINE} bytes; skipped"),
+            fails: false,
+        }),
+        Line::Complete(b) => match String::from_utf8(b) {
+            Ok(mut text) => {
+                if text.ends_with('\r') {
+                    text.pop();
+                }
+                Ok(text)
+            }
+            Err(_) => Err(rejected(format, "line is not valid UTF-8")),
+        },
     }
 }
 
