@@ -9,14 +9,21 @@
 //! spawns goes through [`start_registered`], which holds the registry lock across the fork so
 //! the reaper can never see an unregistered child of ours, and keeps the pid registered until
 //! the `Child` is gone (waited for, or handed to tokio's own orphan queue, where a reap by us
-//! is harmless). On SIGCHLD the reaper lists our zombie children from
-//! `/proc/self/task/*/children` and `waitpid`s the unregistered ones with `WNOHANG`.
+//! is harmless). A scan lists our zombie children from `/proc/self/task/*/children` and
+//! `waitpid`s the unregistered ones with `WNOHANG`.
 //!
-//! Every probe run's own exit raises SIGCHLD too (exec resets a child's exit signal to
-//! SIGCHLD, so it cannot be turned off for them), and a scan reads a /proc file per thread:
-//! scanned on every signal it cost a busy agent (50 runs a second) some 30 system calls
-//! per run. So a signal starts one scan [`REAP_AFTER`] later, which reaps what every signal
-//! of that time announced; an idle agent gets no signal and wakes for none.
+//! What starts a scan is the end of a run, not SIGCHLD. Every probe run's own exit raises
+//! SIGCHLD (exec resets a child's exit signal to SIGCHLD, so it cannot be turned off for them),
+//! and a handler for it cost a busy agent (50 runs a second) a signal frame, a pipe write and
+//! a wake-up of the runtime per run, some 10 % of its CPU. Orphans come from a run's process
+//! tree, and they become ours when their parents die: by the end of the run (its group killed)
+//! for all but what escaped the group and the cgroup. So the end of a registration (a run's
+//! child reaped, or handed to the blocking pool's wait) starts one scan [`REAP_AFTER`] later,
+//! which reaps what every run of that time left; and while a scan sees an unregistered child of
+//! ours still alive (an escapee, which will die on its own time), scans repeat every
+//! [`RESCAN_EVERY`] until none is left. An idle agent with no escapee wakes for none. (On
+//! kernels without pidfds a child's exit is still waited for by SIGCHLD, in `child/`; the
+//! reaper does not need it there either.)
 //!
 //! A grandchild that calls `setsid` leaves the probe's process group; where cgroups are
 //! writable it is still ended with its run (`cgroup/`), and once it exits its zombie is
@@ -35,7 +42,7 @@ use std::time::Duration;
 
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 fn registry() -> MutexGuard<'static, BTreeSet<i32>> {
     static SPAWNED: OnceLock<Mutex<BTreeSet<i32>>> = OnceLock::new();
@@ -57,7 +64,15 @@ pub struct Registered(i32);
 impl Drop for Registered {
     fn drop(&mut self) {
         registry().remove(&self.0);
+        // Whatever the run left behind is ours to reap now (its group was killed before).
+        run_ended().notify_one();
     }
+}
+
+/// Woken at the end of every registration: a run's orphans are ours to reap from then on.
+fn run_ended() -> &'static Notify {
+    static ENDED: OnceLock<Notify> = OnceLock::new();
+    ENDED.get_or_init(Notify::new)
 }
 
 /// Start a child with `start` (which returns it and its pid) and register the pid atomically
@@ -71,13 +86,22 @@ pub fn start_registered<T, E>(
     Ok((child, Registered(pid)))
 }
 
-/// How long after a SIGCHLD the reaper scans: the signals of that time get one scan. An
+/// How long after the end of a run the reaper scans: the runs of that time get one scan. An
 /// orphan's zombie waits that long (it holds a pid, nothing else).
 pub const REAP_AFTER: Duration = Duration::from_millis(500);
 
-/// Our children (of any thread) that are zombies and not registered (`reg`: held by the
-/// caller, so that none is registered meanwhile).
-fn orphan_zombies(reg: &BTreeSet<i32>) -> Vec<i32> {
+/// How often the reaper scans again while an unregistered child of ours is still alive (an
+/// escapee of a run, reaped when it dies on its own: its zombie waits at most this long).
+pub const RESCAN_EVERY: Duration = Duration::from_secs(5);
+
+/// Our unregistered children (of any thread): the zombies among them, and whether any other
+/// is still alive. `reg` is held by the caller, so that none is registered meanwhile.
+struct Orphans {
+    zombies: Vec<i32>,
+    alive: bool,
+}
+
+fn orphans(reg: &BTreeSet<i32>) -> Orphans {
     let mut pids = BTreeSet::new();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
@@ -89,25 +113,40 @@ fn orphan_zombies(reg: &BTreeSet<i32>) -> Vec<i32> {
             }
         }
     }
-    pids.into_iter()
-        .filter(|pid| !reg.contains(pid))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // The state follows the last ')': the command name may contain anything.
-                stat.rsplit(')')
-                    .next()
-                    .and_then(|s| s.split_whitespace().next())
-                    == Some("Z")
-            })
-        })
-        .collect()
+    let mut found = Orphans {
+        zombies: Vec::new(),
+        alive: false,
+    };
+    for pid in pids.into_iter().filter(|pid| !reg.contains(pid)) {
+        // Gone between the two reads: nothing to reap, nothing alive.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The state follows the last ')': the command name may contain anything.
+        match stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().next())
+        {
+            Some("Z") => found.zombies.push(pid),
+            Some(_) => found.alive = true,
+            None => {}
+        }
+    }
+    found
 }
 
 /// Reap every zombie child that is not a registered (tokio-owned) child. Returns how many.
 pub fn reap_orphans() -> usize {
+    reap().0
+}
+
+/// [`reap_orphans`], and whether an unregistered child of ours is still alive.
+fn reap() -> (usize, bool) {
     let reg = registry();
     let mut reaped = 0;
-    for pid in orphan_zombies(&reg) {
+    let found = orphans(&reg);
+    for pid in found.zombies {
         if let Ok(status) = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
             if status.pid().is_some() {
                 reaped += 1;
@@ -118,12 +157,36 @@ pub fn reap_orphans() -> usize {
     if reaped > 0 {
         reaped_counter().send_modify(|n| *n += reaped as u64);
     }
-    reaped
+    (reaped, found.alive)
 }
 
 /// Total orphans reaped so far; changes whenever the reaper reaps one (tests wait on it).
 pub fn reaped() -> watch::Receiver<u64> {
     reaped_counter().subscribe()
+}
+
+/// SIGCHLD ignored (`SIG_IGN`, inherited across exec from whoever started the agent) makes
+/// the kernel reap every child at once: no exit status, no zombie to keep a run's process
+/// group ours. No handler replaces that disposition any more (the reaper needs none), so it
+/// goes back to the default (which keeps zombies and wakes nobody). A handler is left alone.
+fn unignore_sigchld() -> io::Result<()> {
+    // SAFETY: `sigaction` is a plain C struct (zeroed is a valid value); sigaction with a
+    // null new action only reads the disposition into `old`, on this stack.
+    let (rc, old) = unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let rc = libc::sigaction(libc::SIGCHLD, std::ptr::null(), &mut old);
+        (rc, old)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if old.sa_sigaction == libc::SIG_IGN {
+        // SAFETY: SIG_DFL installs no handler: no code of ours runs on the signal.
+        if unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) } == libc::SIG_ERR {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// See `process::become_subreaper`.
@@ -134,13 +197,21 @@ pub fn become_subreaper() -> io::Result<()> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    unignore_sigchld()?;
     if STARTED.set(()).is_ok() {
-        let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
         tokio::spawn(async move {
-            reap_orphans();
-            while sigchld.recv().await.is_some() {
+            let (_, mut alive) = reap();
+            loop {
+                if alive {
+                    tokio::select! {
+                        () = run_ended().notified() => {}
+                        () = tokio::time::sleep(RESCAN_EVERY) => {}
+                    }
+                } else {
+                    run_ended().notified().await;
+                }
                 tokio::time::sleep(REAP_AFTER).await;
-                reap_orphans();
+                (_, alive) = reap();
             }
         });
     }
