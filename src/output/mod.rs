@@ -9,17 +9,9 @@ pub mod stream;
 use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
-// What a stream reader of the peers' protocols calls, a line or a block at a time: a
-// collectd Exec line, a Netdata session's lines (its charts kept across blocks), a Grid
-// Engine load report between `begin` and `end` for the machine's host name.
-pub use collectd::{parse_line as parse_collectd_line, Line as CollectdLine};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
-pub use netdata::{Event as NetdataEvent, Session as NetdataSession};
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
-pub use sge::{
-    parse_block as parse_sge_block, this_host as sge_host, BEGIN as SGE_BEGIN, END as SGE_END,
-};
 pub use stream::Streaming;
 pub use value::parse_value;
 
@@ -116,7 +108,8 @@ pub struct FormatDef {
 impl FormatDef {
     /// A format other systems' scripts print (Munin, Checkmk, collectd, Netdata, Grid
     /// Engine): read from a run that exited 0, `select:` applies, empty output is no answer,
-    /// names keep their case, and stream probes do not read it yet.
+    /// names keep their case; a stream reads it only where its entry says how
+    /// (`stream: ..., ..FormatDef::of_a_peer(...)`).
     pub const fn of_a_peer(
         name: &'static str,
         title: &'static str,

@@ -727,3 +727,22 @@ resources:
     // Run as netdata runs it: its update-every, the interval, as its first argument.
     assert!(text.contains("example.plugin 2\n"), "{text}");
 }
+
+/// A `shell:` line in a format whose system passes arguments (netdata's update-every) gets
+/// them as its positional parameters, after `-c LINE` and `$0`, never in front of `-c`.
+#[test]
+fn a_shell_line_gets_the_peers_arguments_as_its_positional_parameters() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: every
+    interval: 3
+    probe:
+      kind: exec
+      shell: 'printf "CHART a.b\nDIMENSION every\nBEGIN a.b\nSET every = %s\nEND\n" "$1"'
+      format: netdata
+"#,
+    );
+    let json = answered(&s);
+    assert_eq!(number(&json, "every"), 3.0);
+}

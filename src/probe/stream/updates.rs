@@ -179,7 +179,8 @@ fn text_line(format: Format, line: Line) -> Result<String, Update> {
         }),
         Line::Complete(b) => match String::from_utf8(b) {
             Ok(mut text) => {
-                if text.ends_with('\r') {
+                // Every CR before the newline, as `trim_end_matches('\r')` did.
+                while text.ends_with('\r') {
                     text.pop();
                 }
                 Ok(text)
@@ -221,10 +222,7 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
         }
         Update::Block { name, parsed } => {
             let format = spec.exec.format;
-            for bad in &parsed.bad_lines {
-                let why = format!("bad {} line: {bad}", format.as_str());
-                sink.malformed(&why);
-            }
+            log_bad_lines(sink, format, &parsed);
             let mut readings = Vec::with_capacity(sink.task().feeds.len());
             for feed in &sink.task().feeds {
                 let pick = spec.exec.select.pick(&feed.name);
@@ -244,9 +242,7 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
         }
         Update::Samples(parsed) => {
             let format = spec.exec.format;
-            for bad in &parsed.bad_lines {
-                sink.malformed(&format!("bad {} line: {bad}", format.as_str()));
-            }
+            log_bad_lines(sink, format, &parsed);
             let readings: Vec<_> = sink
                 .task()
                 .feeds
@@ -266,6 +262,14 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
         }
     };
     sink.take(run);
+}
+
+/// An update's malformed lines, by number, through the sink's throttle: the rest of the
+/// update still applies.
+fn log_bad_lines(sink: &mut Sink, format: Format, parsed: &output::Parsed) {
+    for bad in &parsed.bad_lines {
+        sink.malformed(&format!("bad {} line: {bad}", format.as_str()));
+    }
 }
 
 /// Whether `pick` selects a value of a named block other than `name`.
