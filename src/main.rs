@@ -29,6 +29,8 @@ fn main() -> ExitCode {
     // is a few system calls and waits, so a second worker buys no throughput; it costs
     // wake-ups, a spawned task or a readiness event landing on the other, idle, thread
     // (BENCHMARKS.md section 21: context switches and CPU per exec run).
+    // Before any thread exists, so that every thread inherits it.
+    xce_agent::probe::child::hold_child_signals();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

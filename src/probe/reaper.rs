@@ -40,6 +40,7 @@ use std::io;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 use tokio::sync::{watch, Notify};
@@ -187,6 +188,33 @@ fn unignore_sigchld() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Keep SIGCHLD from waking any thread of the agent: block it in the calling thread before
+/// it starts any other (threads inherit their creator's mask). Call first thing in `main`.
+///
+/// With SIGCHLD at its default disposition the kernel discards it, but only while no thread
+/// blocks it: a child that exits while its parent thread is inside a spawn (every signal
+/// blocked around the clone, as in glibc's posix_spawn) has its SIGCHLD kept and handed to
+/// another thread, which the kernel wakes to discard it. With runs that fall due together,
+/// that was the main thread woken for one run in two, some 9 % of a busy agent's CPU
+/// (BENCHMARKS.md section 21d). Blocked everywhere, the signal stays pending, once, and wakes
+/// no one; exits are seen on pidfds. Children do not inherit the mask: the spawn empties it
+/// before exec (`child/spawn.rs`), as std's `Command` does.
+pub fn hold_child_signals() {
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&sigchld()), None);
+}
+
+/// The calling thread takes SIGCHLD again: a kernel without pidfds reports a child's exit by
+/// SIGCHLD only (`child/`), so the thread that waits for it must not block it.
+pub fn accept_child_signals() {
+    let _ = pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&sigchld()), None);
+}
+
+fn sigchld() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    set
 }
 
 /// See `process::become_subreaper`.

@@ -483,3 +483,51 @@ async fn sighup_applies_new_controllers_and_plugin_dir() {
     let (status, stderr) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "{stderr}");
 }
+
+/// Every thread of a running agent blocks SIGCHLD (a child's exit wakes none of them: it is
+/// seen on the child's pidfd), and its probes start with nothing blocked all the same.
+#[tokio::test]
+async fn no_agent_thread_takes_sigchld_and_probes_block_no_signal() {
+    let setup = Setup::with_agent(
+        &format!("resources:\n{}", resource("mask", "1s", "5s")),
+        AS_ME,
+    );
+    let seen = setup.path().join("mask.seen");
+    setup.script(
+        "mask",
+        &format!(
+            "#!/bin/sh\nawk '/^SigBlk/{{print $2}}' /proc/self/status > {0}.tmp && mv {0}.tmp {0}\necho 1\n",
+            seen.display()
+        ),
+    );
+    let notify = NotifySocket::bind(setup.path());
+    let socket = notify.path.to_string_lossy().into_owned();
+    let mut daemon = AgentProc::spawn_with_env(
+        &setup.agent_yaml(),
+        &setup.file("agent.log"),
+        &[("NOTIFY_SOCKET", &socket)],
+    );
+    notify.until("READY=1").await;
+    wait_until("the probe's first run", || seen.exists()).await;
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap().trim(),
+        "0000000000000000"
+    );
+
+    const SIGCHLD_BIT: u64 = 1 << (libc::SIGCHLD - 1);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon.pid())).unwrap();
+    for task in tasks {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+            .unwrap();
+        assert_ne!(
+            blocked & SIGCHLD_BIT,
+            0,
+            "a thread takes SIGCHLD:\n{status}"
+        );
+    }
+    daemon.terminate().await;
+}

@@ -276,6 +276,12 @@ pub fn become_subreaper() -> io::Result<()> {
     reaper::become_subreaper()
 }
 
+/// Block SIGCHLD in this thread and every thread it starts: see
+/// [`reaper::hold_child_signals`]. Call in `main`, before the runtime is built.
+pub fn hold_child_signals() {
+    reaper::hold_child_signals();
+}
+
 /// How the exit of a child is noticed: its pidfd turns readable, or (kernels before 5.3)
 /// SIGCHLD arrives.
 enum ExitWatch {
@@ -398,8 +404,10 @@ impl Child {
             .transpose()
             .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e.into()))?;
         let child_stdin = stdin.as_ref().map_or(null, |(read, _)| read);
-        let watch_sigchld =
-            || tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child());
+        let watch_sigchld = || {
+            reaper::accept_child_signals();
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        };
         let mut prepared = spawn::Prepared::new(spawn::Plan {
             path,
             argv,
