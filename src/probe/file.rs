@@ -165,7 +165,7 @@ fn in_format(
             let mut run = ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
             for (_, r) in &mut run.readings {
                 if let Reading::Failed(why) = r {
-                    *r = Reading::Stale(std::mem::take(why));
+                    *r = Reading::Stale(why.to_string());
                 }
             }
             return run;

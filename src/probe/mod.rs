@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 use crate::config::ProbeKind;
 use crate::output;
 use crate::plan::ProbeTask;
-use crate::value::Reading;
+use crate::value::{Failure, Reading};
 
 /// Where builtin probes get their values: the shared sampler's latest snapshot.
 pub trait BuiltinSource: Send + Sync {
@@ -130,8 +130,8 @@ pub struct ProbeRun {
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
     pub bad_lines: Vec<String>,
-    /// Why the run failed as a whole (each fed resource then fails with it).
-    pub failure: Option<RunFailure>,
+    /// Why the run failed as a whole (each fed resource then fails with this same error).
+    pub failure: Option<Arc<RunFailure>>,
 }
 
 impl ProbeRun {
@@ -143,7 +143,9 @@ impl ProbeRun {
         outcome: Outcome,
         failure: RunFailure,
     ) -> Self {
-        let why = failure.to_string();
+        // One shared error for the run and every resource it feeds.
+        let failure = Arc::new(failure);
+        let why = Failure::shared(failure.clone());
         Self {
             started,
             duration,
@@ -260,7 +262,7 @@ impl ProbeRun {
         if !any_value && !said_nothing {
             for i in absent {
                 if let Reading::Pending(why) = &readings[i].1 {
-                    readings[i].1 = Reading::Failed(why.clone());
+                    readings[i].1 = Reading::Failed(why.clone().into());
                 }
             }
         }
@@ -297,11 +299,13 @@ impl ProbeRun {
         self.outcome == Outcome::Ok
     }
 
-    /// The error shown (and logged) for the run as a whole, if any. Pending is not an error:
-    /// a rate's first sample, or a name an ELIM line did not carry this time, is normal.
-    pub fn error(&self) -> Option<&str> {
+    /// The error shown (and logged) for the run as a whole, if any, as text. Pending is not
+    /// an error: a rate's first sample, or a name an ELIM line did not carry this time, is
+    /// normal.
+    pub fn error(&self) -> Option<String> {
         self.readings.iter().find_map(|(_, r)| match r {
-            Reading::Failed(e) | Reading::Stale(e) => Some(e.as_str()),
+            Reading::Failed(e) => Some(e.to_string()),
+            Reading::Stale(e) => Some(e.clone()),
             Reading::Ok(_) | Reading::Pending(_) => None,
         })
     }
@@ -328,7 +332,7 @@ pub fn readings_from_pairs(
             let r = match by_name.get(feed.name.as_str()) {
                 Some(raw) => match feed.valtype.parse(raw) {
                     Ok(v) => Reading::Ok(v),
-                    Err(e) => Reading::Failed(e.to_string()),
+                    Err(e) => Reading::Failed(Failure::new(e)),
                 },
                 // Not reported this run (ELIM style: a line may carry a subset). The last good
                 // value stands until it goes stale; a name never reported stays pending.
@@ -390,9 +394,9 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     match &task.kind {
         ProbeKind::Builtin { index } => {
             let reading = ctx.builtin.reading(index).unwrap_or_else(|| {
-                Reading::Failed(format!(
-                    "builtin index {index:?} is not available on this host"
-                ))
+                Reading::Failed(
+                    format!("builtin index {index:?} is not available on this host").into(),
+                )
             });
             ProbeRun::single(task, started, t0.elapsed(), reading)
         }

@@ -168,7 +168,7 @@ pub async fn supervise(
             End::Aborted(why) => {
                 // `why` ends with the child's last stderr line: escaped for the journal too.
                 tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why));
-                sink.record_all(&Reading::Failed(why));
+                sink.record_all(&Reading::Failed(why.into()));
                 cancel.cancelled().await;
                 return;
             }
@@ -192,7 +192,7 @@ pub async fn supervise(
                 humantime::format_duration(backoff)
             );
             tracing::warn!(probe = %task.name, "{}", crate::text::escape(&msg));
-            sink.record_all(&Reading::Failed(msg));
+            sink.record_all(&Reading::Failed(msg.into()));
         }
         tokio::select! {
             _ = cancel.cancelled() => return,

@@ -60,7 +60,7 @@ fn assert_pending(s: &Sampler, index: &str) {
 
 fn failed_reason(s: &Sampler, index: &str) -> String {
     match s.reading(index) {
-        Some(Reading::Failed(why)) => why,
+        Some(Reading::Failed(why)) => why.to_string(),
         other => panic!("{index}: expected failed, got {other:?}"),
     }
 }

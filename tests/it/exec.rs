@@ -20,7 +20,7 @@ async fn run(dir: &std::path::Path, body: &str, extra: &str) -> xce_agent::probe
 
 fn failed_with(run: &xce_agent::probe::ProbeRun) -> String {
     match &run.readings[0].1 {
-        Reading::Failed(e) => e.clone(),
+        Reading::Failed(e) => e.to_string(),
         other => panic!("expected a failure, got {other:?}"),
     }
 }
@@ -93,7 +93,7 @@ async fn garbage_output_is_a_failure_not_zero() {
     // The failure keeps its source: which format, which parse error.
     assert!(
         matches!(
-            r.failure,
+            r.failure.as_deref(),
             Some(RunFailure::Output {
                 format: Format::Value,
                 error: OutputError::Empty
@@ -125,7 +125,7 @@ async fn missing_program() {
     );
     assert_eq!(e, wanted);
     assert!(
-        matches!(&r.failure, Some(RunFailure::Refused(why)) if matches!(**why, SpawnRefused::NotRunnable(_))),
+        matches!(r.failure.as_deref(), Some(RunFailure::Refused(why)) if matches!(**why, SpawnRefused::NotRunnable(_))),
         "{:?}",
         r.failure
     );

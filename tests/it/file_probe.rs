@@ -25,7 +25,7 @@ async fn probe(path: &std::path::Path, extra: &str, valtype: &str) -> ProbeRun {
 
 fn failure(r: &ProbeRun) -> String {
     match &r.readings[0].1 {
-        Reading::Failed(e) => e.clone(),
+        Reading::Failed(e) => e.to_string(),
         other => panic!("expected failure, got {other:?}"),
     }
 }

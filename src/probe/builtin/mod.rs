@@ -186,7 +186,7 @@ impl Slots {
 
     pub(crate) fn fail(&mut self, ixs: &[Ix], reason: &str) {
         for &ix in ixs {
-            self.0[ix as usize] = Slot::Have(Reading::Failed(reason.to_owned()));
+            self.0[ix as usize] = Slot::Have(Reading::Failed(reason.into()));
         }
     }
 
