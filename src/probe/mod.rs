@@ -7,9 +7,11 @@ pub mod builtin;
 pub mod cgroup;
 pub mod child;
 pub mod exec;
+pub mod failure;
 pub mod file;
 pub mod file_reader;
 pub mod output_log;
+pub mod read_error;
 pub mod reader_creds;
 pub mod reaper;
 pub mod resolve;
@@ -20,6 +22,7 @@ pub mod supervisor;
 
 /// The child engine's former name, for callers not yet moved to `child`.
 pub use child as process;
+pub use failure::RunFailure;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -30,6 +33,7 @@ use crate::config::ProbeKind;
 use crate::output;
 use crate::plan::ProbeTask;
 use crate::value::{Failure, Reading};
+use failure::ParseFailure;
 
 /// Where builtin probes get their values: the shared sampler's latest snapshot.
 pub trait BuiltinSource: Send + Sync {
@@ -68,48 +72,6 @@ impl Outcome {
             Outcome::TimedOut => "timeout",
         }
     }
-}
-
-/// Why a run failed as a whole, with its source: rendered to text where it is shown (the
-/// log line, the `--once` table, `probe NAME`, and each fed resource's error in the store,
-/// which status and the controller show).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum RunFailure {
-    /// The child could not be started: its user, the security rules, its cgroup.
-    #[error(transparent)]
-    Refused(Arc<exec::SpawnRefused>),
-    /// The spawn itself failed.
-    #[error(transparent)]
-    Spawn(Arc<child::SpawnError>),
-    /// The child ended badly: its exit status, the timeout or the output cap, with what it
-    /// said about it.
-    #[error("{0}")]
-    Ended(String),
-    /// Its output did not parse.
-    #[error("bad {} output: {error}", format.as_str())]
-    Output {
-        format: output::Format,
-        error: output::OutputError,
-    },
-    /// A file in a probe output format did not parse.
-    #[error("bad {} in {}: {error}", format.as_str(), path.display())]
-    FileOutput {
-        format: output::Format,
-        path: PathBuf,
-        error: output::OutputError,
-    },
-    /// Parsing the output outlived the timeout, or panicked.
-    #[error("{0}")]
-    Parse(String),
-    /// A file probe's user cannot be looked up.
-    #[error("run_as: {0}")]
-    RunAs(child::UserError),
-    /// A file probe's read failed.
-    #[error("{0}")]
-    Read(String),
-    /// A stream gave no first values.
-    #[error("{0}")]
-    NoFirstValues(String),
 }
 
 #[derive(Debug, Clone)]
@@ -379,11 +341,8 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     let handle = tokio::task::spawn_blocking(move || in_place(work));
     match tokio::time::timeout(timeout, handle).await {
         Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(RunFailure::Parse(format!("parsing the output failed: {e}"))),
-        Err(_) => Err(RunFailure::Parse(format!(
-            "parsing the output took longer than the timeout ({})",
-            humantime::format_duration(timeout)
-        ))),
+        Ok(Err(e)) => Err(RunFailure::Parse(ParseFailure::Panicked(e))),
+        Err(_) => Err(RunFailure::Parse(ParseFailure::TimedOut(timeout))),
     }
 }
 

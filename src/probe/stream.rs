@@ -29,6 +29,7 @@ use super::exec::{self, ExecDetail};
 use super::sink::Sink;
 mod updates;
 
+use super::failure::{NoFirstValues, NoValues};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{StdinMode, StreamSpec};
 use crate::output::Streaming;
@@ -408,7 +409,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             started,
             t0.elapsed(),
             Outcome::Failed,
-            RunFailure::NoFirstValues("not a stream probe".into()),
+            RunFailure::NoFirstValues(NoFirstValues::new(NoValues::NotAStream, "")),
         );
     };
     let env = stream_env(task, spec, &ctx.host);
@@ -470,30 +471,18 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         }
         FirstValues::TimedOut => (
             Outcome::TimedOut,
-            format!(
-                "timed out after {}: {}",
-                humantime::format_duration(task.timeout),
-                gathered.missing()
-            ),
+            NoValues::TimedOut {
+                after: task.timeout,
+                missing: gathered.missing(),
+            },
         ),
-        FirstValues::Bad(why) => (Outcome::Failed, why),
-        FirstValues::Ended if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) => (
-            Outcome::Failed,
-            format!("elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): nothing to report on this host"),
-        ),
-        FirstValues::Ended => (
-            Outcome::Failed,
-            format!(
-                "{} before reporting any values",
-                exit.map_or_else(|| "did not exit".to_owned(), |e| e.to_string())
-            ),
-        ),
+        FirstValues::Bad(why) => (Outcome::Failed, NoValues::Rejected(why)),
+        FirstValues::Ended if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) => {
+            (Outcome::Failed, NoValues::Aborted)
+        }
+        FirstValues::Ended => (Outcome::Failed, NoValues::Ended(exit)),
     };
-    let why = match detail.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-        Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
-        _ => why,
-    };
-    let why = RunFailure::NoFirstValues(why);
+    let why = RunFailure::NoFirstValues(NoFirstValues::new(why, &detail.stderr));
     let mut run = ProbeRun::all_failed(task, started, duration, outcome, why);
     run.exec = Some(detail);
     run

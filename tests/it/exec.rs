@@ -255,3 +255,29 @@ async fn stdout_pty_gives_an_exec_probe_a_terminal_and_plain_newlines() {
     let r = run(dir.path(), body, "").await;
     assert_eq!(r.outcome, Outcome::Failed);
 }
+
+/// A failed run's reading is the run's typed failure, shared: the exit status and what the
+/// script said are data, and the text is the one shown.
+#[tokio::test]
+async fn a_failed_reading_is_the_typed_failure() {
+    use xce_agent::probe::child::Exit;
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\necho 'disk gone' >&2\nexit 3\n", "").await;
+    assert_eq!(failed_with(&r), "exited with status 3: disk gone");
+    let Reading::Failed(f) = &r.readings[0].1 else {
+        panic!("{:?}", r.readings)
+    };
+    match f.downcast_ref::<RunFailure>() {
+        Some(RunFailure::Ended(e)) => {
+            assert_eq!(e.exit, Exit::Code(3));
+            assert_eq!(e.said.as_deref(), Some("disk gone"));
+        }
+        other => panic!("not an ending: {other:?}"),
+    }
+    // The run and the resource it feeds hold one error, not a copy each.
+    let run_failure = r.failure.as_deref().unwrap();
+    assert!(std::ptr::addr_eq(
+        f.downcast_ref::<RunFailure>().unwrap(),
+        run_failure
+    ));
+}
