@@ -177,6 +177,53 @@ pub enum NoValues {
     Ended(Option<Exit>),
 }
 
+/// Why a stream's child stopped giving values: the supervisor restarts it after a backoff
+/// ([`Restarting`]), or, for an elim's abort, not at all.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamStopped {
+    /// Its child could not be started: its user, the security rules, its cgroup.
+    #[error(transparent)]
+    Refused(Arc<SpawnRefused>),
+    /// The spawn itself failed.
+    #[error(transparent)]
+    Spawn(Arc<child::SpawnError>),
+    /// It exited (or was ended).
+    #[error(transparent)]
+    Exited(Exited),
+    /// It exited with LSF's `ELIM_ABORT_VALUE`: nothing to report on this host.
+    #[error("elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): {0}")]
+    Aborted(Exited),
+}
+
+/// How a stream's child exited, and the last line of its stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exited {
+    pub exit: Exit,
+    pub said: Option<String>,
+}
+
+impl fmt::Display for Exited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.exit)?;
+        if let Some(said) = &self.said {
+            write!(f, ": {said}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Exited {}
+
+/// A stream that stopped and starts again after `after`: what its resources fail with
+/// meanwhile.
+#[derive(Debug, thiserror::Error)]
+#[error("{why}; restarting in {}", humantime::format_duration(*.after))]
+pub struct Restarting {
+    #[source]
+    pub why: StreamStopped,
+    pub after: Duration,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +332,35 @@ mod tests {
         assert_eq!(
             NoFirstValues::new(NoValues::Aborted, "").to_string(),
             "elim aborted (exit 97, ELIM_ABORT_VALUE): nothing to report on this host"
+        );
+    }
+
+    #[test]
+    fn a_stream_restart_reads_as_before_and_keeps_the_exit() {
+        let exited = Exited {
+            exit: Exit::Code(3),
+            said: Some("crashing".into()),
+        };
+        let why = StreamStopped::Exited(exited.clone());
+        let stored = Failure::new(Restarting {
+            why,
+            after: Duration::from_secs(1),
+        });
+        assert_eq!(
+            stored.to_string(),
+            "exited with status 3: crashing; restarting in 1s"
+        );
+        let stopped = stored
+            .source()
+            .and_then(|e| e.downcast_ref::<StreamStopped>());
+        assert!(matches!(stopped, Some(StreamStopped::Exited(e)) if *e == exited));
+        let abort = StreamStopped::Aborted(Exited {
+            exit: Exit::Code(ELIM_ABORT_VALUE),
+            said: None,
+        });
+        assert_eq!(
+            abort.to_string(),
+            "elim aborted (exit 97, ELIM_ABORT_VALUE): exited with status 97"
         );
     }
 }
