@@ -163,7 +163,7 @@ impl Store {
             }
             Reading::Stale(err) => {
                 slot.resval.status = Status::Stale;
-                slot.resval.error = Some(err);
+                slot.resval.error = Some(err.into());
                 slot.resval.value = Value::Unknown;
             }
             Reading::Pending(why) => {
@@ -177,7 +177,7 @@ impl Store {
                 let waited = at.duration_since(since).unwrap_or_default();
                 if waited >= slot.declared.stale_after {
                     slot.resval.status = Status::Failed;
-                    slot.resval.error = Some(why);
+                    slot.resval.error = Some(why.into());
                     slot.resval.value = Value::Unknown;
                 } else if slot.last_good.is_none() {
                     slot.resval.status = Status::Pending;
@@ -216,11 +216,14 @@ impl Store {
             slot.resval.value = Value::Unknown;
             if slot.resval.status == Status::Ok {
                 slot.resval.status = Status::Stale;
-                slot.resval.error = Some(format!(
-                    "no good reading for {} (stale after {})",
-                    humantime::format_duration(Duration::from_secs(age.as_secs())),
-                    humantime::format_duration(slot.declared.stale_after)
-                ));
+                slot.resval.error = Some(
+                    format!(
+                        "no good reading for {} (stale after {})",
+                        humantime::format_duration(Duration::from_secs(age.as_secs())),
+                        humantime::format_duration(slot.declared.stale_after)
+                    )
+                    .into(),
+                );
             }
             slot.changed_at = next;
             changed += 1;
@@ -387,7 +390,11 @@ mod tests {
         s.record("varlog_bytes", "", missing(), t0 + Duration::from_secs(60));
         let r = s.get("varlog_bytes", "").unwrap();
         assert_eq!(r.status, Status::Failed);
-        assert!(r.error.unwrap().contains("not in the probe's output"));
+        assert!(r
+            .error
+            .unwrap()
+            .to_string()
+            .contains("not in the probe's output"));
         // A good value, then left out: the value stands until its stale time, then fails.
         let t1 = t0 + Duration::from_secs(100);
         s.record("varlog_bytes", "", Reading::Ok(Value::Numeric(1.0)), t1);
@@ -434,7 +441,7 @@ mod tests {
         assert_eq!(s.sweep(t0 + Duration::from_secs(61)), 1);
         let r = s.get("x", "").unwrap();
         assert_eq!((r.status, r.value), (Status::Stale, Value::Unknown));
-        assert!(r.error.unwrap().contains("stale after 1m"));
+        assert!(r.error.unwrap().to_string().contains("stale after 1m"));
         assert_eq!(
             s.sweep(t0 + Duration::from_secs(62)),
             0,

@@ -2,6 +2,7 @@
 //! link sends. A value that does not parse as its declared `valtype` is an error, never a 0.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -210,7 +211,85 @@ pub struct Resval {
     pub status: Status,
     /// Unix milliseconds of the last good reading; `None` before the first one.
     pub last_report_ms: Option<u64>,
-    pub error: Option<String>,
+    pub error: Option<Failure>,
+}
+
+/// Why a resource has no fresh value: the typed error itself (a probe run's failure, with
+/// its source), shared by every resource the run feeds and cheap to clone, rendered to text
+/// only where it is shown (status, the wire, the log). Generic so that this leaf module
+/// knows nothing of probes: [`std::ops::Deref`] gives the error, its `source()` and
+/// `downcast_ref`. Serialized as its text; text read back (from the wire, a test) is a
+/// failure that is only words.
+#[derive(Clone)]
+pub struct Failure(Arc<dyn std::error::Error + Send + Sync>);
+
+impl Failure {
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(error))
+    }
+
+    /// An error that is already shared (one run's failure, recorded for many resources).
+    pub fn shared(error: Arc<dyn std::error::Error + Send + Sync>) -> Self {
+        Self(error)
+    }
+}
+
+impl std::ops::Deref for Failure {
+    type Target = dyn std::error::Error + Send + Sync;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// Two failures are the same when they read the same: the store tells a change, and the
+/// log a new error, by what an admin would see change.
+impl PartialEq for Failure {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.to_string() == other.to_string()
+    }
+}
+
+/// A failure that is only words: one whose cause is a sentence (a stream's restart, a
+/// value the output left out), or text that came back from the wire.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Words(String);
+
+impl From<String> for Failure {
+    fn from(text: String) -> Self {
+        Self::new(Words(text))
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(text: &str) -> Self {
+        Self::from(text.to_owned())
+    }
+}
+
+impl Serialize for Failure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Failure {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self::from)
+    }
 }
 
 /// What one probe run says about one resource.
@@ -218,7 +297,7 @@ pub struct Resval {
 pub enum Reading {
     Ok(Value),
     /// The run failed; keep the last good value until it goes stale.
-    Failed(String),
+    Failed(Failure),
     /// The source answered but its data is too old (file `max_age`, a silent stream).
     Stale(String),
     /// Not computable yet (a rate before its second sample).

@@ -449,10 +449,7 @@ fn unknown(r: &Resval, grace: Duration) -> Resval {
     Resval {
         value: Value::Unknown,
         status: Status::Stale,
-        error: Some(format!(
-            "host stale: nothing from it for {} ms",
-            grace.as_millis()
-        )),
+        error: Some(format!("host stale: nothing from it for {} ms", grace.as_millis()).into()),
         ..r.clone()
     }
 }

@@ -312,7 +312,7 @@ impl EventBox {
                 };
                 e.last_report_ms = r.last_report_ms.unwrap_or(0);
                 if let Some(err) = &r.error {
-                    e.error = st.add(err);
+                    e.error = st.add(&err.to_string());
                 }
             }
             Ev::Stale { host, grace } => {

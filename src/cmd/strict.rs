@@ -6,13 +6,14 @@
 //! whose cause `check` can name (a shell's script with CRLF line endings) says it.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::config::{near_miss, nearest, ProbeKind};
 use crate::output::{self, Format, Parsed, Pick, Sample};
 use crate::plan::ProbeTask;
 use crate::probe::process::Exit;
 use crate::probe::{resolve, security, Outcome, ProbeRun};
-use crate::value::Reading;
+use crate::value::{Failure, Reading};
 
 /// Samples listed as the nearest to what a resource asked for.
 const LISTED: usize = 5;
@@ -51,7 +52,7 @@ pub fn unreported_fails(task: &ProbeTask, run: &mut ProbeRun) {
         .collect();
     for ((_, reading), hint) in run.readings.iter_mut().zip(hints) {
         if let Reading::Pending(why) = reading {
-            *reading = Reading::Failed(format!("{why}{hint}"));
+            *reading = Reading::Failed(format!("{why}{hint}").into());
         }
     }
     run.outcome = Outcome::Failed;
@@ -72,11 +73,24 @@ pub fn explain_failure(task: &ProbeTask, run: &mut ProbeRun, plugin_dir: &Path) 
     else {
         return;
     };
+    let why = Arc::new(why);
     for (_, reading) in &mut run.readings {
         if let Reading::Failed(e) = reading {
-            e.push_str(&format!(" ({why})"));
+            *e = Failure::new(ScriptProblem {
+                failure: e.clone(),
+                problem: why.clone(),
+            });
         }
     }
+}
+
+/// A failed run's error with what is wrong with its script added, the problem as source.
+#[derive(Debug, thiserror::Error)]
+#[error("{failure} ({problem})")]
+struct ScriptProblem {
+    failure: Failure,
+    #[source]
+    problem: Arc<security::NotRunnable>,
 }
 
 type Printed<'a> = (Format, &'a output::Selection, &'a [u8], Option<Parsed>);

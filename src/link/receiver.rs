@@ -1047,7 +1047,7 @@ impl Event {
                             batch.seq
                         );
                         if let Some(e) = &r.error {
-                            line.push_str(&format!(" error={e:?}"));
+                            line.push_str(&format!(" error={:?}", e.to_string()));
                         }
                         line
                     })

@@ -237,7 +237,9 @@ fn fill_batch(mut o: schema::batch::Builder, b: &Batch) {
         }
         e.set_status(status_to_wire(r.status));
         e.set_last_report_ms(r.last_report_ms.unwrap_or(0));
-        e.set_error(r.error.as_deref().unwrap_or(""));
+        // The wire carries what an admin is shown: the error's text.
+        let error = r.error.as_ref().map(ToString::to_string);
+        e.set_error(error.as_deref().unwrap_or(""));
     }
 }
 
@@ -453,7 +455,7 @@ fn read_batch(b: schema::batch::Reader<'_>, limits: FrameLimits) -> Result<Batch
                 schema::Status::Pending => Status::Pending,
             },
             last_report_ms: Some(r.get_last_report_ms()).filter(|&ms| ms != 0),
-            error: Some(error).filter(|e| !e.is_empty()),
+            error: Some(error).filter(|e| !e.is_empty()).map(Into::into),
         });
     }
     Ok(Batch {

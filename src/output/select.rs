@@ -262,21 +262,21 @@ pub fn reading(
     };
     let typed = |s: &Sample| match valtype.parse(&s.value) {
         Ok(v) => Reading::Ok(v),
-        Err(e) if s.line > 0 => Reading::Failed(format!("{e} (output line {})", s.line)),
-        Err(e) => Reading::Failed(e.to_string()),
+        Err(e) if s.line > 0 => Reading::Failed(format!("{e} (output line {})", s.line).into()),
+        Err(e) => Reading::Failed(crate::value::Failure::new(e)),
     };
     if pick.aggregate == Some(Aggregate::Count) {
         return Some(match valtype {
             Valtype::Numeric => Reading::Ok(Value::Numeric(found.len() as f64)),
-            other => Reading::Failed(format!(
-                "`aggregate: count` gives a number; {resource} is {other}"
-            )),
+            other => Reading::Failed(
+                format!("`aggregate: count` gives a number; {resource} is {other}").into(),
+            ),
         });
     }
     match (found.as_slice(), &pick.aggregate) {
         ([], _) => pick.default.as_ref().map(|d| match valtype.parse(d) {
             Ok(v) => Reading::Ok(v),
-            Err(e) => Reading::Failed(format!("the default: {e}")),
+            Err(e) => Reading::Failed(format!("the default: {e}").into()),
         }),
         ([one], _) => Some(typed(one)),
         (many, Some(agg)) => Some(combine(*agg, many, resource, valtype)),
@@ -292,23 +292,23 @@ pub fn reading(
                     .as_ref()
                     .map_or_else(|| resource.to_owned(), |s| s.to_string()),
                 shown.join(", ")
-            )))
+            ).into()))
         }
     }
 }
 
 fn combine(agg: Aggregate, samples: &[&Sample], resource: &str, valtype: Valtype) -> Reading {
     if valtype != Valtype::Numeric {
-        return Reading::Failed(format!(
-            "`aggregate` combines numbers; {resource} is {valtype}"
-        ));
+        return Reading::Failed(
+            format!("`aggregate` combines numbers; {resource} is {valtype}").into(),
+        );
     }
     let mut values = Vec::with_capacity(samples.len());
     for s in samples {
         match Valtype::Numeric.parse(&s.value) {
             Ok(Value::Numeric(v)) => values.push(v),
             Ok(_) => {}
-            Err(e) => return Reading::Failed(format!("{} (output line {})", e, s.line)),
+            Err(e) => return Reading::Failed(format!("{} (output line {})", e, s.line).into()),
         }
     }
     let v = match agg {
@@ -427,7 +427,7 @@ mod tests {
             panic!()
         };
         assert!(
-            e.contains(
+            e.to_string().contains(
                 "2 samples match disk_free: disk_free{path=\"/\"}, disk_free{path=\"/tmp\"}"
             ),
             "{e}"

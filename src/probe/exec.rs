@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
+use super::failure::{ChildEnded, ElimHint};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
@@ -227,8 +228,10 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
-            let failure = failure_message(&o, spec.format.def().exits)
-                .map(|(outcome, why)| (outcome, with_stream_hint(spec, &o, why)));
+            let failure = child_ended(&o, spec.format.def().exits).map(|(outcome, mut why)| {
+                why.hint = elim_hint(spec, &o);
+                (outcome, why)
+            });
             let exit = match o.exit {
                 Exit::Code(c) => Some(c),
                 _ => None,
@@ -309,7 +312,7 @@ fn parse_output(
 }
 
 /// Why a finished child is a failed run, or `None` when its output should be parsed.
-fn failure_message(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outcome, String)> {
+fn child_ended(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outcome, ChildEnded)> {
     // An exit code the format reads as an answer (a Nagios WARNING, a health check's verdict
     // in ClassAd) is not a failure.
     if let (Ending::Finished, Exit::Code(c)) = (&o.ending, o.exit) {
@@ -317,59 +320,57 @@ fn failure_message(o: &process::ChildOutcome, exits: output::Exits) -> Option<(O
             return None;
         }
     }
-    let why = o.failure()?;
+    if o.succeeded() {
+        return None;
+    }
     let outcome = if o.ending.is_timeout() {
         Outcome::TimedOut
     } else {
         Outcome::Failed
     };
     let stderr = o.stderr_text();
-    let why = match (&o.ending, o.exit) {
+    let last_stderr = || Some(last_line(&stderr).to_owned());
+    let (meaning, said) = match (&o.ending, o.exit) {
         (Ending::Finished, Exit::Code(c)) => {
-            let why = match exits.meaning(c) {
-                Some(m) => format!("{why} ({m})"),
-                None => why,
-            };
             // A script that exits non-zero explaining itself on stdout (a Nagios plugin's
             // status line) is heard too.
-            let first_stdout = String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .map(|l| l.chars().take(200).collect::<String>());
-            match first_stdout {
-                _ if !stderr.is_empty() => format!("{why}: {}", last_line(&stderr)),
-                Some(line) => format!("{why}: {line}"),
-                None => why,
-            }
+            let first_stdout = || {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())
+                    .map(|l| l.chars().take(200).collect::<String>())
+            };
+            let said = if stderr.is_empty() {
+                first_stdout()
+            } else {
+                last_stderr()
+            };
+            (exits.meaning(c), said)
         }
         // The cap message stands alone: what the probe wrote to stderr is not why.
-        (Ending::OutputOverflow { .. }, _) => why,
-        _ if o.exit == Exit::Unreaped => why,
-        _ if stderr.is_empty() => why,
-        _ => format!("{why}: {}", last_line(&stderr)),
+        (Ending::OutputOverflow { .. }, _) => (None, None),
+        _ if o.exit == Exit::Unreaped => (None, None),
+        _ if stderr.is_empty() => (None, None),
+        _ => (None, last_stderr()),
     };
-    Some((outcome, why))
+    let ended = ChildEnded {
+        ending: o.ending.clone(),
+        exit: o.exit,
+        meaning,
+        said,
+        hint: None,
+    };
+    Some((outcome, ended))
 }
 
 /// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is
 /// lost with the run. Its timeout says what to declare instead.
-fn with_stream_hint(spec: &ExecSpec, o: &process::ChildOutcome, why: String) -> String {
-    if spec.format != output::Format::Elim || !o.ending.is_timeout() {
-        return why;
-    }
-    let printed = if o.stdout.contains(&b'\n') {
-        "an LSF elim prints its lines and keeps running"
-    } else {
-        "no complete line came; an LSF elim keeps running"
-    };
-    let pty = match spec.stdout {
-        crate::config::StdoutMode::Pipe => {
-            " (and `stdout: pty` if it does not flush its output to a pipe)"
-        }
-        crate::config::StdoutMode::Pty => "",
-    };
-    format!("{why} ({printed}: declare it `kind: stream`{pty})")
+fn elim_hint(spec: &ExecSpec, o: &process::ChildOutcome) -> Option<ElimHint> {
+    (spec.format == output::Format::Elim && o.ending.is_timeout()).then(|| ElimHint {
+        printed_lines: o.stdout.contains(&b'\n'),
+        on_a_pipe: matches!(spec.stdout, crate::config::StdoutMode::Pipe),
+    })
 }
 
 /// The last non-blank line: the one a failing script's stderr usually explains itself in.

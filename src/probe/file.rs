@@ -3,25 +3,43 @@
 //! The read itself runs in `file_reader` (a thread of its own, with the probe user's rights
 //! when the agent is root, under a timeout, and bounded when the filesystem hangs).
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{FileSpec, ProbeKind};
 use crate::plan::ProbeTask;
-use crate::value::Reading;
+use crate::value::{ParseError, Reading};
+
+/// Why a file probe gave no value: its read, its age, or what the file holds.
+#[derive(Debug, thiserror::Error)]
+pub enum FileFailure {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// Its mtime is older than `max_age` (the writer is dead).
+    #[error("{} not modified for {} (max_age {})", .path.display(), humantime::format_duration(Duration::from_secs(.age.as_secs())), humantime::format_duration(*.max_age))]
+    TooOld {
+        path: PathBuf,
+        age: Duration,
+        max_age: Duration,
+    },
+    #[error("regex {regex:?} does not match {}", .path.display())]
+    NoMatch { regex: String, path: PathBuf },
+    #[error("{} is empty", .path.display())]
+    Empty { path: PathBuf },
+    /// Its value does not parse as the resource's type.
+    #[error(transparent)]
+    Value(#[from] ParseError),
+}
 
 /// The value's text: the regex's first group (or whole match), else the first non-blank line.
-fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
+fn extract(spec: &FileSpec, text: &str) -> Result<String, FileFailure> {
     match &spec.regex {
         Some(re) => {
-            let caps = re.captures(text).ok_or_else(|| {
-                format!(
-                    "regex {:?} does not match {}",
-                    re.as_str(),
-                    spec.path.display()
-                )
+            let caps = re.captures(text).ok_or_else(|| FileFailure::NoMatch {
+                regex: re.as_str().to_owned(),
+                path: spec.path.clone(),
             })?;
             let m = caps
                 .get(1)
@@ -30,8 +48,9 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, String> {
                 .unwrap_or("");
             Ok(m.trim().to_owned())
         }
-        None => crate::output::parse_value(text)
-            .map_err(|_| format!("{} is empty", spec.path.display())),
+        None => crate::output::parse_value(text).map_err(|_| FileFailure::Empty {
+            path: spec.path.clone(),
+        }),
     }
 }
 
@@ -69,10 +88,11 @@ pub async fn run(
         textfiles: spec.format.is_some(),
     };
     let result = match ctx.files.read(request).await {
-        Err(ReadError::TimedOut(e)) => return fail(RunFailure::Read(e), Outcome::TimedOut),
-        Err(ReadError::Refused(e)) => return fail(RunFailure::Read(e), Outcome::Failed),
-        Err(ReadError::Failed(e)) => Err(e),
-        Ok(r) => Ok(r),
+        Err(e @ ReadError::TimedOut { .. }) => {
+            return fail(RunFailure::Read(e.into()), Outcome::TimedOut)
+        }
+        Err(e @ ReadError::Refused(_)) => return fail(RunFailure::Read(e.into()), Outcome::Failed),
+        other => other,
     };
     let elapsed = t0.elapsed();
     let small = match &result {
@@ -103,14 +123,14 @@ pub async fn run(
 fn interpret(
     task: &ProbeTask,
     spec: &FileSpec,
-    result: Result<ReadOutcome, String>,
+    result: Result<ReadOutcome, ReadError>,
     started: SystemTime,
     elapsed: Duration,
 ) -> ProbeRun {
     if let Some(format) = spec.format {
         return in_format(task, spec, format, result, started, elapsed);
     }
-    let fail = |why: String| {
+    let fail = |why: FileFailure| {
         ProbeRun::all_failed(
             task,
             started,
@@ -120,9 +140,9 @@ fn interpret(
         )
     };
     let text = match result {
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.into()),
         Ok(ReadOutcome::TooOld(path, age)) => {
-            let stale = Reading::Stale(too_old(&path, age, spec));
+            let stale = Reading::Stale(too_old(path, age, spec).to_string());
             return ProbeRun::single(task, started, elapsed, stale);
         }
         Ok(ReadOutcome::Text(text)) => text,
@@ -131,19 +151,18 @@ fn interpret(
         Err(e) => return fail(e),
         Ok(raw) => match task.feeds[0].valtype.parse(&raw) {
             Ok(v) => Reading::Ok(v),
-            Err(e) => return fail(e.to_string()),
+            Err(e) => return fail(e.into()),
         },
     };
     ProbeRun::single(task, started, elapsed, reading)
 }
 
-fn too_old(path: &Path, age: Duration, spec: &FileSpec) -> String {
-    format!(
-        "{} not modified for {} (max_age {})",
-        path.display(),
-        humantime::format_duration(Duration::from_secs(age.as_secs())),
-        humantime::format_duration(spec.max_age.unwrap_or_default())
-    )
+fn too_old(path: PathBuf, age: Duration, spec: &FileSpec) -> FileFailure {
+    FileFailure::TooOld {
+        path,
+        age,
+        max_age: spec.max_age.unwrap_or_default(),
+    }
 }
 
 /// A file in a probe output format: every fed resource from its samples, as an exec probe's.
@@ -151,21 +170,21 @@ fn in_format(
     task: &ProbeTask,
     spec: &FileSpec,
     format: crate::output::Format,
-    read: Result<ReadOutcome, String>,
+    read: Result<ReadOutcome, ReadError>,
     started: SystemTime,
     elapsed: Duration,
 ) -> ProbeRun {
     let text = match read {
         Err(e) => {
-            let why = RunFailure::Read(e);
+            let why = RunFailure::Read(e.into());
             return ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
         }
         Ok(ReadOutcome::TooOld(path, age)) => {
-            let why = RunFailure::Read(too_old(&path, age, spec));
+            let why = RunFailure::Read(too_old(path, age, spec));
             let mut run = ProbeRun::all_failed(task, started, elapsed, Outcome::Failed, why);
             for (_, r) in &mut run.readings {
                 if let Reading::Failed(why) = r {
-                    *r = Reading::Stale(std::mem::take(why));
+                    *r = Reading::Stale(why.to_string());
                 }
             }
             return run;

@@ -43,16 +43,7 @@ pub enum ReadOutcome {
     TooOld(PathBuf, Duration),
 }
 
-/// Why a read gave no text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReadError {
-    /// Not started: a stuck read stands in the way.
-    Refused(String),
-    /// Started and outlived its timeout; its thread is now stuck.
-    TimedOut(String),
-    /// The file could not be read (missing, too big, not text, permission denied).
-    Failed(String),
-}
+pub use super::read_error::{ReadError, Refusal, Unreadable};
 
 /// One read: the path and how to read it.
 #[derive(Debug, Clone)]
@@ -118,21 +109,21 @@ impl FileReads {
 
     /// Read `req.path` on a thread of its own, giving up after `req.timeout`.
     pub async fn read(self: &Arc<Self>, req: ReadRequest) -> Result<ReadOutcome, ReadError> {
-        self.refusal(&req.path).map_or(Ok(()), Err)?;
+        if let Some(r) = self.refusal(&req.path) {
+            return Err(r.into());
+        }
         // The timeout covers the wait for a free reader too: a run never outlasts it.
         let deadline = tokio::time::Instant::now() + req.timeout;
-        let permit = match tokio::time::timeout_at(deadline, self.running.clone().acquire_owned()).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(ReadError::Failed("file reads are shut down".into())),
-            Err(_) => {
-                return Err(ReadError::Refused(format!(
-                    "{HEALTHY_READS} other file reads took the whole timeout (hung filesystem?); {} was not read",
-                    req.path.display()
-                )))
-            }
-        };
+        let permit =
+            match tokio::time::timeout_at(deadline, self.running.clone().acquire_owned()).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => return Err(Unreadable::ShutDown.into()),
+                Err(_) => return Err(Refusal::Busy { path: req.path }.into()),
+            };
         // Checked again: a read of this mount may have got stuck while this one queued.
-        self.refusal(&req.path).map_or(Ok(()), Err)?;
+        if let Some(r) = self.refusal(&req.path) {
+            return Err(r.into());
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let slot = Arc::new(Mutex::new(Slot::default()));
         let (reads, thread_slot, path) = (self.clone(), slot.clone(), req.path.clone());
@@ -145,11 +136,8 @@ impl FileReads {
                 reads.finished(&req.path, &thread_slot, result.is_ok());
                 let _ = tx.send(result);
             });
-        if let Err(e) = spawned {
-            return Err(ReadError::Failed(format!(
-                "cannot start a thread to read {}: {e}",
-                path.display()
-            )));
+        if let Err(source) = spawned {
+            return Err(Unreadable::NoThread { path, source }.into());
         }
         // Dropped before the read finishes (timeout, or the probe was stopped): the thread
         // is accounted as stuck until it returns.
@@ -167,50 +155,36 @@ impl FileReads {
             }
             Ok(Err(_)) => {
                 std::mem::forget(abandon);
-                Err(ReadError::Failed(format!(
-                    "the thread reading {} ended without a result",
-                    path.display()
-                )))
+                Err(Unreadable::ThreadLost { path }.into())
             }
             Err(_) => {
                 drop(abandon);
-                Err(ReadError::TimedOut(format!(
-                    "read of {} timed out after {}",
-                    path.display(),
-                    humantime::format_duration(timeout)
-                )))
+                Err(ReadError::TimedOut {
+                    path,
+                    after: timeout,
+                })
             }
         }
     }
 
     /// Why a read of `path` must not start now, if it must not.
-    fn refusal(&self, path: &Path) -> Option<ReadError> {
+    fn refusal(&self, path: &Path) -> Option<Refusal> {
         let mut st = self.lock();
         if st.stuck.is_empty() {
             return None;
         }
-        // The texts stay the same from tick to tick: a probe logs a failure when it changes.
-        if st.stuck.contains_key(path) {
-            return Some(ReadError::Refused(format!(
-                "an earlier read of {} is still blocked in the kernel (hung filesystem?); not starting another",
-                path.display(),
-            )));
+        let path = path.to_owned();
+        if st.stuck.contains_key(&path) {
+            return Some(Refusal::PathStuck { path });
         }
-        let mount = self.mount_of(&mut st, path);
+        let mount = self.mount_of(&mut st, &path);
         if let Some((other, _)) = st.stuck.iter().find(|(_, s)| s.mount == mount) {
-            return Some(ReadError::Refused(format!(
-                "{} is on {}, where a read of {} is stuck in the kernel (hung mount?); not reading it until that read returns",
-                path.display(),
-                mount.display(),
-                other.display()
-            )));
+            let other = other.clone();
+            return Some(Refusal::MountStuck { path, mount, other });
         }
-        if st.stuck.len() >= self.max_stuck && !st.answered.contains(path) {
-            return Some(ReadError::Refused(format!(
-                "{} reads are stuck in the kernel (max_stuck_reads); not starting another of {}, which has not answered yet",
-                st.stuck.len(),
-                path.display()
-            )));
+        if st.stuck.len() >= self.max_stuck && !st.answered.contains(&path) {
+            let stuck = st.stuck.len();
+            return Some(Refusal::TooManyStuck { stuck, path });
         }
         None
     }
@@ -340,10 +314,13 @@ fn longest_mount(table: &[PathBuf], path: &Path) -> PathBuf {
 }
 
 /// The read itself, on the reader thread.
-fn read_file(req: &ReadRequest) -> Result<ReadOutcome, String> {
+fn read_file(req: &ReadRequest) -> Result<ReadOutcome, Unreadable> {
     if let Some(creds) = &req.creds {
-        super::reader_creds::become_reader(creds)
-            .map_err(|e| format!("cannot read {} as {}: {e}", req.path.display(), creds.user))?;
+        super::reader_creds::become_reader(creds).map_err(|source| Unreadable::AsUser {
+            path: req.path.clone(),
+            user: creds.user.clone(),
+            source,
+        })?;
     }
     if req.textfiles && req.path.is_dir() {
         read_textfile_dir(req)
@@ -354,10 +331,9 @@ fn read_file(req: &ReadRequest) -> Result<ReadOutcome, String> {
 
 /// The files a node_exporter textfile collector reads: `*.prom` in the directory, in name
 /// order, joined; `max_bytes` bounds them all together, `max_age` each.
-fn read_textfile_dir(req: &ReadRequest) -> Result<ReadOutcome, String> {
+fn read_textfile_dir(req: &ReadRequest) -> Result<ReadOutcome, Unreadable> {
     let dir = &req.path;
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| Unreadable::io("list", dir, e))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -381,47 +357,49 @@ fn read_textfile_dir(req: &ReadRequest) -> Result<ReadOutcome, String> {
 }
 
 /// One file, at most `max_bytes`, text only, `max_age` checked on its mtime.
-fn read_one(req: &ReadRequest, path: &Path, max_bytes: u64) -> Result<ReadOutcome, String> {
-    let f = std::fs::File::open(path).map_err(|e| match (&req.creds, e.kind()) {
-        (Some(c), std::io::ErrorKind::PermissionDenied) => format!(
-            "cannot open {}: permission denied for {user} (file probes read as run_as); make it readable by {user} (e.g. chgrp a group of {user} and chmod g+r), or set `run_as: root` on this probe",
-            path.display(),
-            user = c.user
-        ),
-        _ => format!("cannot open {}: {e}", path.display()),
+fn read_one(req: &ReadRequest, path: &Path, max_bytes: u64) -> Result<ReadOutcome, Unreadable> {
+    let f = std::fs::File::open(path).map_err(|source| match (&req.creds, source.kind()) {
+        (Some(c), std::io::ErrorKind::PermissionDenied) => Unreadable::Denied {
+            path: path.to_owned(),
+            user: c.user.clone(),
+            source,
+        },
+        _ => Unreadable::io("open", path, source),
     })?;
-    let meta = f
-        .metadata()
-        .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+    let meta = f.metadata().map_err(|e| Unreadable::io("stat", path, e))?;
+    // Owned only for an error: a good read allocates no path.
+    let path_buf = || path.to_owned();
     if meta.is_dir() {
-        return Err(format!("{} is a directory", path.display()));
+        return Err(Unreadable::Directory { path: path_buf() });
     }
     if let Some(max_age) = req.max_age {
-        let mtime = meta
-            .modified()
-            .map_err(|e| format!("no mtime for {}: {e}", path.display()))?;
+        let mtime = meta.modified().map_err(|source| Unreadable::NoMtime {
+            path: path_buf(),
+            source,
+        })?;
         // A future mtime (clock skew) counts as fresh.
         let age = SystemTime::now().duration_since(mtime).unwrap_or_default();
         if age > max_age {
-            return Ok(ReadOutcome::TooOld(path.to_owned(), age));
+            return Ok(ReadOutcome::TooOld(path_buf(), age));
         }
     }
     let mut buf = Vec::new();
     f.take(max_bytes.saturating_add(1))
         .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| Unreadable::io("read", path, e))?;
     if buf.len() as u64 > max_bytes {
-        return Err(format!(
-            "{} is larger than max_bytes ({max_bytes})",
-            path.display()
-        ));
+        let path = path_buf();
+        return Err(Unreadable::TooLarge { path, max_bytes });
     }
     if buf.contains(&0) {
-        return Err(format!("{} contains NUL bytes", path.display()));
+        return Err(Unreadable::Nul { path: path_buf() });
     }
     String::from_utf8(buf)
         .map(ReadOutcome::Text)
-        .map_err(|_| format!("{} is not valid UTF-8", path.display()))
+        .map_err(|e| Unreadable::NotUtf8 {
+            path: path_buf(),
+            source: e.utf8_error(),
+        })
 }
 
 #[cfg(test)]

@@ -7,9 +7,11 @@ pub mod builtin;
 pub mod cgroup;
 pub mod child;
 pub mod exec;
+pub mod failure;
 pub mod file;
 pub mod file_reader;
 pub mod output_log;
+pub mod read_error;
 pub mod reader_creds;
 pub mod reaper;
 pub mod resolve;
@@ -20,6 +22,7 @@ pub mod supervisor;
 
 /// The child engine's former name, for callers not yet moved to `child`.
 pub use child as process;
+pub use failure::RunFailure;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -29,7 +32,8 @@ use std::time::{Duration, SystemTime};
 use crate::config::ProbeKind;
 use crate::output;
 use crate::plan::ProbeTask;
-use crate::value::Reading;
+use crate::value::{Failure, Reading};
+use failure::ParseFailure;
 
 /// Where builtin probes get their values: the shared sampler's latest snapshot.
 pub trait BuiltinSource: Send + Sync {
@@ -70,48 +74,6 @@ impl Outcome {
     }
 }
 
-/// Why a run failed as a whole, with its source: rendered to text where it is shown (the
-/// log line, the `--once` table, `probe NAME`, and each fed resource's error in the store,
-/// which status and the controller show).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum RunFailure {
-    /// The child could not be started: its user, the security rules, its cgroup.
-    #[error(transparent)]
-    Refused(Arc<exec::SpawnRefused>),
-    /// The spawn itself failed.
-    #[error(transparent)]
-    Spawn(Arc<child::SpawnError>),
-    /// The child ended badly: its exit status, the timeout or the output cap, with what it
-    /// said about it.
-    #[error("{0}")]
-    Ended(String),
-    /// Its output did not parse.
-    #[error("bad {} output: {error}", format.as_str())]
-    Output {
-        format: output::Format,
-        error: output::OutputError,
-    },
-    /// A file in a probe output format did not parse.
-    #[error("bad {} in {}: {error}", format.as_str(), path.display())]
-    FileOutput {
-        format: output::Format,
-        path: PathBuf,
-        error: output::OutputError,
-    },
-    /// Parsing the output outlived the timeout, or panicked.
-    #[error("{0}")]
-    Parse(String),
-    /// A file probe's user cannot be looked up.
-    #[error("run_as: {0}")]
-    RunAs(child::UserError),
-    /// A file probe's read failed.
-    #[error("{0}")]
-    Read(String),
-    /// A stream gave no first values.
-    #[error("{0}")]
-    NoFirstValues(String),
-}
-
 #[derive(Debug, Clone)]
 pub struct ProbeRun {
     pub started: SystemTime,
@@ -130,8 +92,8 @@ pub struct ProbeRun {
     pub exec: Option<exec::ExecDetail>,
     /// Output lines that did not parse while the rest of the output still counted.
     pub bad_lines: Vec<String>,
-    /// Why the run failed as a whole (each fed resource then fails with it).
-    pub failure: Option<RunFailure>,
+    /// Why the run failed as a whole (each fed resource then fails with this same error).
+    pub failure: Option<Arc<RunFailure>>,
 }
 
 impl ProbeRun {
@@ -143,7 +105,9 @@ impl ProbeRun {
         outcome: Outcome,
         failure: RunFailure,
     ) -> Self {
-        let why = failure.to_string();
+        // One shared error for the run and every resource it feeds.
+        let failure = Arc::new(failure);
+        let why = Failure::shared(failure.clone());
         Self {
             started,
             duration,
@@ -260,7 +224,7 @@ impl ProbeRun {
         if !any_value && !said_nothing {
             for i in absent {
                 if let Reading::Pending(why) = &readings[i].1 {
-                    readings[i].1 = Reading::Failed(why.clone());
+                    readings[i].1 = Reading::Failed(why.clone().into());
                 }
             }
         }
@@ -297,11 +261,13 @@ impl ProbeRun {
         self.outcome == Outcome::Ok
     }
 
-    /// The error shown (and logged) for the run as a whole, if any. Pending is not an error:
-    /// a rate's first sample, or a name an ELIM line did not carry this time, is normal.
-    pub fn error(&self) -> Option<&str> {
+    /// The error shown (and logged) for the run as a whole, if any, as text. Pending is not
+    /// an error: a rate's first sample, or a name an ELIM line did not carry this time, is
+    /// normal.
+    pub fn error(&self) -> Option<String> {
         self.readings.iter().find_map(|(_, r)| match r {
-            Reading::Failed(e) | Reading::Stale(e) => Some(e.as_str()),
+            Reading::Failed(e) => Some(e.to_string()),
+            Reading::Stale(e) => Some(e.clone()),
             Reading::Ok(_) | Reading::Pending(_) => None,
         })
     }
@@ -328,7 +294,7 @@ pub fn readings_from_pairs(
             let r = match by_name.get(feed.name.as_str()) {
                 Some(raw) => match feed.valtype.parse(raw) {
                     Ok(v) => Reading::Ok(v),
-                    Err(e) => Reading::Failed(e.to_string()),
+                    Err(e) => Reading::Failed(Failure::new(e)),
                 },
                 // Not reported this run (ELIM style: a line may carry a subset). The last good
                 // value stands until it goes stale; a name never reported stays pending.
@@ -375,11 +341,8 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     let handle = tokio::task::spawn_blocking(move || in_place(work));
     match tokio::time::timeout(timeout, handle).await {
         Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(RunFailure::Parse(format!("parsing the output failed: {e}"))),
-        Err(_) => Err(RunFailure::Parse(format!(
-            "parsing the output took longer than the timeout ({})",
-            humantime::format_duration(timeout)
-        ))),
+        Ok(Err(e)) => Err(RunFailure::Parse(ParseFailure::Panicked(e))),
+        Err(_) => Err(RunFailure::Parse(ParseFailure::TimedOut(timeout))),
     }
 }
 
@@ -390,9 +353,9 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     match &task.kind {
         ProbeKind::Builtin { index } => {
             let reading = ctx.builtin.reading(index).unwrap_or_else(|| {
-                Reading::Failed(format!(
-                    "builtin index {index:?} is not available on this host"
-                ))
+                Reading::Failed(
+                    format!("builtin index {index:?} is not available on this host").into(),
+                )
             });
             ProbeRun::single(task, started, t0.elapsed(), reading)
         }

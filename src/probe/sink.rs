@@ -71,7 +71,7 @@ impl Sink {
         self.stats.rejected.fetch_add(1, Ordering::Relaxed);
         self.malformed(why);
         if fail {
-            self.record_all(&Reading::Failed(why.to_owned()));
+            self.record_all(&Reading::Failed(why.into()));
         }
     }
 
@@ -101,16 +101,16 @@ impl Sink {
             return;
         };
         if matches!(task.kind, ProbeKind::Stream(_)) {
-            self.log.malformed(&task.name, err, Instant::now());
+            self.log.malformed(&task.name, &err, Instant::now());
             return;
         }
         let previous = self
             .store
             .get(&task.name, &task.instance)
             .and_then(|r| r.error);
-        if previous.as_deref() != Some(err) {
+        if previous.map(|p| p.to_string()).as_ref() != Some(&err) {
             let stderr = run.exec.as_ref().map_or("", |e| e.stderr.as_str());
-            tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %crate::text::escape(stderr.trim()), "{}", crate::text::escape(err));
+            tracing::warn!(probe = %task.name, outcome = run.outcome.as_str(), stderr = %crate::text::escape(stderr.trim()), "{}", crate::text::escape(&err));
         }
     }
 }

@@ -29,13 +29,14 @@ use super::exec::{self, ExecDetail};
 use super::sink::Sink;
 mod updates;
 
+use super::failure::{Exited, NoFirstValues, NoValues, Restarting, StreamStopped};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{StdinMode, StreamSpec};
 use crate::output::Streaming;
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
-use crate::value::Reading;
+use crate::value::{Failure, Reading};
 use updates::{FirstValues, Gathered, Updates};
 
 /// LSF's `ELIM_ABORT_VALUE`: the elim has nothing to report on this host.
@@ -128,9 +129,9 @@ impl LineSplitter {
 #[derive(Debug)]
 enum End {
     Cancelled,
-    Aborted(String),
+    Aborted(StreamStopped),
     /// Exited or could not start; restart after the backoff.
-    Restart(String),
+    Restart(StreamStopped),
     /// Silent too long with `restart_on_silence`.
     Hung,
     /// Its executable was replaced (a load sensor: restarted at once, as sge_execd does).
@@ -166,8 +167,9 @@ pub async fn supervise(
         let why = match end {
             End::Cancelled => return,
             End::Aborted(why) => {
+                let why = Failure::new(why);
                 // `why` ends with the child's last stderr line: escaped for the journal too.
-                tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why));
+                tracing::warn!(probe = %task.name, "{}; not restarted", crate::text::escape(&why.to_string()));
                 sink.record_all(&Reading::Failed(why));
                 cancel.cancelled().await;
                 return;
@@ -187,12 +189,12 @@ pub async fn supervise(
             backoff = BACKOFF_START;
         }
         if let Some(why) = why {
-            let msg = format!(
-                "{why}; restarting in {}",
-                humantime::format_duration(backoff)
-            );
-            tracing::warn!(probe = %task.name, "{}", crate::text::escape(&msg));
-            sink.record_all(&Reading::Failed(msg));
+            let why = Failure::new(Restarting {
+                why,
+                after: backoff,
+            });
+            tracing::warn!(probe = %task.name, "{}", crate::text::escape(&why.to_string()));
+            sink.record_all(&Reading::Failed(why));
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -249,13 +251,13 @@ async fn run_child(
     let env = stream_env(task, spec, &ctx.host);
     let (mut child_spec, _user) = match stream_child_spec(task, spec, ctx, env) {
         Ok(c) => c,
-        Err(e) => return End::Restart(e.to_string()),
+        Err(e) => return End::Restart(StreamStopped::Refused(e.into())),
     };
     // Lines are applied as they come; nothing of stdout needs keeping.
     child_spec.stdout_cap = 0;
     let (mut child, mut reader) = match Child::start(&child_spec) {
         Ok(c) => c,
-        Err(e) => return End::Restart(e.to_string()),
+        Err(e) => return End::Restart(StreamStopped::Spawn(e.into())),
     };
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut updates = Updates::new(spec.exec.format);
@@ -368,16 +370,15 @@ async fn run_child(
     }
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
-    let mut why = exit.to_string();
-    if let Some(last) = stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-        why = format!("{why}: {}", last.trim());
-    }
+    let said = stderr.lines().rev().map(str::trim).find(|l| !l.is_empty());
+    let exited = Exited {
+        exit,
+        said: said.map(str::to_owned),
+    };
     if exit == Exit::Code(ELIM_ABORT_VALUE) {
-        End::Aborted(format!(
-            "elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): {why}"
-        ))
+        End::Aborted(StreamStopped::Aborted(exited))
     } else {
-        End::Restart(why)
+        End::Restart(StreamStopped::Exited(exited))
     }
 }
 
@@ -408,7 +409,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             started,
             t0.elapsed(),
             Outcome::Failed,
-            RunFailure::NoFirstValues("not a stream probe".into()),
+            RunFailure::NoFirstValues(NoFirstValues::new(NoValues::NotAStream, "")),
         );
     };
     let env = stream_env(task, spec, &ctx.host);
@@ -470,30 +471,18 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         }
         FirstValues::TimedOut => (
             Outcome::TimedOut,
-            format!(
-                "timed out after {}: {}",
-                humantime::format_duration(task.timeout),
-                gathered.missing()
-            ),
+            NoValues::TimedOut {
+                after: task.timeout,
+                missing: gathered.missing(),
+            },
         ),
-        FirstValues::Bad(why) => (Outcome::Failed, why),
-        FirstValues::Ended if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) => (
-            Outcome::Failed,
-            format!("elim aborted (exit {ELIM_ABORT_VALUE}, ELIM_ABORT_VALUE): nothing to report on this host"),
-        ),
-        FirstValues::Ended => (
-            Outcome::Failed,
-            format!(
-                "{} before reporting any values",
-                exit.map_or_else(|| "did not exit".to_owned(), |e| e.to_string())
-            ),
-        ),
+        FirstValues::Bad(why) => (Outcome::Failed, NoValues::Rejected(why)),
+        FirstValues::Ended if exit == Some(Exit::Code(ELIM_ABORT_VALUE)) => {
+            (Outcome::Failed, NoValues::Aborted)
+        }
+        FirstValues::Ended => (Outcome::Failed, NoValues::Ended(exit)),
     };
-    let why = match detail.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
-        Some(last) if !why.contains(last.trim()) => format!("{why}: {}", last.trim()),
-        _ => why,
-    };
-    let why = RunFailure::NoFirstValues(why);
+    let why = RunFailure::NoFirstValues(NoFirstValues::new(why, &detail.stderr));
     let mut run = ProbeRun::all_failed(task, started, duration, outcome, why);
     run.exec = Some(detail);
     run

@@ -55,7 +55,7 @@ impl OnceReport {
                     status: rv.status,
                     last_report_ms: rv.last_report_ms,
                     duration_ms: run.duration.as_millis() as u64,
-                    error: rv.error,
+                    error: rv.error.as_ref().map(ToString::to_string),
                     stderr: run
                         .exec
                         .as_ref()

@@ -268,7 +268,7 @@ impl ProbeDebug<'_> {
             format!(
                 "{}: {}",
                 run.outcome.as_str(),
-                run.error().unwrap_or("failed")
+                run.error().as_deref().unwrap_or("failed")
             )
         };
         let _ = writeln!(t, "result: {}", escape(&result));

@@ -296,7 +296,7 @@ pub fn snapshot(src: &Sources, names: &[String]) -> StatusReport {
             value: rv.value,
             status: rv.status,
             last_report_ms: rv.last_report_ms,
-            error: rv.error,
+            error: rv.error.as_ref().map(ToString::to_string),
             probe,
             kind,
             interval_ms,

@@ -60,7 +60,7 @@ fn assert_pending(s: &Sampler, index: &str) {
 
 fn failed_reason(s: &Sampler, index: &str) -> String {
     match s.reading(index) {
-        Some(Reading::Failed(why)) => why,
+        Some(Reading::Failed(why)) => why.to_string(),
         other => panic!("{index}: expected failed, got {other:?}"),
     }
 }
@@ -253,6 +253,17 @@ fn missing_file_fails_only_its_indices() {
             "{why}"
         );
     }
+    // The reading is the collector's error, with the kernel's under it.
+    let Some(Reading::Failed(why)) = s.reading("mem") else {
+        panic!("{:?}", s.reading("mem"))
+    };
+    let io = why
+        .source()
+        .and_then(|e| e.downcast_ref::<std::io::Error>());
+    assert_eq!(
+        io.map(std::io::Error::kind),
+        Some(std::io::ErrorKind::NotFound)
+    );
     assert!(
         failed_reason(&s, "io").contains("cannot parse"),
         "{:?}",

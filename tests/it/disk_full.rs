@@ -73,7 +73,7 @@ async fn full_tmp_reads_zero_and_writing_probes_fail_with_the_reason() {
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Failed);
     match &run.readings[0].1 {
-        Reading::Failed(e) => assert!(e.contains("No space left on device"), "{e}"),
+        Reading::Failed(e) => assert!(e.to_string().contains("No space left on device"), "{e}"),
         other => panic!("expected failure, got {other:?}"),
     }
 }

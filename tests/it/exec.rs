@@ -20,7 +20,7 @@ async fn run(dir: &std::path::Path, body: &str, extra: &str) -> xce_agent::probe
 
 fn failed_with(run: &xce_agent::probe::ProbeRun) -> String {
     match &run.readings[0].1 {
-        Reading::Failed(e) => e.clone(),
+        Reading::Failed(e) => e.to_string(),
         other => panic!("expected a failure, got {other:?}"),
     }
 }
@@ -93,7 +93,7 @@ async fn garbage_output_is_a_failure_not_zero() {
     // The failure keeps its source: which format, which parse error.
     assert!(
         matches!(
-            r.failure,
+            r.failure.as_deref(),
             Some(RunFailure::Output {
                 format: Format::Value,
                 error: OutputError::Empty
@@ -125,7 +125,7 @@ async fn missing_program() {
     );
     assert_eq!(e, wanted);
     assert!(
-        matches!(&r.failure, Some(RunFailure::Refused(why)) if matches!(**why, SpawnRefused::NotRunnable(_))),
+        matches!(r.failure.as_deref(), Some(RunFailure::Refused(why)) if matches!(**why, SpawnRefused::NotRunnable(_))),
         "{:?}",
         r.failure
     );
@@ -254,4 +254,30 @@ async fn stdout_pty_gives_an_exec_probe_a_terminal_and_plain_newlines() {
     // The same script with a pipe prints nothing: the terminal is what made the value.
     let r = run(dir.path(), body, "").await;
     assert_eq!(r.outcome, Outcome::Failed);
+}
+
+/// A failed run's reading is the run's typed failure, shared: the exit status and what the
+/// script said are data, and the text is the one shown.
+#[tokio::test]
+async fn a_failed_reading_is_the_typed_failure() {
+    use xce_agent::probe::child::Exit;
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\necho 'disk gone' >&2\nexit 3\n", "").await;
+    assert_eq!(failed_with(&r), "exited with status 3: disk gone");
+    let Reading::Failed(f) = &r.readings[0].1 else {
+        panic!("{:?}", r.readings)
+    };
+    match f.downcast_ref::<RunFailure>() {
+        Some(RunFailure::Ended(e)) => {
+            assert_eq!(e.exit, Exit::Code(3));
+            assert_eq!(e.said.as_deref(), Some("disk gone"));
+        }
+        other => panic!("not an ending: {other:?}"),
+    }
+    // The run and the resource it feeds hold one error, not a copy each.
+    let run_failure = r.failure.as_deref().unwrap();
+    assert!(std::ptr::addr_eq(
+        f.downcast_ref::<RunFailure>().unwrap(),
+        run_failure
+    ));
 }

@@ -122,7 +122,10 @@ async fn unknown_user_fails_with_a_clear_message() {
     }
     let (r, _) = run(", run_as: no_such_user_xce", "", ID).await;
     assert_eq!(r.outcome, Outcome::Failed);
-    assert_eq!(r.error(), Some("no such user \"no_such_user_xce\""));
+    assert_eq!(
+        r.error().as_deref(),
+        Some("no such user \"no_such_user_xce\"")
+    );
 }
 
 #[tokio::test]

@@ -145,7 +145,7 @@ async fn exit_by_signal_is_a_failure_without_a_core() {
     let (task, ctx) = load_task(&s, "segv");
     let run = run_once(&task, &ctx).await;
     assert_eq!(run.outcome, Outcome::Failed);
-    assert_eq!(run.error(), Some("killed by signal SIGSEGV"));
+    assert_eq!(run.error().as_deref(), Some("killed by signal SIGSEGV"));
     assert_tree_gone(&s, &["segv.pid"]);
     assert!(!s.path().join("pids/core").exists());
 }

@@ -25,7 +25,7 @@ async fn probe(path: &std::path::Path, extra: &str, valtype: &str) -> ProbeRun {
 
 fn failure(r: &ProbeRun) -> String {
     match &r.readings[0].1 {
-        Reading::Failed(e) => e.clone(),
+        Reading::Failed(e) => e.to_string(),
         other => panic!("expected failure, got {other:?}"),
     }
 }
@@ -244,4 +244,25 @@ fn check_says_who_each_file_probe_reads_as() {
         stdout.contains("file reads: at most 7 may be stuck in the kernel (max_stuck_reads)"),
         "{stdout}"
     );
+}
+
+/// A read that fails keeps the kernel's error as its source, under the text shown.
+#[tokio::test]
+async fn a_failed_read_keeps_the_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("missing");
+    let r = probe(&p, "", "numeric").await;
+    let Reading::Failed(f) = &r.readings[0].1 else {
+        panic!("{:?}", r.readings)
+    };
+    assert!(
+        f.to_string()
+            .starts_with(&format!("cannot open {}: ", p.display())),
+        "{f}"
+    );
+    let io = f
+        .source()
+        .and_then(|e| e.downcast_ref::<std::io::Error>())
+        .expect("the io error is the source");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
 }

@@ -111,7 +111,7 @@ fn frames(c: &Case) -> Vec<u8> {
                 value: Value::String(value.clone()),
                 status: Status::Failed,
                 last_report_ms: Some(1),
-                error: Some(error.clone()),
+                error: Some(error.clone().into()),
             })
             .collect(),
     };

@@ -87,7 +87,7 @@ fn resval() -> impl Strategy<Value = Resval> {
                 value,
                 status,
                 last_report_ms,
-                error,
+                error: error.map(Into::into),
             },
         )
 }

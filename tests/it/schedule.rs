@@ -177,8 +177,8 @@ async fn a_value_nobody_refreshes_is_swept_stale() {
     assert_eq!(slow.value, Value::Unknown);
     assert!(
         slow.error
-            .as_deref()
-            .is_some_and(|e| e.contains("stale after 2s")),
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("stale after 2s")),
         "{slow:?}"
     );
     sched.stop().await;

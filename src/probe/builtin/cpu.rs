@@ -60,14 +60,14 @@ impl Cpu {
         });
         match &stat {
             Ok(stat) => self.update_ut(&stat.total, now, slots),
-            Err(e) => slots.fail(&[Ix::Ut], &e.to_string()),
+            Err(e) => slots.fail(&[Ix::Ut], e.to_string()),
         }
         let online_path = roots.sys.join("devices/system/cpu/online");
         match online_cpus(&online_path, buf) {
             Ok(n) => slots.ok(Ix::Ncpus, n as f64),
             Err(online_err) => match &stat {
                 Ok(stat) => slots.ok(Ix::Ncpus, stat.cpu_time.len() as f64),
-                Err(stat_err) => slots.fail(&[Ix::Ncpus], &format!("{online_err}; {stat_err}")),
+                Err(stat_err) => slots.fail(&[Ix::Ncpus], format!("{online_err}; {stat_err}")),
             },
         }
     }

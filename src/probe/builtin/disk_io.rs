@@ -56,7 +56,7 @@ impl DiskIo {
         });
         let stats = match stats {
             Ok(s) => s,
-            Err(e) => return slots.fail(&[Ix::Io], &e.to_string()),
+            Err(e) => return slots.fail(&[Ix::Io], crate::value::Failure::new(e)),
         };
         let mut sectors = HashMap::with_capacity(stats.0.len());
         for d in stats.0 {

@@ -100,7 +100,7 @@ impl Gpu {
                     }
                     mem = mem.saturating_add(m);
                 }
-                Err(e) => return slots.fail(&PER_DEVICE, &format!("NVML, GPU {i}: {e}")),
+                Err(e) => return slots.fail(&PER_DEVICE, format!("NVML, GPU {i}: {e}")),
             }
         }
         slots.ok(Ix::NgpusFree, free as f64);

@@ -39,7 +39,7 @@ pub(crate) fn sample(
 ) {
     let ttys = match login_ttys {
         Ok(ttys) => ttys,
-        Err(e) => return slots.fail(&[Ix::It], &format!("login terminals unknown: {e}")),
+        Err(e) => return slots.fail(&[Ix::It], format!("login terminals unknown: {e}")),
     };
     let mut newest: Option<SystemTime> = None;
     let mut see = |meta: std::fs::Metadata| {
@@ -62,7 +62,7 @@ pub(crate) fn sample(
     .map(|secs| (secs / 60.0).floor());
     match minutes {
         Ok(m) => slots.ok(Ix::It, m),
-        Err(e) => slots.fail(&[Ix::It], &e.to_string()),
+        Err(e) => slots.fail(&[Ix::It], crate::value::Failure::new(e)),
     }
 }
 

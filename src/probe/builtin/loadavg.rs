@@ -45,7 +45,10 @@ impl RunQueue {
                 slots.ok(Ix::R1m, self.r1m.update(x, now));
                 slots.ok(Ix::R15m, self.r15m.update(x, now));
             }
-            Err(e) => slots.fail(&[Ix::R15s, Ix::R1m, Ix::R15m], &e.to_string()),
+            Err(e) => slots.fail(
+                &[Ix::R15s, Ix::R1m, Ix::R15m],
+                crate::value::Failure::new(e),
+            ),
         }
     }
 }

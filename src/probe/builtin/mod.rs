@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::value::{Reading, Value};
+use crate::value::{Failure, Reading, Value};
 
 /// Run-queue sampling period (LSF's 5 s).
 pub const FAST_TICK: Duration = Duration::from_secs(5);
@@ -184,9 +184,12 @@ impl Slots {
         }
     }
 
-    pub(crate) fn fail(&mut self, ixs: &[Ix], reason: &str) {
+    /// Every index in `ixs` fails with the one shared `reason` (typed where the collector's
+    /// error is at hand).
+    pub(crate) fn fail(&mut self, ixs: &[Ix], reason: impl Into<Failure>) {
+        let reason = reason.into();
         for &ix in ixs {
-            self.0[ix as usize] = Slot::Have(Reading::Failed(reason.to_owned()));
+            self.0[ix as usize] = Slot::Have(Reading::Failed(reason.clone()));
         }
     }
 

@@ -37,7 +37,7 @@ impl Paging {
         let path = roots.proc.join("vmstat");
         let total = read_file(&path, buf).and_then(|()| swapped_pages(&path, buf));
         match total {
-            Err(e) => slots.fail(&[Ix::Pg], &e.to_string()),
+            Err(e) => slots.fail(&[Ix::Pg], crate::value::Failure::new(e)),
             Ok(total) => match self.swapped.observe(total, now) {
                 Delta::First => slots.pending(Ix::Pg, "paging rate needs a second sample"),
                 Delta::Restarted => slots.hold(

@@ -50,7 +50,7 @@ impl Psi {
                     self.available = false;
                     return slots.absent(&ALL, "pressure stall information is switched off (psi=0 on the kernel command line)");
                 }
-                Err(e) => slots.fail(&[ix], &e.to_string()),
+                Err(e) => slots.fail(&[ix], crate::value::Failure::new(e)),
             }
         }
     }

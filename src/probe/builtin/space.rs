@@ -33,7 +33,7 @@ pub(crate) fn sample_memory(roots: &Roots, buf: &mut Vec<u8>, slots: &mut Slots)
         }
         Err(e) => {
             let indices: Vec<Ix> = MEMINFO.iter().map(|(ix, _)| *ix).collect();
-            slots.fail(&indices, &e.to_string());
+            slots.fail(&indices, crate::value::Failure::new(e));
         }
     }
 }
@@ -47,7 +47,7 @@ pub(crate) fn sample_tmp(roots: &Roots, slots: &mut Slots) {
         }
         Err(e) => slots.fail(
             &[Ix::Tmp, Ix::Maxtmp],
-            &format!("cannot statvfs {}: {e}", roots.tmp.display()),
+            format!("cannot statvfs {}: {e}", roots.tmp.display()),
         ),
     }
 }

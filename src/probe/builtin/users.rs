@@ -39,7 +39,7 @@ pub(crate) fn sample(roots: &Roots, buf: &mut Vec<u8>, slots: &mut Slots) -> Log
             Ok(ttys)
         }
         Err(e) => {
-            slots.fail(&[Ix::Ls], &e);
+            slots.fail(&[Ix::Ls], e.as_str());
             Err(e)
         }
     }

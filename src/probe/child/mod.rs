@@ -229,16 +229,6 @@ impl ChildOutcome {
         }
         .text()
     }
-
-    /// Why the run failed (`None`: it succeeded), in the one wording the logs, `--once` and
-    /// `probe NAME` share.
-    pub fn failure(&self) -> Option<String> {
-        match (&self.ending, self.exit) {
-            (Ending::Finished, Exit::Code(0)) => None,
-            (Ending::Finished, exit) => Some(exit.to_string()),
-            (ending, _) => Some(ending.to_string()),
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
