@@ -233,12 +233,25 @@ fn membership(res: &Resource, host: &str, assigned: &BTreeSet<Assignment>) -> Me
     Membership::None
 }
 
+/// The step of a host's run grid: every probe of a host falls due at `phase + k * RUN_GRID`
+/// (`phase` from the host's name), so the runs that fall due together start in one wake-up
+/// of the agent, and a node's jobs are interrupted once for them, not once each. Across hosts
+/// the phases differ, and each probe's `k` still spreads its host's runs over the interval.
+/// A run grid cost a busy agent one timer wake-up per run less: 1.6 context switches a run
+/// instead of 2.6 (BENCHMARKS.md section 21d).
+pub const RUN_GRID: Duration = Duration::from_millis(100);
+
+/// Where in its interval a probe runs on this host: on the host's run grid ([`RUN_GRID`]),
+/// in a slot of the interval chosen by a hash of host and probe.
 pub fn splay(host: &str, name: &str, interval: Duration) -> Duration {
     let ms = u64::try_from(interval.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
+    let grid = (RUN_GRID.as_millis() as u64).min(ms);
     let key = crate::config::hostlist::host_key(host);
-    Duration::from_millis(fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % ms)
+    let phase = fnv1a(&[key.as_bytes()]) % grid;
+    let slot = fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % (ms / grid);
+    Duration::from_millis(phase + slot * grid)
 }
 
 pub fn default_timeout(interval: Duration) -> Duration {

@@ -201,3 +201,37 @@ fn splay_is_deterministic_within_the_interval_and_spreads_hosts() {
     let seconds: BTreeSet<u64> = offsets.iter().map(|d| d.as_secs()).collect();
     assert!(seconds.len() > 40, "{} distinct seconds", seconds.len());
 }
+
+/// One host's probes fall due on its run grid (one phase, 100 ms apart), spread over the
+/// interval's slots; another host's grid has another phase.
+#[test]
+fn a_hosts_probes_share_its_run_grid_and_spread_over_the_interval() {
+    let i = Duration::from_secs(10);
+    let grid = xce_agent::plan::RUN_GRID;
+    let of = |host: &str| -> Vec<Duration> {
+        (0..200)
+            .map(|n| splay(host, &format!("r{n:03}"), i))
+            .collect()
+    };
+    let phase = |d: &Duration| d.as_millis() % grid.as_millis();
+    let mine = of("node001");
+    assert!(mine.iter().all(|d| *d < i));
+    let phases: BTreeSet<u128> = mine.iter().map(phase).collect();
+    assert_eq!(phases.len(), 1, "one phase per host: {phases:?}");
+    // 200 probes over the 100 slots of a 10 s interval: most slots taken.
+    let slots: BTreeSet<u128> = mine
+        .iter()
+        .map(|d| d.as_millis() / grid.as_millis())
+        .collect();
+    assert!(slots.len() > 70, "{} slots used", slots.len());
+    let hosts: BTreeSet<u128> = (1..=50)
+        .map(|n| phase(&splay(&format!("node{n:03}"), "r000", i)))
+        .collect();
+    assert!(
+        hosts.len() > 30,
+        "{} distinct phases for 50 hosts",
+        hosts.len()
+    );
+    // An interval shorter than the grid: still within it.
+    assert!(splay("node001", "fast", Duration::from_millis(40)) < Duration::from_millis(40));
+}
