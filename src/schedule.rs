@@ -210,6 +210,8 @@ struct Shared {
     budget: Arc<Semaphore>,
     /// Where the runs go (a run at a time; the lock is never contended).
     sink: Mutex<Sink>,
+    /// What the probe's runs reuse.
+    cache: probe::RunCache,
 }
 
 /// A run in flight, polled by its probe's loop: no task of its own, no hop between
@@ -247,6 +249,7 @@ async fn probe_loop(
         task,
         ctx,
         budget,
+        cache: probe::RunCache::default(),
     };
     let mut inflight: Option<InFlightRun<'_>> = None;
     // Skipped ticks are logged once per streak, not once per tick.
@@ -305,7 +308,7 @@ async fn run_one(shared: &Shared) {
         },
         false => None,
     };
-    let run = probe::run_once(&shared.task, &shared.ctx).await;
+    let run = probe::run_reusing(&shared.task, &shared.ctx, &shared.cache).await;
     shared
         .sink
         .lock()

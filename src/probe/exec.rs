@@ -16,7 +16,7 @@ use crate::plan::ProbeTask;
 pub struct ExecDetail {
     pub argv: Vec<String>,
     pub user: String,
-    pub env: Vec<(String, String)>,
+    pub env: process::Env,
     pub exit: Option<Exit>,
     pub ending: Option<Ending>,
     pub stdout: Vec<u8>,
@@ -57,7 +57,7 @@ pub fn probe_env(
     task: &ProbeTask,
     host: &str,
     extra: &std::collections::BTreeMap<String, String>,
-) -> Vec<(String, String)> {
+) -> process::Env {
     let names: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut env = vec![
         ("PATH".to_owned(), process::PROBE_PATH.to_owned()),
@@ -84,7 +84,7 @@ pub fn probe_env(
         env.retain(|(name, _)| name != k);
         env.push((k.clone(), v.clone()));
     }
-    env
+    process::Env::new(env)
 }
 
 /// What a format's peer arguments and environment are made of, for this probe.
@@ -114,7 +114,7 @@ pub fn child_spec(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
-    env: Vec<(String, String)>,
+    env: process::Env,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
     let supervisor = &ctx.supervisor;
     let creds = supervisor
@@ -162,7 +162,7 @@ pub fn child_spec(
             .map(OsString::from)
             .collect();
     }
-    child.env = env.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+    child.env = env;
     child.credentials = creds;
     child.limits = spec.limits.clone();
     child.no_new_privs = spec.no_new_privs;
@@ -185,11 +185,11 @@ pub fn argv_of(child: &ChildSpec) -> Vec<String> {
 
 impl ExecDetail {
     /// Before the child starts: what it will be run with, nothing it did yet.
-    pub fn new(argv: &[String], env: &[(String, String)]) -> Self {
+    pub fn new(argv: &[String], env: &process::Env) -> Self {
         Self {
             argv: argv.to_vec(),
             user: String::new(),
-            env: env.to_vec(),
+            env: env.clone(),
             exit: None,
             ending: None,
             stdout: Vec::new(),
@@ -202,10 +202,13 @@ pub async fn run(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
+    env: &std::sync::OnceLock<process::Env>,
     started: SystemTime,
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
-    let env = probe_env(task, &ctx.host, &spec.env);
+    let env = env
+        .get_or_init(|| probe_env(task, &ctx.host, &spec.env))
+        .clone();
     let mut detail = ExecDetail::new(&spec.command, &env);
     let (child, user) = match child_spec(task, spec, ctx, env) {
         Ok(c) => c,

@@ -346,8 +346,22 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     }
 }
 
+/// What a probe's runs reuse: made on its first run and kept by its loop (the probe and
+/// the context of a loop never change: a reload starts a new loop).
+#[derive(Debug, Default)]
+pub struct RunCache {
+    /// An exec probe's environment and the strings its exec takes (20-odd allocations a run
+    /// otherwise: BENCHMARKS.md section 21d).
+    env: std::sync::OnceLock<child::Env>,
+}
+
 /// Run one probe once; a stream: until its first values (`--once`, `probe NAME`).
 pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
+    run_reusing(task, ctx, &RunCache::default()).await
+}
+
+/// [`run_once`] for a probe's loop, with what its earlier runs made.
+pub async fn run_reusing(task: &ProbeTask, ctx: &ProbeContext, cache: &RunCache) -> ProbeRun {
     let started = SystemTime::now();
     let t0 = std::time::Instant::now();
     match &task.kind {
@@ -359,7 +373,7 @@ pub async fn run_once(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
             });
             ProbeRun::single(task, started, t0.elapsed(), reading)
         }
-        ProbeKind::Exec(spec) => exec::run(task, spec, ctx, started).await,
+        ProbeKind::Exec(spec) => exec::run(task, spec, ctx, &cache.env, started).await,
         ProbeKind::File(spec) => file::run(task, spec, ctx, started).await,
         ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
     }

@@ -55,7 +55,7 @@ pub const STREAM_BYTES_PER_SEC: usize = 1 << 20;
 
 /// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
 /// then the probe's `env:` (which may override them).
-pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> Vec<(String, String)> {
+pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> process::Env {
     let provides: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut extra = BTreeMap::new();
     extra.insert("LSF_RESOURCES".to_owned(), provides.join(" "));
@@ -210,7 +210,7 @@ fn stream_child_spec(
     task: &ProbeTask,
     spec: &StreamSpec,
     ctx: &ProbeContext,
-    env: Vec<(String, String)>,
+    env: process::Env,
 ) -> Result<(process::ChildSpec, String), exec::SpawnRefused> {
     let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
     child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;

@@ -217,7 +217,7 @@ impl ProbeDebug<'_> {
         if let Some(d) = &run.exec {
             let _ = writeln!(t, "  argv:      {}", escape(&shell_words(&d.argv)));
             let _ = writeln!(t, "  env:");
-            for (k, v) in &d.env {
+            for (k, v) in d.env.pairs() {
                 let _ = writeln!(t, "    {}={}", escape(k), escape(v));
             }
             let _ = writeln!(t, "  ended:     {}", exit_line(d));

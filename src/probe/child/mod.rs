@@ -85,11 +85,53 @@ pub enum UserError {
     Groups(String, nix::Error),
 }
 
+/// A child's whole environment: its pairs (shown by `probe NAME`) and the `NAME=value`
+/// strings its exec takes, made once and shared: a probe's runs reuse them.
+#[derive(Debug, Clone)]
+pub struct Env {
+    pairs: Arc<[(String, String)]>,
+    /// `None` where a name or value holds a NUL byte: the spawn says so.
+    envp: Option<Arc<[CString]>>,
+}
+
+impl Env {
+    pub fn new(pairs: Vec<(String, String)>) -> Self {
+        let envp = pairs
+            .iter()
+            .map(|(k, v)| {
+                // One allocation each: NAME=value and the NUL CString adds, sized up front.
+                let mut kv = Vec::with_capacity(k.len() + v.len() + 2);
+                kv.extend_from_slice(k.as_bytes());
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                CString::new(kv).ok()
+            })
+            .collect();
+        Self {
+            pairs: pairs.into(),
+            envp,
+        }
+    }
+
+    /// `PATH` (the probes' fixed one) and nothing else: a new `ChildSpec`'s, made once.
+    pub fn path_only() -> Self {
+        static PATH_ONLY: OnceLock<Env> = OnceLock::new();
+        PATH_ONLY
+            .get_or_init(|| Self::new(vec![("PATH".to_owned(), PROBE_PATH.to_owned())]))
+            .clone()
+    }
+
+    pub fn pairs(&self) -> &[(String, String)] {
+        &self.pairs
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ChildSpec {
     pub program: PathBuf,
     pub args: Vec<OsString>,
-    pub env: Vec<(OsString, OsString)>,
+    /// The whole environment (`NAME`, `value`), shared with the run's record.
+    pub env: Env,
     pub cwd: PathBuf,
     /// `None`: run as the agent's own user.
     pub credentials: Option<Credentials>,
@@ -113,7 +155,7 @@ impl ChildSpec {
         Self {
             program: program.into(),
             args: Vec::new(),
-            env: vec![("PATH".into(), PROBE_PATH.into())],
+            env: Env::path_only(),
             cwd: PathBuf::from("/"),
             credentials: None,
             limits: Limits::default(),
@@ -365,13 +407,12 @@ impl Child {
         for a in &spec.args {
             argv.push(c_string(a.as_bytes(), "an argument").map_err(io_fail)?);
         }
-        let mut envp = Vec::with_capacity(spec.env.len());
-        for (k, v) in &spec.env {
-            let mut kv = k.as_bytes().to_vec();
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            envp.push(c_string(&kv, "an environment variable").map_err(io_fail)?);
-        }
+        let envp = spec.env.envp.clone().ok_or_else(|| {
+            io_fail(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an environment variable contains a NUL byte",
+            ))
+        })?;
         let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
         let (out_read, out_write) = match spec.stdout {
             StdoutMode::Pipe => spawn::pipe(),

@@ -32,6 +32,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::OnceLock;
 
 /// Where a child failed before its `execve` succeeded.
@@ -95,7 +96,7 @@ pub struct Prepared {
     /// Kept alive for `argv_ptrs`.
     _argv: Vec<CString>,
     argv_ptrs: Vec<*const c_char>,
-    _envp: Vec<CString>,
+    _envp: Arc<[CString]>,
     envp_ptrs: Vec<*const c_char>,
     cwd: CString,
     /// `(uid, gid, supplementary groups)`; `None`: keep the agent's.
@@ -125,7 +126,7 @@ unsafe impl Send for Prepared {}
 pub struct Plan<'a> {
     pub path: CString,
     pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
+    pub envp: Arc<[CString]>,
     pub cwd: CString,
     pub credentials: Option<(u32, u32, Vec<u32>)>,
     /// `(RLIMIT_*, value)`: soft and hard limit alike.
