@@ -531,3 +531,29 @@ async fn no_agent_thread_takes_sigchld_and_probes_block_no_signal() {
     }
     daemon.terminate().await;
 }
+
+/// A probe's runs reuse the environment its first run made; a reload that changes its
+/// `env:` restarts it, and the new runs see the new value.
+#[tokio::test]
+async fn a_reloaded_env_reaches_the_probes_next_runs() {
+    let with = |level: &str| {
+        format!(
+            "resources:\n  - name: level\n    valtype: numeric\n    interval: 1s\n    resourcemap:\n      - location: [default]\n    probe:\n      kind: exec\n      command: [level]\n      env: {{LEVEL: \"{level}\"}}\n"
+        )
+    };
+    let setup = Setup::with_agent(&with("7"), &format!("{AS_ME}status_socket: status.sock\n"));
+    setup.script("level", "#!/bin/sh\necho \"$LEVEL\"\n");
+    let mut daemon = setup.spawn_agent();
+    let value_is = |want: f64| {
+        move |r: &xce_agent::status::StatusReport| {
+            r.resources
+                .iter()
+                .any(|v| v.name == "level" && v.value == Value::Numeric(want))
+        }
+    };
+    common::wait_status(&setup, "the first value", value_is(7.0)).await;
+    std::fs::write(setup.path().join("resources.yaml"), with("8")).expect("write v2");
+    daemon.signal(Signal::SIGHUP);
+    common::wait_status(&setup, "the value of the new env", value_is(8.0)).await;
+    daemon.terminate().await;
+}
