@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use nix::unistd::Uid;
 
@@ -874,7 +875,7 @@ impl Identity {
 struct PassedWalk {
     file: Identity,
     dir: Identity,
-    interpreters: Vec<PathBuf>,
+    interpreters: Arc<[PathBuf]>,
 }
 
 /// Passed verdicts of one agent ([`super::supervisor::Supervisor`]), keyed by file and the
@@ -882,15 +883,16 @@ struct PassedWalk {
 /// re-walked).
 #[derive(Debug, Default)]
 pub struct Verdicts {
-    passed: std::sync::Mutex<std::collections::HashMap<(PathBuf, Option<u32>), PassedWalk>>,
+    /// By user, then file: a run's lookup borrows the path, it does not copy it.
+    passed: std::sync::Mutex<Passed>,
     walks: std::sync::Mutex<std::collections::HashMap<PathBuf, u64>>,
 }
 
+type Passed =
+    std::collections::HashMap<Option<u32>, std::collections::HashMap<PathBuf, PassedWalk>>;
+
 impl Verdicts {
-    fn passed(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(PathBuf, Option<u32>), PassedWalk>>
-    {
+    fn passed(&self) -> std::sync::MutexGuard<'_, Passed> {
         self.passed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -910,13 +912,15 @@ impl Verdicts {
         &self,
         path: &Path,
         run_as_uid: Option<Uid>,
-    ) -> Result<Vec<PathBuf>, InsecureProgram> {
-        let key = (path.to_owned(), run_as_uid.map(|u| u.as_raw()));
+    ) -> Result<Arc<[PathBuf]>, InsecureProgram> {
+        let user = run_as_uid.map(|u| u.as_raw());
         let dir = path.parent().unwrap_or(Path::new("/"));
-        let now = Identity::of(path).zip(Identity::of(dir));
-        if let (Some((file, dir_id)), Some(v)) = (&now, self.passed().get(&key)) {
-            if *file == v.file && *dir_id == v.dir {
-                return Ok(v.interpreters.clone());
+        if let Some((file, dir_id)) = Identity::of(path).zip(Identity::of(dir)) {
+            let passed = self.passed();
+            if let Some(v) = passed.get(&user).and_then(|files| files.get(path)) {
+                if file == v.file && dir_id == v.dir {
+                    return Ok(v.interpreters.clone());
+                }
             }
         }
         *self
@@ -929,14 +933,15 @@ impl Verdicts {
         let before = Identity::of(path).zip(Identity::of(dir));
         let walked = check_program(path, run_as_uid);
         let mut cache = self.passed();
+        let files = cache.entry(user).or_default();
         if walked.is_err() {
-            cache.remove(&key);
+            files.remove(path);
         }
         walked?;
-        let interpreters = shebang_interpreters(path);
+        let interpreters: Arc<[PathBuf]> = shebang_interpreters(path).into();
         if let Some((file, dir)) = before {
-            cache.insert(
-                key,
+            files.insert(
+                path.to_owned(),
                 PassedWalk {
                     file,
                     dir,
@@ -991,8 +996,8 @@ impl Verdicts {
             ..e
         };
         let interpreters = self.check_file(program, run_as_uid)?;
-        for i in interpreters {
-            self.check_file(&i, run_as_uid)
+        for i in interpreters.iter() {
+            self.check_file(i, run_as_uid)
                 .map_err(|e| as_program(e, None))?;
         }
         let path_var = env
@@ -1006,8 +1011,9 @@ impl Verdicts {
             for i in self
                 .check_file(&file, run_as_uid)
                 .map_err(|e| as_program(e, via.clone()))?
+                .iter()
             {
-                self.check_file(&i, run_as_uid)
+                self.check_file(i, run_as_uid)
                     .map_err(|e| as_program(e, via.clone()))?;
             }
         }
