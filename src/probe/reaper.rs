@@ -23,7 +23,9 @@
 //! ours still alive (an escapee, which will die on its own time), scans repeat every
 //! [`RESCAN_EVERY`] until none is left. An idle agent with no escapee wakes for none. (On
 //! kernels without pidfds a child's exit is still waited for by SIGCHLD, in `child/`; the
-//! reaper does not need it there either.)
+//! reaper does not need it there either.) The agent's threads block SIGCHLD altogether
+//! ([`hold_child_signals`]): unhandled, it would still wake a thread whenever a child exits
+//! while its parent thread is inside a spawn.
 //!
 //! A grandchild that calls `setsid` leaves the probe's process group; where cgroups are
 //! writable it is still ended with its run (`cgroup/`), and once it exits its zombie is
