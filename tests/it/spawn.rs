@@ -277,3 +277,16 @@ async fn output_many_times_the_first_read_buffer_arrives_whole_and_in_order() {
         err.as_bytes()[err.len() - child::DEFAULT_STDERR_TAIL..]
     );
 }
+
+/// A NUL byte cannot reach execve: the environment that holds one is refused before the
+/// spawn, with what is wrong.
+#[tokio::test]
+async fn a_nul_byte_in_the_environment_is_refused_before_the_spawn() {
+    let mut spec = ChildSpec::new("/bin/true", Duration::from_secs(5));
+    spec.env = child::Env::new(vec![("BAD".into(), "a\0b".into())]);
+    let e = child::run(&spec).await.unwrap_err().to_string();
+    assert!(
+        e.contains("an environment variable contains a NUL byte"),
+        "{e}"
+    );
+}
