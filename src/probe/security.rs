@@ -915,10 +915,12 @@ impl Verdicts {
     ) -> Result<Arc<[PathBuf]>, InsecureProgram> {
         let user = run_as_uid.map(|u| u.as_raw());
         let dir = path.parent().unwrap_or(Path::new("/"));
-        if let Some((file, dir_id)) = Identity::of(path).zip(Identity::of(dir)) {
+        // Identities first, then the walk: a change between the two re-walks next run.
+        let before = Identity::of(path).zip(Identity::of(dir));
+        if let Some((file, dir_id)) = &before {
             let passed = self.passed();
             if let Some(v) = passed.get(&user).and_then(|files| files.get(path)) {
-                if file == v.file && dir_id == v.dir {
+                if *file == v.file && *dir_id == v.dir {
                     return Ok(v.interpreters.clone());
                 }
             }
@@ -929,8 +931,6 @@ impl Verdicts {
             .unwrap_or_else(|p| p.into_inner())
             .entry(path.to_owned())
             .or_default() += 1;
-        // Identities first, then the walk: a change between the two re-walks next run.
-        let before = Identity::of(path).zip(Identity::of(dir));
         let walked = check_program(path, run_as_uid);
         let mut cache = self.passed();
         let files = cache.entry(user).or_default();

@@ -356,12 +356,15 @@ fn dev_null() -> io::Result<&'static OwnedFd> {
 }
 
 fn c_string(bytes: &[u8], what: &str) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{what} contains a NUL byte"),
-        )
-    })
+    CString::new(bytes).map_err(|_| holds_nul(what))
+}
+
+/// Why `what` cannot be handed to execve.
+fn holds_nul(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{what} contains a NUL byte"),
+    )
 }
 
 fn rlimits(limits: &Limits) -> Vec<(libc::c_int, u64)> {
@@ -407,12 +410,8 @@ impl Child {
         for a in &spec.args {
             argv.push(c_string(a.as_bytes(), "an argument").map_err(io_fail)?);
         }
-        let envp = spec.env.envp.clone().ok_or_else(|| {
-            io_fail(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "an environment variable contains a NUL byte",
-            ))
-        })?;
+        let envp =
+            (spec.env.envp.clone()).ok_or_else(|| io_fail(holds_nul("an environment variable")))?;
         let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
         let (out_read, out_write) = match spec.stdout {
             StdoutMode::Pipe => spawn::pipe(),
