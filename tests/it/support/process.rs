@@ -145,10 +145,24 @@ impl Drop for AgentProc {
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             eprintln!("--- agent log (last 40 lines) ---\n{}", tail.join("\n"));
         }
+        // SIGTERM first: the agent then ends its probes and removes its cgroup subtree, which
+        // a SIGKILL leaves behind (for the next agent to find). SIGKILL only if it outlives
+        // the bound (a test that dropped it mid-grace).
+        if let Ok(None) = self.child.try_wait() {
+            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+            let until = std::time::Instant::now() + DROP_GRACE;
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
+
+/// How long a dropped agent gets to stop on SIGTERM before it is killed.
+const DROP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// `xce-agent listen 127.0.0.1:0 --format json`: its stdout and stderr lines arrive on
 /// channels (reader threads), so waits are bounded with `recv_timeout`.
