@@ -3,15 +3,17 @@
 //! a terminal, printed as successive frames otherwise (a log, a pipe).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::link::receiver::{serve, Event, EventKind, ListenOpts};
+use crate::link::receiver::{serve, Event, ListenOpts};
+use crate::receiver::budget::{Budget, DEFAULT_HOST_SHARE, DEFAULT_TOTAL};
+use crate::receiver::hosts::{grace, unknown, HostState, HostTable, DEFAULT_HEARTBEAT};
 use crate::render::status::age;
 use crate::render::{columns, format_time, human_value};
 use crate::value::{Resval, Status, Value};
@@ -39,19 +41,21 @@ impl TableView {
     }
 }
 
-#[derive(Debug, Default)]
-struct HostRow {
-    /// Column label -> latest resval.
-    values: BTreeMap<String, Resval>,
-    /// Open connections (a reconnect may overlap the old connection's end).
-    connections: BTreeSet<SocketAddr>,
-    last_message: Option<Instant>,
+/// The cluster as the receiver has heard it: the receiver core's host table (the same fold
+/// the C library reads), shown.
+pub struct Cluster {
+    hosts: HostTable,
 }
 
-/// The cluster as the receiver has heard it.
-#[derive(Debug, Default)]
-pub struct Cluster {
-    hosts: BTreeMap<String, HostRow>,
+impl Default for Cluster {
+    fn default() -> Self {
+        Self {
+            hosts: HostTable::new(
+                grace(DEFAULT_HEARTBEAT),
+                Budget::new(DEFAULT_TOTAL, DEFAULT_HOST_SHARE),
+            ),
+        }
+    }
 }
 
 /// `name`, or `name@instance` for a shared instance.
@@ -74,37 +78,30 @@ fn pending(name: &str, instance: &str) -> Resval {
     }
 }
 
+/// A host's row: every resource its hello declared (pending until a value came), by label.
+fn row_values(st: &HostState) -> BTreeMap<String, Resval> {
+    let mut row: BTreeMap<String, Resval> = st
+        .accepted
+        .hello
+        .resources
+        .iter()
+        .map(|d| (label(&d.name, &d.instance), pending(&d.name, &d.instance)))
+        .collect();
+    for r in st.values.values() {
+        let shown = if st.stale {
+            unknown(r, Duration::ZERO)
+        } else {
+            r.clone()
+        };
+        row.insert(label(&r.name, &r.instance), shown);
+    }
+    row
+}
+
 impl Cluster {
-    pub fn apply(&mut self, ev: &Event, now: Instant) {
-        let Some(host) = &ev.host else { return };
-        let row = self.hosts.entry(host.clone()).or_default();
-        row.last_message = Some(now);
-        match &ev.kind {
-            EventKind::Connected => {}
-            EventKind::Hello(h) => {
-                row.connections.insert(ev.peer);
-                // The declared set is the new truth: drop what it no longer lists.
-                let declared: BTreeMap<String, Resval> = h
-                    .resources
-                    .iter()
-                    .map(|d| {
-                        let key = label(&d.name, &d.instance);
-                        let old = row.values.remove(&key);
-                        (key, old.unwrap_or_else(|| pending(&d.name, &d.instance)))
-                    })
-                    .collect();
-                row.values = declared;
-            }
-            EventKind::Batch { batch, .. } => {
-                for r in &batch.resvals {
-                    row.values.insert(label(&r.name, &r.instance), r.clone());
-                }
-            }
-            EventKind::Heartbeat(_) => {}
-            EventKind::Closed(_) => {
-                row.connections.remove(&ev.peer);
-            }
-        }
+    pub fn apply(&mut self, ev: Event, now: Instant) {
+        let _ = self.hosts.apply(ev, now);
+        let _ = self.hosts.expire(now);
     }
 
     /// One frame of output: the screen cleared first on a terminal, a dated separator
@@ -121,9 +118,11 @@ impl Cluster {
 
     /// The table at `now`.
     pub fn render(&self, only: &[String], now: Instant) -> String {
+        let mut hosts: Vec<(&HostState, BTreeMap<String, Resval>)> =
+            self.hosts.hosts().map(|st| (st, row_values(st))).collect();
+        hosts.sort_by(|a, b| a.0.host.cmp(&b.0.host));
         let resources: Vec<String> = if only.is_empty() {
-            let all: BTreeSet<&String> =
-                self.hosts.values().flat_map(|h| h.values.keys()).collect();
+            let all: BTreeSet<&String> = hosts.iter().flat_map(|(_, v)| v.keys()).collect();
             all.into_iter().cloned().collect()
         } else {
             only.to_vec()
@@ -131,21 +130,18 @@ impl Cluster {
         let mut header = vec!["HOST".to_owned(), "LINK".to_owned(), "AGE".to_owned()];
         header.extend(resources.iter().cloned());
         let mut rows = vec![header];
-        for (host, row) in &self.hosts {
+        for (st, values) in &hosts {
+            let link = match (st.connected(), st.stale) {
+                (true, false) => "up",
+                (true, true) => "stale",
+                (false, _) => "down",
+            };
             let mut cells = vec![
-                host.clone(),
-                if row.connections.is_empty() {
-                    "down"
-                } else {
-                    "up"
-                }
-                .to_owned(),
-                row.last_message.map_or_else(
-                    || "-".into(),
-                    |t| age(now.saturating_duration_since(t).as_millis() as u64),
-                ),
+                st.host.to_string(),
+                link.to_owned(),
+                age(now.saturating_duration_since(st.last_heard).as_millis() as u64),
             ];
-            cells.extend(resources.iter().map(|r| cell(row.values.get(r))));
+            cells.extend(resources.iter().map(|r| cell(values.get(r))));
             rows.push(cells);
         }
         let mut out = columns(&rows);
@@ -181,7 +177,7 @@ pub async fn serve_table<W: AsyncWrite + Unpin>(
     let ended = loop {
         tokio::select! {
             ev = rx.recv() => match ev {
-                Some(ev) => cluster.apply(&ev, Instant::now()),
+                Some(ev) => cluster.apply(ev, Instant::now()),
                 None => break Ok(()),
             },
             _ = tick.tick() => {
@@ -207,13 +203,16 @@ async fn write_frame<W: AsyncWrite + Unpin>(out: &mut W, frame: &str) -> std::io
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::receiver::EventKind;
     use crate::link::wire::{Batch, Declared, Hello};
     use crate::value::Valtype;
+    use std::net::SocketAddr;
 
     fn event(peer: u16, host: &str, kind: EventKind) -> Event {
         Event {
             peer: SocketAddr::from(([127, 0, 0, 1], peer)),
             host: Some(host.to_owned()),
+            session: u64::from(peer),
             kind,
             identity: None,
             reason: None,
@@ -261,12 +260,12 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Cluster::default();
         c.apply(
-            &event(1, "node002", hello("node002", &["mem", "scratch"])),
+            event(1, "node002", hello("node002", &["mem", "scratch"])),
             t0,
         );
-        c.apply(&event(2, "node001", hello("node001", &["mem"])), t0);
+        c.apply(event(2, "node001", hello("node001", &["mem"])), t0);
         c.apply(
-            &event(
+            event(
                 1,
                 "node002",
                 batch(&[
@@ -297,7 +296,7 @@ mod tests {
         };
         assert!(c.frame(&view(true), t0).starts_with("\x1b[H\x1b[2JHOST"));
         assert!(c.frame(&view(false), t0).starts_with("--- "));
-        c.apply(&event(1, "node002", EventKind::Closed(None)), t0);
+        c.apply(event(1, "node002", EventKind::Closed(None)), t0);
         let only = c.render(&["scratch".to_owned()], t0);
         assert!(
             only.lines()

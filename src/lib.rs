@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod output;
 pub mod plan;
 pub mod probe;
+pub mod receiver;
 pub mod reload;
 pub mod render;
 pub mod schedule;

@@ -6,6 +6,16 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+/// Longest string value the protocol carries (bytes). LSF's string resources are short
+/// words (a model, a state, a version); 1 KiB leaves room for a path or a list and keeps a
+/// host's state small at the receiver. The agent refuses a longer value as a failed run;
+/// the receiver rejects it (docs/protocol.md).
+pub const MAX_STRING_VALUE: usize = 1024;
+
+/// Longest error text sent with a resval (bytes): longer texts are cut at a character
+/// boundary by the agent and the receiver alike.
+pub const MAX_ERROR_TEXT: usize = 1024;
+
 /// LSF value types. `numeric` is a 64-bit float: load indices are fractional and LSF's own
 /// numeric resources are floats on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -48,6 +58,12 @@ impl Valtype {
                     Err(ParseError::new(raw, self, "empty string"))
                 } else if text.chars().any(|c| c.is_control()) {
                     Err(ParseError::new(raw, self, "contains control characters"))
+                } else if text.len() > MAX_STRING_VALUE {
+                    Err(ParseError::new(
+                        raw,
+                        self,
+                        "longer than the protocol's cap on a string value (1024 bytes)",
+                    ))
                 } else {
                     Ok(Value::String(text.to_owned()))
                 }

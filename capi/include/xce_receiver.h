@@ -116,7 +116,8 @@ typedef enum xce_status {
 
 // Why a connection ended or was refused.
 typedef enum xce_reason {
-  // A clean end of stream (the agent closed the connection).
+  // The agent's end of the stream, with or without TLS close_notify (a power cut, kill -9
+  // or a cable look alike: `reason_text` says which was seen).
   XCE_REASON_CLOSED = 0,
   // The peer does not speak TLS (a plaintext client).
   XCE_REASON_NOT_TLS = 1,
@@ -138,10 +139,16 @@ typedef enum xce_reason {
   XCE_REASON_LIMIT = 9,
   // The connection failed (reset, write timeout).
   XCE_REASON_IO = 10,
-  // A newer connection for the same host replaced it (never reported as GONE).
-  XCE_REASON_REPLACED = 11,
+  // A newer session for the same host, or with the same certificate, took its place
+  // (never reported as GONE: the host is still there).
+  XCE_REASON_DISPLACED = 11,
   // The receiver is stopping.
   XCE_REASON_STOPPED = 12,
+  // Nothing from the agent for three heartbeats (a half-open connection).
+  XCE_REASON_TIMEOUT = 13,
+  // The host held more than its share of the receiver's memory budget
+  // (xce_receiver_config_set_memory_budget): cut off, the process unharmed.
+  XCE_REASON_OVER_BUDGET = 14,
 } xce_reason;
 
 // A running receiver. Opaque.
@@ -149,6 +156,21 @@ typedef struct xce_receiver xce_receiver;
 
 // Options for `xce_receiver_start`. Opaque.
 typedef struct xce_receiver_config xce_receiver_config;
+
+// What the receiver holds and has done, for the controller's own monitoring.
+typedef struct xce_stats {
+  // Events waiting for `xce_receiver_pop`, and the bytes they hold.
+  size_t queued_events;
+  size_t queued_bytes;
+  // Values replaced while waiting by a newer value of the same (host, resource): the
+  // controller got the newer one instead of both (resvals are gauges).
+  uint64_t replaced;
+  // Bytes charged to the memory budget now, and the budget.
+  size_t budget_used;
+  size_t budget_total;
+  // Hosts the receiver knows (accepted at least once).
+  size_t hosts;
+} xce_stats;
 
 // One resource instance a host declared in its hello.
 typedef struct xce_declared {
@@ -245,6 +267,17 @@ enum xce_result xce_receiver_config_set_insecure_plaintext(struct xce_receiver_c
 enum xce_result xce_receiver_config_set_queue_capacity(struct xce_receiver_config *cfg,
                                                        size_t capacity);
 
+// The receiver's memory budget in bytes (`total`, default 2 GiB: 100,000 hosts at rest)
+// and one host's share of it (`per_host`, default 8 MiB; at most `total`). Every
+// connection, frame being read, queued event and host's state is charged to it; a host
+// over its share is cut off (GONE, XCE_REASON_OVER_BUDGET) and nobody else notices.
+// Connections without an accepted hello together hold at most 1/8 of `total`. When the
+// whole budget is spent, a host above its fair part (total / hosts) is refused and the
+// largest is cut off, so the process stays within about `total` whatever its peers send.
+enum xce_result xce_receiver_config_set_memory_budget(struct xce_receiver_config *cfg,
+                                                      size_t total,
+                                                      size_t per_host);
+
 // The agents' heartbeat interval in ms (1 ms .. 1 day; the agent's is 10000, the default).
 // A host is stale after `2 * heartbeat_ms + 1000` ms without a batch or heartbeat.
 enum xce_result xce_receiver_config_set_agent_heartbeat_ms(struct xce_receiver_config *cfg,
@@ -276,6 +309,9 @@ enum xce_result xce_receiver_local_addr(const struct xce_receiver *rx,
                                         size_t index,
                                         char *buf,
                                         size_t len);
+
+// Fill `*out` with the receiver's figures now. Any thread.
+enum xce_result xce_receiver_stats(const struct xce_receiver *rx, struct xce_stats *out);
 
 // Take the next event without waiting: XCE_OK and `*ev` set (free it with
 // `xce_event_free`), or XCE_EMPTY and `*ev` NULL. Popping makes room: a full queue had

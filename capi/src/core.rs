@@ -4,19 +4,20 @@
 //! controller's events (accepted, resval, stale, gone, refused), keeps every host's state for
 //! snapshots, and queues the events for the C side.
 //!
-//! Memory is bounded: the queue holds at most `capacity` events; while it is full the
-//! dispatcher waits, the core's channel fills, and each connection stops reading its socket
-//! (TCP pushes back on the agent), as `listen` does with a slow stdout.
+//! Memory is bounded in bytes: every connection, frame, queued event and host state is
+//! charged to one budget (`Config::memory_budget`, a share per host: see
+//! `xce_agent::receiver::budget`); a host over its share is cut off (GONE `over_budget`).
+//! The queue is newest-wins per (host, resource) and bounded in events and bytes; while it
+//! is full the dispatcher waits, the core's channel fills, and each connection stops
+//! reading its socket (TCP pushes back on the agent), as `listen` does with a slow stdout.
 //!
 //! Staleness: an agent sends a batch or a heartbeat at least every heartbeat interval (10 s,
 //! not in the hello; `Config::heartbeat`). A host from which nothing arrived for
 //! `grace = 2 x heartbeat + 1 s` is stale: one event, and its values read as unknown until it
-//! reports again. The hello's probe intervals do not shorten it (an unchanged value is not
-//! resent, so a silent interval is healthy) and cannot lengthen it (the heartbeat bounds the
-//! silence). A host whose connection ended (gone) goes stale by the same rule unless it
-//! connects again first.
+//! reports again. A host whose connection ended (gone) goes stale by the same rule unless it
+//! connects again first. The fold is the receiver core's (`xce_agent::receiver::hosts`),
+//! the same `listen --format table` shows.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,26 +30,18 @@ use tokio_util::sync::CancellationToken;
 use xce_agent::config::agent::TlsPaths;
 use xce_agent::link::frame_limits::MAX_ASSIGNED;
 use xce_agent::link::name_rules::check_names;
-use xce_agent::link::receiver::{
-    self, identity_key as host_key, Control, Event, EventKind, Identity, ListenOpts, Reason,
-};
-use xce_agent::link::wire::Hello;
-use xce_agent::value::{Resval, Status, Value};
+use xce_agent::link::receiver::{self, Control, Event, ListenOpts};
+pub use xce_agent::receiver::budget::{Budget, Payer, DEFAULT_HOST_SHARE, DEFAULT_TOTAL};
+pub use xce_agent::receiver::events::{Accepted, Ev};
+use xce_agent::receiver::hosts::HostTable;
+pub use xce_agent::receiver::hosts::{grace, DEFAULT_HEARTBEAT};
+use xce_agent::receiver::identity::canonical_host;
+use xce_agent::receiver::queue::{EventQueue, NotPushed, Pushed, DEFAULT_QUEUE_BYTES};
 
-/// The agents' heartbeat interval unless the controller says otherwise (the agent's own
-/// default, `LinkConfig::heartbeat`).
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 /// Events held for the controller before the library stops reading sockets.
-pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+pub const DEFAULT_QUEUE_CAPACITY: usize = xce_agent::receiver::queue::DEFAULT_QUEUE_EVENTS;
 /// Core events in flight between the connections and the dispatcher (each at most a frame).
 const CORE_CHANNEL: usize = 16;
-/// Beyond two heartbeats: the coalescing window and scheduling delays.
-const GRACE_MARGIN: Duration = Duration::from_secs(1);
-
-/// The grace after which a silent host is stale.
-pub fn grace(heartbeat: Duration) -> Duration {
-    heartbeat.saturating_mul(2).saturating_add(GRACE_MARGIN)
-}
 
 /// What `xce_receiver_start` is given.
 #[derive(Debug, Clone)]
@@ -61,6 +54,9 @@ pub struct Config {
     pub ack: bool,
     /// The cluster's DNS domains (see `ListenOpts::domains`).
     pub domains: Vec<String>,
+    /// The whole receiver's memory budget and one host's share of it, in bytes.
+    pub memory_budget: usize,
+    pub host_share: usize,
 }
 
 impl Default for Config {
@@ -73,6 +69,8 @@ impl Default for Config {
             heartbeat: DEFAULT_HEARTBEAT,
             ack: false,
             domains: Vec::new(),
+            memory_budget: DEFAULT_TOTAL,
+            host_share: DEFAULT_HOST_SHARE,
         }
     }
 }
@@ -96,57 +94,6 @@ impl StartError {
             | StartError::Runtime(t) => t,
         }
     }
-}
-
-/// A host as accepted: who its certificate says it is and what its hello declared.
-#[derive(Debug)]
-pub struct Accepted {
-    pub host: String,
-    pub identity: Option<Arc<Identity>>,
-    pub hello: Hello,
-}
-
-/// One event for the controller.
-#[derive(Debug, Clone)]
-pub enum Ev {
-    /// A host passed the identity check and sent its hello (again after a reload).
-    Accepted {
-        peer: Option<SocketAddr>,
-        accepted: Arc<Accepted>,
-    },
-    Resval {
-        host: Arc<str>,
-        resval: Resval,
-    },
-    /// Nothing from the host for longer than `grace`: its values are unknown.
-    Stale {
-        host: Arc<str>,
-        grace: Duration,
-    },
-    /// The host's connection ended: `reason` None at a clean end of stream.
-    Gone {
-        host: Arc<str>,
-        peer: Option<SocketAddr>,
-        reason: Option<Reason>,
-        text: String,
-    },
-    /// A connection that never got as far as an accepted hello.
-    Refused {
-        peer: SocketAddr,
-        reason: Option<Reason>,
-        text: String,
-    },
-}
-
-/// One host as the library knows it (for snapshots and staleness).
-struct HostState {
-    host: Arc<str>,
-    /// The connection that speaks for it now; `None` once gone.
-    peer: Option<SocketAddr>,
-    accepted: Arc<Accepted>,
-    values: BTreeMap<(String, String), Resval>,
-    deadline: Instant,
-    stale: bool,
 }
 
 /// The wake-up pipe: its read end is readable exactly while events are queued.
@@ -176,20 +123,13 @@ impl Wake {
 
 /// What the dispatcher and the C side share.
 struct Shared {
-    queue: Mutex<VecDeque<Ev>>,
-    capacity: usize,
+    queue: Mutex<EventQueue>,
     /// Notified when the C side pops (there is room again).
     space: Notify,
     wake: Wake,
-    hosts: Mutex<Hosts>,
-    grace: Duration,
-}
-
-#[derive(Default)]
-struct Hosts {
-    by_key: HashMap<String, HostState>,
-    /// (deadline, key) of every host not yet stale, earliest first.
-    deadlines: BTreeSet<(Instant, String)>,
+    hosts: Mutex<HostTable>,
+    budget: Arc<Budget>,
+    domains: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -197,17 +137,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Queue one event, waiting while the queue is full.
+    /// Queue one event (or replace the value it supersedes), waiting while the queue is
+    /// full. A resval of a host over its share is dropped (the host is cut off).
     async fn push(&self, ev: Ev) {
+        let payer = match ev.host() {
+            Some(h) => Payer::Host(self.budget.account(h)),
+            None => Payer::Receiver,
+        };
         loop {
             {
                 let mut q = lock(&self.queue);
-                if q.len() < self.capacity {
-                    if q.is_empty() {
-                        self.wake.raise();
+                let was_empty = q.is_empty();
+                match q.push(ev.clone(), &payer) {
+                    Ok(Pushed::Queued) => {
+                        if was_empty {
+                            self.wake.raise();
+                        }
+                        return;
                     }
-                    q.push_back(ev);
-                    return;
+                    Ok(Pushed::Replaced) | Err(NotPushed::OverBudget(_)) => return,
+                    Err(NotPushed::Full) => {}
                 }
             }
             // notify_one keeps a permit: a pop between the check and this wait is not lost.
@@ -218,7 +167,7 @@ impl Shared {
     fn pop(&self) -> Option<Ev> {
         let ev = {
             let mut q = lock(&self.queue);
-            let ev = q.pop_front();
+            let ev = q.pop();
             if ev.is_some() && q.is_empty() {
                 self.wake.lower();
             }
@@ -229,6 +178,18 @@ impl Shared {
         }
         ev
     }
+}
+
+/// What the library counts (`xce_receiver_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub queued_events: usize,
+    pub queued_bytes: usize,
+    /// Values replaced in the queue by newer ones before the controller popped them.
+    pub replaced: u64,
+    pub budget_used: usize,
+    pub budget_total: usize,
+    pub hosts: usize,
 }
 
 /// A running receiver.
@@ -303,15 +264,20 @@ impl Receiver {
             .map_err(|e| StartError::Bind(e.to_string()))?;
         let wake = Wake::new()
             .map_err(|e| StartError::Runtime(format!("cannot make the event pipe: {e}")))?;
+        let budget = Budget::new(cfg.memory_budget, cfg.host_share);
         let shared = Arc::new(Shared {
-            queue: Mutex::new(VecDeque::new()),
-            capacity: cfg.queue_capacity.max(1),
+            queue: Mutex::new(EventQueue::new(
+                Arc::clone(&budget),
+                cfg.queue_capacity,
+                DEFAULT_QUEUE_BYTES.min(cfg.memory_budget / 4),
+            )),
             space: Notify::new(),
             wake,
-            hosts: Mutex::new(Hosts::default()),
-            grace: grace(cfg.heartbeat),
+            hosts: Mutex::new(HostTable::new(grace(cfg.heartbeat), Arc::clone(&budget))),
+            budget: Arc::clone(&budget),
+            domains: cfg.domains.clone(),
         });
-        let control = Arc::new(Control::default());
+        let control = Arc::new(Control::new(cfg.domains.clone()));
         let shutdown = CancellationToken::new();
         let (tx, rx) = mpsc::channel(CORE_CHANNEL);
         let opts = ListenOpts {
@@ -322,6 +288,9 @@ impl Receiver {
             domains: cfg.domains.clone(),
             hello_timeout: None,
             max_unauthenticated: None,
+            budget: Some(budget),
+            // Three heartbeats: the agent sends one at least every heartbeat.
+            idle_timeout: Some(cfg.heartbeat.saturating_mul(3)),
         };
         let server = runtime.spawn(receiver::serve_all(
             listeners,
@@ -376,48 +345,28 @@ impl Receiver {
         Ok(())
     }
 
-    /// The state of one host (`Some(name)`) or of all, as events: per host its state
-    /// (accepted, stale or gone) then one resval per value (unknown while stale). `None`
-    /// when the named host is not known.
+    /// The state of one host (`Some(name)`, in any spelling of it) or of all, as events:
+    /// per host its state (accepted, stale or gone) then one resval per value (unknown while
+    /// stale). `None` when the named host is not known.
     pub fn snapshot(&self, host: Option<&str>) -> Option<Vec<Ev>> {
-        let hosts = lock(&self.shared.hosts);
-        let mut out = Vec::new();
-        let mut states: Vec<&HostState> = match host {
-            Some(h) => vec![hosts.by_key.get(&host_key(h))?],
-            None => hosts.by_key.values().collect(),
+        let key = host.map(|h| canonical_host(h, &self.shared.domains));
+        lock(&self.shared.hosts).snapshot(key.as_deref())
+    }
+
+    /// What the library counts now.
+    pub fn stats(&self) -> Stats {
+        let (queued_events, queued_bytes, replaced) = {
+            let q = lock(&self.shared.queue);
+            (q.len(), q.bytes(), q.replaced())
         };
-        states.sort_by(|a, b| a.host.cmp(&b.host));
-        for st in states {
-            out.push(if st.stale {
-                Ev::Stale {
-                    host: Arc::clone(&st.host),
-                    grace: self.shared.grace,
-                }
-            } else if st.peer.is_none() {
-                Ev::Gone {
-                    host: Arc::clone(&st.host),
-                    peer: None,
-                    reason: None,
-                    text: "not connected".into(),
-                }
-            } else {
-                Ev::Accepted {
-                    peer: st.peer,
-                    accepted: Arc::clone(&st.accepted),
-                }
-            });
-            for r in st.values.values() {
-                out.push(Ev::Resval {
-                    host: Arc::clone(&st.host),
-                    resval: if st.stale {
-                        unknown(r, self.shared.grace)
-                    } else {
-                        r.clone()
-                    },
-                });
-            }
+        Stats {
+            queued_events,
+            queued_bytes,
+            replaced,
+            budget_used: self.shared.budget.used(),
+            budget_total: self.shared.budget.total(),
+            hosts: lock(&self.shared.hosts).len(),
         }
-        Some(out)
     }
 
     /// Close every connection (TLS close_notify), stop the runtime. Events already queued
@@ -444,24 +393,14 @@ impl Drop for Receiver {
     }
 }
 
-/// A value the library no longer vouches for (its host is stale).
-fn unknown(r: &Resval, grace: Duration) -> Resval {
-    Resval {
-        value: Value::Unknown,
-        status: Status::Stale,
-        error: Some(format!("host stale: nothing from it for {} ms", grace.as_millis()).into()),
-        ..r.clone()
-    }
-}
-
 /// The dispatcher: core events in, controller events out, and the stale timers.
 async fn dispatch(mut rx: mpsc::Receiver<Event>, shared: Arc<Shared>, shutdown: CancellationToken) {
     loop {
-        let next_deadline = lock(&shared.hosts).deadlines.first().map(|(t, _)| *t);
+        let next_deadline = lock(&shared.hosts).next_deadline();
         let evs = tokio::select! {
             _ = shutdown.cancelled() => break,
             ev = rx.recv() => match ev {
-                Some(ev) => translate(&shared, ev),
+                Some(ev) => lock(&shared.hosts).apply(ev, Instant::now()),
                 None => break,
             },
             _ = async {
@@ -469,7 +408,7 @@ async fn dispatch(mut rx: mpsc::Receiver<Event>, shared: Arc<Shared>, shutdown: 
                     Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
-            } => expire(&shared, Instant::now()),
+            } => lock(&shared.hosts).expire(Instant::now()),
         };
         for ev in evs {
             tokio::select! {
@@ -480,167 +419,11 @@ async fn dispatch(mut rx: mpsc::Receiver<Event>, shared: Arc<Shared>, shutdown: 
     }
 }
 
-impl Hosts {
-    /// `key` was heard from now: its deadline moves to `now + grace`.
-    fn touch(&mut self, key: &str, now: Instant, grace: Duration) {
-        let Some(st) = self.by_key.get_mut(key) else {
-            return;
-        };
-        self.deadlines.remove(&(st.deadline, key.to_owned()));
-        st.deadline = now + grace;
-        self.deadlines.insert((st.deadline, key.to_owned()));
-    }
-}
-
-/// Hosts whose grace has passed: stale.
-fn expire(shared: &Shared, now: Instant) -> Vec<Ev> {
-    let mut hosts = lock(&shared.hosts);
-    let mut out = Vec::new();
-    while let Some((t, key)) = hosts.deadlines.first().cloned() {
-        if t > now {
-            break;
-        }
-        hosts.deadlines.remove(&(t, key.clone()));
-        if let Some(st) = hosts.by_key.get_mut(&key) {
-            if !st.stale {
-                st.stale = true;
-                out.push(Ev::Stale {
-                    host: Arc::clone(&st.host),
-                    grace: shared.grace,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// One core event to the controller's events, updating the host table.
-fn translate(shared: &Shared, ev: Event) -> Vec<Ev> {
-    let now = Instant::now();
-    let mut hosts = lock(&shared.hosts);
-    let Some(host) = ev.host.as_deref() else {
-        // Before an accepted hello: only its end matters, as a refusal.
-        return match ev.kind {
-            EventKind::Closed(text) => vec![Ev::Refused {
-                peer: ev.peer,
-                reason: ev.reason.or(Some(Reason::Protocol)),
-                text: text.unwrap_or_else(|| "connection closed before hello".into()),
-            }],
-            _ => Vec::new(),
-        };
-    };
-    let key = host_key(host);
-    match ev.kind {
-        EventKind::Connected => Vec::new(),
-        EventKind::Hello(hello) => {
-            let accepted = Arc::new(Accepted {
-                host: hello.host.clone(),
-                identity: ev.identity.clone(),
-                hello,
-            });
-            let st = hosts
-                .by_key
-                .entry(key.clone())
-                .or_insert_with(|| HostState {
-                    host: Arc::from(host),
-                    peer: None,
-                    accepted: Arc::clone(&accepted),
-                    values: BTreeMap::new(),
-                    deadline: now,
-                    stale: false,
-                });
-            st.host = Arc::from(host);
-            st.peer = Some(ev.peer);
-            st.accepted = Arc::clone(&accepted);
-            st.stale = false;
-            // What the hello no longer declares is gone; the full batch that follows says
-            // the rest.
-            let declared: BTreeSet<(String, String)> = accepted
-                .hello
-                .resources
-                .iter()
-                .map(|d| (d.name.clone(), d.instance.clone()))
-                .collect();
-            st.values.retain(|k, _| declared.contains(k));
-            hosts.touch(&key, now, shared.grace);
-            vec![Ev::Accepted {
-                peer: Some(ev.peer),
-                accepted,
-            }]
-        }
-        EventKind::Batch { batch, .. } => {
-            let Some(st) = hosts.by_key.get_mut(&key) else {
-                return Vec::new();
-            };
-            if st.peer != Some(ev.peer) {
-                return Vec::new(); // an older connection's last words
-            }
-            let mut out = revive(st, shared.grace);
-            if batch.full {
-                st.values.clear();
-            }
-            for r in batch.resvals {
-                st.values
-                    .insert((r.name.clone(), r.instance.clone()), r.clone());
-                out.push(Ev::Resval {
-                    host: Arc::clone(&st.host),
-                    resval: r,
-                });
-            }
-            hosts.touch(&key, now, shared.grace);
-            out
-        }
-        EventKind::Heartbeat(_) => {
-            let Some(st) = hosts.by_key.get_mut(&key) else {
-                return Vec::new();
-            };
-            if st.peer != Some(ev.peer) {
-                return Vec::new();
-            }
-            let out = revive(st, shared.grace);
-            hosts.touch(&key, now, shared.grace);
-            out
-        }
-        EventKind::Closed(text) => {
-            let Some(st) = hosts.by_key.get_mut(&key) else {
-                return Vec::new();
-            };
-            if st.peer != Some(ev.peer) {
-                return Vec::new(); // replaced by a newer connection: the host is not gone
-            }
-            st.peer = None;
-            vec![Ev::Gone {
-                host: Arc::clone(&st.host),
-                peer: Some(ev.peer),
-                reason: ev.reason,
-                text: text.unwrap_or_else(|| "connection closed by the agent".into()),
-            }]
-        }
-    }
-}
-
-/// A stale host that reports again: it is fresh, and every value it held is current again
-/// (a heartbeat or delta says so), so they are delivered again.
-fn revive(st: &mut HostState, _grace: Duration) -> Vec<Ev> {
-    if !st.stale {
-        return Vec::new();
-    }
-    st.stale = false;
-    let mut out = vec![Ev::Accepted {
-        peer: st.peer,
-        accepted: Arc::clone(&st.accepted),
-    }];
-    out.extend(st.values.values().map(|r| Ev::Resval {
-        host: Arc::clone(&st.host),
-        resval: r.clone(),
-    }));
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use futures::FutureExt as _;
+    use xce_agent::value::{Resval, Status, Value};
 
     /// Whether the wake-up pipe's read end is readable now (poll with no wait).
     fn pipe_has_byte(shared: &Shared) -> bool {
@@ -781,7 +564,7 @@ mod tests {
         let rt = tokio::runtime::Runtime::new().expect("rt");
         let refused = |i: u16| Ev::Refused {
             peer: SocketAddr::from(([127, 0, 0, 1], i)),
-            reason: None,
+            reason: xce_agent::link::receiver::Reason::Closed,
             text: String::new(),
         };
         assert!(!pipe_has_byte(&shared));

@@ -38,7 +38,8 @@ pub enum xce_event_kind {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum xce_reason {
-    /// A clean end of stream (the agent closed the connection).
+    /// The agent's end of the stream, with or without TLS close_notify (a power cut, kill -9
+    /// or a cable look alike: `reason_text` says which was seen).
     XCE_REASON_CLOSED = 0,
     /// The peer does not speak TLS (a plaintext client).
     XCE_REASON_NOT_TLS = 1,
@@ -60,40 +61,46 @@ pub enum xce_reason {
     XCE_REASON_LIMIT = 9,
     /// The connection failed (reset, write timeout).
     XCE_REASON_IO = 10,
-    /// A newer connection for the same host replaced it (never reported as GONE).
-    XCE_REASON_REPLACED = 11,
+    /// A newer session for the same host, or with the same certificate, took its place
+    /// (never reported as GONE: the host is still there).
+    XCE_REASON_DISPLACED = 11,
     /// The receiver is stopping.
     XCE_REASON_STOPPED = 12,
+    /// Nothing from the agent for three heartbeats (a half-open connection).
+    XCE_REASON_TIMEOUT = 13,
+    /// The host held more than its share of the receiver's memory budget
+    /// (xce_receiver_config_set_memory_budget): cut off, the process unharmed.
+    XCE_REASON_OVER_BUDGET = 14,
 }
 
 impl xce_reason {
-    pub fn of(r: Option<Reason>) -> Self {
+    pub fn of(r: Reason) -> Self {
         use xce_reason::*;
         match r {
-            None => XCE_REASON_CLOSED,
-            Some(Reason::NotTls) => XCE_REASON_NOT_TLS,
-            Some(Reason::UnknownCa) => XCE_REASON_UNKNOWN_CA,
-            Some(Reason::Expired) => XCE_REASON_EXPIRED,
-            Some(Reason::Revoked) => XCE_REASON_REVOKED,
-            Some(Reason::NoCertificate) => XCE_REASON_NO_CERTIFICATE,
-            Some(Reason::Handshake) => XCE_REASON_HANDSHAKE,
-            Some(Reason::Identity) => XCE_REASON_IDENTITY,
-            Some(Reason::Protocol) => XCE_REASON_PROTOCOL,
-            Some(Reason::Limit) => XCE_REASON_LIMIT,
-            Some(Reason::Io) => XCE_REASON_IO,
-            Some(Reason::Replaced) => XCE_REASON_REPLACED,
-            Some(Reason::Stopped) => XCE_REASON_STOPPED,
+            Reason::Closed => XCE_REASON_CLOSED,
+            Reason::NotTls => XCE_REASON_NOT_TLS,
+            Reason::UnknownCa => XCE_REASON_UNKNOWN_CA,
+            Reason::Expired => XCE_REASON_EXPIRED,
+            Reason::Revoked => XCE_REASON_REVOKED,
+            Reason::NoCertificate => XCE_REASON_NO_CERTIFICATE,
+            Reason::Handshake => XCE_REASON_HANDSHAKE,
+            Reason::Identity => XCE_REASON_IDENTITY,
+            Reason::Protocol => XCE_REASON_PROTOCOL,
+            Reason::Limit => XCE_REASON_LIMIT,
+            Reason::Io => XCE_REASON_IO,
+            Reason::Displaced => XCE_REASON_DISPLACED,
+            Reason::Stopped => XCE_REASON_STOPPED,
+            Reason::Timeout => XCE_REASON_TIMEOUT,
+            Reason::OverBudget => XCE_REASON_OVER_BUDGET,
         }
     }
 
-    /// The label `listen` uses ("closed" for a clean end).
+    /// The label `listen` uses for the same reason.
     pub fn label(code: u32) -> &'static str {
-        match code {
-            0 => "closed",
-            n => Reason::ALL
-                .get(n as usize - 1)
-                .map_or("unknown", |r| r.as_str()),
-        }
+        Reason::ALL
+            .into_iter()
+            .find(|r| xce_reason::of(*r) as u32 == code)
+            .map_or("unknown", Reason::as_str)
     }
 }
 
@@ -370,11 +377,13 @@ mod tests {
 
     #[test]
     fn every_reason_has_its_code_and_listens_label() {
+        // The codes are 0.. in Reason::ALL's order: a new reason takes the next code.
         for (i, r) in Reason::ALL.iter().enumerate() {
-            assert_eq!(xce_reason::of(Some(*r)) as u32, i as u32 + 1);
-            assert_eq!(xce_reason::label(i as u32 + 1), r.as_str());
+            assert_eq!(xce_reason::of(*r) as u32, i as u32);
+            assert_eq!(xce_reason::label(i as u32), r.as_str());
         }
         assert_eq!(xce_reason::label(0), "closed");
+        assert_eq!(xce_reason::label(14), "over_budget");
         assert_eq!(xce_reason::label(999), "unknown");
     }
 

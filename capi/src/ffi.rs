@@ -276,6 +276,41 @@ pub unsafe extern "C" fn xce_receiver_config_set_queue_capacity(
     })
 }
 
+/// The receiver's memory budget in bytes (`total`, default 2 GiB: 100,000 hosts at rest)
+/// and one host's share of it (`per_host`, default 8 MiB; at most `total`). Every
+/// connection, frame being read, queued event and host's state is charged to it; a host
+/// over its share is cut off (GONE, XCE_REASON_OVER_BUDGET) and nobody else notices.
+/// Connections without an accepted hello together hold at most 1/8 of `total`. When the
+/// whole budget is spent, a host above its fair part (total / hosts) is refused and the
+/// largest is cut off, so the process stays within about `total` whatever its peers send.
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_config_set_memory_budget(
+    cfg: *mut xce_receiver_config,
+    total: usize,
+    per_host: usize,
+) -> xce_result {
+    guard("xce_receiver_config_set_memory_budget", || {
+        not_null!(cfg);
+        if total < MIN_MEMORY_BUDGET || per_host == 0 || per_host > total {
+            return fail(
+                XCE_INVALID_ARGUMENT,
+                format!(
+                    "memory budget {total} with a share of {per_host}: the total must be at \
+                     least {MIN_MEMORY_BUDGET} bytes and the share within 1..=total"
+                ),
+            );
+        }
+        // SAFETY: `cfg` is not NULL and a live configuration.
+        let c = unsafe { config(cfg) };
+        c.memory_budget = total;
+        c.host_share = per_host;
+        XCE_OK
+    })
+}
+
+/// The smallest budget that holds one host's largest hello and its snapshot.
+const MIN_MEMORY_BUDGET: usize = 16 << 20;
+
 /// The agents' heartbeat interval in ms (1 ms .. 1 day; the agent's is 10000, the default).
 /// A host is stale after `2 * heartbeat_ms + 1000` ms without a batch or heartbeat.
 #[no_mangle]
@@ -431,6 +466,47 @@ pub unsafe extern "C" fn xce_receiver_local_addr(
             std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
             buf.add(bytes.len()).write(0);
         }
+        XCE_OK
+    })
+}
+
+/// What the receiver holds and has done, for the controller's own monitoring.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xce_stats {
+    /// Events waiting for `xce_receiver_pop`, and the bytes they hold.
+    pub queued_events: usize,
+    pub queued_bytes: usize,
+    /// Values replaced while waiting by a newer value of the same (host, resource): the
+    /// controller got the newer one instead of both (resvals are gauges).
+    pub replaced: u64,
+    /// Bytes charged to the memory budget now, and the budget.
+    pub budget_used: usize,
+    pub budget_total: usize,
+    /// Hosts the receiver knows (accepted at least once).
+    pub hosts: usize,
+}
+
+/// Fill `*out` with the receiver's figures now. Any thread.
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_stats(
+    rx: *const xce_receiver,
+    out: *mut xce_stats,
+) -> xce_result {
+    guard("xce_receiver_stats", || {
+        not_null!(rx, out);
+        // SAFETY: `rx` is not NULL and a live receiver.
+        let s = lock(unsafe { receiver(rx) }).stats();
+        let stats = xce_stats {
+            queued_events: s.queued_events,
+            queued_bytes: s.queued_bytes,
+            replaced: s.replaced,
+            budget_used: s.budget_used,
+            budget_total: s.budget_total,
+            hosts: s.hosts,
+        };
+        // SAFETY: `out` is not NULL and points to a writable xce_stats.
+        unsafe { out.write(stats) };
         XCE_OK
     })
 }
@@ -692,8 +768,10 @@ pub extern "C" fn xce_reason_str(code: c_int) -> *const c_char {
         "protocol" => c"protocol",
         "limit" => c"limit",
         "io" => c"io",
-        "replaced" => c"replaced",
+        "displaced" => c"displaced",
         "stopped" => c"stopped",
+        "timeout" => c"timeout",
+        "over_budget" => c"over_budget",
         _ => c"unknown",
     };
     s.as_ptr()
@@ -705,7 +783,7 @@ mod tests {
 
     #[test]
     fn every_reason_label_has_its_static_string() {
-        for code in 0..=12 {
+        for code in 0..xce_agent::link::receiver::Reason::ALL.len() as c_int {
             // SAFETY: xce_reason_str returns a static NUL-terminated string.
             let s = unsafe { CStr::from_ptr(xce_reason_str(code)) };
             assert_eq!(

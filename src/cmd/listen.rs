@@ -59,6 +59,8 @@ pub async fn run(
         domains: tls_opts.domains.clone(),
         hello_timeout: None,
         max_unauthenticated: None,
+        budget: None,
+        idle_timeout: None,
     };
     let out = tokio::io::stdout();
     let format = match format {

@@ -21,11 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::json;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -37,8 +36,13 @@ use super::wire::{
     self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION, VERDICT_VERSION,
 };
+use crate::receiver::budget::{
+    Budget, HostAccount, Payer, DEFAULT_HOST_SHARE, DEFAULT_TOTAL, SESSION_COST,
+};
+use crate::receiver::frame::{self, FrameError};
+use crate::receiver::identity::{canonical_host, Displaced, Live};
 use crate::text::escape;
-use crate::value::{Resval, Valtype, Value};
+use crate::value::{Resval, Valtype, Value, MAX_STRING_VALUE};
 
 /// How `listen` writes each event: a line of text or a JSON line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,27 +73,39 @@ pub struct ListenOpts {
     /// closed at once (OpenSSH's MaxStartups), so they cannot lock real agents out; `None`
     /// is [`MAX_UNAUTHENTICATED`].
     pub max_unauthenticated: Option<usize>,
+    /// The memory budget every connection charges (see `receiver::budget`); `None` is one of
+    /// the defaults' size for this receiver alone.
+    pub budget: Option<Arc<Budget>>,
+    /// A session with an accepted hello from which nothing arrived for this long is closed
+    /// (`timeout`); `None` is [`IDLE_TIMEOUT`].
+    pub idle_timeout: Option<Duration>,
 }
 
 /// How long a connection may take from accept to an accepted hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A session silent this long is closed: three of the agent's 10 s heartbeats.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest frame before an accepted hello: the largest hello the protocol allows
+/// (`MAX_DECLARED` instances of names within the name rules). A batch of up to
+/// `wire::MAX_FRAME_BYTES` comes only from a host whose hello was accepted, and is charged
+/// to its share.
+pub const PRE_HELLO_FRAME_BYTES: usize = 1 << 20;
+
 /// Connections at once that have not yet sent an accepted hello.
 pub const MAX_UNAUTHENTICATED: usize = 1024;
-
-/// The key of a host's live connection and assignment: the hello's host, exactly (ASCII case
-/// ignored, as DNS does). `node001` and `node001.cluster.example` are different hosts here:
-/// one cannot replace the other's connection.
-pub fn identity_key(host: &str) -> String {
-    host.to_ascii_lowercase()
-}
 
 /// What happened on one agent connection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub peer: SocketAddr,
-    /// The host from the connection's hello (None before it).
+    /// The host from the connection's hello, canonical (see `receiver::identity`; None
+    /// before it).
     pub host: Option<String>,
+    /// Which session of this receiver: a host's events count only from the session that
+    /// speaks for it now.
+    pub session: u64,
     pub kind: EventKind,
     /// Who the client certificate says the peer is (`None` on a plaintext connection or
     /// before the handshake finished).
@@ -122,14 +138,22 @@ pub enum Reason {
     Limit,
     /// Reading from or writing to the peer failed (reset, write timeout).
     Io,
-    /// A newer connection for the same host replaced this one.
-    Replaced,
+    /// A newer session for the same host, or with the same certificate, took its place.
+    Displaced,
     /// The receiver is stopping.
     Stopped,
+    /// The peer ended the stream (with or without TLS close_notify: a power cut, kill -9
+    /// and a cable look alike).
+    Closed,
+    /// Nothing from the peer for longer than its heartbeat allows.
+    Timeout,
+    /// The host held more than its share of the receiver's memory budget.
+    OverBudget,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 15] = [
+        Reason::Closed,
         Reason::NotTls,
         Reason::UnknownCa,
         Reason::Expired,
@@ -140,8 +164,10 @@ impl Reason {
         Reason::Protocol,
         Reason::Limit,
         Reason::Io,
-        Reason::Replaced,
+        Reason::Displaced,
         Reason::Stopped,
+        Reason::Timeout,
+        Reason::OverBudget,
     ];
 
     /// A short label for lines and counters.
@@ -157,8 +183,11 @@ impl Reason {
             Reason::Protocol => "protocol",
             Reason::Limit => "limit",
             Reason::Io => "io",
-            Reason::Replaced => "replaced",
+            Reason::Displaced => "displaced",
             Reason::Stopped => "stopped",
+            Reason::Closed => "closed",
+            Reason::Timeout => "timeout",
+            Reason::OverBudget => "over_budget",
         }
     }
 
@@ -173,6 +202,17 @@ impl Reason {
             F::WrongName | F::PeerRefused | F::Truncated | F::Timeout | F::Other => {
                 Reason::Handshake
             }
+        }
+    }
+
+    /// How a frame read ended.
+    fn of_frame(e: &FrameError) -> Self {
+        match e {
+            FrameError::Closed { .. } => Reason::Closed,
+            FrameError::Io(_) => Reason::Io,
+            FrameError::TooLarge { .. } => Reason::Limit,
+            FrameError::Malformed(_) => Reason::Protocol,
+            FrameError::OverBudget(_) => Reason::OverBudget,
         }
     }
 
@@ -219,7 +259,7 @@ pub async fn serve(
     events: mpsc::Sender<Event>,
     shutdown: CancellationToken,
 ) {
-    let control = Arc::new(Control::default());
+    let control = Arc::new(Control::new(opts.domains.clone()));
     serve_into(
         vec![listener],
         opts,
@@ -248,8 +288,10 @@ pub async fn serve_all(
 /// assignment changes).
 #[derive(Default)]
 pub struct Control {
-    /// By `identity_key`. `None`: nothing assigned, no welcome is sent.
+    /// By canonical host name. `None`: nothing assigned, no welcome is sent.
     assigned: Mutex<HashMap<String, AssignedTx>>,
+    /// The cluster's domains, to make the names the controller gives canonical.
+    domains: Vec<String>,
 }
 
 type Assignment = Option<Vec<(String, String)>>;
@@ -258,8 +300,16 @@ type AssignedTx = tokio::sync::watch::Sender<Assignment>;
 impl Control {
     /// Assign `instances` to `host` (replacing what it had; empty withdraws them all). A
     /// connected host is sent a welcome now; a host that connects later, after its hello.
+    /// `host` in any spelling of it (case, the cluster's domain).
+    pub fn new(domains: Vec<String>) -> Self {
+        Self {
+            assigned: Mutex::default(),
+            domains,
+        }
+    }
+
     pub fn assign(&self, host: &str, instances: Vec<(String, String)>) {
-        let key = identity_key(host);
+        let key = canonical_host(host, &self.domains);
         let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key)
             .or_insert_with(|| tokio::sync::watch::channel(None).0)
@@ -273,7 +323,7 @@ impl Control {
         host: &str,
         default: &[(String, String)],
     ) -> tokio::sync::watch::Receiver<Assignment> {
-        let key = identity_key(host);
+        let key = canonical_host(host, &self.domains);
         let mut map = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(key)
             .or_insert_with(|| {
@@ -369,6 +419,10 @@ async fn serve_into(
 ) {
     let mut conns = JoinSet::new();
     let live = Arc::new(Live::default());
+    let budget = opts
+        .budget
+        .clone()
+        .unwrap_or_else(|| Budget::new(DEFAULT_TOTAL, DEFAULT_HOST_SHARE));
     let stopping = shutdown.child_token();
     let unauthenticated = Arc::new(Semaphore::new(
         opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED),
@@ -410,6 +464,7 @@ async fn serve_into(
                     }
                     let ctx = Shared {
                         live: Arc::clone(&live),
+                        budget: Arc::clone(&budget),
                         control: Arc::clone(&control),
                         stopping: stopping.clone(),
                     };
@@ -457,7 +512,7 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
         tx,
         budget: Arc::new(Semaphore::new(LISTEN_BUFFER_BYTES)),
     });
-    let control = Arc::new(Control::default());
+    let control = Arc::new(Control::new(opts.domains.clone()));
     let server = tokio::spawn(serve_into(
         vec![listener],
         opts,
@@ -495,38 +550,8 @@ pub struct Identity {
     /// DNS names, then IP addresses.
     pub sans: Vec<String>,
     pub dns_names: Vec<String>,
-}
-
-/// The live connection of each host: a newer one for the same host replaces the older
-/// (an agent that reconnects after a half-open connection must not be locked out, and the
-/// controller must hear one stream per host).
-#[derive(Default)]
-struct Live {
-    next_id: std::sync::atomic::AtomicU64,
-    by_host: Mutex<HashMap<String, (u64, CancellationToken)>>,
-}
-
-impl Live {
-    /// `host` is now on connection `id`; returns whether an older connection was closed.
-    fn claim(&self, host: &str, id: u64, token: &CancellationToken) -> bool {
-        let key = identity_key(host);
-        let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
-        match map.insert(key, (id, token.clone())) {
-            Some((older, t)) if older != id => {
-                t.cancel();
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn release(&self, host: &str, id: u64) {
-        let key = identity_key(host);
-        let mut map = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(&key).is_some_and(|(owner, _)| *owner == id) {
-            map.remove(&key);
-        }
-    }
+    /// Issuer and serial number: this one certificate (at most one live host speaks with it).
+    pub certificate: String,
 }
 
 /// TLS accept, bounded by the handshake timeout; the peer's identity from its certificate.
@@ -559,6 +584,7 @@ async fn handshake(
         subject: info.subject,
         sans: info.sans,
         dns_names: info.dns_names,
+        certificate: format!("{} #{}", info.issuer, info.serial),
     };
     Ok((Box::new(s), identity))
 }
@@ -567,9 +593,13 @@ async fn handshake(
 struct Shared {
     live: Arc<Live>,
     control: Arc<Control>,
+    budget: Arc<Budget>,
     /// Cancelled when the receiver stops: each connection ends itself.
     stopping: CancellationToken,
 }
+
+/// How a session ended: the class and the words.
+type End = Option<(Reason, String)>;
 
 async fn connection(
     stream: TcpStream,
@@ -582,11 +612,31 @@ async fn connection(
     let Shared {
         live,
         control,
+        budget,
         stopping,
     } = shared;
     // LoginGraceTime: from accept to an accepted hello, handshake included.
     let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
+    let idle_timeout = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
     let mut unauthenticated = Some(unauthenticated);
+    // What the session costs at rest, before its hello: the pre-authentication part.
+    let Ok(mut session_charge) = budget.charge(&Payer::PreAuth, SESSION_COST) else {
+        let _ = sink
+            .deliver(Event {
+                peer,
+                host: None,
+                session: 0,
+                kind: EventKind::Closed(Some(
+                    "refused: connections without an accepted hello hold their whole part of \
+                     the memory budget"
+                        .into(),
+                )),
+                identity: None,
+                reason: Some(Reason::OverBudget),
+            })
+            .await;
+        return;
+    };
     // On plaintext, the agent's first bytes: a TLS ClientHello there is an agent that
     // speaks TLS to a listener that does not, said as such instead of a parse error.
     let first_bytes = tls::FirstBytes::default();
@@ -616,6 +666,7 @@ async fn connection(
                     .deliver(Event {
                         peer,
                         host: None,
+                        session: 0,
                         kind,
                         identity: None,
                         reason: Some(Reason::of_tls(why)),
@@ -625,36 +676,62 @@ async fn connection(
             }
         },
     };
-    let (rd, mut wr) = tokio::io::split(stream);
-    let mut rd = BufReader::new(rd).compat();
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let claim = live.session();
     let mut conn = Conn {
         peer,
         hello: None,
+        host: None,
         declared: BTreeMap::new(),
         last_seq: 0,
         need_full: true,
         warnings: Warnings::new(WARN_INTERVAL),
         identity,
         peer_version: None,
+        session: claim.id,
     };
-    let id = live
-        .next_id
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let superseded = CancellationToken::new();
+    // The host's budget account, once its hello is in.
+    let mut account: Option<Arc<HostAccount>> = None;
     // The host's assignment, once its hello is in: a change is sent as a welcome at once.
     let mut assigned: Option<tokio::sync::watch::Receiver<Assignment>> = None;
     info!(%peer, "agent connected");
     let _ = sink.deliver(conn.event(EventKind::Connected)).await;
-    let end: Option<(Reason, String)> = 'conn: loop {
+    let end: End = 'conn: loop {
+        let payer = match &account {
+            Some(a) => Payer::Host(Arc::clone(a)),
+            None => Payer::PreAuth,
+        };
         let read = {
             // The read stays pinned while welcomes go out: a frame is never cut in half.
-            let frame = wire::read_frame(&mut rd);
+            let before_hello = conn.hello.is_none();
+            let max = if before_hello {
+                PRE_HELLO_FRAME_BYTES
+            } else {
+                wire::MAX_FRAME_BYTES
+            };
+            let frame = frame::read_frame(&mut rd, max, before_hello, |n| budget.charge(&payer, n));
             tokio::pin!(frame);
+            let idle = tokio::time::sleep(idle_timeout);
+            tokio::pin!(idle);
             loop {
                 tokio::select! {
-                    _ = superseded.cancelled() => {
-                        break 'conn Some((Reason::Replaced,
-                            "a newer connection for this host replaced this one".into()));
+                    _ = claim.token.cancelled() => {
+                        let why = match claim.displaced() {
+                            Some(Displaced::SameCertificate { host }) => format!(
+                                "a newer connection with the same certificate, for host {host}, took its place"),
+                            _ => "a newer connection for this host took its place".into(),
+                        };
+                        break 'conn Some((Reason::Displaced, why));
+                    }
+                    _ = async {
+                        match &account {
+                            Some(a) => a.cut_token().cancelled().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        let why = account.as_ref().and_then(|a| a.why())
+                            .map_or_else(|| "over its memory budget".into(), |w| w.to_string());
+                        break 'conn Some((Reason::OverBudget, why));
                     }
                     _ = stopping.cancelled() => {
                         break 'conn Some((Reason::Stopped, "the receiver is stopping".into()));
@@ -663,6 +740,10 @@ async fn connection(
                         let grace = opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
                         break 'conn Some((Reason::Limit,
                             format!("no hello within {grace:?} of connecting")));
+                    }
+                    _ = &mut idle, if conn.hello.is_some() => {
+                        break 'conn Some((Reason::Timeout, format!(
+                            "nothing from the agent for {idle_timeout:?} (it sends a heartbeat at least every 10 s)")));
                     }
                     Ok(()) = async {
                         match assigned.as_mut() {
@@ -683,6 +764,7 @@ async fn connection(
         };
         let msg = match read {
             Ok(Some(m)) => m,
+            // A clean end: TLS close_notify (or a FIN on plaintext) between frames.
             Ok(None) => break None,
             Err(_) if conn.hello.is_none() && speaks_tls(&first_bytes) => {
                 break Some((
@@ -690,9 +772,9 @@ async fn connection(
                     format!("the agent at {peer} speaks TLS but this listener does not (--insecure): give listen --tls-ca/--tls-cert/--tls-key, or remove tls: from the agent's agent.yaml"),
                 ));
             }
-            Err(e) => break Some((Reason::of_wire(&e), tls::plain(&e.to_string()))),
+            Err(e) => break Some((Reason::of_frame(&e), tls::plain(&e.to_string()))),
         };
-        let env = match wire::decode_envelope_within(&msg, conn.limits()) {
+        let env = match msg.decode(conn.limits()) {
             Ok(env) => env,
             Err(e) => break Some((Reason::of_wire(&e), e.to_string())),
         };
@@ -703,10 +785,19 @@ async fn connection(
         };
         let mut replies: Vec<ControllerMessage> = reply.into_iter().collect();
         if let EventKind::Hello(h) = &kind {
-            // Accepted: it no longer counts against the cap on unauthenticated connections.
+            let host = conn.host.clone().unwrap_or_default();
+            // Accepted: it no longer counts against the cap on unauthenticated connections,
+            // and what it holds is its host's.
             unauthenticated.take();
-            if live.claim(&h.host, id, &superseded) {
-                warn!(%peer, host = %h.host, "host connected again: closing its older connection");
+            let a = budget.account(&host);
+            match budget.charge(&Payer::Host(Arc::clone(&a)), SESSION_COST) {
+                Ok(c) => session_charge = c,
+                Err(e) => break Some((Reason::OverBudget, e.to_string())),
+            }
+            account = Some(a);
+            let certificate = conn.identity.as_ref().map(|i| i.certificate.as_bytes());
+            if live.claim(&claim, &host, certificate) > 0 {
+                warn!(%peer, %host, "host connected again: closing its older session");
             }
             // The verdict first (protocol 2), then the host's assignment.
             if h.protocol_version >= VERDICT_VERSION {
@@ -714,7 +805,7 @@ async fn connection(
                     host: h.host.clone(),
                 });
             }
-            let rx = assigned.get_or_insert_with(|| control.watch(&h.host, &opts.assign));
+            let rx = assigned.get_or_insert_with(|| control.watch(&host, &opts.assign));
             replies.extend(
                 rx.borrow_and_update()
                     .clone()
@@ -722,6 +813,7 @@ async fn connection(
             );
         }
         if sink.deliver(conn.event(kind)).await.is_err() {
+            live.release(&claim);
             return;
         }
         // A peer whose frames are always ready must not keep this worker from the others.
@@ -732,11 +824,16 @@ async fn connection(
             }
         }
     };
+    drop(session_charge);
     // The verdict on a refusal, to a peer whose hello said it speaks protocol 2 or later:
     // the agent logs why instead of only seeing the connection close. (Bytes that never made
     // a hello get no answer: they may not be our protocol at all, e.g. a TLS ClientHello.)
     // Bounded: a peer that does not read is not waited for.
-    if let Some((reason @ (Reason::Identity | Reason::Protocol | Reason::Limit), text)) = &end {
+    if let Some((
+        reason @ (Reason::Identity | Reason::Protocol | Reason::Limit | Reason::OverBudget),
+        text,
+    )) = &end
+    {
         if conn.peer_version.is_some_and(|v| v >= VERDICT_VERSION) {
             let refused = ControllerMessage::Refused {
                 reason: reason.as_str().to_owned(),
@@ -746,25 +843,32 @@ async fn connection(
         }
     }
     if let Some(summary) = conn.warnings.finish() {
-        warn!(%peer, host = conn.host(), "rejected resvals: {summary}");
+        warn!(%peer, host = conn.host_or_dash(), "rejected resvals: {summary}");
     }
-    if let Some(h) = &conn.hello {
-        live.release(&h.host, id);
-    }
+    live.release(&claim);
     match &end {
-        None => info!(%peer, host = conn.host(), "agent disconnected"),
-        Some((Reason::Stopped, e)) => {
-            info!(%peer, host = conn.host(), "closing agent connection: {e}")
+        None => info!(%peer, host = conn.host_or_dash(), "agent disconnected"),
+        // Not a clean close: worth a warning (a killed agent, a host or network down).
+        Some((Reason::Closed, how)) => {
+            warn!(%peer, host = conn.host_or_dash(), how = %how, "agent disconnected")
+        }
+        Some((Reason::Stopped | Reason::Displaced, e)) => {
+            info!(%peer, host = conn.host_or_dash(), "closing agent connection: {e}")
+        }
+        Some((Reason::OverBudget, e)) => {
+            error!(%peer, host = conn.host_or_dash(), used = budget.used(), total = budget.total(),
+                   share = budget.share(), error = %escape(e),
+                   "dropping agent connection: over its memory budget")
         }
         Some((_, e)) => {
-            error!(%peer, host = conn.host(), error = %escape(e), "dropping agent connection")
+            error!(%peer, host = conn.host_or_dash(), error = %escape(e), "dropping agent connection")
         }
     }
     // TLS close_notify (a FIN on plaintext), bounded: a peer that does not read is cut.
     let _ = tokio::time::timeout(WRITE_TIMEOUT.min(STOP_GRACE), wr.shutdown()).await;
     let (reason, text) = match end {
         Some((r, t)) => (Some(r), Some(t)),
-        None => (None, None),
+        None => (Some(Reason::Closed), None),
     };
     let mut ev = conn.event(EventKind::Closed(text));
     ev.reason = reason;
@@ -793,6 +897,9 @@ async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Res
 struct Conn {
     peer: SocketAddr,
     hello: Option<Hello>,
+    /// The hello's host, canonical.
+    host: Option<String>,
+    session: u64,
     declared: BTreeMap<(String, String), Valtype>,
     last_seq: u64,
     /// After a hello the next batch must be a full snapshot.
@@ -805,8 +912,8 @@ struct Conn {
 }
 
 impl Conn {
-    fn host(&self) -> &str {
-        self.hello.as_ref().map_or("-", |h| h.host.as_str())
+    fn host_or_dash(&self) -> &str {
+        self.host.as_deref().unwrap_or("-")
     }
 
     /// What the next frame may hold: no more resvals than the hello declared. Before the
@@ -821,7 +928,8 @@ impl Conn {
     fn event(&self, kind: EventKind) -> Event {
         Event {
             peer: self.peer,
-            host: self.hello.as_ref().map(|h| h.host.clone()),
+            host: self.host.clone(),
+            session: self.session,
             kind,
             identity: self.identity.clone(),
             reason: None,
@@ -867,11 +975,11 @@ impl Conn {
                         )));
                     }
                 }
-                if let Some(old) = &self.hello {
-                    if old.host != h.host {
+                let host = canonical_host(&h.host, &opts.domains);
+                if let Some(old) = &self.host {
+                    if *old != host {
                         return Err(protocol(format!(
-                            "host changed from {} to {} on one connection",
-                            old.host, h.host
+                            "host changed from {old} to {host} on one connection"
                         )));
                     }
                 }
@@ -898,6 +1006,7 @@ impl Conn {
                 self.declared = declared;
                 self.need_full = true;
                 self.hello = Some(h.clone());
+                self.host = Some(host);
                 Ok((EventKind::Hello(h), None))
             }
             Envelope::Batch(mut batch) => {
@@ -929,7 +1038,7 @@ impl Conn {
                         Ok(()) => kept.push(r),
                         Err((kind, why)) => {
                             if self.warnings.admit(kind, now) {
-                                warn!(host = self.host(), name = %escape(&r.name),
+                                warn!(host = self.host_or_dash(), name = %escape(&r.name),
                                       instance = %escape(&r.instance), reason = %escape(&why),
                                       "rejected resval (more like it are summarised)");
                             }
@@ -938,7 +1047,7 @@ impl Conn {
                     }
                 }
                 if let Some(summary) = self.warnings.summary_due(now) {
-                    warn!(host = self.host(), "rejected resvals: {summary}");
+                    warn!(host = self.host_or_dash(), "rejected resvals: {summary}");
                 }
                 batch.resvals = kept;
                 let reply = opts.ack.then_some(ControllerMessage::Ack(batch.seq));
@@ -979,6 +1088,15 @@ impl Conn {
         let fits = match (&r.value, valtype) {
             (Value::Unknown, _) => true,
             (Value::Numeric(x), Valtype::Numeric) => x.is_finite(),
+            (Value::String(s), Valtype::String) if s.len() > MAX_STRING_VALUE => {
+                return Err((
+                    "string too long",
+                    format!(
+                        "string value of {} bytes, over the protocol's {MAX_STRING_VALUE}-byte cap",
+                        s.len()
+                    ),
+                ))
+            }
             (Value::String(_), Valtype::String) => true,
             (Value::Boolean(_), Valtype::Boolean) => true,
             _ => false,
@@ -1026,6 +1144,10 @@ impl Event {
             )],
             EventKind::Heartbeat(hb) => vec![format!("{host} heartbeat seq={}", hb.seq)],
             EventKind::Closed(None) => vec![format!("{host} closed peer={peer}")],
+            // An end of stream without close_notify is a close too (a power cut, kill -9).
+            EventKind::Closed(Some(e)) if self.reason == Some(Reason::Closed) => {
+                vec![format!("{host} closed peer={peer} how={e:?}")]
+            }
             EventKind::Closed(Some(e)) => {
                 let reason = self.reason.map_or("-", Reason::as_str);
                 vec![format!(
@@ -1084,7 +1206,7 @@ impl Event {
                 "event": "heartbeat", "host": host, "seq": hb.seq, "sent_at_ms": hb.sent_at_ms,
             })],
             EventKind::Closed(e) => vec![json!({
-                "event": if e.is_some() { "dropped" } else { "closed" },
+                "event": if e.is_none() || self.reason == Some(Reason::Closed) { "closed" } else { "dropped" },
                 "host": host, "peer": peer, "error": e,
                 "reason": self.reason.map(Reason::as_str),
             })],

@@ -413,6 +413,8 @@ pub struct CertInfo {
     /// DNS names, then IP addresses.
     pub sans: Vec<String>,
     pub dns_names: Vec<String>,
+    /// The serial number, hex: with the issuer, what names this one certificate.
+    pub serial: String,
     /// Unix seconds.
     pub not_before: i64,
     pub not_after: i64,
@@ -445,6 +447,7 @@ pub fn cert_info(der: &CertificateDer<'_>) -> Option<CertInfo> {
         issuer: cert.issuer().to_string(),
         sans,
         dns_names,
+        serial: cert.raw_serial_as_string(),
         not_before: cert.validity().not_before.timestamp(),
         not_after: cert.validity().not_after.timestamp(),
     })

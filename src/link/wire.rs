@@ -8,7 +8,7 @@ use futures::io::AsyncRead;
 
 use super::agent_capnp as schema;
 use super::frame_limits::FrameLimits;
-use crate::value::{Resval, Status, Valtype, Value};
+use crate::value::{Resval, Status, Valtype, Value, MAX_ERROR_TEXT};
 
 /// Version of the protocol this code speaks (the schema's `protocolVersion`).
 pub const PROTOCOL_VERSION: u16 = schema::PROTOCOL_VERSION;
@@ -239,7 +239,7 @@ fn fill_batch(mut o: schema::batch::Builder, b: &Batch) {
         e.set_last_report_ms(r.last_report_ms.unwrap_or(0));
         // The wire carries what an admin is shown: the error's text.
         let error = r.error.as_ref().map(ToString::to_string);
-        e.set_error(error.as_deref().unwrap_or(""));
+        e.set_error(clip_error(error.as_deref().unwrap_or("")));
     }
 }
 
@@ -381,6 +381,19 @@ fn not_in_schema(what: &'static str, e: capnp::NotInSchema) -> WireError {
     WireError::NotInSchema { what, value: e.0 }
 }
 
+/// An error text within [`MAX_ERROR_TEXT`] bytes (cut at a character boundary; the
+/// first words say what failed, the rest is detail).
+pub fn clip_error(text: &str) -> &str {
+    if text.len() <= MAX_ERROR_TEXT {
+        return text;
+    }
+    let mut end = MAX_ERROR_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 fn text(
     r: capnp::Result<capnp::text::Reader<'_>>,
     field: &'static str,
@@ -444,6 +457,10 @@ fn read_batch(b: schema::batch::Reader<'_>, limits: FrameLimits) -> Result<Batch
             V::Boolean(b) => Value::Boolean(b),
         };
         let error = text(r.get_error(), "Resval.error")?;
+        let error = match clip_error(&error) {
+            clipped if clipped.len() < error.len() => clipped.to_owned(),
+            _ => error,
+        };
         resvals.push(Resval {
             name: text(r.get_name(), "Resval.name")?,
             instance: text(r.get_instance(), "Resval.instance")?,

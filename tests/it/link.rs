@@ -195,7 +195,8 @@ async fn controller_that_accepts_and_closes_is_retried_with_a_snapshot_each_time
 #[tokio::test]
 async fn controller_that_never_reads_is_noticed_and_memory_stays_bounded() {
     // Enough data per batch to fill the loopback socket buffers in a few batches.
-    let names: Vec<String> = (0..64).map(|i| format!("big{i:02}")).collect();
+    // (512 x 1 KiB, the protocol's cap on a string value).
+    let names: Vec<String> = (0..512).map(|i| format!("big{i:03}")).collect();
     let decl: Vec<(&str, &str, Valtype)> = names
         .iter()
         .map(|n| (n.as_str(), "", Valtype::String))
@@ -219,7 +220,8 @@ async fn controller_that_never_reads_is_noticed_and_memory_stays_bounded() {
     let bytes_before = agent.stats.bytes_sent.load(Ordering::Relaxed);
     while matches!(*state.borrow_and_update(), LinkState::Connected { .. }) {
         rounds += 1;
-        let value = format!("{rounds:08}").repeat(1024);
+        // 1 KiB: the protocol's cap on a string value.
+        let value = format!("{rounds:08}").repeat(128);
         for n in &names {
             record(&store, n, Value::String(value.clone()));
         }
@@ -254,10 +256,10 @@ async fn controller_that_never_reads_is_noticed_and_memory_stays_bounded() {
     drop(stalled);
 
     // A controller that reads gets the latest values.
-    let latest = format!("{rounds:08}").repeat(1024);
+    let latest = format!("{rounds:08}").repeat(128);
     let mut ctl = Controller::serve(listener, ListenOpts::default());
     let (_, snap) = ctl.next_hello_and_snapshot().await;
-    assert_eq!(snap.resvals.len(), 64);
+    assert_eq!(snap.resvals.len(), 512);
     assert!(snap
         .resvals
         .iter()
