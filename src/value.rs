@@ -328,6 +328,16 @@ pub fn unix_ms(t: std::time::SystemTime) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_string_longer_than_the_protocols_cap_is_a_clear_error() {
+        let long = "x".repeat(MAX_STRING_VALUE + 1);
+        let e = Valtype::String.parse(&long).unwrap_err().to_string();
+        assert!(e.contains("cap on a string value (1024 bytes)"), "{e}");
+        assert!(e.len() < 300, "the value is not quoted whole: {e}");
+        let fits = "x".repeat(MAX_STRING_VALUE);
+        assert!(Valtype::String.parse(&fits).is_ok());
+    }
+
     use super::*;
 
     #[test]

@@ -158,3 +158,115 @@ impl EventQueue {
         Some(slot.ev)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::receiver::Reason;
+    use crate::value::{Resval, Status, Value};
+
+    fn value(host: &str, name: &str, x: f64) -> Ev {
+        Ev::Resval {
+            host: Arc::from(host),
+            resval: Resval {
+                name: name.into(),
+                instance: String::new(),
+                value: Value::Numeric(x),
+                status: Status::Ok,
+                last_report_ms: Some(1),
+                error: None,
+            },
+        }
+    }
+
+    fn gone(host: &str) -> Ev {
+        Ev::Gone {
+            host: Arc::from(host),
+            peer: None,
+            reason: Reason::Closed,
+            text: String::new(),
+        }
+    }
+
+    fn numbers(q: &mut EventQueue) -> Vec<String> {
+        std::iter::from_fn(|| q.pop())
+            .map(|e| match e {
+                Ev::Resval { host, resval } => format!("{host}.{}={}", resval.name, resval.value),
+                Ev::Gone { host, .. } => format!("{host} gone"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn queue(budget: &Arc<Budget>) -> EventQueue {
+        EventQueue::new(Arc::clone(budget), 100, 1 << 20)
+    }
+
+    #[test]
+    fn a_newer_value_replaces_the_waiting_one_where_it_stands() {
+        let budget = Budget::new(1 << 20, 1 << 20);
+        let payer = |h: &str| Payer::Host(budget.account(h));
+        let mut q = queue(&budget);
+        for (h, n, x) in [
+            ("a", "x", 1.0),
+            ("b", "x", 1.0),
+            ("a", "y", 1.0),
+            ("a", "x", 2.0),
+        ] {
+            q.push(value(h, n, x), &payer(h)).expect("pushed");
+        }
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.replaced(), 1);
+        assert_eq!(numbers(&mut q), ["a.x=2", "b.x=1", "a.y=1"]);
+        assert_eq!(budget.used(), 0, "every charge given back");
+    }
+
+    #[test]
+    fn a_value_after_a_state_event_queues_behind_it() {
+        let budget = Budget::new(1 << 20, 1 << 20);
+        let payer = Payer::Host(budget.account("a"));
+        let mut q = queue(&budget);
+        q.push(value("a", "x", 1.0), &payer).expect("pushed");
+        q.push(gone("a"), &Payer::Receiver).expect("pushed");
+        assert_eq!(q.push(value("a", "x", 2.0), &payer), Ok(Pushed::Queued));
+        assert_eq!(q.push(value("a", "x", 3.0), &payer), Ok(Pushed::Replaced));
+        assert_eq!(numbers(&mut q), ["a.x=1", "a gone", "a.x=3"]);
+    }
+
+    #[test]
+    fn a_full_queue_still_takes_replacements_and_says_full_otherwise() {
+        let budget = Budget::new(1 << 20, 1 << 20);
+        let payer = Payer::Host(budget.account("a"));
+        let mut q = EventQueue::new(Arc::clone(&budget), 2, 1 << 20);
+        q.push(value("a", "x", 1.0), &payer).expect("pushed");
+        q.push(value("a", "y", 1.0), &payer).expect("pushed");
+        assert_eq!(q.push(value("a", "z", 1.0), &payer), Err(NotPushed::Full));
+        assert_eq!(q.push(value("a", "x", 5.0), &payer), Ok(Pushed::Replaced));
+        // Bounded in bytes too: a queue of one event's bytes holds one.
+        let mut small = EventQueue::new(Arc::clone(&budget), 100, 1);
+        small
+            .push(value("a", "x", 1.0), &payer)
+            .expect("one always fits");
+        assert_eq!(
+            small.push(value("a", "y", 1.0), &payer),
+            Err(NotPushed::Full)
+        );
+    }
+
+    #[test]
+    fn a_host_over_its_share_has_its_value_refused_and_is_cut_off() {
+        let budget = Budget::new(1 << 20, 200);
+        let account = budget.account("a");
+        let payer = Payer::Host(Arc::clone(&account));
+        let mut q = queue(&budget);
+        q.push(value("a", "x", 1.0), &payer).expect("fits");
+        assert!(matches!(
+            q.push(value("a", "y", 1.0), &payer),
+            Err(NotPushed::OverBudget(_))
+        ));
+        assert!(account.cut_token().is_cancelled());
+        // Its state events still go (they must reach the controller).
+        q.push(gone("a"), &Payer::Receiver)
+            .expect("a state event is never refused");
+    }
+}

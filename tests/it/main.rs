@@ -47,6 +47,7 @@ mod plan;
 mod plugins;
 mod ports;
 mod probe_cmd;
+mod receiver_core;
 mod schedule;
 mod script_rule;
 mod security_checks;

@@ -10,7 +10,7 @@ use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use xce_agent::link::client::LinkConfig;
-use xce_agent::link::receiver::{EventKind, ListenOpts};
+use xce_agent::link::receiver::{EventKind, ListenOpts, Reason};
 use xce_agent::link::tls::{self, Failure};
 use xce_agent::value::{Valtype, Value};
 
@@ -641,5 +641,109 @@ async fn a_crl_of_another_ca_is_refused_at_load_and_a_revoked_intermediate_is_re
     let why = next_refusal(&mut ctl).await;
     assert!(why.contains("revoked"), "{why}");
     agent.stop().await;
+    ctl.stop().await;
+}
+
+/// The agent whose hello names `host` (its certificate is the site's node001 one).
+fn agent_as(site: &Site, ctl: &Controller, host: &str) -> Agent {
+    let agent = Agent::start(
+        tls_config(ctl.addr.to_string(), site.client()),
+        store_with(&[("x", "", Valtype::Numeric)]),
+    );
+    let mut hello = (**agent.hello.borrow()).clone();
+    hello.host = host.to_owned();
+    agent.hello.send_replace(Arc::new(hello));
+    agent
+}
+
+#[tokio::test]
+async fn one_certificate_is_at_most_one_live_host_whichever_name_its_hello_claims() {
+    // No domain configured: node001 and node001.cluster.example are two names, but the
+    // certificate naming both is one key, so its second session displaces the first.
+    let site = Site::new();
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let first = agent_as(&site, &ctl, "node001");
+    let (h, _) = ctl.next_hello_and_snapshot().await;
+    assert_eq!(h.host, "node001");
+    let second = agent_as(&site, &ctl, "node001.cluster.example");
+    let mut displaced = None;
+    let mut second_host = None;
+    while displaced.is_none() || second_host.is_none() {
+        let ev = ctl.next().await;
+        match ev.kind {
+            EventKind::Closed(Some(e)) => {
+                assert_eq!(ev.host.as_deref(), Some("node001"));
+                assert_eq!(ev.reason, Some(Reason::Displaced));
+                displaced = Some(e);
+            }
+            EventKind::Hello(_) => second_host = ev.host.clone(),
+            _ => {}
+        }
+    }
+    let e = displaced.unwrap();
+    assert!(e.contains("same certificate"), "{e}");
+    assert_eq!(second_host.as_deref(), Some("node001.cluster.example"));
+    first.stop().await;
+    second.stop().await;
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn a_host_has_one_canonical_name_lower_case_with_the_clusters_domain_folded() {
+    let site = Site::new();
+    let mut ctl = Controller::bind(ListenOpts {
+        domains: vec!["cluster.example".into()],
+        ..tls_listen(site.server())
+    })
+    .await;
+    for spelling in ["NODE001", "Node001.Cluster.Example", "node001"] {
+        let agent = agent_as(&site, &ctl, spelling);
+        let host = loop {
+            let ev = ctl.next().await;
+            if let EventKind::Hello(_) = ev.kind {
+                break ev.host;
+            }
+        };
+        assert_eq!(host.as_deref(), Some("node001"), "{spelling}");
+        agent.stop().await;
+        while !matches!(ctl.next().await.kind, EventKind::Closed(_)) {}
+    }
+    ctl.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_gone_without_close_notify_is_closed_not_a_protocol_error() {
+    let site = Site::new();
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let tcp = TcpStream::connect(ctl.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(site.client())
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let store = store_with(&[("x", "", Valtype::Numeric)]);
+    let hello = xce_agent::link::wire::Envelope::Hello(hello_for(&store));
+    s.write_all(&xce_agent::link::wire::encode_envelope(&hello).unwrap())
+        .await
+        .unwrap();
+    s.flush().await.unwrap();
+    while !matches!(ctl.next().await.kind, EventKind::Hello(_)) {}
+    // The verdict read (unread bytes would make the close a reset).
+    let mut verdict = [0u8; 512];
+    assert!(s.read(&mut verdict).await.unwrap() > 0);
+    // As kill -9 or a power cut: the TCP stream ends without TLS close_notify.
+    let (tcp, _) = s.into_inner();
+    drop(tcp);
+    let ev = loop {
+        let ev = ctl.next().await;
+        if matches!(ev.kind, EventKind::Closed(_)) {
+            break ev;
+        }
+    };
+    assert_eq!(ev.reason, Some(Reason::Closed), "{ev:?}");
+    match ev.kind {
+        EventKind::Closed(Some(how)) => assert!(how.contains("close_notify"), "{how}"),
+        other => panic!("{other:?}"),
+    }
     ctl.stop().await;
 }
