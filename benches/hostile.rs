@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 use support::env::env_or;
 use support::proc_stats::{proc_cpu, proc_rss_kib};
 use xce_agent::link::frame_limits::MAX_DECLARED;
-use xce_agent::link::wire::{self, Batch, ControllerMessage, Envelope, Hello};
-use xce_agent::value::Value;
+use xce_agent::link::wire::{self, Batch, ControllerMessage, Declared, Envelope, Hello};
+use xce_agent::value::{Valtype, Value};
 
 /// The binary under measurement.
 fn agent_bin() -> String {
@@ -183,6 +183,81 @@ fn main() {
     listen.report(
         &format!("slow stdout: {conns} conns x {frames} full batches of {MAX_DECLARED} resvals"),
         conns * bytes.len(),
+    );
+
+    // Issue 35: what one authenticated node, or many sessions before their hello, may make
+    // the receiver hold (the budget: a host's share, the pre-hello frame limit).
+    let string_declared = |names: &[String]| -> Vec<Declared> {
+        names
+            .iter()
+            .map(|n| Declared {
+                name: n.clone(),
+                instance: String::new(),
+                valtype: Valtype::String,
+                interval_ms: 1000,
+                shared: false,
+            })
+            .collect()
+    };
+    let big: usize = env_or("BIG_FRAMES", 50);
+    let listen = Listen::start();
+    let mut bytes = encode(&Envelope::Hello(Hello::new(
+        "node003",
+        "boot",
+        "digest",
+        string_declared(&["note".to_owned()]),
+    )));
+    let four_mib = "x".repeat(4 << 20);
+    for seq in 1..=big as u64 {
+        bytes.extend(encode(&Envelope::Batch(Batch {
+            seq,
+            full: true,
+            sent_at_ms: 1,
+            resvals: vec![link_common::resval("note", Value::String(four_mib.clone()))],
+        })));
+    }
+    let _held = listen.flood(1, &bytes);
+    listen.report(
+        &format!("one node: {big} batches of one 4 MiB string value"),
+        bytes.len(),
+    );
+
+    let listen = Listen::start();
+    let names: Vec<String> = (0..1000).map(|i| format!("s{i:04}")).collect();
+    let mut bytes = encode(&Envelope::Hello(Hello::new(
+        "node004",
+        "boot",
+        "digest",
+        string_declared(&names),
+    )));
+    let cap = "y".repeat(xce_agent::value::MAX_STRING_VALUE);
+    for seq in 1..=frames as u64 {
+        bytes.extend(encode(&Envelope::Batch(Batch {
+            seq,
+            full: true,
+            sent_at_ms: 1,
+            resvals: names
+                .iter()
+                .map(|n| link_common::resval(n, Value::String(cap.clone())))
+                .collect(),
+        })));
+    }
+    let _held = listen.flood(1, &bytes);
+    listen.report(
+        &format!("one node: 1,000 string resources at the 1 KiB cap, {frames} full batches"),
+        bytes.len(),
+    );
+
+    let sessions: usize = env_or("SESSIONS", 200);
+    let listen = Listen::start();
+    let words = ((7 << 20) / 8) as u32;
+    let mut bytes = 0u32.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&words.to_le_bytes());
+    bytes.extend(std::iter::repeat_n(0u8, 7 << 20));
+    let _held = listen.flood(sessions, &bytes);
+    listen.report(
+        &format!("{sessions} sessions x a 7 MiB frame before any hello"),
+        sessions * bytes.len(),
     );
 
     let secs = env_or::<u64>("SECS", 10);

@@ -202,6 +202,8 @@ pub enum Command {
         #[command(flatten)]
         tls: ListenTls,
         #[command(flatten)]
+        budget: ListenBudget,
+        #[command(flatten)]
         log: LogArg,
     },
     /// A cluster CA for sites without a PKI: `tls init DIR`, then `tls issue`.
@@ -209,6 +211,25 @@ pub enum Command {
         #[command(subcommand)]
         command: TlsCommand,
     },
+}
+
+/// What `listen` may hold for its peers (see docs/protocol.md, "What a frame may cost").
+#[derive(Debug, Clone, Args)]
+pub struct ListenBudget {
+    /// The receiver's memory budget: every connection, frame, event and host's state is
+    /// charged to it (a size: 2GiB, 512MiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "2GiB")]
+    pub memory_budget: u64,
+    /// One host's share of the budget: a host over it is cut off (over_budget).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "8MiB")]
+    pub host_share: u64,
+}
+
+/// A size as agent.yaml writes it (`8MiB`, `2GiB`, `65536`).
+fn parse_size(s: &str) -> Result<u64, String> {
+    crate::config::scalar::Scalar::Text(s.to_owned())
+        .to_bytes()
+        .map_err(|e| e.to_string())
 }
 
 /// How `listen` authenticates agents: TLS with client certificates, or `--insecure`.

@@ -49,11 +49,15 @@ pub struct Cluster {
 
 impl Default for Cluster {
     fn default() -> Self {
+        Self::new(Budget::new(DEFAULT_TOTAL, DEFAULT_HOST_SHARE))
+    }
+}
+
+impl Cluster {
+    /// A table whose hosts' state is charged to `budget` (the receiver's).
+    pub fn new(budget: std::sync::Arc<Budget>) -> Self {
         Self {
-            hosts: HostTable::new(
-                grace(DEFAULT_HEARTBEAT),
-                Budget::new(DEFAULT_TOTAL, DEFAULT_HOST_SHARE),
-            ),
+            hosts: HostTable::new(grace(DEFAULT_HEARTBEAT), budget),
         }
     }
 }
@@ -87,9 +91,9 @@ fn row_values(st: &HostState) -> BTreeMap<String, Resval> {
         .iter()
         .map(|d| (label(&d.name, &d.instance), pending(&d.name, &d.instance)))
         .collect();
-    for r in st.values.values() {
+    for r in st.values() {
         let shown = if st.stale {
-            unknown(r, Duration::ZERO)
+            unknown(&r, Duration::ZERO)
         } else {
             r.clone()
         };
@@ -170,8 +174,11 @@ pub async fn serve_table<W: AsyncWrite + Unpin>(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let (tx, mut rx) = mpsc::channel(1024);
+    let mut cluster = match &opts.budget {
+        Some(b) => Cluster::new(std::sync::Arc::clone(b)),
+        None => Cluster::default(),
+    };
     let server = tokio::spawn(serve(listener, opts, tx, shutdown.clone()));
-    let mut cluster = Cluster::default();
     let mut tick = tokio::time::interval(view.refresh.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let ended = loop {
@@ -230,7 +237,12 @@ mod tests {
                 shared: false,
             })
             .collect();
-        EventKind::Hello(Hello::new(host.to_owned(), "boot", "digest", resources))
+        EventKind::Hello(std::sync::Arc::new(Hello::new(
+            host.to_owned(),
+            "boot",
+            "digest",
+            resources,
+        )))
     }
 
     fn batch(values: &[(&str, Value, Status)]) -> EventKind {

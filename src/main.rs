@@ -53,8 +53,9 @@ fn main() -> ExitCode {
                 only,
                 refresh,
                 tls,
+                budget,
                 ..
-            }) => cmd::listen::run(addr, *format, *ack, only, *refresh, tls).await,
+            }) => cmd::listen::run(addr, *format, *ack, only, *refresh, tls, budget).await,
             Some(Command::Status {
                 format,
                 watch,

@@ -7,7 +7,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use super::{exit, CmdError};
-use crate::cli::{ListenFormat, ListenTls};
+use crate::cli::{ListenBudget, ListenFormat, ListenTls};
 use crate::cluster_table::{serve_table, TableView};
 use crate::link::receiver::{self, LineFormat, ListenOpts};
 
@@ -18,7 +18,19 @@ pub async fn run(
     only: &[String],
     refresh: Option<Duration>,
     tls: &ListenTls,
+    budget: &ListenBudget,
 ) -> Result<u8, CmdError> {
+    if budget.host_share == 0 || budget.host_share > budget.memory_budget {
+        eprintln!(
+            "xce-agent: --host-share {} must be within 1 byte and --memory-budget ({})",
+            budget.host_share, budget.memory_budget
+        );
+        return Ok(exit::CONFIG);
+    }
+    let budget = crate::receiver::budget::Budget::new(
+        usize::try_from(budget.memory_budget).unwrap_or(usize::MAX),
+        usize::try_from(budget.host_share).unwrap_or(usize::MAX),
+    );
     let tls_opts = tls;
     let tls = match (&tls.tls_ca, &tls.tls_cert, &tls.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
@@ -59,7 +71,7 @@ pub async fn run(
         domains: tls_opts.domains.clone(),
         hello_timeout: None,
         max_unauthenticated: None,
-        budget: None,
+        budget: Some(budget),
         idle_timeout: None,
     };
     let out = tokio::io::stdout();

@@ -15,7 +15,7 @@
 //! for a slow stdout is bounded in bytes. The text format escapes control characters, so one
 //! resval is always exactly one line.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -33,7 +33,7 @@ use super::name_rules::{check_hello, check_names, HelloError};
 use super::tls::{self, LinkStream};
 use super::warning_throttle::{Warnings, WARN_INTERVAL};
 use super::wire::{
-    self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
+    self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION, VERDICT_VERSION,
 };
 use crate::receiver::budget::{
@@ -238,7 +238,7 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventKind {
     Connected,
-    Hello(Hello),
+    Hello(Arc<Hello>),
     /// A batch; `rejected` lists the resvals that did not fit the hello, with the reason
     /// (they are not in `batch.resvals`).
     Batch {
@@ -682,7 +682,7 @@ async fn connection(
         peer,
         hello: None,
         host: None,
-        declared: BTreeMap::new(),
+        declared: Vec::new(),
         last_seq: 0,
         need_full: true,
         warnings: Warnings::new(WARN_INTERVAL),
@@ -896,11 +896,12 @@ async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Res
 /// Per-connection protocol state.
 struct Conn {
     peer: SocketAddr,
-    hello: Option<Hello>,
+    hello: Option<Arc<Hello>>,
     /// The hello's host, canonical.
     host: Option<String>,
     session: u64,
-    declared: BTreeMap<(String, String), Valtype>,
+    /// Indices into the hello's resources, sorted by (name, instance).
+    declared: Vec<u32>,
     last_seq: u64,
     /// After a hello the next batch must be a full snapshot.
     need_full: bool,
@@ -983,29 +984,27 @@ impl Conn {
                         )));
                     }
                 }
-                let mut declared = BTreeMap::new();
-                for Declared {
-                    name,
-                    instance,
-                    valtype,
-                    ..
-                } in &h.resources
-                {
-                    if name.is_empty() {
-                        return Err(protocol("hello declares a resource without a name".into()));
-                    }
-                    if declared
-                        .insert((name.clone(), instance.clone()), *valtype)
-                        .is_some()
-                    {
-                        return Err(protocol(format!(
-                            "hello declares {name}@{instance:?} twice"
-                        )));
-                    }
+                if h.resources.iter().any(|d| d.name.is_empty()) {
+                    return Err(protocol("hello declares a resource without a name".into()));
                 }
+                // The declared set as indices into the hello, sorted by (name, instance):
+                // the names are kept once, in the hello the host table shares.
+                let key = |i: &u32| {
+                    let d = &h.resources[*i as usize];
+                    (d.name.as_str(), d.instance.as_str())
+                };
+                let mut declared: Vec<u32> = (0..h.resources.len() as u32).collect();
+                declared.sort_unstable_by(|a, b| key(a).cmp(&key(b)));
+                if let Some(w) = declared.windows(2).find(|w| key(&w[0]) == key(&w[1])) {
+                    let (name, instance) = key(&w[0]);
+                    return Err(protocol(format!(
+                        "hello declares {name}@{instance:?} twice"
+                    )));
+                }
+                let h = Arc::new(h);
                 self.declared = declared;
                 self.need_full = true;
-                self.hello = Some(h.clone());
+                self.hello = Some(Arc::clone(&h));
                 self.host = Some(host);
                 Ok((EventKind::Hello(h), None))
             }
@@ -1069,20 +1068,22 @@ impl Conn {
     }
 
     /// Why a resval does not fit: its kind (what the warning summary counts) and the text.
-    fn check(
-        &self,
-        r: &Resval,
-        seen: &mut BTreeSet<(String, String)>,
-    ) -> Result<(), (&'static str, String)> {
+    fn check(&self, r: &Resval, seen: &mut BTreeSet<u32>) -> Result<(), (&'static str, String)> {
         if r.name.is_empty() {
             return Err(("empty name", "empty name".into()));
         }
         check_names(&r.name, &r.instance).map_err(|e| ("bad name", e.to_string()))?;
-        let key = (r.name.clone(), r.instance.clone());
-        let Some(valtype) = self.declared.get(&key) else {
+        let resources = self.hello.as_ref().map_or(&[][..], |h| &h.resources[..]);
+        let found = self.declared.binary_search_by(|i| {
+            let d = &resources[*i as usize];
+            (d.name.as_str(), d.instance.as_str()).cmp(&(r.name.as_str(), r.instance.as_str()))
+        });
+        let Ok(at) = found else {
             return Err(("undeclared", "not declared in hello".into()));
         };
-        if !seen.insert(key) {
+        let index = self.declared[at];
+        let valtype = &resources[index as usize].valtype;
+        if !seen.insert(index) {
             return Err(("twice in one batch", "appears twice in one batch".into()));
         }
         let fits = match (&r.value, valtype) {

@@ -16,7 +16,8 @@ pub struct Accepted {
     /// The canonical name (lower case, the cluster's domain folded).
     pub host: String,
     pub identity: Option<Arc<Identity>>,
-    pub hello: Hello,
+    /// Shared with the session that received it: the declared names are held once.
+    pub hello: Arc<Hello>,
 }
 
 /// One event for the controller.

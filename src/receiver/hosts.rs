@@ -16,7 +16,7 @@
 //! The host's state (its hello, its values) is charged to its budget account: a host that
 //! declares or sends more than its share is cut off, and what it sent beyond is not kept.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::budget::{text_cost, Budget, Charge, Payer, ENTRY_OVERHEAD};
-use super::events::{resval_cost, Accepted, Ev};
+use super::events::{Accepted, Ev};
 use crate::link::receiver::{Event, EventKind, Reason};
 use crate::value::{Resval, Status, Value};
 
@@ -49,8 +49,11 @@ pub struct HostState {
     pub peer: Option<SocketAddr>,
     session: Option<u64>,
     pub accepted: Arc<Accepted>,
-    /// By (name, instance).
-    pub values: BTreeMap<(String, String), Resval>,
+    /// The hello's resources by (name, instance): indices into `accepted.hello.resources`.
+    index: Vec<u32>,
+    /// The last value of each declared resource, in the hello's order (the names are the
+    /// hello's, held once).
+    slots: Vec<Option<Slot>>,
     /// When anything last arrived from it.
     pub last_heard: Instant,
     deadline: Instant,
@@ -59,7 +62,85 @@ pub struct HostState {
     charge: Charge,
 }
 
+/// One value without its names (they are the hello's).
+#[derive(Clone)]
+struct Slot {
+    value: Value,
+    status: Status,
+    last_report_ms: Option<u64>,
+    error: Option<crate::value::Failure>,
+}
+
 impl HostState {
+    /// Its values, in the hello's order (those reported so far).
+    pub fn values(&self) -> impl Iterator<Item = Resval> + '_ {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            let s = s.as_ref()?;
+            let d = &self.accepted.hello.resources[i];
+            Some(Resval {
+                name: d.name.clone(),
+                instance: d.instance.clone(),
+                value: s.value.clone(),
+                status: s.status,
+                last_report_ms: s.last_report_ms,
+                error: s.error.clone(),
+            })
+        })
+    }
+
+    /// Where (name, instance) is in the hello.
+    fn position(&self, name: &str, instance: &str) -> Option<usize> {
+        let resources = &self.accepted.hello.resources;
+        self.index
+            .binary_search_by(|i| {
+                let d = &resources[*i as usize];
+                (d.name.as_str(), d.instance.as_str()).cmp(&(name, instance))
+            })
+            .ok()
+            .map(|at| self.index[at] as usize)
+    }
+
+    /// A new hello: the values of what it still declares are kept, at their new places.
+    fn redeclare(&mut self, accepted: Arc<Accepted>) {
+        let old: Vec<(String, String, Slot)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let d = &self.accepted.hello.resources[i];
+                Some((d.name.clone(), d.instance.clone(), s.clone()?))
+            })
+            .collect();
+        let resources = &accepted.hello.resources;
+        let mut index: Vec<u32> = (0..resources.len() as u32).collect();
+        index.sort_unstable_by(|a, b| {
+            let (a, b) = (&resources[*a as usize], &resources[*b as usize]);
+            (a.name.as_str(), a.instance.as_str()).cmp(&(b.name.as_str(), b.instance.as_str()))
+        });
+        self.index = index;
+        self.slots = vec![None; resources.len()];
+        self.accepted = accepted;
+        for (name, instance, slot) in old {
+            if let Some(i) = self.position(&name, &instance) {
+                self.slots[i] = Some(slot);
+            }
+        }
+    }
+
+    /// Record `r` (a value the session checked against the hello); false if undeclared.
+    fn record(&mut self, r: &Resval) -> bool {
+        let Some(i) = self.position(&r.name, &r.instance) else {
+            return false;
+        };
+        self.slots[i] = Some(Slot {
+            value: r.value.clone(),
+            status: r.status,
+            last_report_ms: r.last_report_ms,
+            error: r.error.clone(),
+        });
+        true
+    }
+
     /// Whether a session speaks for it now.
     pub fn connected(&self) -> bool {
         self.session.is_some()
@@ -73,10 +154,26 @@ impl HostState {
             .iter()
             .map(|d| text_cost(&d.name) + d.instance.len())
             .sum();
-        let values: usize = self.values.values().map(resval_cost).sum();
-        ENTRY_OVERHEAD + self.host.len() + hello + values
+        let values: usize = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|s| {
+                let text = match &s.value {
+                    Value::String(v) => v.len(),
+                    _ => 0,
+                };
+                SLOT_COST + text + s.error.as_ref().map_or(0, |e| e.to_string().len())
+            })
+            .sum();
+        let slots =
+            self.slots.capacity() * std::mem::size_of::<Option<Slot>>() + self.index.capacity() * 4;
+        ENTRY_OVERHEAD + self.host.len() + hello + slots + values
     }
 }
+
+/// A value's own allocations beyond its slot (a string's header and the allocator's).
+const SLOT_COST: usize = 16;
 
 /// Every host heard from.
 pub struct HostTable {
@@ -184,7 +281,8 @@ impl HostTable {
                         peer: None,
                         session: None,
                         accepted: Arc::clone(&accepted),
-                        values: BTreeMap::new(),
+                        index: Vec::new(),
+                        slots: Vec::new(),
                         last_heard: now,
                         deadline: now,
                         stale: false,
@@ -193,16 +291,8 @@ impl HostTable {
                 });
                 st.peer = Some(ev.peer);
                 st.session = Some(ev.session);
-                st.accepted = Arc::clone(&accepted);
+                st.redeclare(Arc::clone(&accepted));
                 st.stale = false;
-                let declared: BTreeSet<(&str, &str)> = accepted
-                    .hello
-                    .resources
-                    .iter()
-                    .map(|d| (d.name.as_str(), d.instance.as_str()))
-                    .collect();
-                st.values
-                    .retain(|(n, i), _| declared.contains(&(n.as_str(), i.as_str())));
                 settle(st);
                 self.touch(&key, now);
                 vec![Ev::Accepted {
@@ -216,15 +306,15 @@ impl HostTable {
                 };
                 let mut out = revive(st);
                 if batch.full {
-                    st.values.clear();
+                    st.slots.iter_mut().for_each(|s| *s = None);
                 }
                 for r in batch.resvals {
-                    st.values
-                        .insert((r.name.clone(), r.instance.clone()), r.clone());
-                    out.push(Ev::Resval {
-                        host: Arc::clone(&st.host),
-                        resval: r,
-                    });
+                    if st.record(&r) {
+                        out.push(Ev::Resval {
+                            host: Arc::clone(&st.host),
+                            resval: r,
+                        });
+                    }
                 }
                 if !settle(st) {
                     // Over its share: the host is cut off; none of this batch is passed on.
@@ -293,14 +383,10 @@ impl HostTable {
                     accepted: Arc::clone(&st.accepted),
                 }
             });
-            for r in st.values.values() {
+            for r in st.values() {
                 out.push(Ev::Resval {
                     host: Arc::clone(&st.host),
-                    resval: if st.stale {
-                        unknown(r, self.grace)
-                    } else {
-                        r.clone()
-                    },
+                    resval: if st.stale { unknown(&r, self.grace) } else { r },
                 });
             }
         }
@@ -314,7 +400,7 @@ fn settle(st: &mut HostState) -> bool {
     if st.charge.resize(st.cost()).is_ok() {
         return true;
     }
-    st.values.clear();
+    st.slots.iter_mut().for_each(|s| *s = None);
     let cost = st.cost().min(st.charge.bytes());
     let _ = st.charge.resize(cost);
     false
@@ -331,9 +417,10 @@ fn revive(st: &mut HostState) -> Vec<Ev> {
         peer: st.peer,
         accepted: Arc::clone(&st.accepted),
     }];
-    out.extend(st.values.values().map(|r| Ev::Resval {
-        host: Arc::clone(&st.host),
-        resval: r.clone(),
+    let host = Arc::clone(&st.host);
+    out.extend(st.values().map(|r| Ev::Resval {
+        host: Arc::clone(&host),
+        resval: r,
     }));
     out
 }
@@ -345,5 +432,166 @@ pub fn unknown(r: &Resval, grace: Duration) -> Resval {
         status: Status::Stale,
         error: Some(format!("host stale: nothing from it for {} ms", grace.as_millis()).into()),
         ..r.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::wire::{Batch, Declared, Hello};
+    use crate::value::Valtype;
+    use std::net::SocketAddr;
+
+    fn event(session: u64, host: &str, kind: EventKind) -> Event {
+        Event {
+            peer: SocketAddr::from(([127, 0, 0, 1], session as u16)),
+            host: Some(host.to_owned()),
+            session,
+            kind,
+            identity: None,
+            reason: None,
+        }
+    }
+
+    fn hello(names: &[&str]) -> EventKind {
+        let resources = names
+            .iter()
+            .map(|n| Declared {
+                name: (*n).to_owned(),
+                instance: String::new(),
+                valtype: Valtype::Numeric,
+                interval_ms: 1000,
+                shared: false,
+            })
+            .collect();
+        EventKind::Hello(Arc::new(Hello::new("h", "boot", "digest", resources)))
+    }
+
+    fn batch(full: bool, values: &[(&str, f64)]) -> EventKind {
+        EventKind::Batch {
+            batch: Batch {
+                seq: 1,
+                full,
+                sent_at_ms: 0,
+                resvals: values
+                    .iter()
+                    .map(|(n, x)| Resval {
+                        name: (*n).to_owned(),
+                        instance: String::new(),
+                        value: Value::Numeric(*x),
+                        status: Status::Ok,
+                        last_report_ms: Some(1),
+                        error: None,
+                    })
+                    .collect(),
+            },
+            rejected: Vec::new(),
+        }
+    }
+
+    fn values(t: &HostTable, host: &str) -> Vec<(String, String)> {
+        t.get(host)
+            .map(|st| st.values().map(|r| (r.name, r.value.to_string())).collect())
+            .unwrap_or_default()
+    }
+
+    fn table() -> (HostTable, Arc<Budget>) {
+        let budget = Budget::new(1 << 20, 1 << 20);
+        (
+            HostTable::new(Duration::from_secs(21), Arc::clone(&budget)),
+            budget,
+        )
+    }
+
+    #[test]
+    fn a_full_batch_replaces_the_values_and_a_delta_updates_them() {
+        let (mut t, _) = table();
+        let now = Instant::now();
+        t.apply(event(1, "n", hello(&["a", "b"])), now);
+        t.apply(event(1, "n", batch(true, &[("a", 1.0), ("b", 2.0)])), now);
+        t.apply(event(1, "n", batch(false, &[("b", 3.0)])), now);
+        assert_eq!(
+            values(&t, "n"),
+            [("a".into(), "1".into()), ("b".into(), "3".into())]
+        );
+        t.apply(event(1, "n", batch(true, &[("b", 4.0)])), now);
+        assert_eq!(values(&t, "n"), [("b".into(), "4".into())]);
+        // A new hello keeps what it still declares.
+        t.apply(event(1, "n", hello(&["c", "b"])), now);
+        assert_eq!(values(&t, "n"), [("b".into(), "4".into())]);
+    }
+
+    #[test]
+    fn a_displaced_sessions_last_words_change_nothing() {
+        let (mut t, _) = table();
+        let now = Instant::now();
+        t.apply(event(1, "n", hello(&["a"])), now);
+        t.apply(event(2, "n", hello(&["a"])), now);
+        assert!(t
+            .apply(event(1, "n", batch(true, &[("a", 9.0)])), now)
+            .is_empty());
+        let closed = event(1, "n", EventKind::Closed(None));
+        assert!(t.apply(closed, now).is_empty(), "the host is not gone");
+        assert!(t.get("n").is_some_and(HostState::connected));
+        let gone = t.apply(event(2, "n", EventKind::Closed(None)), now);
+        assert!(matches!(
+            &gone[..],
+            [Ev::Gone {
+                reason: Reason::Closed,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_silent_host_goes_stale_once_and_comes_back_with_its_values() {
+        let (mut t, _) = table();
+        let now = Instant::now();
+        t.apply(event(1, "n", hello(&["a"])), now);
+        t.apply(event(1, "n", batch(true, &[("a", 1.0)])), now);
+        assert!(t.expire(now + Duration::from_secs(20)).is_empty());
+        let stale = t.expire(now + Duration::from_secs(22));
+        assert!(matches!(&stale[..], [Ev::Stale { .. }]));
+        assert!(t.expire(now + Duration::from_secs(60)).is_empty(), "once");
+        let snap = t.snapshot(Some("n")).expect("known");
+        assert!(matches!(&snap[1], Ev::Resval { resval, .. } if resval.value == Value::Unknown));
+        let back = t.apply(
+            event(
+                1,
+                "n",
+                EventKind::Heartbeat(crate::link::wire::Heartbeat {
+                    seq: 1,
+                    sent_at_ms: 0,
+                }),
+            ),
+            now + Duration::from_secs(61),
+        );
+        assert!(
+            matches!(&back[..], [Ev::Accepted { .. }, Ev::Resval { .. }]),
+            "{back:?}"
+        );
+    }
+
+    #[test]
+    fn a_host_whose_state_is_over_its_share_keeps_none_of_it_and_is_cut_off() {
+        let budget = Budget::new(1 << 20, 2048);
+        let mut t = HostTable::new(Duration::from_secs(21), Arc::clone(&budget));
+        let now = Instant::now();
+        t.apply(event(1, "n", hello(&["a"])), now);
+        let names: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let evs = t.apply(event(1, "n", hello(&refs)), now);
+        assert!(matches!(&evs[..], [Ev::Accepted { .. }]));
+        let evs = t.apply(
+            event(
+                1,
+                "n",
+                batch(true, &refs.iter().map(|n| (*n, 1.0)).collect::<Vec<_>>()),
+            ),
+            now,
+        );
+        assert!(evs.is_empty(), "nothing passed on: {} events", evs.len());
+        assert!(budget.account("n").cut_token().is_cancelled());
+        assert!(budget.used() <= 2048, "{}", budget.used());
     }
 }

@@ -70,7 +70,7 @@ async fn next_hello(ctl: &mut Controller) -> (Hello, Batch) {
     };
     let batch = ctl.next_batch().await;
     assert!(batch.full, "the batch after hello must be full: {batch:?}");
-    (hello, batch)
+    ((*hello).clone(), batch)
 }
 
 /// Batches until one carries a numeric value for `name` satisfying `pred`.

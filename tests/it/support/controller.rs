@@ -182,7 +182,7 @@ impl Controller {
         };
         let batch = self.next_batch().await;
         assert!(batch.full, "the batch after hello must be full: {batch:?}");
-        (hello, batch)
+        ((*hello).clone(), batch)
     }
 
     pub async fn stop(self) {
