@@ -160,13 +160,27 @@ fn write_calls(pid: u32) -> u64 {
 
 type Agent = TlsStream<TcpStream>;
 
+/// Agents per loopback source address: a source address has about 28,000 ephemeral ports
+/// toward one receiver, so 50,000 agents come from 127.0.0.1, 127.0.0.2 and 127.0.0.3.
+const AGENTS_PER_SOURCE: usize = 20_000;
+
+/// The source address agent `i` connects from.
+fn source(i: usize) -> std::net::IpAddr {
+    std::net::Ipv4Addr::new(127, 0, 0, 1 + (i / AGENTS_PER_SOURCE) as u8).into()
+}
+
 async fn connect(
     addr: SocketAddr,
+    from: std::net::IpAddr,
     cfg: Arc<rustls::ClientConfig>,
     host: String,
     resources: usize,
 ) -> Agent {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::new(from, 0))
+        .unwrap_or_else(|e| panic!("bind {from}: {e}"));
+    let tcp = socket.connect(addr).await.expect("connect");
     tcp.set_nodelay(true).expect("nodelay");
     let mut s = tokio_rustls::TlsConnector::from(cfg)
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
@@ -264,7 +278,7 @@ fn measure(
     let (cpu0, t0) = (rx.cpu(), Instant::now());
     let mut agents: Vec<Agent> = rt.block_on(
         futures::stream::iter(configs.into_iter().enumerate())
-            .map(|(i, cfg)| connect(addr, cfg, host(i), res))
+            .map(|(i, cfg)| connect(addr, source(i), cfg, host(i), res))
             .buffer_unordered(load.concurrency)
             .collect(),
     );
@@ -418,6 +432,17 @@ fn report(load: &Load, figs: &[Figures]) {
     }
 }
 
+/// Raise the open-file hard limit to `want` where allowed (root); silent otherwise (the
+/// assert below names the limit).
+fn raise_hard_fd_limit(want: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if hard < want {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, soft.max(want), want);
+        }
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -429,7 +454,9 @@ fn main() {
         .collect();
     let max = *sizes.iter().max().expect("AGENTS");
     // A descriptor per agent here and in the receiver (which raises its own soft limit
-    // too, as the library and listen do).
+    // too, as the library and listen do). As root the hard limit is raised too (the
+    // receivers are children: they inherit it).
+    raise_hard_fd_limit(max as u64 + 4096);
     let limit = xce_agent::link::receiver::raise_fd_limit().unwrap_or(0);
     assert!(
         limit as usize > max + 256,

@@ -47,6 +47,9 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         )
     });
     print!("{}", tls_text(&config, tls.as_ref()));
+    if !config.agent.controllers.is_empty() {
+        print!("{}", crate::render::plan::controller_name_text(&host));
+    }
     for w in crate::trust::waived(&config.agent) {
         println!("\nWARNING: {w}");
     }

@@ -137,6 +137,18 @@ pub fn plan_text(
 
 /// `check`'s part about the link: each certificate (`report`, when agent.yaml has a `tls:`
 /// section), what is wrong or close to it, and a warning every time the link is plaintext.
+/// Which name the controller will see for this host (receiver::identity): lower case, and
+/// the short name where the controller is configured with the host's domain.
+pub fn controller_name_text(host: &str) -> String {
+    let lower = host.to_ascii_lowercase();
+    match lower.split_once('.') {
+        Some((short, domain)) if !short.is_empty() && !domain.is_empty() => format!(
+            "\nthe controller sees this host as {lower:?}, or as {short:?} where it is configured with the cluster domain {domain:?} (listen --domain, xce_receiver_config_add_domain)\n"
+        ),
+        _ => format!("\nthe controller sees this host as {lower:?}\n"),
+    }
+}
+
 pub fn tls_text(config: &Config, report: Option<&tls::Report>) -> String {
     let mut out = String::new();
     let Some(report) = report else {
@@ -156,4 +168,19 @@ pub fn tls_text(config: &Config, report: Option<&tls::Report>) -> String {
         let _ = writeln!(out, "  PROBLEM: {p}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_says_which_name_the_controller_sees() {
+        assert!(controller_name_text("NODE001").contains("as \"node001\"\n"));
+        let fq = controller_name_text("Node001.Cluster.Example");
+        assert!(
+            fq.contains("as \"node001.cluster.example\", or as \"node001\""),
+            "{fq}"
+        );
+    }
 }
