@@ -310,6 +310,20 @@ enum xce_result xce_receiver_local_addr(const struct xce_receiver *rx,
                                         char *buf,
                                         size_t len);
 
+// Swap the receiver's TLS material (as `xce_receiver_config_set_tls` names it: `ca`,
+// `cert`, `key`, `crl` or NULL) without dropping live sessions: connections from now on are
+// checked against it. A live session whose certificate the new CRL revokes is ended (GONE,
+// XCE_REASON_REVOKED). XCE_TLS (nothing changed) when a file is missing, unreadable, not
+// PEM, a key others can read, or a CRL the CA did not sign; XCE_CONFIG for a receiver
+// started in plaintext; `*revoked` (may be NULL) gets the number of sessions ended. Any
+// thread; for a rotated certificate or a new CRL (e.g. on SIGHUP).
+enum xce_result xce_receiver_reload_tls(const struct xce_receiver *rx,
+                                        const char *ca,
+                                        const char *cert,
+                                        const char *key,
+                                        const char *crl,
+                                        size_t *revoked);
+
 // Fill `*out` with the receiver's figures now. Any thread.
 enum xce_result xce_receiver_stats(const struct xce_receiver *rx, struct xce_stats *out);
 

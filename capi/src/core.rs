@@ -195,6 +195,8 @@ pub struct Stats {
 /// A running receiver.
 pub struct Receiver {
     runtime: Option<tokio::runtime::Runtime>,
+    /// Started with TLS (it can be reloaded).
+    tls: bool,
     shared: Arc<Shared>,
     control: Arc<Control>,
     shutdown: CancellationToken,
@@ -302,6 +304,7 @@ impl Receiver {
         let dispatcher = runtime.spawn(dispatch(rx, Arc::clone(&shared), shutdown.clone()));
         Ok(Self {
             runtime: Some(runtime),
+            tls: cfg.tls.is_some(),
             shared,
             control,
             shutdown,
@@ -351,6 +354,22 @@ impl Receiver {
     pub fn snapshot(&self, host: Option<&str>) -> Option<Vec<Ev>> {
         let key = host.map(|h| canonical_host(h, &self.shared.domains));
         lock(&self.shared.hosts).snapshot(key.as_deref())
+    }
+
+    /// New TLS key material (certificate, key, CA, CRL) for the connections to come; live
+    /// sessions stay, except those whose certificate the new CRL revokes (GONE `revoked`).
+    /// Err (and nothing changed): why the files were refused. Ok: the sessions ended.
+    pub fn reload_tls(&self, paths: &TlsPaths) -> Result<usize, StartError> {
+        if !self.tls {
+            return Err(StartError::Config(
+                "the receiver was started in plaintext: TLS cannot be reloaded into it".into(),
+            ));
+        }
+        let material = xce_agent::link::tls::Material::load(paths)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        self.control
+            .reload_tls(&material)
+            .map_err(|e| StartError::Tls(e.to_string()))
     }
 
     /// What the library counts now.

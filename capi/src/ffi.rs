@@ -470,6 +470,59 @@ pub unsafe extern "C" fn xce_receiver_local_addr(
     })
 }
 
+/// Swap the receiver's TLS material (as `xce_receiver_config_set_tls` names it: `ca`,
+/// `cert`, `key`, `crl` or NULL) without dropping live sessions: connections from now on are
+/// checked against it. A live session whose certificate the new CRL revokes is ended (GONE,
+/// XCE_REASON_REVOKED). XCE_TLS (nothing changed) when a file is missing, unreadable, not
+/// PEM, a key others can read, or a CRL the CA did not sign; XCE_CONFIG for a receiver
+/// started in plaintext; `*revoked` (may be NULL) gets the number of sessions ended. Any
+/// thread; for a rotated certificate or a new CRL (e.g. on SIGHUP).
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_reload_tls(
+    rx: *const xce_receiver,
+    ca: *const c_char,
+    cert: *const c_char,
+    key: *const c_char,
+    crl: *const c_char,
+    revoked: *mut usize,
+) -> xce_result {
+    guard("xce_receiver_reload_tls", || {
+        not_null!(rx);
+        // SAFETY (all four): NULL (checked inside, allowed for `crl` only) or C strings
+        // live for this call.
+        let ca = arg!(unsafe { text(ca, "ca") });
+        let cert = arg!(unsafe { text(cert, "cert") });
+        let key = arg!(unsafe { text(key, "key") });
+        let crl = if crl.is_null() {
+            None
+        } else {
+            Some(PathBuf::from(arg!(unsafe { text(crl, "crl") })))
+        };
+        let paths = TlsPaths {
+            ca: ca.into(),
+            cert: cert.into(),
+            key: key.into(),
+            crl,
+        };
+        // SAFETY: `rx` is not NULL and a live receiver.
+        let rx = lock(unsafe { receiver(rx) });
+        if rx.is_stopped() {
+            return fail(XCE_STOPPED, "the receiver was stopped");
+        }
+        match rx.reload_tls(&paths) {
+            Ok(n) => {
+                if !revoked.is_null() {
+                    // SAFETY: `revoked` is not NULL and points to a writable usize.
+                    unsafe { revoked.write(n) };
+                }
+                XCE_OK
+            }
+            Err(StartError::Tls(e)) => fail(XCE_TLS, e),
+            Err(e) => fail(XCE_CONFIG, e.text().to_owned()),
+        }
+    })
+}
+
 /// What the receiver holds and has done, for the controller's own monitoring.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

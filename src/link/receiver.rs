@@ -292,6 +292,10 @@ pub struct Control {
     assigned: Mutex<HashMap<String, AssignedTx>>,
     /// The cluster's domains, to make the names the controller gives canonical.
     domains: Vec<String>,
+    /// The live session of each host and certificate.
+    live: Arc<Live>,
+    /// The TLS configuration new connections get, once reloaded (`ListenOpts::tls` before).
+    tls: Mutex<Option<Arc<rustls::ServerConfig>>>,
 }
 
 type Assignment = Option<Vec<(String, String)>>;
@@ -303,9 +307,27 @@ impl Control {
     /// `host` in any spelling of it (case, the cluster's domain).
     pub fn new(domains: Vec<String>) -> Self {
         Self {
-            assigned: Mutex::default(),
             domains,
+            ..Self::default()
         }
+    }
+
+    /// New key material for the connections to come (certificate, key, CA, CRL), without
+    /// dropping live sessions; a live session whose certificate `material`'s CRL revokes is
+    /// ended (`revoked`). Returns how many were.
+    pub fn reload_tls(&self, material: &tls::Material) -> Result<usize, tls::TlsError> {
+        let cfg = material.server_config()?;
+        *self.tls.lock().unwrap_or_else(|p| p.into_inner()) = Some(cfg);
+        Ok(self.live.revoke(&material.revoked_keys()))
+    }
+
+    /// The TLS configuration for a new connection.
+    fn tls_config(
+        &self,
+        initial: &Option<Arc<rustls::ServerConfig>>,
+    ) -> Option<Arc<rustls::ServerConfig>> {
+        let reloaded = self.tls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        reloaded.or_else(|| initial.clone())
     }
 
     pub fn assign(&self, host: &str, instances: Vec<(String, String)>) {
@@ -418,7 +440,7 @@ async fn serve_into(
     shutdown: CancellationToken,
 ) {
     let mut conns = JoinSet::new();
-    let live = Arc::new(Live::default());
+    let live = Arc::clone(&control.live);
     let budget = opts
         .budget
         .clone()
@@ -584,7 +606,7 @@ async fn handshake(
         subject: info.subject,
         sans: info.sans,
         dns_names: info.dns_names,
-        certificate: format!("{} #{}", info.issuer, info.serial),
+        certificate: tls::certificate_key(&info.issuer, &info.serial),
     };
     Ok((Box::new(s), identity))
 }
@@ -640,7 +662,7 @@ async fn connection(
     // On plaintext, the agent's first bytes: a TLS ClientHello there is an agent that
     // speaks TLS to a listener that does not, said as such instead of a parse error.
     let first_bytes = tls::FirstBytes::default();
-    let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
+    let (stream, identity): (Box<dyn LinkStream>, _) = match &control.tls_config(&opts.tls) {
         None => (
             Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
             None,
@@ -716,12 +738,14 @@ async fn connection(
             loop {
                 tokio::select! {
                     _ = claim.token.cancelled() => {
-                        let why = match claim.displaced() {
-                            Some(Displaced::SameCertificate { host }) => format!(
-                                "a newer connection with the same certificate, for host {host}, took its place"),
-                            _ => "a newer connection for this host took its place".into(),
-                        };
-                        break 'conn Some((Reason::Displaced, why));
+                        break 'conn Some(match claim.displaced() {
+                            Some(Displaced::Revoked) => (Reason::Revoked,
+                                "its certificate is revoked by the CRL the receiver reloaded".into()),
+                            Some(Displaced::SameCertificate { host }) => (Reason::Displaced, format!(
+                                "a newer connection with the same certificate, for host {host}, took its place")),
+                            _ => (Reason::Displaced,
+                                "a newer connection for this host took its place".into()),
+                        });
                     }
                     _ = async {
                         match &account {

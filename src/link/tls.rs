@@ -322,6 +322,24 @@ impl Material {
         Ok(Arc::new(cfg))
     }
 
+    /// The certificates its CRLs revoke, as [`certificate_key`]s: what a reload ends among
+    /// the live sessions.
+    pub fn revoked_keys(&self) -> Vec<String> {
+        use x509_parser::prelude::FromDer as _;
+        use x509_parser::revocation_list::CertificateRevocationList;
+        let mut keys = Vec::new();
+        for der in &self.crls {
+            if let Ok((_, crl)) = CertificateRevocationList::from_der(der) {
+                let issuer = crl.issuer().to_string();
+                keys.extend(
+                    crl.iter_revoked_certificates()
+                        .map(|r| certificate_key(&issuer, &r.raw_serial_as_string())),
+                );
+            }
+        }
+        keys
+    }
+
     /// This end's own certificate (the first of the chain).
     pub fn leaf(&self) -> &CertificateDer<'static> {
         &self.chain[0]
@@ -418,6 +436,11 @@ pub struct CertInfo {
     /// Unix seconds.
     pub not_before: i64,
     pub not_after: i64,
+}
+
+/// What names one certificate: its issuer and serial number (as a CRL names it).
+pub fn certificate_key(issuer: &str, serial: &str) -> String {
+    format!("{issuer} #{serial}")
 }
 
 pub fn cert_info(der: &CertificateDer<'_>) -> Option<CertInfo> {

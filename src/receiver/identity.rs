@@ -44,13 +44,15 @@ pub enum Key {
     Certificate(Vec<u8>),
 }
 
-/// Why a session was told to end by another.
+/// Why a session was told to end from outside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Displaced {
     /// A newer session for the same host.
     SameHost,
     /// A newer session with the same certificate, for `host`.
     SameCertificate { host: String },
+    /// Its certificate is revoked by a CRL loaded since it connected.
+    Revoked,
 }
 
 /// The live session of each host and of each certificate.
@@ -123,6 +125,27 @@ impl Live {
             }
         }
         displaced
+    }
+
+    /// End every live session whose certificate is one of `certificates` (keys as
+    /// `link::tls::certificate_key` makes them). Returns how many were.
+    pub fn revoke(&self, certificates: &[String]) -> usize {
+        let map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ended = 0;
+        for (key, s) in map.iter() {
+            let Key::Certificate(der) = key else { continue };
+            if certificates.iter().any(|c| c.as_bytes() == der.as_slice())
+                && !s.token.is_cancelled()
+            {
+                s.why
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(Displaced::Revoked);
+                s.token.cancel();
+                ended += 1;
+            }
+        }
+        ended
     }
 
     /// The session ended: its keys are free (unless a newer session holds them already).

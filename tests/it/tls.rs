@@ -747,3 +747,86 @@ async fn an_agent_gone_without_close_notify_is_closed_not_a_protocol_error() {
     }
     ctl.stop().await;
 }
+
+#[tokio::test]
+async fn reloaded_tls_keeps_live_sessions_and_ends_the_one_its_crl_revokes() {
+    use xce_agent::link::receiver::{serve_all, Control};
+    let mut site = Site::new();
+    let first = site.pki.next_serial();
+    let n1 = site.pki.issue(&["node001"]);
+    let n2 = site.pki.issue(&["node002"]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, mut events) = tokio::sync::mpsc::channel(64);
+    let control = Arc::new(Control::new(Vec::new()));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(serve_all(
+        vec![listener],
+        tls_listen(site.server()),
+        tx,
+        Arc::clone(&control),
+        shutdown.clone(),
+    ));
+    let start = |files: &Files, host: &str| {
+        let agent = Agent::start(
+            tls_config(addr.to_string(), client(&site.pki.paths(files))),
+            store_with(&[("x", "", Valtype::Numeric)]),
+        );
+        let mut hello = (**agent.hello.borrow()).clone();
+        hello.host = host.to_owned();
+        agent.hello.send_replace(Arc::new(hello));
+        agent
+    };
+    let a = start(&n1, "node001");
+    let b = start(&n2, "node002");
+    let mut hellos = 0;
+    while hellos < 2 {
+        if let EventKind::Hello(_) = guard("hellos", events.recv()).await.unwrap().kind {
+            hellos += 1;
+        }
+    }
+    // A new CRL revoking node001's certificate, loaded while both are connected.
+    let crl = site.pki.crl(&[first]);
+    let mut paths = site.pki.paths(&site.ctl);
+    paths.crl = Some(crl);
+    let material = xce_agent::link::tls::Material::load(&paths).expect("material");
+    assert_eq!(control.reload_tls(&material).expect("reload"), 1);
+    let ended = loop {
+        let ev = guard("the revoked session's end", events.recv())
+            .await
+            .unwrap();
+        if matches!(ev.kind, EventKind::Closed(_)) {
+            break ev;
+        }
+    };
+    assert_eq!(ended.host.as_deref(), Some("node001"));
+    assert_eq!(ended.reason, Some(Reason::Revoked), "{ended:?}");
+    // node002's session goes on: its next value arrives on the same connection.
+    record(&b.store, "x", Value::Numeric(7.0));
+    loop {
+        let ev = guard("node002's value", events.recv()).await.unwrap();
+        assert!(
+            !(matches!(ev.kind, EventKind::Closed(_)) && ev.host.as_deref() == Some("node002")),
+            "node002 was dropped: {ev:?}"
+        );
+        if let EventKind::Batch { batch, .. } = &ev.kind {
+            if ev.host.as_deref() == Some("node002")
+                && batch.resvals.iter().any(|r| r.value == Value::Numeric(7.0))
+            {
+                break;
+            }
+        }
+    }
+    // And node001 reconnecting is refused at the handshake now.
+    loop {
+        let ev = guard("node001's refusal", events.recv()).await.unwrap();
+        if ev.host.is_none() && matches!(ev.kind, EventKind::Closed(_)) {
+            assert_eq!(ev.reason, Some(Reason::Revoked), "{ev:?}");
+            break;
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+    shutdown.cancel();
+    server.await.unwrap();
+}
