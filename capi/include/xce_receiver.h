@@ -248,6 +248,18 @@ enum xce_result xce_receiver_config_free(struct xce_receiver_config *cfg);
 // `xce_receiver_local_addr`). Call once per address; at least once.
 enum xce_result xce_receiver_config_add_listen(struct xce_receiver_config *cfg, const char *addr);
 
+// The worker's door: also take agents on the unix socket `path` (made, mode 0666, a stale
+// one replaced; a live one is an error at start), with the same protocol and no TLS. A
+// peer is known by its uid (SO_PEERCRED): only `uid` may feed it (call again with the
+// same path to allow another uid; root is 0); everything it sends is for this host (the
+// library's own host name, canonical), whatever its hello names. For sites that feed xce's
+// worker daemon on the node rather than open a port on the controller
+// (`controllers: ["unix:/run/xce/worker.sock"]` in the agent's agent.yaml). With only unix
+// sockets, no TLS material is needed.
+enum xce_result xce_receiver_config_add_unix(struct xce_receiver_config *cfg,
+                                             const char *path,
+                                             uint32_t uid);
+
 // TLS 1.3 with required client certificates: `ca` signs the agents' certificates (and
 // this receiver's), `cert`/`key` are the receiver's own (the key readable by its owner
 // only), `crl` is NULL or a CRL of `ca`. The files are read by `xce_receiver_start`.

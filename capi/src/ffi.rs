@@ -209,6 +209,44 @@ pub unsafe extern "C" fn xce_receiver_config_add_listen(
     })
 }
 
+/// The worker's door: also take agents on the unix socket `path` (made, mode 0666, a stale
+/// one replaced; a live one is an error at start), with the same protocol and no TLS. A
+/// peer is known by its uid (SO_PEERCRED): only `uid` may feed it (call again with the
+/// same path to allow another uid; root is 0); everything it sends is for this host (the
+/// library's own host name, canonical), whatever its hello names. For sites that feed xce's
+/// worker daemon on the node rather than open a port on the controller
+/// (`controllers: ["unix:/run/xce/worker.sock"]` in the agent's agent.yaml). With only unix
+/// sockets, no TLS material is needed.
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_config_add_unix(
+    cfg: *mut xce_receiver_config,
+    path: *const c_char,
+    uid: u32,
+) -> xce_result {
+    guard("xce_receiver_config_add_unix", || {
+        not_null!(cfg);
+        // SAFETY: NULL (checked inside) or a C string live for this call.
+        let path = arg!(unsafe { text(path, "path") });
+        if !path.starts_with('/') || path.len() >= 108 {
+            return fail(
+                XCE_INVALID_ARGUMENT,
+                format!("path {path:?} is not an absolute socket path of at most 107 bytes"),
+            );
+        }
+        // SAFETY: `cfg` is not NULL and a live configuration.
+        let c = unsafe { config(cfg) };
+        match c.unix.iter_mut().find(|u| u.path.as_os_str() == path) {
+            Some(u) if !u.uids.contains(&uid) => u.uids.push(uid),
+            Some(_) => {}
+            None => c.unix.push(crate::core::UnixConfig {
+                path: path.into(),
+                uids: vec![uid],
+            }),
+        }
+        XCE_OK
+    })
+}
+
 /// TLS 1.3 with required client certificates: `ca` signs the agents' certificates (and
 /// this receiver's), `cert`/`key` are the receiver's own (the key readable by its owner
 /// only), `crl` is NULL or a CRL of `ca`. The files are read by `xce_receiver_start`.

@@ -262,11 +262,14 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             Pos::of(i),
             "insecure_plaintext: true contradicts the tls: section; keep one of them",
         ),
-        (None, _) if !insecure_plaintext && !controllers.is_empty() => errs.at(
-            Pos::of(&raw.controllers[0]),
-            "controllers are listed but there is no tls: section (ca, cert, key); add one, \
-             or say `insecure_plaintext: true` to send values unauthenticated and readable",
-        ),
+        (None, _) if !insecure_plaintext && controllers.iter().any(|c| unix_path(c).is_none()) => {
+            errs.at(
+                Pos::of(&raw.controllers[0]),
+                "controllers are listed but there is no tls: section (ca, cert, key); add one, \
+                 or say `insecure_plaintext: true` to send values unauthenticated and readable \
+                 (a unix: controller, the worker's socket on this node, needs neither)",
+            )
+        }
         _ => {}
     }
     errs.finish()?;
@@ -426,10 +429,20 @@ fn counted(
     }
 }
 
-/// A `controllers:` entry that is not `host[:port]` (as written, trimmed).
+/// A `controllers:` entry that is not `host[:port]` or `unix:/ABSOLUTE/PATH` (as written,
+/// trimmed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("controller {0:?} is not host[:port]")]
+#[error("controller {0:?} is not host[:port] or unix:/absolute/path")]
 pub struct BadController(pub String);
+
+/// The worker's door on this node: `unix:/run/xce/worker.sock` (no TLS: the worker
+/// authenticates the agent by its uid, SO_PEERCRED).
+pub const UNIX_PREFIX: &str = "unix:";
+
+/// The socket path of a `unix:` controller entry.
+pub fn unix_path(entry: &str) -> Option<&Path> {
+    entry.strip_prefix(UNIX_PREFIX).map(Path::new)
+}
 
 /// `host`, `host:port`, `v4`, `v6`, `[v6]`, `[v6]:port` -> `host:port` (`[v6]:port`) with
 /// the default port filled in: the one place a controller address gets its port.
@@ -438,6 +451,14 @@ pub fn normalize_controller(s: &str) -> Result<String, BadController> {
     let bad = || BadController(s.to_owned());
     if s.is_empty() {
         return Err(bad());
+    }
+    if let Some(path) = s.strip_prefix(UNIX_PREFIX) {
+        // sun_path holds 107 bytes and a NUL.
+        return if path.starts_with('/') && path.len() < 108 && !path.contains('\0') {
+            Ok(s.to_owned())
+        } else {
+            Err(bad())
+        };
     }
     if s.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(s.to_owned());
@@ -490,6 +511,7 @@ mod tests {
             ("fe80::1", "[fe80::1]:6870"),
             ("[::1]", "[::1]:6870"),
             ("[::1]:7000", "[::1]:7000"),
+            ("unix:/run/xce/worker.sock", "unix:/run/xce/worker.sock"),
         ];
         for (entry, dialled) in table {
             assert_eq!(
@@ -511,6 +533,8 @@ mod tests {
             "[::1]:",
             "[::g]",
             "bad name",
+            "unix:relative.sock",
+            "unix:",
         ] {
             let err = normalize_controller(entry).expect_err(entry);
             assert!(

@@ -31,6 +31,7 @@ use crate::config::agent::normalize_controller;
 use crate::store::{Store, Versions};
 use crate::text::escape;
 use crate::value::unix_ms;
+use tokio::net::UnixStream;
 
 /// How the link behaves. `Default` gives production values; tests shrink the durations.
 #[derive(Debug, Clone)]
@@ -504,6 +505,19 @@ enum ConnectError {
 type Connected = (Box<dyn LinkStream>, Option<tls::FirstBytes>);
 
 async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Connected, ConnectError> {
+    if let Some(path) = crate::config::agent::unix_path(addr) {
+        // The worker's socket on this node: no TLS (the worker knows the agent by its uid).
+        let stream = tokio::time::timeout(cfg.connect_timeout, UnixStream::connect(path))
+            .await
+            .map_err(|_| {
+                ConnectError::Tcp(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                ))
+            })?
+            .map_err(ConnectError::Tcp)?;
+        return Ok((Box::new(stream), None));
+    }
     let target = dial_address(addr).map_err(ConnectError::Tcp)?;
     let stream = connect_tcp(&target, cfg).await.map_err(ConnectError::Tcp)?;
     let first = tls::FirstBytes::default();

@@ -16,7 +16,6 @@
 //! resval is always exactly one line.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -40,7 +39,7 @@ use crate::receiver::budget::{
     Budget, HostAccount, Payer, DEFAULT_HOST_SHARE, DEFAULT_TOTAL, SESSION_COST,
 };
 use crate::receiver::frame::{self, FrameError};
-use crate::receiver::identity::{canonical_host, Displaced, Live};
+use crate::receiver::identity::{canonical_host, Displaced, Live, Peer};
 use crate::text::escape;
 use crate::value::{Resval, Valtype, Value, MAX_STRING_VALUE};
 
@@ -99,7 +98,7 @@ pub const MAX_UNAUTHENTICATED: usize = 1024;
 /// What happened on one agent connection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    pub peer: SocketAddr,
+    pub peer: Peer,
     /// The host from the connection's hello, canonical (see `receiver::identity`; None
     /// before it).
     pub host: Option<String>,
@@ -262,6 +261,7 @@ pub async fn serve(
     let control = Arc::new(Control::new(opts.domains.clone()));
     serve_into(
         vec![listener],
+        Vec::new(),
         opts,
         Sink::Events(events),
         control,
@@ -280,7 +280,55 @@ pub async fn serve_all(
     control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
-    serve_into(listeners, opts, Sink::Events(events), control, shutdown).await;
+    serve_into(
+        listeners,
+        Vec::new(),
+        opts,
+        Sink::Events(events),
+        control,
+        shutdown,
+    )
+    .await;
+}
+
+/// `serve_all` with the worker's doors too (unix sockets, see [`UnixDoor`]).
+pub async fn serve_doors(
+    listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
+    opts: ListenOpts,
+    events: mpsc::Sender<Event>,
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+) {
+    serve_into(
+        listeners,
+        unix,
+        opts,
+        Sink::Events(events),
+        control,
+        shutdown,
+    )
+    .await;
+}
+
+/// The worker's door: the same protocol on a unix socket of this node, without TLS. A peer
+/// is known by its credentials (SO_PEERCRED): only `allowed_uids` may feed it, and every
+/// session on it speaks for `host`, this receiver's own host, whatever its hello names.
+pub struct UnixDoor {
+    pub listener: tokio::net::UnixListener,
+    pub allowed_uids: Vec<u32>,
+    pub host: String,
+}
+
+/// How a connection came in.
+enum Door {
+    /// The controller's door: TCP, TLS unless the listener is plaintext.
+    Tcp(TcpStream),
+    /// The worker's door: a local process the socket vouched for; its host is `host`.
+    Unix {
+        stream: tokio::net::UnixStream,
+        host: String,
+    },
 }
 
 /// What the controller tells hosts while the receiver runs: the shared instances assigned
@@ -434,6 +482,7 @@ pub fn raise_fd_limit() -> Option<u64> {
 
 async fn serve_into(
     listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
     opts: ListenOpts,
     sink: Sink,
     control: Arc<Control>,
@@ -452,6 +501,15 @@ async fn serve_into(
     let mut turned_away = Warnings::new(WARN_INTERVAL);
     let mut accept_errors = Warnings::new(WARN_INTERVAL);
     let mut accept_backoff = ACCEPT_BACKOFF_MIN;
+    for door in unix {
+        let ctx = Shared {
+            live: Arc::clone(&live),
+            control: Arc::clone(&control),
+            budget: Arc::clone(&budget),
+            stopping: stopping.clone(),
+        };
+        conns.spawn(accept_unix(door, opts.clone(), sink.clone(), ctx));
+    }
     loop {
         // `accept` is cancel-safe: the futures of the listeners that lost are dropped.
         let accept_any = async {
@@ -490,7 +548,14 @@ async fn serve_into(
                         control: Arc::clone(&control),
                         stopping: stopping.clone(),
                     };
-                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), ctx, permit));
+                    conns.spawn(connection(
+                        Door::Tcp(stream),
+                        Peer::Tcp(peer),
+                        opts.clone(),
+                        sink.clone(),
+                        ctx,
+                        Some(permit),
+                    ));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off (100 ms doubling to 5 s)
@@ -522,7 +587,8 @@ async fn serve_into(
 /// `serve`, printing one line per event (per resval for batches) to `out`, for the CLI.
 /// The lines waiting for `out` are bounded by `LISTEN_BUFFER_BYTES`, however slow it is.
 pub async fn serve_lines<W: AsyncWrite + Unpin>(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
     opts: ListenOpts,
     format: LineFormat,
     mut out: W,
@@ -536,7 +602,8 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
     });
     let control = Arc::new(Control::new(opts.domains.clone()));
     let server = tokio::spawn(serve_into(
-        vec![listener],
+        listeners,
+        unix,
         opts,
         sink,
         control,
@@ -623,13 +690,86 @@ struct Shared {
 /// How a session ended: the class and the words.
 type End = Option<(Reason, String)>;
 
+/// Accept on the worker's door until the receiver stops: a peer whose uid is not allowed is
+/// refused (`identity`) before a byte is read.
+async fn accept_unix(door: UnixDoor, opts: ListenOpts, sink: Sink, shared: Shared) {
+    let mut conns = JoinSet::new();
+    let stopping = shared.stopping.clone();
+    let mut accept_errors = Warnings::new(WARN_INTERVAL);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stopping.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            r = door.listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    let now = tokio::time::Instant::now();
+                    if accept_errors.admit("accept failed", now) {
+                        error!(error = %e, "accept on the worker's socket failed; backing off");
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF_MIN).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(cred) = stream.peer_cred() else {
+            continue;
+        };
+        let peer = Peer::Unix {
+            uid: cred.uid(),
+            pid: cred.pid().unwrap_or(0),
+        };
+        if !door.allowed_uids.contains(&cred.uid()) {
+            let text = format!(
+                "uid {} may not feed this socket (allowed: {:?})",
+                cred.uid(),
+                door.allowed_uids
+            );
+            error!(%peer, "{text}; refused");
+            let _ = sink
+                .deliver(Event {
+                    peer,
+                    host: None,
+                    session: 0,
+                    kind: EventKind::Closed(Some(text)),
+                    identity: None,
+                    reason: Some(Reason::Identity),
+                })
+                .await;
+            continue;
+        }
+        let ctx = Shared {
+            live: Arc::clone(&shared.live),
+            control: Arc::clone(&shared.control),
+            budget: Arc::clone(&shared.budget),
+            stopping: stopping.clone(),
+        };
+        let door = Door::Unix {
+            stream,
+            host: door.host.clone(),
+        };
+        conns.spawn(connection(
+            door,
+            peer,
+            opts.clone(),
+            sink.clone(),
+            ctx,
+            None,
+        ));
+    }
+    let _ = tokio::time::timeout(STOP_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+}
+
 async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
+    door: Door,
+    peer: Peer,
     opts: ListenOpts,
     sink: Sink,
     shared: Shared,
-    unauthenticated: OwnedSemaphorePermit,
+    unauthenticated: Option<OwnedSemaphorePermit>,
 ) {
     let Shared {
         live,
@@ -640,7 +780,7 @@ async fn connection(
     // LoginGraceTime: from accept to an accepted hello, handshake included.
     let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
     let idle_timeout = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
-    let mut unauthenticated = Some(unauthenticated);
+    let mut unauthenticated = unauthenticated;
     // What the session costs at rest, before its hello: the pre-authentication part.
     let Ok(mut session_charge) = budget.charge(&Payer::PreAuth, SESSION_COST) else {
         let _ = sink
@@ -662,40 +802,44 @@ async fn connection(
     // On plaintext, the agent's first bytes: a TLS ClientHello there is an agent that
     // speaks TLS to a listener that does not, said as such instead of a parse error.
     let first_bytes = tls::FirstBytes::default();
-    let (stream, identity): (Box<dyn LinkStream>, _) = match &control.tls_config(&opts.tls) {
-        None => (
-            Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
-            None,
-        ),
-        Some(cfg) => match handshake(
-            cfg,
-            opts.handshake_timeout.unwrap_or(tls::HANDSHAKE_TIMEOUT),
-            stream,
-        )
-        .await
-        {
-            Ok((s, id)) => (s, Some(Arc::new(id))),
-            Err((why, e)) => {
-                let e = if why == tls::Failure::NotTls {
-                    format!("the agent at {peer} is not using TLS but this listener is (configure tls: in its agent.yaml, or run listen with --insecure)")
-                } else {
-                    e
-                };
-                error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
-                let end = format!("TLS handshake failed ({}): {e}", why.as_str());
-                let kind = EventKind::Closed(Some(end));
-                let _ = sink
-                    .deliver(Event {
-                        peer,
-                        host: None,
-                        session: 0,
-                        kind,
-                        identity: None,
-                        reason: Some(Reason::of_tls(why)),
-                    })
-                    .await;
-                return;
-            }
+    let (stream, identity, forced_host): (Box<dyn LinkStream>, _, _) = match door {
+        Door::Unix { stream, host } => (Box::new(stream), None, Some(host)),
+        Door::Tcp(stream) => match control.tls_config(&opts.tls) {
+            None => (
+                Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
+                None,
+                None,
+            ),
+            Some(cfg) => match handshake(
+                &cfg,
+                opts.handshake_timeout.unwrap_or(tls::HANDSHAKE_TIMEOUT),
+                stream,
+            )
+            .await
+            {
+                Ok((s, id)) => (s, Some(Arc::new(id)), None),
+                Err((why, e)) => {
+                    let e = if why == tls::Failure::NotTls {
+                        format!("the agent at {peer} is not using TLS but this listener is (configure tls: in its agent.yaml, or run listen with --insecure)")
+                    } else {
+                        e
+                    };
+                    error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
+                    let end = format!("TLS handshake failed ({}): {e}", why.as_str());
+                    let kind = EventKind::Closed(Some(end));
+                    let _ = sink
+                        .deliver(Event {
+                            peer,
+                            host: None,
+                            session: 0,
+                            kind,
+                            identity: None,
+                            reason: Some(Reason::of_tls(why)),
+                        })
+                        .await;
+                    return;
+                }
+            },
         },
     };
     let (mut rd, mut wr) = tokio::io::split(stream);
@@ -711,6 +855,7 @@ async fn connection(
         identity,
         peer_version: None,
         session: claim.id,
+        forced_host,
     };
     // The host's budget account, once its hello is in.
     let mut account: Option<Arc<HostAccount>> = None;
@@ -919,11 +1064,13 @@ async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Res
 
 /// Per-connection protocol state.
 struct Conn {
-    peer: SocketAddr,
+    peer: Peer,
     hello: Option<Arc<Hello>>,
     /// The hello's host, canonical.
     host: Option<String>,
     session: u64,
+    /// On the worker's door: the host every hello speaks for (the receiver's own).
+    forced_host: Option<String>,
     /// Indices into the hello's resources, sorted by (name, instance).
     declared: Vec<u32>,
     last_seq: u64,
@@ -1000,7 +1147,10 @@ impl Conn {
                         )));
                     }
                 }
-                let host = canonical_host(&h.host, &opts.domains);
+                let host = match &self.forced_host {
+                    Some(own) => own.clone(),
+                    None => canonical_host(&h.host, &opts.domains),
+                };
                 if let Some(old) = &self.host {
                     if *old != host {
                         return Err(protocol(format!(

@@ -17,6 +17,29 @@ use std::sync::Mutex;
 
 use tokio_util::sync::CancellationToken;
 
+/// Who is at the other end of a session: a TCP peer (controller's door), or a local process
+/// on the worker's unix socket (known by its credentials, SO_PEERCRED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Peer {
+    Tcp(std::net::SocketAddr),
+    Unix { uid: u32, pid: i32 },
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Tcp(a) => write!(f, "{a}"),
+            Peer::Unix { uid, pid } => write!(f, "unix:uid={uid},pid={pid}"),
+        }
+    }
+}
+
+impl From<std::net::SocketAddr> for Peer {
+    fn from(a: std::net::SocketAddr) -> Self {
+        Peer::Tcp(a)
+    }
+}
+
 /// The name the controller sees for the host a hello names: lower case, the first of
 /// `domains` it ends in removed (`node001.cluster.example` -> `node001`).
 pub fn canonical_host(host: &str, domains: &[String]) -> String {

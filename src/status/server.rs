@@ -96,6 +96,26 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindErro
             _ => return Err(BindError::NoSuchGroup(name.to_owned())),
         },
     };
+    let mode = if gid.is_some() { 0o660 } else { 0o600 };
+    let listener = bind_socket(path, gid, mode)?;
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    Ok(StatusListener {
+        listener,
+        path: path.to_owned(),
+        file_id: (meta.dev(), meta.ino()),
+        group: gid,
+    })
+}
+
+/// Bind a unix socket at `path` with `mode` (and group `gid`): a socket file nobody answers
+/// on is replaced, a live one is not; the socket is made under a temporary name and renamed
+/// into place once its mode is set. The status socket and the worker's feed
+/// (`listen --unix`, `xce_receiver_config_add_unix`) are bound so.
+pub fn bind_socket(path: &Path, gid: Option<Gid>, mode: u32) -> Result<UnixListener, BindError> {
+    let io = |source| BindError::Io {
+        path: path.to_owned(),
+        source,
+    };
     let dir = path.parent().unwrap_or(Path::new("/"));
     if !dir.is_dir() {
         return Err(BindError::NoDirectory(dir.to_owned()));
@@ -115,7 +135,6 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindErro
         if let Some(gid) = gid {
             nix::unistd::chown(&tmp, None, Some(gid)).map_err(std::io::Error::from)?;
         }
-        let mode = if gid.is_some() { 0o660 } else { 0o600 };
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
         std::fs::rename(&tmp, path)
     };
@@ -123,13 +142,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindErro
         let _ = std::fs::remove_file(&tmp);
         return Err(io(e));
     }
-    let meta = std::fs::symlink_metadata(path).map_err(io)?;
-    Ok(StatusListener {
-        listener,
-        path: path.to_owned(),
-        file_id: (meta.dev(), meta.ino()),
-        group: gid,
-    })
+    Ok(listener)
 }
 
 fn remove_if_stale(path: &Path) -> Result<(), BindError> {

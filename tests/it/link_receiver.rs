@@ -310,7 +310,8 @@ async fn serve_lines_prints_what_an_agent_sends() {
     let (out_w, mut out_r) = tokio::io::duplex(64 * 1024);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(xce_agent::link::receiver::serve_lines(
-        listener,
+        vec![listener],
+        Vec::new(),
         ListenOpts::default(),
         LineFormat::Text,
         out_w,

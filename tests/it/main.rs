@@ -57,3 +57,4 @@ mod status;
 mod stream;
 mod tls;
 mod tls_cli;
+mod worker_feed;

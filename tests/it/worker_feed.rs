@@ -1,0 +1,124 @@
+//! The worker's door (issue #37): the same protocol on a unix socket of the node, without
+//! TLS. The receiver knows the peer by its uid (SO_PEERCRED), takes the host from its own
+//! name, not from the hello, and refuses a process of another uid.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::sync::Arc;
+
+use crate::support::*;
+use tokio::net::UnixListener;
+use xce_agent::link::receiver::{serve_doors, Control, EventKind, ListenOpts, Reason, UnixDoor};
+use xce_agent::value::{Valtype, Value};
+
+fn door(dir: &std::path::Path) -> (std::path::PathBuf, UnixDoor) {
+    let path = dir.join("worker.sock");
+    let listener = UnixListener::bind(&path).expect("bind");
+    let uid = nix::unistd::geteuid().as_raw();
+    (
+        path,
+        UnixDoor {
+            listener,
+            allowed_uids: vec![uid],
+            host: "worker-host".into(),
+        },
+    )
+}
+
+#[tokio::test]
+async fn an_agent_feeds_the_worker_over_its_socket_as_the_workers_own_host() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, door) = door(dir.path());
+    let (tx, mut events) = tokio::sync::mpsc::channel(64);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(serve_doors(
+        Vec::new(),
+        vec![door],
+        ListenOpts::default(),
+        tx,
+        Arc::new(Control::default()),
+        shutdown.clone(),
+    ));
+    let store = store_with(&[("scratch", "", Valtype::Numeric)]);
+    record(&store, "scratch", Value::Numeric(5.0));
+    // No TLS in the agent's config: the socket needs none.
+    let agent = Agent::start(
+        fast_config(vec![format!("unix:{}", path.display())]),
+        Arc::clone(&store),
+    );
+    let (host, peer) = loop {
+        let ev = guard("the hello", events.recv()).await.expect("event");
+        if let EventKind::Hello(h) = &ev.kind {
+            assert_eq!(h.host, "node001", "what the hello says");
+            break (ev.host.clone(), ev.peer.to_string());
+        }
+    };
+    assert_eq!(
+        host.as_deref(),
+        Some("worker-host"),
+        "the worker's own host"
+    );
+    assert!(peer.starts_with("unix:uid="), "{peer}");
+    loop {
+        let ev = guard("the snapshot", events.recv()).await.expect("event");
+        if let EventKind::Batch { batch, .. } = ev.kind {
+            assert_eq!(batch.resvals[0].value, Value::Numeric(5.0));
+            break;
+        }
+    }
+    agent.stop().await;
+    shutdown.cancel();
+    server.await.expect("server");
+}
+
+#[tokio::test]
+async fn a_process_of_another_uid_is_refused_before_a_byte_is_read() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a process as another uid");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (path, mut door) = door(dir.path());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    door.allowed_uids = vec![0];
+    let (tx, mut events) = tokio::sync::mpsc::channel(64);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(serve_doors(
+        Vec::new(),
+        vec![door],
+        ListenOpts::default(),
+        tx,
+        Arc::new(Control::default()),
+        shutdown.clone(),
+    ));
+    // As nobody: connect, then wait for the receiver to close the connection.
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)",
+        ])
+        .arg(&path)
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .expect("python3");
+    let ev = loop {
+        let ev = guard("the refusal", events.recv()).await.expect("event");
+        if matches!(ev.kind, EventKind::Closed(_)) {
+            break ev;
+        }
+    };
+    assert_eq!(ev.reason, Some(Reason::Identity));
+    assert!(ev.host.is_none());
+    match &ev.kind {
+        EventKind::Closed(Some(e)) => assert!(e.contains("uid 65534 may not feed"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        child.wait().expect("wait").success(),
+        "the refused peer saw its end"
+    );
+    shutdown.cancel();
+    server.await.expect("server");
+}
