@@ -88,6 +88,14 @@ pub struct OutputLog {
 }
 
 impl OutputLog {
+    /// With a declared-state budget of `limit` bytes (a stream's `declared_state`).
+    pub fn with_declared_limit(limit: usize) -> Self {
+        Self {
+            declared: DeclaredBudget::new(limit),
+            ..Self::default()
+        }
+    }
+
     /// Names not yet logged for this probe; returns the ones it logged now. Each is logged
     /// once while fewer than [`UNEXPECTED_REMEMBERED`] are remembered; later new names are
     /// counted, and the count logged at most once per [`STDERR_LOG_EVERY`].

@@ -27,11 +27,15 @@ pub struct Sink {
 impl Sink {
     pub fn new(task: Arc<ProbeTask>, store: Arc<Store>, stats: &Stats) -> Self {
         let stats = stats.probe(&task.name);
+        let declared = match &task.kind {
+            ProbeKind::Stream(spec) => spec.declared_state,
+            _ => crate::output::DECLARED_STATE_BYTES,
+        };
         Self {
             task,
             store,
             stats,
-            log: OutputLog::default(),
+            log: OutputLog::with_declared_limit(declared),
         }
     }
 

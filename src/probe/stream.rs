@@ -435,7 +435,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     };
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
-    let mut gathered = Gathered::new(spec.exec.format);
+    let mut gathered = Gathered::new(spec.exec.format, spec.declared_state);
     let mut result: Option<FirstValues> = None;
     let watch = Watch {
         deadline: Some(t0 + task.timeout),

@@ -333,7 +333,8 @@ pub(super) enum FirstValues {
 }
 
 impl Gathered {
-    pub(super) fn new(format: Format) -> Self {
+    /// `declared`: the probe's declared-state budget, in bytes.
+    pub(super) fn new(format: Format, declared: usize) -> Self {
         let got = match format.def().stream {
             Streaming::Blocks(_) | Streaming::Sessions(_) => Got::Blocks {
                 blocks: output::MergedAds::default(),
@@ -345,7 +346,7 @@ impl Gathered {
         Self {
             updates: Updates::new(format),
             got,
-            declared: DeclaredBudget::default(),
+            declared: DeclaredBudget::new(declared),
         }
     }
 
@@ -463,5 +464,51 @@ impl Gathered {
                 &String::from_utf8_lossy(stdout),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a child's session charged is known, so its end gives the room back: a plugin
+    /// restarted after reaching its budget declares its charts again.
+    #[test]
+    fn a_sessions_charges_are_counted_so_its_end_can_give_them_back() {
+        let mut declared = DeclaredBudget::new(DeclaredBudget::cost("dimension") * 50);
+        let take = |updates: &mut Updates, declared: &mut DeclaredBudget, l: &str| {
+            updates.take("p", Line::Complete(l.as_bytes().to_vec()), declared)
+        };
+        // A name outside the session, charged by someone else (the log's names).
+        declared.charge("elsewhere").expect("room");
+        let mut first = Updates::new(Format::Netdata);
+        take(&mut first, &mut declared, "CHART a.b");
+        for i in 0..1000 {
+            take(&mut first, &mut declared, &format!("DIMENSION d{i}"));
+        }
+        assert!(declared.refused() > 0);
+        let (bytes, entries) = first.charged();
+        assert_eq!(entries, declared.entries() - 1);
+        assert_eq!(bytes, declared.used() - DeclaredBudget::cost("elsewhere"));
+        declared.release(bytes, entries);
+        assert_eq!(
+            declared.entries(),
+            1,
+            "only what the session did not charge"
+        );
+
+        let mut second = Updates::new(Format::Netdata);
+        take(&mut second, &mut declared, "CHART a.b");
+        take(&mut second, &mut declared, "DIMENSION d1");
+        for l in ["BEGIN a.b", "SET d1 = 3"] {
+            assert!(matches!(
+                take(&mut second, &mut declared, l),
+                Update::Inside
+            ));
+        }
+        let Update::Samples(parsed) = take(&mut second, &mut declared, "END") else {
+            panic!("the restarted plugin's chart updates");
+        };
+        assert_eq!(parsed.samples[0].value, "3");
     }
 }
