@@ -141,7 +141,8 @@ pub struct Session {
     /// The budget dropped a CHART or DIMENSION of this session: an update naming a chart
     /// or dimension not kept may be one of those, and is skipped, not an error.
     dropped: bool,
-    /// Inside `BEGIN` of a chart not kept (after a drop): its lines up to `END` are skipped.
+    /// Inside `BEGIN` of a chart not kept (after a drop): its SET lines and its `END` are
+    /// skipped.
     skipping: bool,
 }
 
@@ -177,16 +178,16 @@ impl Session {
         let Some((keyword, args)) = words.split_first() else {
             return Ok(Event::Nothing);
         };
-        if self.skipping {
+        if std::mem::take(&mut self.skipping) {
             match keyword.as_str() {
-                "END" | "FLUSH" => self.skipping = false,
-                "BEGIN" => {
-                    self.skipping = false;
-                    return self.begin(args);
+                "SET" => {
+                    self.skipping = true;
+                    return Ok(Event::Nothing);
                 }
+                "END" => return Ok(Event::Nothing),
+                // Anything else ends the skipped update and is read as itself.
                 _ => {}
             }
-            return Ok(Event::Nothing);
         }
         match keyword.as_str() {
             "CHART" => self.chart(args, declared),
@@ -420,6 +421,12 @@ mod tests {
         let update = line("END").unwrap().expect("an update");
         assert_eq!(update.samples.len(), 1);
         assert_eq!(update.samples[0].value, "0.07");
+        // A skipped update left without its END ends at the next keyword, read as itself.
+        for l in ["BEGIN c.0999", "SET d0099 = 1", "BEGIN system.load", "SET load1 = 9"] {
+            assert_eq!(line(l), Ok(None), "{l}");
+        }
+        let update = line("END").unwrap().expect("an update");
+        assert_eq!(update.samples[0].value, "0.09");
 
         assert!(declared.used() <= declared.limit());
         assert!(declared.used() + DeclaredBudget::cost("c.0000") > declared.limit());
