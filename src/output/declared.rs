@@ -8,10 +8,12 @@
 //! dropped; what is already kept keeps working (a declared chart's values still flow), and the
 //! owner says so once ([`DeclaredBudget::first_refusal`]).
 //!
-//! The agent's memory for declared state is then at most [`DECLARED_STATE_BYTES`] per probe
-//! (docs/reliability.md states the bound with the rest).
+//! The agent's memory for declared state is then at most the sum of its probes' budgets,
+//! [`DECLARED_STATE_BYTES`] each by default (docs/reliability.md states the bound with the
+//! rest).
 
-/// Bytes of declared state one probe may keep. Netdata's larger external plugins (go.d with
+/// Bytes of declared state one probe may keep unless a stream's `declared_state:` says
+/// otherwise (within `config::limits::DECLARED_STATE`). Netdata's larger external plugins (go.d with
 /// many jobs, apps.plugin) declare a few thousand dimensions with names of tens of bytes:
 /// about 200 bytes each with [`ENTRY_OVERHEAD`], so 2 MiB holds some 10,000 of them, several
 /// times what such a plugin declares, while 64 stream probes stay within 128 MiB.
