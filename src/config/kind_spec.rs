@@ -66,6 +66,9 @@ pub struct StreamSpec {
     pub restart_on_silence: bool,
     /// `stdin: signal`: a newline at each interval asks the child for a batch.
     pub stdin: StdinMode,
+    /// `declared_state`: the probe's budget for what it declares, in bytes
+    /// (`output::DeclaredBudget`).
+    pub declared_state: usize,
 }
 
 pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;

@@ -14,8 +14,8 @@ use serde_saphyr::Spanned;
 use super::error::{Errors, Pos};
 use super::kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
 use super::limits::{
-    check_duration, Between, Bound, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY, OPEN_FILES,
-    PROCESSES, RUN_TIME,
+    check_duration, Between, Bound, DECLARED_STATE, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY,
+    OPEN_FILES, PROCESSES, RUN_TIME,
 };
 use super::names::{field_names, near_miss, Field};
 use super::pattern::Pattern;
@@ -124,6 +124,7 @@ probe_fields! {
     silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.", Bound::Duration(FEW_INTERVALS);
     restart_on_silence: bool => Takes::Only(&["stream"]), "true: restart a stream that stays silent past `silence`.";
     stdin: String => Takes::Only(&["stream"]), "none (default; signal for format: sge) or signal: what the stream's standard input is.";
+    declared_state: Scalar => Takes::Only(&["stream"]), "What the agent may keep of what the stream declares (Netdata charts and dimensions, names), a size (default 2MiB); past it new declarations are dropped, with one warning.", Bound::Size(DECLARED_STATE);
     stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).", Bound::Duration(FEW_INTERVALS);
 }
 
@@ -403,6 +404,7 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
     Some(ProbeKind::Stream(StreamSpec {
         silence: duration_field(errs, &raw.silence, "silence", FEW_INTERVALS),
         restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
+        declared_state: declared_state(errs, &raw.declared_state),
         // A Grid Engine load sensor waits for its newline: `format: sge` needs nothing else.
         stdin: match &raw.stdin {
             None if exec.format.def().stream.asked_on_stdin() => StdinMode::Signal,
@@ -588,6 +590,33 @@ fn duration_field(
     }
 }
 
+/// A stream's `declared_state`, within [`DECLARED_STATE`]; the default when absent (or
+/// wrong: the error is said).
+fn declared_state(errs: &mut Errors, f: &Option<Spanned<Scalar>>) -> usize {
+    let default = crate::output::DECLARED_STATE_BYTES;
+    let Some(f) = f else {
+        return default;
+    };
+    match f.value.to_bytes() {
+        Ok(b) if DECLARED_STATE.contains(&b) => usize::try_from(b).unwrap_or(default),
+        Ok(_) => {
+            errs.at(
+                Pos::of(f),
+                format!(
+                    "declared_state must be between {} and {}",
+                    format_size(DECLARED_STATE.min),
+                    format_size(DECLARED_STATE.max)
+                ),
+            );
+            default
+        }
+        Err(e) => {
+            errs.at(Pos::of(f), e);
+            default
+        }
+    }
+}
+
 fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
     let Some(raw) = raw else {
         return Limits::default();
@@ -707,6 +736,7 @@ mod tests {
                 "silence",
                 "restart_on_silence",
                 "stdin",
+                "declared_state",
                 "stale_after"
             ]
         );

@@ -11,7 +11,7 @@
 use std::collections::hash_map::{Entry, HashMap};
 
 use super::stream::{Block, BlockLine, BlockStream, Blocks, Streaming};
-use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
+use super::{DeclaredBudget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
     name: "classad",
@@ -112,7 +112,9 @@ pub fn merge_ads(into: &mut Parsed, ad: Parsed) {
 
 /// Ads merged as they end (a stream's first values): a later value of an attribute, in the
 /// ad of the same name, replaces the earlier one. Indexed, so each ad costs its own size,
-/// never another pass over the ads before it.
+/// never another pass over the ads before it. Each new name (with its labels: a collectd
+/// identifier, an ad's attribute) is charged to the probe's declared-state budget; past it,
+/// new names are dropped and the ones kept still take their later values.
 #[derive(Debug, Default)]
 pub struct MergedAds {
     parsed: Parsed,
@@ -120,7 +122,7 @@ pub struct MergedAds {
 }
 
 impl MergedAds {
-    pub fn add(&mut self, ad: Parsed) {
+    pub fn add(&mut self, ad: Parsed, declared: &mut DeclaredBudget) {
         for s in ad.samples {
             match self
                 .index
@@ -128,8 +130,13 @@ impl MergedAds {
             {
                 Entry::Occupied(e) => self.parsed.samples[*e.get()] = s,
                 Entry::Vacant(e) => {
-                    e.insert(self.parsed.samples.len());
-                    self.parsed.samples.push(s);
+                    // Twice the name and labels: the index holds its own copy.
+                    let labels: usize = s.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+                    let bytes = 2 * (s.name.len() + labels) + s.value.len();
+                    if declared.charge_len(bytes).is_ok() {
+                        e.insert(self.parsed.samples.len());
+                        self.parsed.samples.push(s);
+                    }
                 }
             }
         }
@@ -271,6 +278,36 @@ fn string_literal(v: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A collectd stream's first values gather its identifiers: one printing new ones for
+    /// ever stops growing at the budget, and an identifier kept still takes its later value.
+    #[test]
+    fn merged_ads_keep_new_names_within_the_declared_budget() {
+        let putval = |i: usize, v: &str| {
+            let mut budget = crate::output::Budget::for_output(1 << 20);
+            match crate::output::collectd::parse_line(
+                &format!("PUTVAL h/exec-{i}/gauge-used N:{v}"),
+                1,
+                &mut budget,
+            ) {
+                Ok(crate::output::collectd::Line::Values(samples, _)) => Parsed::of(samples),
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut declared = DeclaredBudget::new(20_000);
+        let mut merged = MergedAds::default();
+        for i in 0..10_000 {
+            merged.add(putval(i, "1"), &mut declared);
+        }
+        let kept = merged.parsed().samples.len();
+        assert!((20..200).contains(&kept), "{kept}");
+        assert_eq!(declared.entries(), kept);
+        assert!(declared.used() <= declared.limit());
+        assert_eq!(declared.refused(), (10_000 - kept) as u64);
+        merged.add(putval(0, "42"), &mut declared);
+        assert_eq!(merged.parsed().samples.len(), kept);
+        assert_eq!(merged.parsed().samples[0].value, "42");
+    }
 
     fn run(text: &str) -> Parsed {
         parse(&Input {

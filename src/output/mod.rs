@@ -3,12 +3,14 @@
 //! labels and a raw value); `select.rs` picks each fed resource's sample; typing against the
 //! resource's valtype happens in one place (`value::Valtype::parse`).
 
+pub mod declared;
 pub mod select;
 pub mod stream;
 
 use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
+pub use declared::{DeclaredBudget, DECLARED_STATE_BYTES};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
@@ -462,6 +464,14 @@ impl PairSet {
         }
     }
 
+    /// [`Self::upsert`], a new name charged to `declared` (twice: the index holds a copy)
+    /// and dropped past it; a name already kept still takes its later value.
+    pub fn upsert_within(&mut self, k: &str, v: &str, declared: &mut DeclaredBudget) {
+        if self.index.contains_key(k) || declared.charge_len(2 * k.len() + v.len()).is_ok() {
+            self.upsert(k, v);
+        }
+    }
+
     pub fn contains(&self, k: &str) -> bool {
         self.index.contains_key(k)
     }
@@ -643,6 +653,20 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pair_set_keeps_new_names_within_the_declared_budget() {
+        let mut declared = DeclaredBudget::new(10 * DeclaredBudget::cost("job_00000") * 2);
+        let mut set = PairSet::default();
+        for i in 0..10_000 {
+            set.upsert_within(&format!("job_{i:05}"), "1", &mut declared);
+        }
+        assert!(declared.refused() > 9_000, "{}", declared.refused());
+        set.upsert_within("job_00000", "7", &mut declared);
+        let pairs = set.into_vec();
+        assert!((10..=20).contains(&pairs.len()), "{}", pairs.len());
+        assert_eq!(pairs[0], ("job_00000".to_owned(), "7".to_owned()));
+    }
 
     fn pairs(f: Format, out: &[u8]) -> Result<Vec<Pair>, OutputError> {
         parse(f, out, Some(0), "x").map(|p| p.pairs())

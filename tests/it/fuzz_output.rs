@@ -483,6 +483,7 @@ proptest! {
         prop_assert!(rest.is_none());
         let mut merged = Parsed::default();
         let mut indexed = output::MergedAds::default();
+        let mut declared = output::DeclaredBudget::default();
         for ((tag, ad), (_, want_tag)) in got.into_iter().zip(&ads) {
             prop_assert_eq!(&tag, want_tag.as_deref().unwrap_or(""));
             for s in &ad.samples {
@@ -490,7 +491,7 @@ proptest! {
                     want_tag.iter().map(|t| ("ad".to_owned(), t.clone())).collect();
                 prop_assert_eq!(&s.labels, &want);
             }
-            indexed.add(ad.clone());
+            indexed.add(ad.clone(), &mut declared);
             output::merge_ads(&mut merged, ad);
         }
         // The indexed merge a stream's first values use is the same merge.

@@ -21,6 +21,7 @@ mod daemon;
 mod daemon_flush;
 mod daemon_link;
 mod daemon_welcome;
+mod declared_state;
 mod disk_full;
 mod drive;
 mod escapes;
