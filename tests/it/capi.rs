@@ -10,6 +10,8 @@
 //! missing one fails.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, OnceLock};
@@ -559,4 +561,117 @@ async fn hostile_frames_cost_the_c_program_a_line_each_and_bounded_memory() {
         .filter(|l| l.starts_with("resval node10"))
         .collect();
     assert!(from_hostile.is_empty(), "{from_hostile:?}");
+}
+
+/// examples/c/worker.c (built beside the controller example by the same make).
+fn worker_example() -> Option<PathBuf> {
+    example()?;
+    Some(Path::new(REPO).join("examples/c/xce-worker-example"))
+}
+
+/// The worker's door end to end: the real agent daemon feeds examples/c/worker.c over a
+/// unix socket (no TLS); the worker registers the declared resource, takes its values,
+/// marks it unknown when the agent is gone; a process of another uid is refused; SIGTERM
+/// frees everything (under valgrind where it is installed).
+#[tokio::test]
+async fn the_worker_example_takes_an_agents_values_over_the_unix_socket() {
+    let Some(worker) = worker_example() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Others may traverse it: a process of another uid tries the socket below.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let sock = dir.path().join("worker.sock");
+    let valgrind = valgrind_available();
+    let mut cmd = if valgrind {
+        let mut c = Command::new(VALGRIND[0]);
+        c.args(&VALGRIND[1..]).arg(&worker);
+        c
+    } else {
+        Command::new(&worker)
+    };
+    let uid = nix::unistd::geteuid().as_raw().to_string();
+    let mut child = cmd
+        .arg(&sock)
+        .args(["--uid", &uid])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the worker example");
+    let stdout = lines_of(child.stdout.take().expect("stdout"));
+    let stderr = lines_of(child.stderr.take().expect("stderr"));
+    loop {
+        match stderr.recv_timeout(HANG_GUARD) {
+            Ok(l) if l.contains("listening on ") => break,
+            Ok(_) => {}
+            Err(e) => panic!("the worker never said it listens: {e}"),
+        }
+    }
+    let mut seen = Vec::new();
+    let mut expect = |prefix: &str| loop {
+        match stdout.recv_timeout(HANG_GUARD) {
+            Ok(l) => {
+                seen.push(l.clone());
+                if l.starts_with(prefix) {
+                    return l;
+                }
+            }
+            Err(e) => panic!("no line {prefix:?} from the worker ({e}): {seen:?}"),
+        }
+    };
+    // The agent, with only the unix controller: no tls: section needed.
+    let site = Site::new(&[], COUNTER);
+    site.counter_script("level");
+    std::fs::write(
+        site.agent_yaml(),
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\n\
+             controllers: [\"unix:{}\"]\n",
+            site.path().display(),
+            sock.display()
+        ),
+    )
+    .expect("write agent.yaml");
+    let mut agent = site.spawn_agent();
+    expect("register level");
+    expect("value level ");
+    // A process of another uid is refused before a byte is read.
+    if nix::unistd::geteuid().is_root() {
+        let status = Command::new("python3")
+            .args([
+                "-c",
+                "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)",
+            ])
+            .arg(&sock)
+            .uid(65534)
+            .gid(65534)
+            .status()
+            .expect("python3");
+        assert!(status.success());
+        let refused = expect("refused ");
+        assert!(
+            refused.contains("uid=65534") && refused.contains(" identity "),
+            "{refused}"
+        );
+    } else {
+        eprintln!("another uid's refusal not tried: needs root");
+    }
+    agent.signal(Signal::SIGKILL);
+    let _ = agent.wait_exit().await;
+    expect("unknown level gone");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let out = crate::support::lines_until_closed(&stdout, "the worker");
+    let err = crate::support::lines_until_closed(&stderr, "the worker");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "{}", err.join("\n"));
+    assert_eq!(out.last().map(String::as_str), Some("stopped"), "{out:?}");
+    if valgrind {
+        let report = err.join("\n");
+        assert!(report.contains("ERROR SUMMARY: 0 errors"), "{report}");
+    }
 }
