@@ -411,11 +411,29 @@ pub async fn run(
                 &shutdown,
                 first_bytes,
             );
-            let end = session.run(addr, &mut hello).await;
+            let mut end = session.run(addr, &mut hello).await;
+            if !session.accepted.load(Ordering::Relaxed)
+                && matches!(end, Err(SessionError::Write(_) | SessionError::Closed))
+            {
+                // TLS 1.3: a controller that refuses this agent's certificate says so with an
+                // alert after the agent's handshake ended; a write may fail on the closed
+                // connection first. What the reader saw is the cause, every time.
+                if let Ok(Ok(seen)) = tokio::time::timeout(CAUSE_GRACE, &mut session.reader).await {
+                    if matches!(seen, SessionError::Tls(..) | SessionError::Refused { .. }) {
+                        end = Err(seen);
+                    }
+                }
+            }
             if matches!(end, Err(SessionError::Shutdown)) && session.seq > 0 {
                 // Connected and stopping: the controller gets what changed since the last
                 // batch, so a clean stop loses no value.
                 session.flush(&mut hello).await;
+            }
+            match &end {
+                Err(SessionError::Tls(..) | SessionError::Refused { .. }) => {
+                    session.unconfirmed.discard()
+                }
+                _ => session.unconfirmed.commit(&stats),
             }
             session.reader.abort();
             let accepted = session.accepted.load(Ordering::Relaxed);
@@ -695,6 +713,7 @@ fn handshake_words(
 /// The controller ended the TLS session with `alert` (a TLS alert's name): in TLS 1.3 its
 /// verdict on this agent's certificate comes after this side's handshake is over.
 fn refused_certificate(addr: &str, alert: &str) -> (ErrorReason, String) {
+    let alert_name = alert;
     let hint = match alert {
         "UnknownCA" | "BadCertificate" | "DecryptError" | "UnsupportedCertificate" => {
             "is this host's certificate (tls.cert) issued by the CA the controller trusts?"
@@ -711,9 +730,15 @@ fn refused_certificate(addr: &str, alert: &str) -> (ErrorReason, String) {
     } else {
         format!(" (TLS alert {alert})")
     };
+    let what = match alert_name {
+        "UnknownCA" | "BadCertificate" | "DecryptError" | "UnsupportedCertificate" => {
+            "does not trust this agent's certificate"
+        }
+        _ => "refused this agent's certificate",
+    };
     (
         ErrorReason::CertificateRefused,
-        format!("the controller at {addr} refused this agent's certificate{alert}: {hint}"),
+        format!("the controller at {addr} {what}{alert}: {hint}"),
     )
 }
 
@@ -824,9 +849,44 @@ struct Session<'a> {
     torn: bool,
     /// The controller said `accepted` on this connection.
     accepted: Arc<std::sync::atomic::AtomicBool>,
+    /// Batches sent before the verdict came.
+    unconfirmed: Arc<Unconfirmed>,
     /// On plaintext: the first bytes the controller sent.
     first_bytes: Option<tls::FirstBytes>,
 }
+
+/// Batches sent on a connection the controller has not accepted yet: counted once it does
+/// (protocol 2's verdict), dropped when it refuses (a TLS alert, `refused`), so the counters
+/// count only what a controller took; with a controller that never says (protocol 1), they
+/// are counted when the connection ends otherwise.
+#[derive(Default)]
+struct Unconfirmed {
+    batches: AtomicU64,
+    full_batches: AtomicU64,
+    resvals: AtomicU64,
+}
+
+impl Unconfirmed {
+    fn commit(&self, stats: &LinkStats) {
+        LinkStats::add(&stats.batches, self.batches.swap(0, Ordering::Relaxed));
+        LinkStats::add(
+            &stats.full_batches,
+            self.full_batches.swap(0, Ordering::Relaxed),
+        );
+        LinkStats::add(&stats.resvals_sent, self.resvals.swap(0, Ordering::Relaxed));
+    }
+
+    fn discard(&self) {
+        self.batches.store(0, Ordering::Relaxed);
+        self.full_batches.store(0, Ordering::Relaxed);
+        self.resvals.store(0, Ordering::Relaxed);
+    }
+}
+
+/// After a failed write on a connection not yet accepted, how long the reader may take to
+/// say what the controller said (its TLS alert or its verdict is the cause, not the EPIPE
+/// that followed it).
+const CAUSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The final flush on shutdown is bounded by this (or the write timeout, if shorter), so a
 /// controller that stopped reading cannot hold up the agent's exit.
@@ -845,6 +905,7 @@ impl<'a> Session<'a> {
         first_bytes: Option<tls::FirstBytes>,
     ) -> Self {
         let accepted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let unconfirmed = Arc::new(Unconfirmed::default());
         let (rd, writer) = tokio::io::split(stream);
         // Reading runs in its own task so a half-read frame is never cancelled by the
         // write side's select; it ends (with the reason) when the connection does.
@@ -854,6 +915,7 @@ impl<'a> Session<'a> {
             Arc::clone(stats),
             Arc::clone(assigned),
             Arc::clone(&accepted),
+            Arc::clone(&unconfirmed),
         ));
         Self {
             cfg,
@@ -867,6 +929,7 @@ impl<'a> Session<'a> {
             sent_version: 0,
             sent_generation: 0,
             last_write: Instant::now(),
+            unconfirmed,
             closing: false,
             torn: false,
             accepted,
@@ -1021,10 +1084,15 @@ impl<'a> Session<'a> {
             resvals,
         };
         self.send(&Envelope::Batch(batch)).await?;
-        LinkStats::add(&self.stats.batches, 1);
-        LinkStats::add(&self.stats.resvals_sent, n);
+        let u = &self.unconfirmed;
+        LinkStats::add(&u.batches, 1);
+        LinkStats::add(&u.resvals, n);
         if full {
-            LinkStats::add(&self.stats.full_batches, 1);
+            LinkStats::add(&u.full_batches, 1);
+        }
+        // After the verdict: counted now (the reader committed what came before it).
+        if self.accepted.load(Ordering::Relaxed) {
+            u.commit(self.stats);
         }
         Ok(())
     }
@@ -1085,6 +1153,7 @@ async fn read_controller(
     stats: Arc<LinkStats>,
     assigned: Arc<watch::Sender<Assigned>>,
     accepted: Arc<std::sync::atomic::AtomicBool>,
+    unconfirmed: Arc<Unconfirmed>,
 ) -> SessionError {
     let mut accepted_as: Option<String> = None;
     let failure = tls::FailureSlot::default();
@@ -1138,6 +1207,7 @@ async fn read_controller(
             }
             Ok(ControllerMessage::Accepted { host }) => {
                 accepted.store(true, Ordering::Relaxed);
+                unconfirmed.commit(&stats);
                 // Once per connection (the controller says it again after each hello).
                 if accepted_as.as_deref() != Some(host.as_str()) {
                     info!(controller = %addr, "accepted by {addr} as host {}", escape(&host));

@@ -830,3 +830,49 @@ async fn reloaded_tls_keeps_live_sessions_and_ends_the_one_its_crl_revokes() {
     shutdown.cancel();
     server.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_gives_one_cause_every_time_and_counts_nothing_sent() {
+    let site = Site::new();
+    let mut rogue = Pki::new("rogue-ca");
+    let node = rogue.issue(&["node001"]);
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let mut paths = rogue.paths(&node);
+    paths.ca = site.pki.ca.clone();
+    let store = store_with(&[("x", "", Valtype::Numeric)]);
+    record(&store, "x", Value::Numeric(1.0));
+    let agent = Agent::start(tls_config(ctl.addr.to_string(), client(&paths)), store);
+    // Five refusals in a row, each read from the agent's own record of its last failure.
+    let mut causes = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let why = next_refusal(&mut ctl).await;
+        assert!(why.contains("unknown_ca"), "{why}");
+        let n = agent.stats.tls_failures(Failure::PeerRefused);
+        wait_until("the agent to record the failure", || {
+            agent.stats.tls_failures(Failure::PeerRefused) > n
+                || agent
+                    .stats
+                    .last_error()
+                    .is_some_and(|e| !causes.contains(&e.message))
+        })
+        .await;
+        if let Some(e) = agent.stats.last_error() {
+            causes.insert(e.message);
+        }
+    }
+    assert_eq!(causes.len(), 1, "one cause: {causes:?}");
+    let cause = causes.into_iter().next().unwrap();
+    assert!(
+        cause.contains("does not trust this agent's certificate"),
+        "{cause}"
+    );
+    use std::sync::atomic::Ordering;
+    assert_eq!(
+        agent.stats.batches.load(Ordering::Relaxed),
+        0,
+        "nothing was accepted"
+    );
+    assert_eq!(agent.stats.resvals_sent.load(Ordering::Relaxed), 0);
+    agent.stop().await;
+    ctl.stop().await;
+}
