@@ -247,6 +247,33 @@ pub unsafe extern "C" fn xce_receiver_config_add_unix(
     })
 }
 
+/// The four paths of TLS material (`crl` may be NULL).
+///
+/// # Safety
+/// Each pointer is NULL or a NUL-terminated string live for the call.
+unsafe fn tls_paths(
+    ca: *const c_char,
+    cert: *const c_char,
+    key: *const c_char,
+    crl: *const c_char,
+) -> Result<TlsPaths, xce_result> {
+    // SAFETY (all four): the function's contract; NULL is checked inside `text`.
+    let ca = unsafe { text(ca, "ca") }?;
+    let cert = unsafe { text(cert, "cert") }?;
+    let key = unsafe { text(key, "key") }?;
+    let crl = if crl.is_null() {
+        None
+    } else {
+        Some(PathBuf::from(unsafe { text(crl, "crl") }?))
+    };
+    Ok(TlsPaths {
+        ca: ca.into(),
+        cert: cert.into(),
+        key: key.into(),
+        crl,
+    })
+}
+
 /// TLS 1.3 with required client certificates: `ca` signs the agents' certificates (and
 /// this receiver's), `cert`/`key` are the receiver's own (the key readable by its owner
 /// only), `crl` is NULL or a CRL of `ca`. The files are read by `xce_receiver_start`.
@@ -260,23 +287,10 @@ pub unsafe extern "C" fn xce_receiver_config_set_tls(
 ) -> xce_result {
     guard("xce_receiver_config_set_tls", || {
         not_null!(cfg);
-        // SAFETY (all four): NULL (checked inside, allowed for `crl` only) or C strings
-        // live for this call.
-        let ca = arg!(unsafe { text(ca, "ca") });
-        let cert = arg!(unsafe { text(cert, "cert") });
-        let key = arg!(unsafe { text(key, "key") });
-        let crl = if crl.is_null() {
-            None
-        } else {
-            Some(PathBuf::from(arg!(unsafe { text(crl, "crl") })))
-        };
+        // SAFETY: the four are NULL (checked inside) or C strings live for this call.
+        let paths = arg!(unsafe { tls_paths(ca, cert, key, crl) });
         // SAFETY: `cfg` is not NULL and a live configuration.
-        unsafe { config(cfg) }.tls = Some(TlsPaths {
-            ca: ca.into(),
-            cert: cert.into(),
-            key: key.into(),
-            crl,
-        });
+        unsafe { config(cfg) }.tls = Some(paths);
         XCE_OK
     })
 }
@@ -526,22 +540,8 @@ pub unsafe extern "C" fn xce_receiver_reload_tls(
 ) -> xce_result {
     guard("xce_receiver_reload_tls", || {
         not_null!(rx);
-        // SAFETY (all four): NULL (checked inside, allowed for `crl` only) or C strings
-        // live for this call.
-        let ca = arg!(unsafe { text(ca, "ca") });
-        let cert = arg!(unsafe { text(cert, "cert") });
-        let key = arg!(unsafe { text(key, "key") });
-        let crl = if crl.is_null() {
-            None
-        } else {
-            Some(PathBuf::from(arg!(unsafe { text(crl, "crl") })))
-        };
-        let paths = TlsPaths {
-            ca: ca.into(),
-            cert: cert.into(),
-            key: key.into(),
-            crl,
-        };
+        // SAFETY: the four are NULL (checked inside) or C strings live for this call.
+        let paths = arg!(unsafe { tls_paths(ca, cert, key, crl) });
         // SAFETY: `rx` is not NULL and a live receiver.
         let rx = lock(unsafe { receiver(rx) });
         if rx.is_stopped() {

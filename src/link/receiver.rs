@@ -259,15 +259,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let control = Arc::new(Control::new(opts.domains.clone()));
-    serve_into(
-        vec![listener],
-        Vec::new(),
-        opts,
-        Sink::Events(events),
-        control,
-        shutdown,
-    )
-    .await;
+    serve_all(vec![listener], opts, events, control, shutdown).await;
 }
 
 /// `serve` on several listeners at once, one receiver behind them all (newest-wins per host
@@ -280,15 +272,7 @@ pub async fn serve_all(
     control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
-    serve_into(
-        listeners,
-        Vec::new(),
-        opts,
-        Sink::Events(events),
-        control,
-        shutdown,
-    )
-    .await;
+    serve_doors(listeners, Vec::new(), opts, events, control, shutdown).await;
 }
 
 /// `serve_all` with the worker's doors too (unix sockets, see [`UnixDoor`]).

@@ -11,6 +11,27 @@ use tokio::net::UnixListener;
 use xce_agent::link::receiver::{serve_doors, Control, EventKind, ListenOpts, Reason, UnixDoor};
 use xce_agent::value::{Valtype, Value};
 
+/// A receiver with `door` and nothing else; its events, and the token that stops it.
+fn serve(
+    door: UnixDoor,
+) -> (
+    tokio::sync::mpsc::Receiver<xce_agent::link::receiver::Event>,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, events) = tokio::sync::mpsc::channel(64);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(serve_doors(
+        Vec::new(),
+        vec![door],
+        ListenOpts::default(),
+        tx,
+        Arc::new(Control::default()),
+        shutdown.clone(),
+    ));
+    (events, shutdown, server)
+}
+
 fn door(dir: &std::path::Path) -> (std::path::PathBuf, UnixDoor) {
     let path = dir.join("worker.sock");
     let listener = UnixListener::bind(&path).expect("bind");
@@ -29,16 +50,7 @@ fn door(dir: &std::path::Path) -> (std::path::PathBuf, UnixDoor) {
 async fn an_agent_feeds_the_worker_over_its_socket_as_the_workers_own_host() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (path, door) = door(dir.path());
-    let (tx, mut events) = tokio::sync::mpsc::channel(64);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(serve_doors(
-        Vec::new(),
-        vec![door],
-        ListenOpts::default(),
-        tx,
-        Arc::new(Control::default()),
-        shutdown.clone(),
-    ));
+    let (mut events, shutdown, server) = serve(door);
     let store = store_with(&[("scratch", "", Valtype::Numeric)]);
     record(&store, "scratch", Value::Numeric(5.0));
     // No TLS in the agent's config: the socket needs none.
@@ -82,16 +94,7 @@ async fn a_process_of_another_uid_is_refused_before_a_byte_is_read() {
     let (path, mut door) = door(dir.path());
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     door.allowed_uids = vec![0];
-    let (tx, mut events) = tokio::sync::mpsc::channel(64);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(serve_doors(
-        Vec::new(),
-        vec![door],
-        ListenOpts::default(),
-        tx,
-        Arc::new(Control::default()),
-        shutdown.clone(),
-    ));
+    let (mut events, shutdown, server) = serve(door);
     // As nobody: connect, then wait for the receiver to close the connection.
     let mut child = std::process::Command::new("python3")
         .args([
