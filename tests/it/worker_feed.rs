@@ -125,3 +125,50 @@ async fn a_process_of_another_uid_is_refused_before_a_byte_is_read() {
     shutdown.cancel();
     server.await.expect("server");
 }
+
+/// `xce-agent listen --unix PATH`: the same door from the command line; the agent's hello
+/// names node001 but listen reports it as this host.
+#[tokio::test]
+async fn listen_on_a_unix_socket_prints_what_the_agent_sends_as_this_host() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("worker.sock");
+    let uid = nix::unistd::geteuid().as_raw().to_string();
+    let mut listen = ListenProc::spawn_with(&[
+        "--unix",
+        sock.to_str().expect("utf-8 path"),
+        "--unix-uid",
+        &uid,
+    ]);
+    listen.next_err_matching("for uids");
+    let site = Site::new(
+        &[],
+        "resources:\n  - name: level\n    valtype: numeric\n    interval: 1\n    \
+         probe: {kind: exec, command: [level.sh]}\n",
+    );
+    site.counter_script("level");
+    std::fs::write(
+        site.agent_yaml(),
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\n\
+             controllers: [\"unix:{}\"]\n",
+            site.path().display(),
+            sock.display()
+        ),
+    )
+    .expect("write agent.yaml");
+    let _agent = site.spawn_agent();
+    let own = nix::unistd::gethostname()
+        .expect("hostname")
+        .to_string_lossy()
+        .to_ascii_lowercase();
+    let hello = listen.next_json(|v| v["event"] == "hello");
+    assert_eq!(hello["host"], own.as_str(), "{hello}");
+    assert!(
+        hello["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("unix:uid=")),
+        "{hello}"
+    );
+    let value = listen.next_json(|v| v["event"] == "resval" && v["name"] == "level");
+    assert_eq!(value["host"], own.as_str());
+}
