@@ -584,6 +584,7 @@ proptest! {
             lines.push(format!("{state} \"{svc}\" {m} text for {svc}"));
             want.push((svc.clone(), state.to_string()));
             want.extend(metrics.iter().map(|(k, v)| (k.clone(), v.to_string())));
+            want.push(("text".to_owned(), format!("text for {svc}")));
         }
         let p = parsed(Format::Checkmk, &lines.join("\n"));
         prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);

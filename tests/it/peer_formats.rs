@@ -435,16 +435,32 @@ resources:
       kind: exec
       command: [checkmk-meminfo.sh]
       format: checkmk
-      provides: [memory_state, answer, thresholds_state, over]
+      provides: [memory_state, answer, thresholds_state, over, kernel, kernel_long]
       select:
         memory_state: 'Memory total'
         thresholds_state: Thresholds
         over: 'over{service="Thresholds"}'
+        kernel: 'text{service="Kernel release"}'
+        kernel_long: 'long_text{service="Kernel release"}'
   - {name: memory_state, interval: 60}
   - {name: answer, interval: 60}
   - {name: thresholds_state, interval: 60}
   - {name: over, interval: 60}
+  - {name: kernel, interval: 60, valtype: string}
+  - {name: kernel_long, interval: 60, valtype: string}
+  - name: local_checks
+    interval: 60
+    probe:
+      kind: exec
+      command: [no-local-checks.sh]
+      format: checkmk
+      select: {local_checks: {match: 'Memory total', default: 3}}
 "#,
+    );
+    // The agent's local directory with nothing to say: an empty section.
+    s.script(
+        "no-local-checks.sh",
+        "#!/bin/sh\necho '<<<local:sep(0)>>>'\n",
     );
     s.script("checkmk-meminfo.sh", &fixture("checkmk-meminfo.sh"));
     let json = answered(&s);
@@ -457,6 +473,30 @@ resources:
     // P: 95 is over the crit level 90.
     assert_eq!(number(&json, "thresholds_state"), 2.0);
     assert_eq!(number(&json, "over"), 95.0);
+    let uname = |flag: &str| {
+        let out = Command::new("uname").arg(flag).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let kernel = row(&json, "kernel");
+    assert_eq!(
+        kernel["value"],
+        format!("Kernel release: {}", uname("-r")),
+        "{kernel:#}"
+    );
+    assert_eq!(
+        row(&json, "kernel_long")["value"],
+        format!("machine: {}\\nos: {}", uname("-m"), uname("-s"))
+    );
+    // No services is an answer: the default stands in, and the run is not a failure.
+    assert_eq!(number(&json, "local_checks"), 3.0);
+    let (code, text) = probe(&s, "kernel");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!("Kernel release: {}", uname("-r"))),
+        "{text}"
+    );
+    let (code, text) = probe(&s, "local_checks");
+    assert_eq!(code, Some(0), "{text}");
 }
 
 #[test]
