@@ -232,6 +232,22 @@ fn influx_line((m, tags, fields): &InfluxPoint, ts: Option<i64>) -> String {
     line
 }
 
+/// A memory specifier with a multiplier in bytes (`sge_types(1)`: k 1000, K 1024, m, M, g,
+/// G); `None` for any other value.
+fn sge_memory_bytes(v: &str) -> Option<f64> {
+    let (number, unit) = v.split_at(v.len().checked_sub(1)?);
+    let power = "kmg".find(unit).map(|i| 1000f64.powi(i as i32 + 1));
+    let binary = "KMG".find(unit).map(|i| 1024f64.powi(i as i32 + 1));
+    let plain =
+        number.chars().all(|c| c.is_ascii_digit() || c == '.') && number.matches('.').count() <= 1;
+    let n: f64 = if plain {
+        number.parse().ok()?
+    } else {
+        return None;
+    };
+    Some(n * power.or(binary)?)
+}
+
 /// A ClassAd literal as printed and as the parser gives it back.
 fn classad_value() -> impl Strategy<Value = (String, String)> {
     prop_oneof![
@@ -653,7 +669,11 @@ proptest! {
 
     #[test]
     fn sge_round_trips_a_report_and_names_a_bad_line(
-        values in proptest::collection::btree_map("[a-z][a-z0-9_.]{0,10}", "[!-~]([ -~]{0,10}[!-~])?", 1..8),
+        values in proptest::collection::btree_map(
+            "[a-z][a-z0-9_.]{0,10}",
+            prop_oneof!["[!-~]([ -~]{0,10}[!-~])?", "[0-9]{1,9}(\\.[0-9]{1,3})?[kKmMgG]"],
+            1..8,
+        ),
         global in any::<bool>(),
         garbage in prop_oneof![Just("other-host.example:x:1"), Just("no colons"), Just("h::1")],
         at in any::<usize>(),
@@ -664,7 +684,13 @@ proptest! {
         lines.push("end".to_owned());
         let p = parsed(Format::Sge, &lines.join("\n"));
         prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
-        let want: Vec<(String, String)> = values.into_iter().collect();
+        let want: Vec<(String, String)> = values
+            .into_iter()
+            .map(|(k, v)| {
+                let bytes = sge_memory_bytes(&v).map_or(v, |b| b.to_string());
+                (k, bytes)
+            })
+            .collect();
         prop_assert_eq!(samples_of(&p), want.clone());
         let at = 1 + at % (lines.len() - 1);
         lines.insert(at, garbage.to_owned());

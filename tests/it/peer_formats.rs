@@ -668,6 +668,48 @@ resources:
     assert_eq!(number(&json, "nuser"), users.len() as f64, "{json:#}");
 }
 
+/// Grid Engine's `maui.sh` sensor reports `/tmp`'s size as `df -k` blocks with SGE's `k`
+/// multiplier (`disk_total:30832636k`): bytes as SGE reads them, k = 1000 (`sge_types(1)`).
+#[test]
+fn grid_engines_maui_sensor_reports_memory_values_with_a_multiplier() {
+    let Some(maui) = installed(
+        "/usr/share/gridengine/util/resources/loadsensors/maui.sh",
+        "gridengine-common",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = sge_root(dir.path());
+    let s = Setup::new(&format!(
+        r#"
+resources:
+  - name: disk_total
+    interval: 60
+    probe:
+      kind: stream
+      command: [{}]
+      format: sge
+      env: {{SGE_ROOT: {}}}
+      provides: [oslevel]
+  - {{name: oslevel, interval: 60, valtype: string}}
+"#,
+        maui.display(),
+        root.display()
+    ));
+    let json = answered(&s);
+    let df = Command::new("df").args(["-k", "/tmp"]).output().unwrap();
+    let blocks: f64 = String::from_utf8_lossy(&df.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(number(&json, "disk_total"), blocks * 1000.0, "{json:#}");
+    let (code, text) = probe(&s, "disk_total");
+    assert_eq!(code, Some(0), "{text}");
+}
+
 /// A collectd Exec script as collectd-exec(5) shows the usual one: it loops for as long as
 /// it lives, a batch of PUTVALs per interval.
 const COLLECTD_LOOP: &str = r#"#!/bin/sh
