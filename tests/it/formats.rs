@@ -522,6 +522,66 @@ resources:
     assert_eq!(code, Some(1), "{json:#}");
 }
 
+/// `condor_gpu_discovery -properties` as HTCondor 9.11 and later print it by default: a
+/// nested record per GPU (the fixture has the shape of HTCondor's own simulated A100s).
+#[test]
+fn nested_classad_records_from_condor_gpu_discovery_are_selected_by_their_path() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: gpu0_temp
+    interval: 60
+    probe:
+      kind: exec
+      command: [gpu_discovery.sh]
+      format: classad
+      provides: [gpu1_power_mw, gpu0_name, cuda_driver, GPU_b27e0d41_DieTempC, gpu0_missing]
+      select:
+        gpu0_temp: GPU_3f1a9c20.DieTempC
+        gpu1_power_mw: gpu_b27e0d41.powerusage_mw
+        gpu0_name: GPU_3f1a9c20.DeviceName
+        cuda_driver: Common.DriverVersion
+        gpu0_missing: GPU_3f1a9c20.FanSpeedPct
+  - {name: gpu1_power_mw, interval: 60}
+  - {name: gpu0_name, interval: 60, valtype: string}
+  - {name: cuda_driver, interval: 60}
+  - {name: GPU_b27e0d41_DieTempC, interval: 60}
+  - {name: gpu0_missing, interval: 60}
+  - name: read_as_kv
+    interval: 60
+    probe: {kind: exec, command: [gpu_discovery.sh], format: kv}
+"#,
+    );
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/formats/condor-gpu-discovery-nested.classad");
+    std::fs::copy(&fixture, s.path().join("gpus.classad")).unwrap();
+    s.script(
+        "gpu_discovery.sh",
+        &format!("#!/bin/sh\ncat {}/gpus.classad\n", s.path().display()),
+    );
+    let (code, json) = once(&s);
+    assert_eq!(number(&json, "gpu0_temp"), 31.0);
+    assert_eq!(number(&json, "gpu1_power_mw"), 57310.0);
+    assert_eq!(ok_value(&json, "gpu0_name"), "NVIDIA A100-SXM4-40GB");
+    assert_eq!(number(&json, "cuda_driver"), 12.2);
+    // Without `select:`, the path with `_` for `.` names it.
+    assert_eq!(number(&json, "GPU_b27e0d41_DieTempC"), 29.0);
+    let missing = row(&json, "gpu0_missing");
+    assert_eq!(missing["status"], "failed", "{missing:#}");
+    let why = missing["error"].as_str().unwrap();
+    assert!(!why.contains("format: kv"), "kv cannot read records: {why}");
+    // kv reads the records as words; the hint names the format that reads them.
+    let kv = row(&json, "read_as_kv")["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(kv.contains("did you mean `format: classad`?"), "{kv}");
+    assert_eq!(code, Some(1), "{json:#}");
+    let (code, text) = probe(&s, "gpu0_temp");
+    assert!(text.contains("GPU_3f1a9c20.DieTempC"), "{text}");
+    assert_eq!(code, Some(1), "gpu0_missing fails the probe: {text}");
+}
+
 #[test]
 fn json_leaves_by_dotted_path_from_a_run_and_a_file_and_malformed_json_fails_with_its_line() {
     let fixture =

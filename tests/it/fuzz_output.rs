@@ -370,6 +370,37 @@ proptest! {
         prop_assert_eq!(p.samples.len(), want.len());
     }
 
+    /// `condor_gpu_discovery`'s nested records: one record per line, each attribute a
+    /// sample named `Record.Attr`; a record left open is a bad line naming its number.
+    #[test]
+    fn classad_nested_records_round_trip_and_an_open_one_is_a_bad_line(
+        records in proptest::collection::btree_map(
+            "GPU_[a-f0-9]{8}",
+            proptest::collection::btree_map("[A-Z][a-z0-9_]{0,12}", classad_value(), 0..6),
+            1..4,
+        ),
+        garbage in prop_oneof![Just("Open = [ a = 1;"), Just("Junk = [ a = 1 ] b"), Just("Bad = [ 2x = 1 ]")],
+        at in any::<usize>(),
+    ) {
+        let mut lines = Vec::new();
+        let mut want = Vec::new();
+        for (rec, attrs) in &records {
+            let mut seen = std::collections::BTreeSet::new();
+            let attrs: Vec<_> = attrs.iter().filter(|(k, _)| seen.insert(k.to_ascii_lowercase())).collect();
+            let body: Vec<String> = attrs.iter().map(|(k, (printed, _))| format!("{k}={printed}; ")).collect();
+            lines.push(format!("{rec}=[ {}]", body.concat()));
+            want.extend(attrs.iter().map(|(k, (_, v))| (format!("{rec}.{k}"), v.clone())));
+        }
+        let p = parsed(Format::Classad, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let got: Vec<(String, String)> = p.samples.iter().map(|s| (s.name.clone(), s.value.clone())).collect();
+        prop_assert_eq!(got, want.clone());
+        let bad = insert_line(&mut lines, at, garbage);
+        let p = parsed(Format::Classad, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+        prop_assert_eq!(p.samples.len(), want.len());
+    }
+
     #[test]
     fn classad_round_trips_and_names_a_bad_line(
         attrs in proptest::collection::btree_map("[A-Z][a-z0-9_]{0,12}", classad_value(), 0..10),
