@@ -582,6 +582,29 @@ resources:
     assert_eq!(code, Some(1), "gpu0_missing fails the probe: {text}");
 }
 
+/// `probe NAME` shows what was measured, every digit: the 2-decimal rounding is lsload's
+/// and the tables' (0.002 would show as 0, 1377.546 as 1377.55).
+#[test]
+fn probe_name_shows_values_exactly() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: small
+    interval: 60
+    probe: {kind: exec, command: [values.sh], format: kv, provides: [precise]}
+  - {name: precise, interval: 60}
+"#,
+    );
+    s.script(
+        "values.sh",
+        "#!/bin/sh\necho small=0.002\necho precise=1377.546\n",
+    );
+    let (code, text) = probe(&s, "small");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("small = 0.002\n"), "{text}");
+    assert!(text.contains("precise = 1377.546\n"), "{text}");
+}
+
 #[test]
 fn json_leaves_by_dotted_path_from_a_run_and_a_file_and_malformed_json_fails_with_its_line() {
     let fixture =
