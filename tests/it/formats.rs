@@ -605,6 +605,36 @@ resources:
     assert!(text.contains("precise = 1377.546\n"), "{text}");
 }
 
+/// A Ruby exception ends with the failing code and a caret line under it (error_highlight,
+/// on by default since Ruby 3.1): the error quotes the message above them.
+#[test]
+fn a_failed_runs_error_quotes_the_message_not_the_carets_under_the_code() {
+    if !required("ruby (Debian ruby)", Path::new("/usr/bin/ruby").exists()) {
+        return;
+    }
+    let s = Setup::new(
+        r#"
+resources:
+  - name: disk
+    interval: 60
+    probe: {kind: exec, command: [check.rb], format: kv}
+"#,
+    );
+    s.script(
+        "check.rb",
+        "#!/usr/bin/ruby\ntotals = nil\nputs totals.fetch(:disk)\n",
+    );
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let why = row(&json, "disk")["error"].as_str().unwrap().to_owned();
+    assert!(
+        why.contains("undefined method `fetch' for nil")
+            || why.contains("undefined method 'fetch' for nil"),
+        "{why}"
+    );
+    assert!(!why.contains("^^^"), "{why}");
+}
+
 #[test]
 fn json_leaves_by_dotted_path_from_a_run_and_a_file_and_malformed_json_fails_with_its_line() {
     let fixture =
