@@ -1,7 +1,9 @@
 //! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
+use std::collections::HashSet;
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
@@ -121,6 +123,7 @@ pub fn child_spec(
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
+    log_path_fallback(task, &resolved, &spec.command, &ctx.plugin_dir);
     let program = resolved.program;
     if super::security::enforced() {
         supervisor
@@ -365,6 +368,35 @@ fn child_ended(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outco
         hint: None,
     };
     Some((outcome, ended))
+}
+
+/// A bare name not in plugin_dir runs what the probes' PATH has under that name: said in the
+/// log, once per probe and program, so the program a run used is on record (`check` and
+/// `probe NAME` say it too).
+fn log_path_fallback(
+    task: &ProbeTask,
+    resolved: &super::resolve::Resolved,
+    command: &[String],
+    plugin_dir: &std::path::Path,
+) {
+    static LOGGED: std::sync::Mutex<Option<HashSet<(String, PathBuf)>>> =
+        std::sync::Mutex::new(None);
+    let Some(note) = command
+        .first()
+        .and_then(|name| resolved.note(name, plugin_dir))
+    else {
+        return;
+    };
+    let first = LOGGED
+        .lock()
+        .map(|mut seen| {
+            seen.get_or_insert_with(HashSet::new)
+                .insert((task.name.clone(), resolved.program.clone()))
+        })
+        .unwrap_or(true);
+    if first {
+        tracing::info!(probe = %task.name, "{note}");
+    }
 }
 
 /// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is

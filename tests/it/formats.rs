@@ -635,6 +635,30 @@ resources:
     assert!(!why.contains("^^^"), "{why}");
 }
 
+/// A bare name not in plugin_dir runs what the probes' PATH has: the log says which program.
+#[test]
+fn the_path_fallback_logs_the_program_it_found() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: one
+    interval: 60
+    probe: {kind: exec, command: [echo, "1"]}
+"#,
+    );
+    let out = agent(&s)
+        .env("XCE_LOG", "info")
+        .args(["--once", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("`echo` is /") && log.contains("found on the probes' PATH"),
+        "{log}"
+    );
+}
+
 #[test]
 fn json_leaves_by_dotted_path_from_a_run_and_a_file_and_malformed_json_fails_with_its_line() {
     let fixture =
