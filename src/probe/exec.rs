@@ -433,6 +433,12 @@ pub fn last_line(s: &str) -> &str {
     lines().next().unwrap_or("")
 }
 
+pub use process::signal_name;
+
+pub use super::output_log::{
+    OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
+};
+
 #[cfg(test)]
 mod last_line_tests {
     use super::last_line;
@@ -454,9 +460,3 @@ mod last_line_tests {
         assert_eq!(last_line(python), "ZeroDivisionError: division by zero");
     }
 }
-
-pub use process::signal_name;
-
-pub use super::output_log::{
-    OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
-};
