@@ -832,3 +832,73 @@ resources:
     let json = answered(&s);
     assert_eq!(number(&json, "every"), 3.0);
 }
+
+/// The daemon streams what the formats read, and `listen`'s text lines show it as measured:
+/// a Checkmk informational check's text, a load sensor's memory value with SGE's `k`, and
+/// nested ClassAd attributes (one a fraction the 2-decimal tables would show as 0).
+#[test]
+fn checkmk_text_sge_memory_and_nested_classads_reach_listen_through_the_daemon() {
+    let mut listen = crate::support::ListenProc::spawn_format("text");
+    let site = crate::support::Site::new(
+        &[listen.addr.to_string()],
+        r#"
+resources:
+  - name: cpu_level
+    valtype: string
+    interval: 1
+    probe:
+      kind: exec
+      command: [cpu_level.sh]
+      format: checkmk
+      select: {cpu_level: 'text{service="CPU x86-64 level"}'}
+  - name: tmpfree
+    valtype: numeric
+    interval: 1
+    probe: {kind: stream, command: [tmpfree.sh], format: sge}
+  - name: gpu_temp
+    valtype: numeric
+    interval: 1
+    probe:
+      kind: exec
+      command: [gpus.sh]
+      format: classad
+      provides: [gpu_util]
+      select: {gpu_temp: GPU_5368a050.DieTempC, gpu_util: GPU_5368a050.Util}
+  - {name: gpu_util, valtype: numeric, interval: 1}
+"#,
+    );
+    site.script(
+        "cpu_level.sh",
+        "#!/bin/sh\necho '0 \"CPU x86-64 level\" - CPU x86_64 level: x86-64-v4'\n",
+    );
+    site.script(
+        "tmpfree.sh",
+        "#!/bin/sh\nwhile read -r line; do\n  [ \"$line\" = quit ] && exit 0\n  printf 'begin\\n%s:tmpfree:77261344k\\nend\\n' \"$(uname -n)\"\ndone\n",
+    );
+    site.script(
+        "gpus.sh",
+        "#!/bin/sh\necho 'DetectedGPUs=\"GPU-5368a050\"'\necho 'GPU_5368a050=[ id=\"GPU-5368a050\"; DieTempC=28; Util=0.002; ]'\n",
+    );
+    let mut agent = site.spawn_agent();
+    let mut want: std::collections::BTreeMap<&str, &str> = [
+        ("cpu_level", "CPU x86_64 level: x86-64-v4"),
+        ("tmpfree", "77261344000"),
+        ("gpu_temp", "28"),
+        ("gpu_util", "0.002"),
+    ]
+    .into_iter()
+    .collect();
+    let mut seen = Vec::new();
+    while !want.is_empty() {
+        let line = listen
+            .stdout
+            .recv_timeout(crate::support::HANG_GUARD)
+            .unwrap_or_else(|e| panic!("listen printed no more lines ({e}); saw {seen:#?}"));
+        want.retain(|name, value| {
+            !line.starts_with(&format!("node001 {name} ok {value} last_report="))
+        });
+        seen.push(line);
+    }
+    agent.assert_alive();
+    listen.assert_alive();
+}
