@@ -50,6 +50,14 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 t.name.clone(),
                 "no_new_privs: false: setuid programs it runs can raise its privileges".to_owned(),
             ));
+        } else if let Some(setuid) = setuid_program_called(plugin_dir, &spec.command) {
+            notes.push((
+                t.name.clone(),
+                format!(
+                    "calls {}, a setuid program: with no_new_privs on (the default) it runs without its privileges and fails (sudo prints nothing on stdout); set `no_new_privs: false` if it must",
+                    setuid.display()
+                ),
+            ));
         }
         if !root {
             if let Some(u) = &spec.run_as {
@@ -87,6 +95,27 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         ));
     }
     (problems, notes)
+}
+
+/// The first setuid or setgid program a command names (its program, a launcher's command as
+/// in `timeout 5 sudo smartctl`, or a word of a `shell:` line), found as the probe would find
+/// it: what no_new_privs keeps from gaining its privileges. Every word is looked at, so an
+/// argument that happens to name one (`echo mount`) is named too: this is only a note.
+fn setuid_program_called(
+    plugin_dir: &std::path::Path,
+    command: &[String],
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let is_shell_separator = |c: char| c.is_whitespace() || ";|&()`$<>\"'".contains(c);
+    command
+        .iter()
+        .flat_map(|arg| arg.split(is_shell_separator))
+        .filter(|word| !word.is_empty() && !word.starts_with('-'))
+        .map(|word| resolve::program(plugin_dir, word).0)
+        .find(|path| {
+            std::fs::metadata(path)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o6000 != 0)
+        })
 }
 
 /// The exec and stream probes of `plan` that run as root: the agent is root and the probe's
@@ -294,6 +323,19 @@ mod tests {
                     &["r: no_new_privs: false: setuid programs it runs can raise its privileges"],
                     NOT_ENFORCED_SEE_ABOVE,
                 ],
+            },
+        },
+        Case {
+            name: "a setuid program a shell line calls gets the hint naming no_new_privs: false",
+            probe: "{kind: exec, shell: 'helper -n smartctl -A /dev/sda | awk 1'}",
+            files: &[("helper", 0o4755)],
+            as_root: Expect {
+                problems: &[],
+                notes: &[&["r: calls ", "/helper, a setuid program: with no_new_privs on", "set `no_new_privs: false` if it must"]],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[&["r: calls ", "/helper, a setuid program"], NOT_ENFORCED],
             },
         },
         Case {

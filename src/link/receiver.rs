@@ -1323,7 +1323,7 @@ impl Event {
                             "{host} {} {} {} last_report={} seq={} {kind}",
                             display_name(r),
                             r.status,
-                            escape(&r.value.to_string()),
+                            escape(&r.value.exact()),
                             r.last_report_ms.map_or("never".into(), rfc3339),
                             batch.seq
                         );

@@ -404,11 +404,19 @@ pub fn looks_like(text: &str) -> Option<Format> {
         .iter()
         .all(|l| l.starts_with('-') || l.starts_with('#') || l.contains('='))
     {
-        return Some(if lines.iter().any(|l| *l == "-" || l.starts_with("- ")) {
-            Format::Classad
-        } else {
-            Format::Kv
-        });
+        // A nested record (`GPU_5368a050=[ DieTempC=28; ]`) is ClassAd whatever separates
+        // the ads: kv would read it as one word.
+        let nested = |l: &&str| {
+            l.split_once('=')
+                .is_some_and(|(_, v)| v.trim_start().starts_with('['))
+        };
+        return Some(
+            if lines.iter().any(|l| *l == "-" || l.starts_with("- ")) || lines.iter().any(nested) {
+                Format::Classad
+            } else {
+                Format::Kv
+            },
+        );
     }
     None
 }
@@ -768,6 +776,11 @@ mod tests {
         );
         assert_eq!(looks_like("2 a 1 b 2\n"), Some(Format::Elim));
         assert_eq!(looks_like("a = 1\n-\n"), Some(Format::Classad));
+        assert_eq!(looks_like("a = 1\n"), Some(Format::Kv));
+        assert_eq!(
+            looks_like("DetectedGPUs=\"GPU-5368a050\"\nGPU_5368a050=[ DieTempC=28; ]\n"),
+            Some(Format::Classad)
+        );
         assert_eq!(looks_like("hello world\n"), None);
         assert_eq!(
             looks_like("multigraph cpu\nuser.value 5\n"),

@@ -267,7 +267,7 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
 #[tokio::test]
 async fn text_and_json_lines() {
     let mut ctl = Controller::bind(ListenOpts::default()).await;
-    let mut failed = resval("scratch", Value::Numeric(1234.5));
+    let mut failed = resval("scratch", Value::Numeric(1377.546));
     failed.status = Status::Failed;
     failed.error = Some("exit 3: disk gone".into());
     let msgs = [Envelope::Hello(hello()), batch(3, true, vec![failed])];
@@ -281,7 +281,7 @@ async fn text_and_json_lines() {
     assert_eq!(
         text,
         [
-            "node007 scratch failed 1234.5 last_report=2023-11-14T22:13:20.000Z seq=3 full \
+            "node007 scratch failed 1377.546 last_report=2023-11-14T22:13:20.000Z seq=3 full \
              error=\"exit 3: disk gone\""
         ]
     );
@@ -289,7 +289,7 @@ async fn text_and_json_lines() {
     assert_eq!(json["host"], "node007");
     assert_eq!(json["name"], "scratch");
     assert_eq!(json["instance"], "");
-    assert_eq!(json["value"], 1234.5);
+    assert_eq!(json["value"], 1377.546);
     assert_eq!(json["status"], "failed");
     assert_eq!(json["last_report_ms"], 1_700_000_000_000u64);
     assert_eq!(json["error"], "exit 3: disk gone");
