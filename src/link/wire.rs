@@ -305,6 +305,17 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     Ok(capnp_futures::serialize::try_read_message(reader, reader_options()).await?)
 }
 
+/// `read_frame` with a smaller bound than `MAX_FRAME_BYTES` (a receiver's before the hello):
+/// a frame announcing more than `max_bytes` is refused from its segment table.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    reader: R,
+    max_bytes: usize,
+) -> Result<Option<message::Reader<serialize::OwnedSegments>>, WireError> {
+    let mut options = reader_options();
+    options.traversal_limit_in_words(Some(max_bytes.min(MAX_FRAME_BYTES) / 8));
+    Ok(capnp_futures::serialize::try_read_message(reader, options).await?)
+}
+
 /// Decode an agent message within the protocol's absolute bounds (no batch longer than a
 /// hello may declare); see `decode_envelope_within`.
 pub fn decode_envelope<S: message::ReaderSegments>(
