@@ -393,27 +393,29 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The receiver's side of a TLS handshake, in two halves that `ticket` follows: reading the
 /// ClientHello (the connection is `Silent`), then the rest (`Handshaking`). Bounded by
-/// `deadline`; `Ok(None)` when a newer connection evicted this one first (a connection
+/// `bound` from now; `Ok(None)` when a newer connection evicted this one first (a connection
 /// evicted before its ClientHello was complete is sent [`BUSY_ALERT`]: the agent then says
 /// the controller was busy, not that it does not speak TLS).
 pub async fn tls_accept(
     cfg: &Arc<rustls::ServerConfig>,
-    deadline: tokio::time::Instant,
+    bound: Duration,
     stream: tokio::net::TcpStream,
     ticket: &Ticket,
 ) -> Result<Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>, (tls::Failure, String)>
 {
+    let deadline = tokio::time::Instant::now() + bound;
     let stalled = || {
         (
             tls::Failure::Timeout,
-            "no handshake within the receiver's bound (peer stalled)".to_owned(),
+            format!("no handshake within {bound:?} (peer stalled)"),
         )
     };
     let failed = |e: std::io::Error| (tls::Failure::of(&e), tls::describe(&e));
     let hello = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     tokio::pin!(hello);
+    // Eviction first: a connection evicted before its task first ran is not served.
     let start = tokio::select! {
-        r = hello.as_mut() => r.map_err(failed)?,
+        biased;
         _ = ticket.evicted() => {
             if let Some(io) = hello.take_io() {
                 // Best effort and never waited for: a peer that does not read gets nothing.
@@ -421,13 +423,15 @@ pub async fn tls_accept(
             }
             return Ok(None);
         }
+        r = hello.as_mut() => r.map_err(failed)?,
         _ = tokio::time::sleep_until(deadline) => return Err(stalled()),
     };
     ticket.advance(Stage::Handshaking);
     let rest = start.into_stream(Arc::clone(cfg));
     tokio::select! {
-        r = rest => r.map(Some).map_err(failed),
+        biased;
         _ = ticket.evicted() => Ok(None),
+        r = rest => r.map(Some).map_err(failed),
         _ = tokio::time::sleep_until(deadline) => Err(stalled()),
     }
 }

@@ -557,16 +557,16 @@ impl Live {
     }
 }
 
-/// TLS accept, bounded by `deadline`, given up when a newer connection evicts this one
+/// TLS accept, bounded by `bound`, given up when a newer connection evicts this one
 /// (`Ok(None)`: nothing to report, the accept loop counts it); the peer's identity from its
 /// certificate.
 async fn handshake(
     cfg: &Arc<rustls::ServerConfig>,
-    deadline: tokio::time::Instant,
+    bound: Duration,
     stream: TcpStream,
     ticket: &Ticket,
 ) -> Result<Option<(Box<dyn LinkStream>, Identity)>, (tls::Failure, String)> {
-    let Some(s) = admission::tls_accept(cfg, deadline, stream, ticket).await? else {
+    let Some(s) = admission::tls_accept(cfg, bound, stream, ticket).await? else {
         return Ok(None);
     };
     let info = s
@@ -610,13 +610,7 @@ async fn connection(
     } = shared;
     // LoginGraceTime: from accept to an accepted hello, handshake included.
     let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
-    let handshake_deadline = tokio::time::Instant::now()
-        + opts
-            .handshake_timeout
-            .unwrap_or(admission::HANDSHAKE_TIMEOUT);
-    // Held until the hello is accepted: its place among the connections not yet
-    // authenticated (see `admission`).
-    let mut unauthenticated = Some(ticket);
+
     // On plaintext, the agent's first bytes: a TLS ClientHello there is an agent that
     // speaks TLS to a listener that does not, said as such instead of a parse error.
     let first_bytes = tls::FirstBytes::default();
@@ -625,10 +619,15 @@ async fn connection(
             Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
             None,
         ),
-        Some(cfg) => match match &unauthenticated {
-            Some(ticket) => handshake(cfg, handshake_deadline, stream, ticket).await,
-            None => Ok(None),
-        } {
+        Some(cfg) => match handshake(
+            cfg,
+            opts.handshake_timeout
+                .unwrap_or(admission::HANDSHAKE_TIMEOUT),
+            stream,
+            &ticket,
+        )
+        .await
+        {
             Ok(Some((s, id))) => (s, Some(Arc::new(id))),
             // Evicted for a newer connection: counted by the accept loop, not one line each.
             Ok(None) => return,
@@ -654,6 +653,9 @@ async fn connection(
             }
         },
     };
+    // Held until the hello is accepted: its place among the connections not yet
+    // authenticated (see `admission`).
+    let mut unauthenticated = Some(ticket);
     let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::new(rd).compat();
     let mut conn = Conn {
