@@ -1037,6 +1037,15 @@ impl<'a> Session<'a> {
     /// thing buffered on our side; the kernel's socket buffer is the rest.
     async fn send(&mut self, env: &Envelope) -> Result<(), SessionError> {
         let frame = wire::encode_envelope(env).map_err(SessionError::Encode)?;
+        // What the controller would drop from its segment table, without a verdict (it has
+        // no hello to answer), is said here instead.
+        if matches!(env, Envelope::Hello(_))
+            && frame.len() > super::frame_limits::MAX_HELLO_FRAME_BYTES
+        {
+            return Err(SessionError::Encode(WireError::HelloTooLarge {
+                size: frame.len(),
+            }));
+        }
         let in_flight = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.stats
             .max_in_flight

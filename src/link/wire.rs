@@ -128,6 +128,12 @@ pub enum WireError {
     Utf8 { field: &'static str },
     #[error("frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
     TooLarge { size: usize },
+    #[error(
+        "the hello is {size} bytes, more than the {} a controller reads before it has \
+         accepted a hello: declare fewer resources, or shorter instance names",
+        super::frame_limits::MAX_HELLO_FRAME_BYTES
+    )]
+    HelloTooLarge { size: usize },
     /// Checked on the list header, before a single element is read.
     #[error("{list} holds {count} entries, more than the {max} {bound}")]
     TooMany {

@@ -373,3 +373,40 @@ fn a_too_low_open_file_limit_is_named_with_how_to_raise_it() {
     );
     drop(held);
 }
+
+/// A hello larger than a controller reads before it has accepted one would be dropped from
+/// its segment table without a verdict: the agent says so itself instead.
+#[tokio::test]
+async fn an_agent_whose_hello_is_larger_than_a_controller_reads_says_so() {
+    let mut ctl = Controller::bind(ListenOpts::default()).await;
+    // 10,000 declared instances (the protocol's bound) with 250-byte instance names: about
+    // 3 MiB, within any frame's 8 MiB but not a hello's 2 MiB.
+    let instance = "n".repeat(250);
+    let names: Vec<String> = (0..10_000).map(|i| format!("r{i}")).collect();
+    let declared: Vec<(&str, &str, Valtype)> = names
+        .iter()
+        .map(|n| (n.as_str(), instance.as_str(), Valtype::Numeric))
+        .collect();
+    let agent = Agent::start(
+        fast_config(vec![ctl.addr.to_string()]),
+        store_with(&declared),
+    );
+    let words = last_error(&agent, ErrorReason::Protocol).await;
+    assert!(
+        words.contains("more than the 2097152 a controller reads before it has accepted a hello"),
+        "{words}"
+    );
+    // Nothing of it reached the receiver: the connection opened and closed cleanly.
+    loop {
+        match ctl.next().await.kind {
+            EventKind::Hello(_) => panic!("the receiver got the hello"),
+            EventKind::Closed(end) => {
+                assert_eq!(end, None, "the receiver dropped the connection");
+                break;
+            }
+            _ => {}
+        }
+    }
+    agent.stop().await;
+    ctl.stop().await;
+}
