@@ -174,6 +174,9 @@ pub enum ErrorReason {
     WrongName,
     /// The controller refused this agent's certificate (a TLS alert).
     CertificateRefused,
+    /// The controller turned the connection away before the TLS handshake: too many
+    /// connections waiting for theirs.
+    Busy,
     /// Another TLS failure (a stalled handshake, ...).
     Tls,
     /// The controller's verdict: `refused`.
@@ -189,7 +192,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    pub const ALL: [ErrorReason; 14] = [
+    pub const ALL: [ErrorReason; 15] = [
         ErrorReason::Unreachable,
         ErrorReason::ControllerNotTls,
         ErrorReason::AgentNotTls,
@@ -198,6 +201,7 @@ impl ErrorReason {
         ErrorReason::Revoked,
         ErrorReason::WrongName,
         ErrorReason::CertificateRefused,
+        ErrorReason::Busy,
         ErrorReason::Tls,
         ErrorReason::Refused,
         ErrorReason::Closed,
@@ -216,6 +220,7 @@ impl ErrorReason {
             ErrorReason::Revoked => "revoked",
             ErrorReason::WrongName => "wrong_name",
             ErrorReason::CertificateRefused => "certificate_refused",
+            ErrorReason::Busy => "busy",
             ErrorReason::Tls => "tls",
             ErrorReason::Refused => "refused",
             ErrorReason::Closed => "closed",
@@ -626,20 +631,33 @@ fn handshake_words(
     let host = host_part(addr);
     let human = |t: &rustls::pki_types::UnixTime| tls::human_time(t.as_secs() as i64);
     match why {
-        F::NotTls | F::Truncated if !tls::looks_like_tls(first) => (
+        // What was seen, each its own words: an answer that is not TLS; a close with no
+        // answer at all (a busy controller that predates the busy alert, one refusing this
+        // address, and a plaintext one all look like this: said as such, not guessed); a
+        // close after a TLS answer; the controller's own "busy" alert.
+        F::NotTls | F::Truncated if !first.is_empty() && !tls::looks_like_tls(first) => (
             ErrorReason::ControllerNotTls,
             format!(
-                "the controller at {addr} does not speak TLS ({}): is it running with --insecure / without tls?",
-                if first.is_empty() {
-                    "it closed the connection at this agent's TLS hello without a word"
-                } else {
-                    "it answered this agent's TLS hello with something else"
-                }
+                "the controller at {addr} does not speak TLS (it answered this agent's TLS hello with something else): is it running with --insecure / without tls?"
+            ),
+        ),
+        F::NotTls | F::Truncated if first.is_empty() => (
+            ErrorReason::Closed,
+            format!(
+                "the controller at {addr} closed the connection during the TLS handshake without answering: it may be busy (too many connections waiting) or refusing this address, or not speak TLS (running with --insecure / without tls?); its log says which"
             ),
         ),
         F::Truncated => (
             ErrorReason::Closed,
-            format!("the controller at {addr} closed the connection during the TLS handshake"),
+            format!(
+                "the controller at {addr} closed the connection during the TLS handshake, after answering (busy, or it refused this agent without saying why: its log says which)"
+            ),
+        ),
+        F::Busy => (
+            ErrorReason::Busy,
+            format!(
+                "the controller at {addr} is busy: it turned this connection away before the TLS handshake (too many connections waiting for theirs, from all or from this agent's address); retrying"
+            ),
         ),
         F::UnknownCa => {
             let ca = cfg
@@ -1101,6 +1119,15 @@ impl<'a> Session<'a> {
     /// thing buffered on our side; the kernel's socket buffer is the rest.
     async fn send(&mut self, env: &Envelope) -> Result<(), SessionError> {
         let frame = wire::encode_envelope(env).map_err(SessionError::Encode)?;
+        // What the controller would drop from its segment table, without a verdict (it has
+        // no hello to answer), is said here instead.
+        if matches!(env, Envelope::Hello(_))
+            && frame.len() > super::frame_limits::MAX_HELLO_FRAME_BYTES
+        {
+            return Err(SessionError::Encode(WireError::HelloTooLarge {
+                size: frame.len(),
+            }));
+        }
         let in_flight = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.stats
             .max_in_flight

@@ -27,7 +27,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::frame_limits::FrameLimits;
+use super::admission::{self, Stage, Ticket};
+use super::frame_limits::{FrameLimits, MAX_HELLO_FRAME_BYTES};
 use super::name_rules::{check_hello, check_names, HelloError};
 use super::tls::{self, LinkStream};
 use super::warning_throttle::{Warnings, WARN_INTERVAL};
@@ -60,7 +61,7 @@ pub struct ListenOpts {
     /// Require TLS with a client certificate whose DNS SANs name the hello's host.
     /// `None` accepts plaintext: the CLI allows it only with `--insecure`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Bound on a TLS handshake; `None` is [`tls::HANDSHAKE_TIMEOUT`].
+    /// Bound on a TLS handshake; `None` is [`admission::HANDSHAKE_TIMEOUT`].
     pub handshake_timeout: Option<Duration>,
     /// The cluster's DNS domains: a hello's short host name is named by a certificate SAN
     /// `HOST.DOMAIN` only for these (a SAN equal to the host always names it).
@@ -68,9 +69,10 @@ pub struct ListenOpts {
     /// A connection whose hello has not been accepted by then is closed (OpenSSH's
     /// LoginGraceTime); `None` is [`HELLO_TIMEOUT`].
     pub hello_timeout: Option<Duration>,
-    /// Connections not yet accepted (TLS handshake or hello pending) beyond this many are
-    /// closed at once (OpenSSH's MaxStartups), so they cannot lock real agents out; `None`
-    /// is [`MAX_UNAUTHENTICATED`].
+    /// Connections not yet accepted (TLS handshake or hello pending) at once: the `full` of
+    /// the admission policy ([`admission::Policy::with_full`]), whose other numbers scale with
+    /// it. Beyond it a new connection evicts the weakest, oldest pending one (never itself),
+    /// so held sockets cannot lock real agents out; `None` is [`MAX_UNAUTHENTICATED`].
     pub max_unauthenticated: Option<usize>,
     /// The memory budget every connection charges (see `receiver::budget`); `None` is one of
     /// the defaults' size for this receiver alone.
@@ -87,13 +89,12 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest frame before an accepted hello: the largest hello the protocol allows
-/// (`MAX_DECLARED` instances of names within the name rules). A batch of up to
-/// `wire::MAX_FRAME_BYTES` comes only from a host whose hello was accepted, and is charged
-/// to its share.
-pub const PRE_HELLO_FRAME_BYTES: usize = 1 << 20;
+/// ([`MAX_HELLO_FRAME_BYTES`]). A batch of up to `wire::MAX_FRAME_BYTES` comes only from a
+/// host whose hello was accepted, and is charged to its share.
+pub const PRE_HELLO_FRAME_BYTES: usize = MAX_HELLO_FRAME_BYTES;
 
-/// Connections at once that have not yet sent an accepted hello.
-pub const MAX_UNAUTHENTICATED: usize = 1024;
+/// Connections at once that have not yet sent an accepted hello (see [`admission`]).
+pub const MAX_UNAUTHENTICATED: usize = admission::FULL;
 
 /// What happened on one agent connection.
 #[derive(Debug, Clone, PartialEq)]
@@ -198,7 +199,7 @@ impl Reason {
             F::Revoked => Reason::Revoked,
             F::NoCertificate => Reason::NoCertificate,
             F::NotTls => Reason::NotTls,
-            F::WrongName | F::PeerRefused | F::Truncated | F::Timeout | F::Other => {
+            F::WrongName | F::PeerRefused | F::Busy | F::Truncated | F::Timeout | F::Other => {
                 Reason::Handshake
             }
         }
@@ -227,6 +228,9 @@ impl Reason {
                 | K::ReadLimitExceeded
                 | K::NestingLimitExceeded => Reason::Limit,
                 K::Disconnected | K::Overloaded => Reason::Io,
+                // capnp-futures refuses a segment table announcing more than the traversal
+                // limit (`read_frame_within`'s bound) with a plain failure that says so.
+                K::Failed if c.extra.contains("which is too large") => Reason::Limit,
                 _ => Reason::Protocol,
             },
             _ => Reason::Protocol,
@@ -453,16 +457,32 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Raise this process's open-file soft limit to its hard limit: a receiver holds a
-/// descriptor per agent (10,000 agents need more than the usual soft 1024). Returns the
-/// limit now in force; `None` where it cannot be read.
+/// descriptor per agent (10,000 agents need more than the usual soft 1024) and one per
+/// connection waiting for its handshake. Returns the limit now in force; `None` where it
+/// cannot be read. A limit that stays below what the pending pool alone needs is said once,
+/// with how to raise it (accept failing on it later says so again, see
+/// [`admission::accept_error_words`]).
 pub fn raise_fd_limit() -> Option<u64> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        return Some(hard);
+    let now = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    if now < FD_LIMIT_WANTED {
+        warn!(
+            limit = now,
+            "the open-file limit (RLIMIT_NOFILE, hard limit {hard}) is {now}: with \
+             {MAX_UNAUTHENTICATED} connections waiting for their handshake there is room for \
+             few agents; raise it (systemd LimitNOFILE=, limits.conf nofile, or ulimit -Hn)"
+        );
     }
-    Some(soft)
+    Some(now)
 }
+
+/// Descriptors a receiver should be able to open: the pending pool, and as many agents.
+const FD_LIMIT_WANTED: u64 = 2 * MAX_UNAUTHENTICATED as u64 + 64;
 
 async fn serve_into(
     listeners: Vec<TcpListener>,
@@ -479,9 +499,12 @@ async fn serve_into(
         .clone()
         .unwrap_or_else(|| Budget::new(DEFAULT_TOTAL, DEFAULT_HOST_SHARE));
     let stopping = shutdown.child_token();
-    let unauthenticated = Arc::new(Semaphore::new(
-        opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED),
-    ));
+    let policy =
+        admission::Policy::with_full(opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED));
+    let pending: admission::SharedPool = Arc::new(Mutex::new(admission::Pool::new(
+        policy,
+        admission::random_seed(),
+    )));
     let mut turned_away = Warnings::new(WARN_INTERVAL);
     let mut accept_errors = Warnings::new(WARN_INTERVAL);
     let mut accept_backoff = ACCEPT_BACKOFF_MIN;
@@ -512,19 +535,19 @@ async fn serve_into(
                 Ok((stream, peer)) => {
                     accept_backoff = ACCEPT_BACKOFF_MIN;
                     let now = tokio::time::Instant::now();
-                    // MaxStartups: beyond the cap a new connection is closed at once (the
-                    // pending ones still have their hello grace), counted in one line per
-                    // interval, not one per connection.
-                    let Ok(permit) = Arc::clone(&unauthenticated).try_acquire_owned() else {
-                        drop(stream);
-                        if turned_away.admit("over the cap", now) {
-                            warn!(%peer, "too many connections without an accepted hello; \
-                                   closing new ones (more like it are summarised)");
+                    // Admission before authentication (see `admission`): the new connection
+                    // always gets in; what it evicts is counted in one line per interval,
+                    // not one per connection.
+                    let (ticket, evicted) = Ticket::admit(&pending, peer.ip(), now.into_std());
+                    for why in evicted {
+                        if turned_away.admit(why.as_str(), now) {
+                            warn!(%peer, "too many connections waiting for their handshake or \
+                                   hello ({}): closing the weakest, oldest ones (more like it \
+                                   are summarised)", why.as_str());
                         }
-                        continue;
-                    };
+                    }
                     if let Some(summary) = turned_away.summary_due(now) {
-                        warn!("connections closed for the cap on unauthenticated ones: {summary}");
+                        warn!("connections evicted while waiting for their handshake or hello: {summary}");
                     }
                     let ctx = Shared {
                         live: Arc::clone(&live),
@@ -538,18 +561,22 @@ async fn serve_into(
                         opts.clone(),
                         sink.clone(),
                         ctx,
-                        Some(permit),
+                        Some(ticket),
                     ));
+                    // Let the new connection read its ClientHello before the next accepts:
+                    // once read, it is past the silent sockets a flood holds.
+                    tokio::task::yield_now().await;
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off (100 ms doubling to 5 s)
                     // instead of spinning, and say so once per interval.
                     let now = tokio::time::Instant::now();
+                    let words = admission::accept_error_words(&e);
                     if accept_errors.admit("accept failed", now) {
-                        error!(error = %e, ?accept_backoff,
-                               "accept failed; backing off (more like it are summarised)");
+                        error!(?accept_backoff,
+                               "{words}; backing off (more like it are summarised)");
                     } else if let Some(summary) = accept_errors.summary_due(now) {
-                        error!(error = %e, "accept failures: {summary}");
+                        error!("{words}; accept failures: {summary}");
                     }
                     tokio::time::sleep(accept_backoff).await;
                     accept_backoff = (accept_backoff * 2).min(ACCEPT_BACKOFF_MAX);
@@ -627,22 +654,17 @@ pub struct Identity {
     pub certificate: String,
 }
 
-/// TLS accept, bounded by the handshake timeout; the peer's identity from its certificate.
+/// TLS accept, bounded by `bound`, given up when a newer connection evicts this one
+/// (`Ok(None)`: nothing to report, the accept loop counts it); the peer's identity from its
+/// certificate.
 async fn handshake(
     cfg: &Arc<rustls::ServerConfig>,
     bound: Duration,
     stream: TcpStream,
-) -> Result<(Box<dyn LinkStream>, Identity), (tls::Failure, String)> {
-    let accept = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg)).accept(stream);
-    let s = match tokio::time::timeout(bound, accept).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err((tls::Failure::of(&e), tls::describe(&e))),
-        Err(_) => {
-            return Err((
-                tls::Failure::Timeout,
-                format!("no handshake within {bound:?} (peer stalled)"),
-            ))
-        }
+    ticket: &Ticket,
+) -> Result<Option<(Box<dyn LinkStream>, Identity)>, (tls::Failure, String)> {
+    let Some(s) = admission::tls_accept(cfg, bound, stream, ticket).await? else {
+        return Ok(None);
     };
     let info = s
         .get_ref()
@@ -653,13 +675,14 @@ async fn handshake(
     let Some(info) = info else {
         return Err((tls::Failure::NoCertificate, "no client certificate".into()));
     };
+    ticket.advance(Stage::Certified);
     let identity = Identity {
         subject: info.subject,
         sans: info.sans,
         dns_names: info.dns_names,
         certificate: tls::certificate_key(&info.issuer, &info.serial),
     };
-    Ok((Box::new(s), identity))
+    Ok(Some((Box::new(s), identity)))
 }
 
 /// What every connection of one receiver shares.
@@ -753,7 +776,7 @@ async fn connection(
     opts: ListenOpts,
     sink: Sink,
     shared: Shared,
-    unauthenticated: Option<OwnedSemaphorePermit>,
+    unauthenticated: Option<Ticket>,
 ) {
     let Shared {
         live,
@@ -764,6 +787,8 @@ async fn connection(
     // LoginGraceTime: from accept to an accepted hello, handshake included.
     let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
     let idle_timeout = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
+    // Held until the hello is accepted: its place among the connections not yet
+    // authenticated (see `admission`; the worker's door has none: its peers are known).
     let mut unauthenticated = unauthenticated;
     // What the session costs at rest, before its hello: the pre-authentication part.
     let Ok(mut session_charge) = budget.charge(&Payer::PreAuth, SESSION_COST) else {
@@ -794,14 +819,19 @@ async fn connection(
                 None,
                 None,
             ),
-            Some(cfg) => match handshake(
-                &cfg,
-                opts.handshake_timeout.unwrap_or(tls::HANDSHAKE_TIMEOUT),
-                stream,
-            )
-            .await
-            {
-                Ok((s, id)) => (s, Some(Arc::new(id)), None),
+            Some(cfg) => match match &unauthenticated {
+                Some(ticket) => {
+                    let bound = opts
+                        .handshake_timeout
+                        .unwrap_or(admission::HANDSHAKE_TIMEOUT);
+                    handshake(&cfg, bound, stream, ticket).await
+                }
+                None => Ok(None),
+            } {
+                Ok(Some((s, id))) => (s, Some(Arc::new(id)), None),
+                // Evicted for a newer connection: counted by the accept loop, not one line
+                // each.
+                Ok(None) => return,
                 Err((why, e)) => {
                     let e = if why == tls::Failure::NotTls {
                         format!("the agent at {peer} is not using TLS but this listener is (configure tls: in its agent.yaml, or run listen with --insecure)")
@@ -855,12 +885,9 @@ async fn connection(
         let read = {
             // The read stays pinned while welcomes go out: a frame is never cut in half.
             let before_hello = conn.hello.is_none();
-            let max = if before_hello {
-                PRE_HELLO_FRAME_BYTES
-            } else {
-                wire::MAX_FRAME_BYTES
-            };
-            let frame = frame::read_frame(&mut rd, max, before_hello, |n| budget.charge(&payer, n));
+            let frame = frame::read_frame(&mut rd, conn.frame_bytes(), before_hello, |n| {
+                budget.charge(&payer, n)
+            });
             tokio::pin!(frame);
             let idle = tokio::time::sleep(idle_timeout);
             tokio::pin!(idle);
@@ -888,6 +915,15 @@ async fn connection(
                     }
                     _ = stopping.cancelled() => {
                         break 'conn Some((Reason::Stopped, "the receiver is stopping".into()));
+                    }
+                    _ = async {
+                        match &unauthenticated {
+                            Some(ticket) => ticket.evicted().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        break 'conn Some((Reason::Limit, "evicted before its hello: too many \
+                            connections waiting for their handshake or hello".into()));
                     }
                     _ = tokio::time::sleep_until(hello_deadline), if conn.hello.is_none() => {
                         let grace = opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
@@ -995,6 +1031,18 @@ async fn connection(
             let _ = tokio::time::timeout(STOP_GRACE, send(&mut wr, &refused)).await;
         }
     }
+    // A TLS agent at this plaintext listener: answer its ClientHello with bytes that are not
+    // TLS (a `refused` frame, readable in a capture), so the agent says "does not speak TLS"
+    // from what it saw, rather than guessing from a silent close (which is also what a busy
+    // controller's turning away looked like).
+    let not_tls = matches!(&end, Some((Reason::NotTls, _))) && opts.tls.is_none();
+    if let (true, Some((reason, text))) = (not_tls, &end) {
+        let refused = ControllerMessage::Refused {
+            reason: reason.as_str().to_owned(),
+            message: text.clone(),
+        };
+        let _ = tokio::time::timeout(STOP_GRACE, send(&mut wr, &refused)).await;
+    }
     if let Some(summary) = conn.warnings.finish() {
         warn!(%peer, host = conn.host_or_dash(), "rejected resvals: {summary}");
     }
@@ -1019,6 +1067,22 @@ async fn connection(
     }
     // TLS close_notify (a FIN on plaintext), bounded: a peer that does not read is cut.
     let _ = tokio::time::timeout(WRITE_TIMEOUT.min(STOP_GRACE), wr.shutdown()).await;
+    if not_tls {
+        // Read what is left of its ClientHello (bounded) before closing: closing with unread
+        // bytes sends a reset, which may reach the agent before the answer above.
+        let drain = async {
+            use tokio::io::AsyncReadExt as _;
+            let mut buf = [0u8; 4096];
+            let mut left: usize = 64 * 1024;
+            while left > 0 {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(STOP_GRACE, drain).await;
+    }
     let (reason, text) = match end {
         Some((r, t)) => (Some(r), Some(t)),
         None => (Some(Reason::Closed), None),
@@ -1078,6 +1142,15 @@ impl Conn {
         match self.hello {
             None => FrameLimits::default(),
             Some(_) => FrameLimits::after_hello(self.declared.len()),
+        }
+    }
+
+    /// The largest next frame: before an accepted hello, what the largest hello may take
+    /// (a connection not yet authenticated cannot make the receiver hold 8 MiB).
+    fn frame_bytes(&self) -> usize {
+        match self.hello {
+            None => MAX_HELLO_FRAME_BYTES,
+            Some(_) => wire::MAX_FRAME_BYTES,
         }
     }
 

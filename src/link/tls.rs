@@ -532,6 +532,10 @@ pub enum Failure {
     NoCertificate,
     /// The peer refused us (sent an alert: e.g. it does not trust our certificate).
     PeerRefused,
+    /// The peer turned the connection away before the handshake (the receiver's
+    /// `user_canceled` alert, [`crate::link::admission::BUSY_ALERT`]: too many connections
+    /// waiting for theirs).
+    Busy,
     /// The peer does not speak TLS (a plaintext receiver, garbage bytes).
     NotTls,
     /// The connection ended before the handshake did.
@@ -542,13 +546,14 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub const ALL: [Failure; 10] = [
+    pub const ALL: [Failure; 11] = [
         Failure::UnknownCa,
         Failure::Expired,
         Failure::Revoked,
         Failure::WrongName,
         Failure::NoCertificate,
         Failure::PeerRefused,
+        Failure::Busy,
         Failure::NotTls,
         Failure::Truncated,
         Failure::Timeout,
@@ -563,6 +568,7 @@ impl Failure {
             Failure::WrongName => "wrong_name",
             Failure::NoCertificate => "no_certificate",
             Failure::PeerRefused => "peer_refused",
+            Failure::Busy => "busy",
             Failure::NotTls => "not_tls",
             Failure::Truncated => "truncated",
             Failure::Timeout => "timeout",
@@ -607,6 +613,7 @@ impl Failure {
                 _ => Failure::Other,
             },
             E::NoCertificatesPresented => Failure::NoCertificate,
+            E::AlertReceived(rustls::AlertDescription::UserCanceled) => Failure::Busy,
             E::AlertReceived(_) => Failure::PeerRefused,
             E::InvalidMessage(_) => Failure::NotTls,
             _ => Failure::Other,

@@ -10,6 +10,7 @@
 
 mod support;
 
+mod admission;
 mod builtin;
 mod capi;
 mod cli;

@@ -308,9 +308,12 @@ async fn a_tls_agent_is_refused_by_a_plaintext_receiver_and_says_why() {
         tls_config(ctl.addr.to_string(), site.client()),
         store_with(&[]),
     );
-    // The receiver reads the ClientHello as a frame and drops it.
+    // The receiver reads the ClientHello as a frame, answers bytes that are not TLS (so the
+    // agent sees "not TLS", not a silent close) and drops it.
     next_refusal(&mut ctl).await;
-    wait_failures(&agent, Failure::Truncated).await;
+    wait_failures(&agent, Failure::NotTls).await;
+    let said = agent.stats.last_error().expect("an error").message;
+    assert!(said.contains("does not speak TLS"), "{said}");
     agent.stop().await;
     ctl.stop().await;
 }
