@@ -63,7 +63,7 @@ pub const TLS_FIELD_DOCS: &[Field] = &[
     Field::new("crl", "Revoked certificates, PEM (optional)."),
     Field::new(
         "expiry_warning",
-        "Warn this long before the host certificate expires, a duration (default 14d).",
+        "Warn this long before the host certificate expires, a duration (default 30d).",
     )
     .bounded(Bound::Duration(TLS_EXPIRY_WARNING)),
 ];
@@ -321,7 +321,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
 
 /// Default of `tls.expiry_warning`.
 pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
-    std::time::Duration::from_secs(14 * 86_400);
+    std::time::Duration::from_secs(30 * 86_400);
 
 /// `tls.expiry_warning`: a duration of at most a year.
 fn tls_expiry_warning(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {

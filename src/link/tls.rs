@@ -81,6 +81,16 @@ pub enum TlsError {
         host: String,
         sans: Vec<String>,
     },
+    #[error(
+        "{}: this host's certificate (issuer {issuer:?}) does not chain to the CA in {}: {why}; the controller will refuse it; issue one from that CA (xce-agent tls issue, or the site's PKI), or point tls.ca at the CA that issued it",
+        cert.display(), ca.display()
+    )]
+    NotFromCa {
+        cert: PathBuf,
+        ca: PathBuf,
+        issuer: String,
+        why: String,
+    },
 }
 
 /// The key material of one end, read and checked; turned into rustls configs on demand.
@@ -392,6 +402,7 @@ impl Material {
                 sans: info.sans,
             });
         }
+        self.chains_to_ca(now)?;
         let mut warnings = Vec::new();
         if !cert_names_host(&info.dns_names, host, &[]) {
             warnings.push(format!(
@@ -405,6 +416,64 @@ impl Material {
             warnings.push(expiry_warning(path, &info, left));
         }
         Ok((!warnings.is_empty()).then(|| warnings.join("; ")))
+    }
+}
+
+impl Material {
+    /// Whether this end's chain leads to the configured CA as the controller checks it (the
+    /// same webpki verifier, CRLs included), at `now` moved into the leaf's validity (an
+    /// expired leaf has its own message; this one is about the chain). The links' own
+    /// configs do not check this: a certificate from another CA only fails at the peer, as
+    /// "unknown CA" in a reconnect loop.
+    pub fn chains_to_ca(&self, now: i64) -> Result<(), TlsError> {
+        let Some(leaf) = cert_info(self.leaf()) else {
+            return Ok(());
+        };
+        let now = now.clamp(leaf.not_before, leaf.not_after.max(leaf.not_before));
+        use rustls::CertificateError as C;
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.root_store()?, provider())
+            .with_crls(self.crls.clone())
+            .allow_unknown_revocation_status()
+            .build()
+            .map_err(|e| self.crl_error(e))?;
+        let at =
+            rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(now.max(0) as u64));
+        let Err(e) = verifier.verify_client_cert(self.leaf(), &self.chain[1..], at) else {
+            return Ok(());
+        };
+        let why = match e {
+            rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
+                let cas: Vec<String> = self
+                    .roots
+                    .iter()
+                    .filter_map(cert_info)
+                    .map(|c| format!("{:?}", c.subject))
+                    .collect();
+                format!(
+                    "no CA there issued it (that file holds {}; the chain in {} holds {} certificate(s))",
+                    cas.join(", "),
+                    self.paths.cert.display(),
+                    self.chain.len()
+                )
+            }
+            rustls::Error::InvalidCertificate(C::BadSignature) => {
+                "its signature does not verify with the CA's key (a CA of that name, not the one that signed it)".to_owned()
+            }
+            rustls::Error::InvalidCertificate(C::Revoked) => match &self.paths.crl {
+                Some(crl) => format!("it is revoked by {}", crl.display()),
+                None => "it is revoked".to_owned(),
+            },
+            rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+                "a CA certificate of its chain has expired".to_owned()
+            }
+            e => plain(&e.to_string()),
+        };
+        Err(TlsError::NotFromCa {
+            cert: self.paths.cert.clone(),
+            ca: self.paths.ca.clone(),
+            issuer: leaf.issuer.clone(),
+            why,
+        })
     }
 }
 
@@ -786,10 +855,15 @@ pub fn check(paths: &TlsPaths, now: SystemTime, host: &str, warn_before: Duratio
             return report;
         }
     };
+    // Expiry is said per certificate below; what else would make the controller refuse
+    // this host (another host's name, another CA) is a problem here, each on its own.
     if let Err(e @ TlsError::WrongHost { .. }) = material.usable_for(host, now, warn_before) {
         report.problems.push(e.to_string());
     }
     let now = unix(now);
+    if let Err(e) = material.chains_to_ca(now) {
+        report.problems.push(e.to_string());
+    }
     let described = material
         .chain
         .iter()
