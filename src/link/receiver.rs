@@ -652,7 +652,7 @@ async fn handshake(
     let accept = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg)).accept(stream);
     let s = match tokio::time::timeout(bound, accept).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err((tls::Failure::of(&e), tls::describe(&e))),
+        Ok(Err(e)) => return Err((tls::Failure::of(&e), tls::describe_accept(&e))),
         Err(_) => {
             return Err((
                 tls::Failure::Timeout,

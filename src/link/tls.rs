@@ -726,6 +726,31 @@ pub fn describe(e: &std::io::Error) -> String {
     plain(&e.to_string())
 }
 
+/// A failed accept as the controller reads it: an agent that refuses the controller's
+/// certificate ends the handshake with an alert, which is named with what it means (not
+/// "tls handshake eof" or a bare alert name); anything else as [`describe`] says it.
+pub fn describe_accept(e: &std::io::Error) -> String {
+    use rustls::AlertDescription as A;
+    let Some(alert) = alert_of(e) else {
+        return describe(e);
+    };
+    let meaning = match alert {
+        A::UnknownCA => "it does not trust the CA that issued it: is the agent's tls.ca the CA of this listener's certificate?",
+        A::BadCertificate => "the certificate does not name the address the agent dialed (its controllers: entry), or is malformed",
+        A::CertificateExpired => "the certificate has expired or is not valid yet (or a clock is wrong)",
+        A::CertificateRevoked => "the agent's CRL revokes it",
+        A::UnsupportedCertificate => "it is not usable for a TLS server (key usage, extended key usage)",
+        A::CertificateUnknown => "the agent could not verify it",
+        A::AccessDenied => "the agent refuses this controller",
+        _ => {
+            return format!(
+                "the agent ended the handshake with the alert {alert:?} (not about this controller's certificate)"
+            )
+        }
+    };
+    format!("the agent refused this controller's certificate (alert {alert:?}): {meaning}")
+}
+
 /// `text` without the URLs libraries append to their messages (rustls' "peer closed
 /// connection without sending TLS close_notify: https://docs.rs/..."): an admin reads the
 /// log for what happened, not for a library's manual.
@@ -797,6 +822,22 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Sniff<S> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    // Passed through: tokio's default writes only the first buffer, and rustls' last write
+    // after a failed handshake is one vectored write of what it has queued (the
+    // ChangeCipherSpec, then the alert that says why): without this, the alert never left
+    // and the controller read "tls handshake eof" instead of the agent's reason.
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(
