@@ -410,7 +410,7 @@ pub async fn tls_accept(
             format!("no handshake within {bound:?} (peer stalled)"),
         )
     };
-    let failed = |e: std::io::Error| (tls::Failure::of(&e), tls::describe(&e));
+    let failed = |e: std::io::Error| (tls::Failure::of(&e), tls::describe_accept(&e));
     let hello = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
     tokio::pin!(hello);
     // Eviction first: a connection evicted before its task first ran is not served.

@@ -65,20 +65,50 @@ impl StatusListener {
     }
 }
 
-/// Open the socket agent.yaml asks for. When `status_socket:` is not written, a failure
-/// is logged and the daemon runs without it (a developer's agent outside systemd has no
-/// /run/xce-agent); when it is written, a failure is the caller's error.
+/// Open the socket agent.yaml asks for. When `status_socket:` is not written, the default
+/// ([`crate::config::agent::default_status_socket`]) is used, its directory made outside
+/// systemd (`/run/xce-agent` as root, `$XDG_RUNTIME_DIR/xce-agent` as another user), and a
+/// failure is logged and the daemon runs without it; when it is written, a failure is the
+/// caller's error.
 pub fn open(agent: &AgentConfig) -> Result<Option<StatusListener>, BindError> {
-    let path = agent.status_socket_path();
-    match bind(path, agent.status_group.as_deref()) {
+    let (path, make_dir) = match &agent.status_socket {
+        Some(p) => (p.clone(), None),
+        None => {
+            let d = crate::config::agent::DefaultSocket::here();
+            (d.path, d.make_dir)
+        }
+    };
+    let bound =
+        make_socket_dir(&path, make_dir).and_then(|()| bind(&path, agent.status_group.as_deref()));
+    match bound {
         Ok(l) => Ok(Some(l)),
         Err(e) if agent.status_socket.is_none() => {
             // WARN, also for a missing directory: `xce-agent status` will not reach this
             // daemon, and the admin asking will look here for why.
-            tracing::warn!("status socket off: {e}; `xce-agent status` cannot reach this daemon");
+            tracing::warn!("status socket off: {e}; `xce-agent status` cannot reach this daemon (set status_socket: in agent.yaml to a path in a directory this user may write)");
             Ok(None)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Make the default socket's own directory (not its parents) with `mode` where it is
+/// missing; one that exists is used as it is (systemd's, or this daemon's last run's).
+fn make_socket_dir(path: &Path, mode: Option<u32>) -> Result<(), BindError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let (Some(mode), Some(dir)) = (mode, path.parent()) else {
+        return Ok(());
+    };
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(BindError::NoDirectory(dir.to_owned()))
+        }
+        Err(source) => Err(BindError::Io {
+            path: dir.to_owned(),
+            source,
+        }),
     }
 }
 

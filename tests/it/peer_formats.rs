@@ -234,7 +234,15 @@ fn netdata_charts_d_sensors_through_the_agent_with_its_update_every() {
     ) else {
         return;
     };
-    let s = Setup::new("resources: []\n");
+    // charts.d.plugin makes its temp dir with `mktemp -d /tmp/...` (TMPDIR ignored) unless it
+    // runs as root, then under /var/run: as nobody it needs a world-writable /tmp, which a
+    // machine need not have. As root (the test runs as root in CI) it does not.
+    let run_as = if nix::unistd::geteuid().is_root() {
+        "run_as: root\n"
+    } else {
+        ""
+    };
+    let s = Setup::with_agent("resources: []\n", run_as);
     // A hwmon tree under NETDATA_HOST_PREFIX, as the shipped sensors chart reads /sys.
     let hwmon = s
         .path()

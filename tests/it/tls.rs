@@ -879,3 +879,46 @@ async fn a_certificate_from_another_ca_gives_one_cause_every_time_and_counts_not
     agent.stop().await;
     ctl.stop().await;
 }
+
+/// Issue 39, item 3: when the agent refuses the controller's certificate (another CA's,
+/// another name's, an expired one), the receiver says so and why (the alert the agent
+/// sent), not "tls handshake eof".
+#[tokio::test]
+async fn the_receiver_says_the_agent_refused_its_certificate_and_why() {
+    let mut site = Site::new();
+    let mut rogue = Pki::new("rogue-ca");
+    let fake = rogue.issue(&["127.0.0.1"]);
+    let mut from_another_ca = rogue.paths(&fake);
+    from_another_ca.ca = site.pki.ca.clone();
+    let elsewhere = site.pki.issue(&["ctl9.example"]);
+    let expired = site.pki.issue_valid(&["127.0.0.1"], -30, -1);
+    for (paths, alert, why) in [
+        (from_another_ca, "UnknownCA", Failure::UnknownCa),
+        (
+            site.pki.paths(&elsewhere),
+            "BadCertificate",
+            Failure::WrongName,
+        ),
+        (
+            site.pki.paths(&expired),
+            "CertificateExpired",
+            Failure::Expired,
+        ),
+    ] {
+        let mut ctl = Controller::bind(tls_listen(server(&paths))).await;
+        let agent = Agent::start(
+            tls_config(ctl.addr.to_string(), site.client()),
+            store_with(&[]),
+        );
+        let end = next_refusal(&mut ctl).await;
+        assert!(
+            end.contains("the agent refused this controller's certificate")
+                && end.contains(alert)
+                && !end.contains("eof"),
+            "{end}"
+        );
+        wait_failures(&agent, why).await;
+        agent.stop().await;
+        ctl.stop().await;
+    }
+}
