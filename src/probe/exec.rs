@@ -137,6 +137,15 @@ pub fn child_spec(
                 Some(why) => SpawnRefused::NotRunnable(why),
                 None => e.into(),
             })?;
+        // Program text as root runs only where the admin said why (`trusted:`).
+        if creds.is_none() {
+            super::security::check_text(
+                &program,
+                &resolved.args,
+                &spec.env,
+                spec.trusted.as_deref(),
+            )?;
+        }
     }
     let user = creds.as_ref().map_or_else(
         || supervisor.users.agent_name().to_owned(),

@@ -70,6 +70,12 @@ pub enum Problem {
     SharedSearchDir {
         mode: u32,
     },
+    /// The command runs program text ([`program_text`]) as root, and the probe does not say
+    /// `trusted:`: what the text computes (cd, globs, quotes, variables, files made later) is
+    /// beyond what the rule can read.
+    ProgramText {
+        what: String,
+    },
 }
 
 impl fmt::Display for InsecureProgram {
@@ -112,6 +118,11 @@ impl fmt::Display for InsecureProgram {
                 missing.display(),
                 mode & 0o7777,
                 self.via.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+            ),
+            Problem::ProgramText { what } => write!(
+                f,
+                "refusing to run {} as root: it runs program text ({what}), which the script rule cannot prove safe by reading it: the files the text names are checked, not what it computes (cd, quotes, globs, variables, files made later); fix: give the probe an unprivileged run_as, or put the code in a root-owned script named in command:, or, if root must run this text, say why in the probe's `trusted:`",
+                self.program.display()
             ),
             Problem::CodeLoadingEnv { name } => write!(
                 f,
@@ -265,12 +276,14 @@ pub enum Verdict {
 /// Check a probe's `command:` (argv, resolved by [`super::resolve::command`]): the program
 /// exists, is an executable regular file, and everything it will run (with `env`, the probe's
 /// `env:`) passes [`check_probe`] (only enforced when the agent is root). `run_as_uid`: the
-/// user the probe runs as.
+/// user the probe runs as (`None` with a root agent: root, where untrusted program text is
+/// refused, see [`check_text`]); `trusted`: the probe's `trusted:` reason.
 pub fn verdict(
     command: &[String],
     env: &BTreeMap<String, String>,
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
+    trusted: Option<&str>,
 ) -> Verdict {
     let resolved = match super::resolve::command(plugin_dir, command) {
         Ok(r) => r,
@@ -282,7 +295,14 @@ pub fn verdict(
     {
         return Verdict::Problem(e.to_string());
     }
-    match check_probe(program, &resolved.args, env, run_as_uid) {
+    let checked =
+        check_probe(program, &resolved.args, env, run_as_uid).and_then(|()| {
+            match enforced() && run_as_uid.is_none() {
+                true => check_text(program, &resolved.args, env, trusted),
+                false => Ok(()),
+            }
+        });
+    match checked {
         Ok(()) => Verdict::Ok,
         Err(e) if enforced() => Verdict::Refused(e.to_string()),
         Err(e) => Verdict::Unenforced(e.to_string()),
@@ -642,7 +662,16 @@ fn code_files(
     depth: usize,
     files: &mut Vec<(PathBuf, Option<String>)>,
     env_entries: &mut Vec<(String, String)>,
+    creatable: &mut Vec<(PathBuf, String)>,
 ) {
+    // A path in program text that does not exist (yet): judged by who may create it.
+    let mut missing = |w: &str, via: String| {
+        let p = Path::new("/").join(w);
+        let absent = w.contains('/') && w.len() <= 4096 && std::fs::symlink_metadata(&p).is_err();
+        if absent && !creatable.iter().any(|(c, _)| *c == p) {
+            creatable.push((p, via));
+        }
+    };
     let mut add = |p: PathBuf, via: Option<String>| {
         if !files.iter().any(|(f, _)| *f == p) {
             files.push((p, via));
@@ -657,11 +686,12 @@ fn code_files(
         }
     }
     if is_interpreter(program) {
-        match inline_code(args) {
+        match inline_code(args).or_else(|| inline_code_of(file_name(program), args)) {
             Some(code) => {
                 for w in code_words(code) {
-                    if let Some(p) = lookup(w, path_var) {
-                        add(p, Some(format!("named in its inline code ({w})")));
+                    match lookup(w, path_var) {
+                        Some(p) => add(p, Some(format!("named in its inline code ({w})"))),
+                        None => missing(w, format!("named in its inline code ({w})")),
                     }
                 }
             }
@@ -679,8 +709,10 @@ fn code_files(
         while let Some(a) = it.next() {
             if a == "-c" || a == "--command" {
                 for w in code_words(it.next().map_or("", String::as_str)) {
-                    if let Some(p) = lookup(w, path_var) {
-                        add(p, Some(format!("named in the command {name} runs ({w})")));
+                    let via = format!("named in the command {name} runs ({w})");
+                    match lookup(w, path_var) {
+                        Some(p) => add(p, Some(via)),
+                        None => missing(w, via),
                     }
                 }
                 break;
@@ -710,10 +742,182 @@ fn code_files(
                     depth + 1,
                     files,
                     env_entries,
+                    creatable,
                 );
                 break;
             }
         }
+    }
+}
+
+/// awk's names: an awk program calls `system()`, pipes to commands and reads with `getline`.
+const AWKS: &[&str] = &["awk", "gawk", "mawk", "nawk", "original-awk"];
+
+/// Launchers that hand a command line to a shell with `-c`/`--command`.
+const SHELL_COMMAND_LAUNCHERS: &[&str] = &["flock", "su", "runuser", "script"];
+
+/// Programs whose every run is a command line for a shell (or for another host).
+const ALWAYS_TEXT: &[&str] = &["watch", "parallel", "ssh", "expect"];
+
+/// Interpreter options whose value is inline code beside `-c`/`-e` (node's `-p`, php's `-r`).
+const INLINE_LONG_OPTIONS: &[&str] = &["--eval", "--print", "--command", "--exec"];
+
+/// What program text a command runs, in words (`None`: only files, which the rule checks):
+/// an interpreter's inline code (`sh -c`, a `shell:` line, `python3 -c`, `perl -e`), `env -S`,
+/// any awk or sed program (awk's `system()`, sed's `e` command), `find -exec`, `xargs`, the
+/// `-c` of `flock`/`su`/`runuser`/`script`, and the same behind any launcher ([`LAUNCHERS`]).
+/// Such text cannot be proven safe by reading it: `cd /x && ./s`, `x.s?`, `"/x"/s`, `PATH=/x:$PATH
+/// s`, a variable, a file made later all run code the words do not show.
+pub fn program_text(program: &Path, args: &[String], path_var: &str) -> Option<String> {
+    program_text_at(program, args, path_var, 0)
+}
+
+fn program_text_at(
+    program: &Path,
+    args: &[String],
+    path_var: &str,
+    depth: usize,
+) -> Option<String> {
+    let name = file_name(program);
+    if depth > MAX_LAUNCHERS {
+        return Some(format!("{name}: launchers nested too deep to follow"));
+    }
+    // `busybox APPLET ARGS` is APPLET.
+    if name == "busybox" {
+        let (applet, rest) = args.split_first()?;
+        return program_text_at(Path::new(applet), rest, path_var, depth + 1);
+    }
+    if is_interpreter(program) {
+        if let Some(flag) = inline_flag(name, args) {
+            return Some(format!("{name} {flag}: code given inline"));
+        }
+    }
+    if AWKS.contains(&name) {
+        return Some(format!(
+            "{name}: an awk program (system(), pipes, getline run commands)"
+        ));
+    }
+    if name == "sed" || name == "gsed" {
+        return Some(format!(
+            "{name}: a sed program (its e command runs a shell)"
+        ));
+    }
+    if name == "find" {
+        if let Some(a) = args
+            .iter()
+            .find(|a| ["-exec", "-execdir", "-ok", "-okdir"].contains(&a.as_str()))
+        {
+            return Some(format!("find {a}: commands built from the names it finds"));
+        }
+    }
+    if name == "xargs" {
+        return Some("xargs: commands built from its input".to_owned());
+    }
+    if ALWAYS_TEXT.contains(&name) {
+        return Some(format!("{name}: a command line it hands on"));
+    }
+    if SHELL_COMMAND_LAUNCHERS.contains(&name) {
+        if let Some(a) = args.iter().find(|a| {
+            *a == "-c" || a.starts_with("--command") || a.starts_with("--session-command")
+        }) {
+            return Some(format!("{name} {a}: a command line for a shell"));
+        }
+    }
+    if name == "env" {
+        // Its options and NAME=VALUE entries come before the command.
+        let split = args
+            .iter()
+            .take_while(|a| a.starts_with('-') || a.contains('='))
+            .find(|a| {
+                a.starts_with("--split-string")
+                    || (a.starts_with('-') && !a.starts_with("--") && a.contains('S'))
+            });
+        if let Some(a) = split {
+            return Some(format!("env {a}: a command line it splits itself"));
+        }
+    }
+    if LAUNCHERS.contains(&name) {
+        for (i, a) in args.iter().enumerate() {
+            if a.starts_with('-') || (name == "env" && a.contains('=')) {
+                continue;
+            }
+            if let Some(inner) = lookup(a, path_var) {
+                return program_text_at(&inner, &args[i + 1..], path_var, depth + 1);
+            }
+        }
+    }
+    None
+}
+
+/// The option that gives an interpreter its code inline, wherever it stands among the
+/// options (`sh -o pipefail -c`, `bash -ec`, `perl -w -e`, `node --eval`, `php -r`); `None`
+/// once the script (the first non-option word) is reached. A shell's `-e` is errexit and
+/// Python's `-E` ignores the environment: only `-c` is theirs.
+fn inline_flag<'a>(name: &str, args: &'a [String]) -> Option<&'a str> {
+    let only_c = SHELLS.contains(&name)
+        || ["csh", "tcsh", "fish"].contains(&name)
+        || name.starts_with("python");
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        let inline_long = INLINE_LONG_OPTIONS.iter().any(|o| a.starts_with(o))
+            || (["php", "node"].contains(&name) && (a == "-r" || a == "-p"));
+        if inline_long {
+            return Some(a);
+        }
+        if a == "--" {
+            return None;
+        }
+        if OPTIONS_WITH_A_VALUE.contains(&a.as_str()) {
+            i += 2;
+            continue;
+        }
+        if let Some(letters) = a.strip_prefix('-').filter(|l| !l.starts_with('-')) {
+            if letters
+                .chars()
+                .any(|c| c == 'c' || (!only_c && (c == 'e' || c == 'E')))
+            {
+                return Some(a);
+            }
+        } else if !a.starts_with('-') && !a.starts_with('+') {
+            return None;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The code [`inline_flag`] gives: its `=VALUE`, or the word after it.
+fn inline_code_of<'a>(name: &str, args: &'a [String]) -> Option<&'a str> {
+    let flag = inline_flag(name, args)?;
+    if let Some((_, value)) = flag.split_once('=').filter(|_| flag.starts_with("--")) {
+        return Some(value);
+    }
+    let at = args.iter().position(|a| std::ptr::eq(a.as_str(), flag))?;
+    args.get(at + 1).map(String::as_str)
+}
+
+/// The rule for program text ([`program_text`]) run as root: refused unless the probe says
+/// why it is trusted. The files the text names are checked by [`check_probe`] all the same.
+pub fn check_text(
+    program: &Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    trusted: Option<&str>,
+) -> Result<(), InsecureProgram> {
+    if trusted.is_some() {
+        return Ok(());
+    }
+    let path_var = env
+        .get("PATH")
+        .map_or(super::child::PROBE_PATH, String::as_str);
+    match program_text(program, args, path_var) {
+        None => Ok(()),
+        Some(what) => Err(InsecureProgram {
+            program: program.to_owned(),
+            path: program.to_owned(),
+            problem: Problem::ProgramText { what },
+            via: None,
+        }),
     }
 }
 
@@ -1006,7 +1210,16 @@ impl Verdicts {
         let mut files = Vec::new();
         let mut env_entries: Vec<(String, String)> =
             env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        code_files(program, args, path_var, 0, &mut files, &mut env_entries);
+        let mut creatable = Vec::new();
+        code_files(
+            program,
+            args,
+            path_var,
+            0,
+            &mut files,
+            &mut env_entries,
+            &mut creatable,
+        );
         for (file, via) in files {
             for i in self
                 .check_file(&file, run_as_uid)
@@ -1019,6 +1232,10 @@ impl Verdicts {
         }
         for (name, value) in &env_entries {
             check_env_entry(name, value, run_as_uid).map_err(|e| as_program(e, None))?;
+        }
+        // Not cached: a path that is missing now is judged again at every run.
+        for (path, via) in &creatable {
+            check_creatable(path, via, run_as_uid).map_err(|e| as_program(e, None))?;
         }
         Ok(())
     }
@@ -1056,23 +1273,47 @@ fn check_env_entry(
             })?;
             continue;
         }
-        // Not there yet: who may create it decides what it holds.
-        walk(existing, run_as_uid, Last::SearchDir).map_err(|e| match e.problem {
-            Problem::WritableByOthers { mode } if e.path == existing => InsecureProgram {
-                problem: Problem::Creatable {
-                    missing: path.clone(),
-                    mode,
-                },
-                via: via.clone(),
-                ..e
-            },
-            _ => InsecureProgram {
-                via: via.clone(),
-                ..e
-            },
-        })?;
+        check_creatable(&path, via.as_deref().unwrap_or_default(), run_as_uid)?;
     }
     Ok(())
+}
+
+/// A path the child may run or load code from that does not exist (yet): whoever may create
+/// it decides what it holds, so the nearest directory above it that exists must be one only
+/// root (or the probe's user) can write — sticky or not: in `/tmp` anyone may create the
+/// name, and would own what runs. Judged at every run (a missing path has no identity to
+/// cache), so a file made there later never runs.
+fn check_creatable(path: &Path, via: &str, run_as_uid: Option<Uid>) -> Result<(), InsecureProgram> {
+    let existing = nearest_existing(path);
+    if existing == path {
+        // Made since it was found missing: a file gets the file rule (a directory or a
+        // device is data, as when the words were read).
+        if !path.is_file() {
+            return Ok(());
+        }
+        return walk(path, run_as_uid, Last::File).map_err(|e| InsecureProgram {
+            via: Some(via.to_owned()),
+            ..e
+        });
+    }
+    walk(existing, run_as_uid, Last::SearchDir).map_err(|e| match e.problem {
+        Problem::WritableByOthers { mode } | Problem::SharedSearchDir { mode }
+            if e.path == existing =>
+        {
+            InsecureProgram {
+                problem: Problem::Creatable {
+                    missing: path.to_owned(),
+                    mode,
+                },
+                via: Some(via.to_owned()),
+                ..e
+            }
+        }
+        _ => InsecureProgram {
+            via: Some(via.to_owned()),
+            ..e
+        },
+    })
 }
 
 #[cfg(test)]
@@ -1098,6 +1339,89 @@ mod tests {
         ];
         for (args, code) in table {
             assert_eq!(inline_code(&strings(args)), *code, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn program_text_is_every_payload_the_rule_cannot_read() {
+        let path = "/usr/bin:/bin";
+        let table: &[(&[&str], Option<&str>)] = &[
+            (
+                &["/bin/sh", "-c", "echo 1"],
+                Some("sh -c: code given inline"),
+            ),
+            (
+                &["/bin/sh", "-o", "errexit", "-c", "x"],
+                Some("sh -c: code given inline"),
+            ),
+            (
+                &["/bin/bash", "-ec", "x"],
+                Some("bash -ec: code given inline"),
+            ),
+            (
+                &["/usr/bin/python3", "-c", "x"],
+                Some("python3 -c: code given inline"),
+            ),
+            (
+                &["/usr/bin/perl", "-w", "-e", "x"],
+                Some("perl -e: code given inline"),
+            ),
+            (
+                &["/usr/bin/node", "--eval=x"],
+                Some("node --eval=x: code given inline"),
+            ),
+            (
+                &["/usr/bin/env", "-S", "sh x"],
+                Some("env -S: a command line it splits itself"),
+            ),
+            (
+                &["/usr/bin/env", "A=1", "--split-string=sh x"],
+                Some("env --split-string=sh x: a command line it splits itself"),
+            ),
+            (
+                &["/usr/bin/awk", "-f", "/x.awk"],
+                Some("awk: an awk program (system(), pipes, getline run commands)"),
+            ),
+            (
+                &["/bin/sed", "s/a/b/"],
+                Some("sed: a sed program (its e command runs a shell)"),
+            ),
+            (
+                &["/usr/bin/find", "/", "-execdir", "x", ";"],
+                Some("find -execdir: commands built from the names it finds"),
+            ),
+            (
+                &["/usr/bin/xargs", "x"],
+                Some("xargs: commands built from its input"),
+            ),
+            (
+                &["/usr/bin/flock", "/", "-c", "x"],
+                Some("flock -c: a command line for a shell"),
+            ),
+            // Behind launchers, and busybox's applets.
+            (
+                &["/usr/bin/timeout", "5", "/usr/bin/nice", "sed", "p"],
+                Some("sed: a sed program (its e command runs a shell)"),
+            ),
+            (
+                &["/bin/busybox", "awk", "1"],
+                Some("awk: an awk program (system(), pipes, getline run commands)"),
+            ),
+            // Files: the rule checks them.
+            (&["/bin/sh", "/x.sh"], None),
+            (&["/bin/sh", "-e", "/x.sh"], None),
+            (&["/usr/bin/python3", "-E", "/x.py"], None),
+            (&["/usr/bin/find", "/", "-name", "x"], None),
+            (&["/usr/bin/env", "A=1", "/x"], None),
+            (&["/opt/probe", "-c", "x"], None),
+        ];
+        for (argv, want) in table {
+            let args = strings(&argv[1..]);
+            assert_eq!(
+                program_text(Path::new(argv[0]), &args, path).as_deref(),
+                *want,
+                "{argv:?}"
+            );
         }
     }
 

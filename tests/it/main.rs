@@ -47,6 +47,7 @@ mod plan;
 mod plugins;
 mod ports;
 mod probe_cmd;
+mod program_text;
 mod schedule;
 mod script_rule;
 mod security_checks;
