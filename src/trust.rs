@@ -79,7 +79,8 @@ fn reason(e: &InsecureProgram) -> String {
         Problem::CodeLoadingEnv { .. }
         | Problem::Creatable { .. }
         | Problem::SharedSearchDir { .. }
-        | Problem::ProgramText { .. } => e.to_string(),
+        | Problem::ProgramText { .. }
+        | Problem::Changed => e.to_string(),
     }
 }
 

@@ -122,10 +122,11 @@ pub fn child_spec(
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
     let program = resolved.program;
+    let mut checked = None;
     if super::security::enforced() {
-        supervisor
+        checked = supervisor
             .verdicts
-            .check_probe(
+            .check_and_open(
                 &program,
                 &resolved.args,
                 &spec.env,
@@ -133,6 +134,7 @@ pub fn child_spec(
             )
             // The rule cannot check an interpreter that is not there: say that plainly (read
             // only on this failure path, never per good run).
+            .map(Some)
             .map_err(|e| match super::security::script_problem(&program, false) {
                 Some(why) => SpawnRefused::NotRunnable(why),
                 None => e.into(),
@@ -152,6 +154,7 @@ pub fn child_spec(
         |c| c.user.clone(),
     );
     let mut child = ChildSpec::new(program, task.timeout);
+    child.checked = checked;
     // The arguments the format's own system passes (netdata's update-every) come first; a
     // `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`: "$1"...),
     // never in front of `-c`.

@@ -16,6 +16,13 @@
 //! that is *searched* (`PATH`, `PYTHONPATH`, ...) gets no sticky exception, since anyone who
 //! may add a name to it may plant the one a search finds first.
 //!
+//! What the rule cannot read it says so: program text (a `shell:` line, `sh -c`, `env -S`,
+//! awk, sed, `find -exec`, xargs, ... — [`program_text`]) is checked word by word but cannot
+//! be proven safe, so it runs as root only with the probe's `trusted:` reason
+//! ([`check_text`]); a path such text names that does not exist yet is judged by who may
+//! create it, at every run. The program itself is judged by its open descriptor, which a
+//! binary is executed by ([`CheckedProgram`]).
+//!
 //! Enforced only when the agent runs as root: a non-root agent runs its own scripts with its
 //! own rights (the developer case), and `check` says so.
 
@@ -76,6 +83,9 @@ pub enum Problem {
     ProgramText {
         what: String,
     },
+    /// The file was replaced or renamed while it was being checked: the descriptor held is
+    /// not the file the walk judged.
+    Changed,
 }
 
 impl fmt::Display for InsecureProgram {
@@ -122,6 +132,11 @@ impl fmt::Display for InsecureProgram {
             Problem::ProgramText { what } => write!(
                 f,
                 "refusing to run {} as root: it runs program text ({what}), which the script rule cannot prove safe by reading it: the files the text names are checked, not what it computes (cd, quotes, globs, variables, files made later); fix: give the probe an unprivileged run_as, or put the code in a root-owned script named in command:, or, if root must run this text, say why in the probe's `trusted:`",
+                self.program.display()
+            ),
+            Problem::Changed => write!(
+                f,
+                "refusing to run {}: {p} was replaced while it was being checked; this run is refused, the next one checks it afresh",
                 self.program.display()
             ),
             Problem::CodeLoadingEnv { name } => write!(
@@ -1061,7 +1076,10 @@ struct Identity {
 
 impl Identity {
     fn of(path: &Path) -> Option<Self> {
-        let m = std::fs::metadata(path).ok()?;
+        Self::from_meta(&std::fs::metadata(path).ok()?)
+    }
+
+    fn from_meta(m: &std::fs::Metadata) -> Option<Self> {
         Some(Self {
             dev: m.dev(),
             ino: m.ino(),
@@ -1080,6 +1098,24 @@ struct PassedWalk {
     file: Identity,
     dir: Identity,
     interpreters: Arc<[PathBuf]>,
+    /// It starts with `#!`.
+    script: bool,
+}
+
+/// A program the rule passed, held open: the child executes this descriptor (`execveat` with
+/// `AT_EMPTY_PATH`) when it is a binary, so what runs is the file that was checked, whatever
+/// its path names by the time of the exec (a rename over it, a swapped directory).
+#[derive(Debug, Clone)]
+pub struct CheckedProgram {
+    /// Opened `O_PATH | O_CLOEXEC`: enough to fstat and to execute, not to read.
+    pub fd: Arc<std::os::fd::OwnedFd>,
+    /// A `#!` script, which the child executes by its path, not by this descriptor: for a
+    /// script executed by descriptor the kernel hands the interpreter `/dev/fd/N` as the
+    /// script's path, which breaks the plugins that find their own files from `$0` (netdata's
+    /// charts.d, munin's) and Perl, which reads `/dev/fd/N` from that very descriptor (an
+    /// `O_PATH` one it cannot read). A script's path is as safe as its directories, which
+    /// the walk proved only root or the probe's user can change.
+    pub script: bool,
 }
 
 /// Passed verdicts of one agent ([`super::supervisor::Supervisor`]), keyed by file and the
@@ -1117,15 +1153,29 @@ impl Verdicts {
         path: &Path,
         run_as_uid: Option<Uid>,
     ) -> Result<Arc<[PathBuf]>, InsecureProgram> {
+        self.check_identified(path, Identity::of(path), run_as_uid)
+            .map(|(interpreters, _)| interpreters)
+    }
+
+    /// [`Self::check_file`] for the file whose identity is `file_id`: an open descriptor's
+    /// (see [`Self::check_and_open`]) or the path's. With a descriptor's, a full walk of the
+    /// path must end at that same file, or the file changed while it was checked and is
+    /// refused. Returns the `#!` interpreters and whether it is a `#!` script.
+    fn check_identified(
+        &self,
+        path: &Path,
+        file_id: Option<Identity>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<(Arc<[PathBuf]>, bool), InsecureProgram> {
         let user = run_as_uid.map(|u| u.as_raw());
         let dir = path.parent().unwrap_or(Path::new("/"));
         // Identities first, then the walk: a change between the two re-walks next run.
-        let before = Identity::of(path).zip(Identity::of(dir));
+        let before = file_id.clone().zip(Identity::of(dir));
         if let Some((file, dir_id)) = &before {
             let passed = self.passed();
             if let Some(v) = passed.get(&user).and_then(|files| files.get(path)) {
                 if *file == v.file && *dir_id == v.dir {
-                    return Ok(v.interpreters.clone());
+                    return Ok((v.interpreters.clone(), v.script));
                 }
             }
         }
@@ -1142,7 +1192,18 @@ impl Verdicts {
             files.remove(path);
         }
         walked?;
+        // The walk judged the file the path named then: it must be the one held.
+        if file_id.is_some() && Identity::of(path) != file_id {
+            files.remove(path);
+            return Err(InsecureProgram {
+                program: path.to_owned(),
+                path: path.to_owned(),
+                problem: Problem::Changed,
+                via: None,
+            });
+        }
         let interpreters: Arc<[PathBuf]> = shebang_interpreters(path).into();
+        let script = head_of(path).is_ok_and(|h| h.starts_with(b"#!"));
         if let Some((file, dir)) = before {
             files.insert(
                 path.to_owned(),
@@ -1150,10 +1211,42 @@ impl Verdicts {
                     file,
                     dir,
                     interpreters: interpreters.clone(),
+                    script,
                 },
             );
         }
-        Ok(interpreters)
+        Ok((interpreters, script))
+    }
+
+    /// [`Self::check_probe`], with the program opened first and judged by the identity of
+    /// the open file (owner, mode, inode, times): the descriptor returned is what the child
+    /// executes. Cheap on a cached verdict: one open, one fstat, one stat of the directory.
+    pub fn check_and_open(
+        &self,
+        program: &Path,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<CheckedProgram, InsecureProgram> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let missing = |e: std::io::Error| InsecureProgram {
+            program: program.to_owned(),
+            path: program.to_owned(),
+            problem: Problem::Missing(e.to_string()),
+            via: None,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(program)
+            .map_err(missing)?;
+        let held = Identity::from_meta(&file.metadata().map_err(missing)?);
+        let (interpreters, script) = self.check_identified(program, held, run_as_uid)?;
+        self.check_rest(program, &interpreters, args, env, run_as_uid)?;
+        Ok(CheckedProgram {
+            fd: Arc::new(file.into()),
+            script,
+        })
     }
 }
 
@@ -1194,13 +1287,25 @@ impl Verdicts {
         env: &BTreeMap<String, String>,
         run_as_uid: Option<Uid>,
     ) -> Result<(), InsecureProgram> {
+        let interpreters = self.check_file(program, run_as_uid)?;
+        self.check_rest(program, &interpreters, args, env, run_as_uid)
+    }
+
+    /// Everything [`Self::check_probe`] checks once the program itself has passed.
+    fn check_rest(
+        &self,
+        program: &Path,
+        interpreters: &[PathBuf],
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<(), InsecureProgram> {
         let as_program = |e: InsecureProgram, via: Option<String>| InsecureProgram {
             program: program.to_owned(),
             via: e.via.or(via),
             ..e
         };
-        let interpreters = self.check_file(program, run_as_uid)?;
-        for i in interpreters.iter() {
+        for i in interpreters {
             self.check_file(i, run_as_uid)
                 .map_err(|e| as_program(e, None))?;
         }

@@ -2,14 +2,19 @@
 //! code, `env -S`, awk, sed, `find -exec`, `xargs` — cannot be proven safe by reading it, so a
 //! root agent refuses it as root unless the probe says why it is `trusted:`; and a path that
 //! program text names but that does not exist yet is judged by who may create it, at every
-//! run, so a file made later in a directory others can write never runs.
+//! run, so a file made later in a directory others can write never runs. And what the child
+//! executes is the descriptor the rule judged, not the path.
 
 use crate::support as common;
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::support::{agent_output, load_task, resource, Setup};
+use xce_agent::probe::child::{self, ChildSpec, Exit};
+use xce_agent::probe::security::Verdicts;
 use xce_agent::probe::{run_once, Outcome};
 
 fn root() -> bool {
@@ -295,4 +300,59 @@ fn trusted_without_a_reason_is_a_config_error() {
     let (code, out) = agent_output(&s.agent_yaml(), &["check"]);
     assert_ne!(code, Some(0), "{out}");
     assert!(out.contains("`trusted` is empty: write why"), "{out}");
+}
+
+/// Check `program` as a root agent does before a run, then replace it by a rename (what an
+/// attacker who won a directory race, or an admin's deploy, does between check and exec), and
+/// run the child the check produced: the checked file runs, never the new one.
+async fn run_after_a_swap(program: &Path, replacement: &Path) -> Exit {
+    let verdicts = Verdicts::default();
+    let checked = verdicts
+        .check_and_open(program, &[], &BTreeMap::new(), None)
+        .expect("the checked program passes");
+    std::fs::rename(replacement, program).unwrap();
+    let mut spec = ChildSpec::new(program, Duration::from_secs(10));
+    spec.checked = Some(checked);
+    child::run(&spec).await.expect("spawn").exit
+}
+
+/// A `#!` script runs by its path (its directories passed the rule): its interpreter gets
+/// that path as `$0`, which plugins use to find their own files, not `/dev/fd/N`.
+#[tokio::test]
+async fn a_checked_script_keeps_its_path_as_its_name() {
+    if !root() {
+        return;
+    }
+    let p = places();
+    let program = common::script(&p.safe, "probe", "#!/bin/sh\necho \"$0\"\n");
+    let verdicts = Verdicts::default();
+    let mut spec = ChildSpec::new(&program, Duration::from_secs(10));
+    spec.checked = Some(
+        verdicts
+            .check_and_open(&program, &[], &BTreeMap::new(), None)
+            .unwrap(),
+    );
+    let o = child::run(&spec).await.expect("spawn");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("{}\n", program.display())
+    );
+}
+
+#[tokio::test]
+async fn a_binary_replaced_after_its_check_runs_as_checked() {
+    if !root() {
+        return;
+    }
+    let p = places();
+    let program = p.safe.join("probe");
+    std::fs::copy("/bin/true", &program).unwrap();
+    let new = p.safe.join("new");
+    std::fs::copy("/bin/false", &new).unwrap();
+    let exit = run_after_a_swap(&program, &new).await;
+    assert_eq!(exit, Exit::Code(0), "the replacement (false) ran");
+    // The path names the replacement now: the next check judges it, and it is what runs.
+    let again = p.safe.join("again");
+    std::fs::copy("/bin/true", &again).unwrap();
+    assert_eq!(run_after_a_swap(&program, &again).await, Exit::Code(1));
 }
