@@ -34,8 +34,10 @@ fn unproven_line(
     };
     let runs = if as_root {
         "as root"
-    } else {
+    } else if security::enforced() {
         "as its run_as user"
+    } else {
+        "as the agent's own user"
     };
     match &spec.trusted {
         Some(why) => Some(format!(
@@ -81,7 +83,12 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             uid,
             spec.trusted.as_deref(),
         );
-        if let Some(line) = unproven_line(spec, plugin_dir, uid.is_none() && root, &verdict) {
+        if let Some(line) = unproven_line(
+            spec,
+            plugin_dir,
+            uid.is_none_or(|u| u.is_root()) && root,
+            &verdict,
+        ) {
             notes.push((t.name.clone(), line));
         }
         match verdict {

@@ -312,7 +312,7 @@ pub fn verdict(
     }
     let checked =
         check_probe(program, &resolved.args, env, run_as_uid).and_then(|()| {
-            match enforced() && run_as_uid.is_none() {
+            match enforced() && run_as_uid.is_none_or(|u| u.is_root()) {
                 true => check_text(program, &resolved.args, env, trusted),
                 false => Ok(()),
             }
