@@ -1100,6 +1100,10 @@ struct PassedWalk {
     interpreters: Arc<[PathBuf]>,
     /// It starts with `#!`.
     script: bool,
+    /// The program held open when it passed ([`Verdicts::check_and_open`]): while its path
+    /// names the same file, runs execute this descriptor without opening it again. An open
+    /// descriptor keeps its inode allocated, so the same (dev, ino) is this very file.
+    held: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// A program the rule passed, held open: the child executes this descriptor (`execveat` with
@@ -1212,6 +1216,7 @@ impl Verdicts {
                     dir,
                     interpreters: interpreters.clone(),
                     script,
+                    held: None,
                 },
             );
         }
@@ -1220,7 +1225,9 @@ impl Verdicts {
 
     /// [`Self::check_probe`], with the program opened first and judged by the identity of
     /// the open file (owner, mode, inode, times): the descriptor returned is what the child
-    /// executes. Cheap on a cached verdict: one open, one fstat, one stat of the directory.
+    /// executes. The descriptor is kept with the passed verdict, so a run whose path still
+    /// names that file costs what the cached check always cost (a stat of the file and one
+    /// of its directory) and executes the file that passed.
     pub fn check_and_open(
         &self,
         program: &Path,
@@ -1229,6 +1236,20 @@ impl Verdicts {
         run_as_uid: Option<Uid>,
     ) -> Result<CheckedProgram, InsecureProgram> {
         use std::os::unix::fs::OpenOptionsExt;
+        let user = run_as_uid.map(|u| u.as_raw());
+        let dir = program.parent().unwrap_or(Path::new("/"));
+        let now = Identity::of(program).zip(Identity::of(dir));
+        let cached = now.and_then(|(file, dir_id)| {
+            let passed = self.passed();
+            let v = passed.get(&user)?.get(program)?;
+            let same = v.file == file && v.dir == dir_id;
+            let fd = v.held.clone().filter(|_| same)?;
+            Some((fd, v.script, v.interpreters.clone()))
+        });
+        if let Some((fd, script, interpreters)) = cached {
+            self.check_rest(program, &interpreters, args, env, run_as_uid)?;
+            return Ok(CheckedProgram { fd, script });
+        }
         let missing = |e: std::io::Error| InsecureProgram {
             program: program.to_owned(),
             path: program.to_owned(),
@@ -1241,12 +1262,18 @@ impl Verdicts {
             .open(program)
             .map_err(missing)?;
         let held = Identity::from_meta(&file.metadata().map_err(missing)?);
-        let (interpreters, script) = self.check_identified(program, held, run_as_uid)?;
+        let (interpreters, script) = self.check_identified(program, held.clone(), run_as_uid)?;
+        let fd = Arc::new(std::os::fd::OwnedFd::from(file));
+        if let Some(v) = self
+            .passed()
+            .get_mut(&user)
+            .and_then(|files| files.get_mut(program))
+            .filter(|v| Some(&v.file) == held.as_ref())
+        {
+            v.held = Some(fd.clone());
+        }
         self.check_rest(program, &interpreters, args, env, run_as_uid)?;
-        Ok(CheckedProgram {
-            fd: Arc::new(file.into()),
-            script,
-        })
+        Ok(CheckedProgram { fd, script })
     }
 }
 

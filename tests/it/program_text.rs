@@ -356,3 +356,31 @@ async fn a_binary_replaced_after_its_check_runs_as_checked() {
     std::fs::copy("/bin/true", &again).unwrap();
     assert_eq!(run_after_a_swap(&program, &again).await, Exit::Code(1));
 }
+
+/// The descriptor is kept with the passed verdict: later runs reuse it without a new walk
+/// while the path names the same file; a file renamed over it is walked and opened afresh.
+#[test]
+fn the_checked_descriptor_is_reused_until_the_file_changes() {
+    if !root() {
+        return;
+    }
+    let p = places();
+    let program = p.safe.join("probe");
+    std::fs::copy("/bin/true", &program).unwrap();
+    let verdicts = Verdicts::default();
+    let check = || {
+        verdicts
+            .check_and_open(&program, &[], &BTreeMap::new(), None)
+            .unwrap()
+    };
+    let first = check();
+    let second = check();
+    assert!(std::sync::Arc::ptr_eq(&first.fd, &second.fd));
+    assert_eq!(verdicts.full_walks(&program), 1);
+    let new = p.safe.join("new");
+    std::fs::copy("/bin/false", &new).unwrap();
+    std::fs::rename(&new, &program).unwrap();
+    let third = check();
+    assert!(!std::sync::Arc::ptr_eq(&first.fd, &third.fd));
+    assert_eq!(verdicts.full_walks(&program), 2);
+}
