@@ -384,3 +384,39 @@ fn the_checked_descriptor_is_reused_until_the_file_changes() {
     assert!(!std::sync::Arc::ptr_eq(&first.fd, &third.fd));
     assert_eq!(verdicts.full_walks(&program), 2);
 }
+
+/// A stream probe's `shell:` line as root is refused the same way (one spawn path), and runs
+/// once trusted.
+#[tokio::test]
+async fn a_stream_shell_line_as_root_needs_trusted() {
+    if !root() {
+        return;
+    }
+    let probe = |name: &str, extra: &str| {
+        format!(
+            "{{kind: stream, format: elim, shell: 'echo \"1 {name} 4\"; exec sleep 1000', run_as: root{extra}}}"
+        )
+    };
+    let s = Setup::new(&format!(
+        "resources:\n{}{}",
+        resource("s", &probe("s", "")),
+        resource("t", &probe("t", ", trusted: 'reviewed'")),
+    ));
+    let (task, ctx) = load_task(&s, "s");
+    let run = xce_agent::probe::stream::first_values(&task, &ctx).await;
+    let err = run.error().unwrap_or_default().to_owned();
+    assert!(
+        err.starts_with(
+            "refusing to run /bin/sh as root: it runs program text (sh -c: code given inline)"
+        ),
+        "{err}"
+    );
+    assert_eq!(run.exec.unwrap().exit, None, "it must not start");
+    let (task, ctx) = load_task(&s, "t");
+    let run = xce_agent::probe::stream::first_values(&task, &ctx).await;
+    assert_eq!(run.outcome, Outcome::Ok, "{:?}", run.error());
+    assert_eq!(
+        run.readings[0].1,
+        xce_agent::value::Reading::Ok(xce_agent::value::Value::Numeric(4.0))
+    );
+}
