@@ -774,7 +774,8 @@ const SHELL_COMMAND_LAUNCHERS: &[&str] = &["flock", "su", "runuser", "script"];
 /// Programs whose every run is a command line for a shell (or for another host).
 const ALWAYS_TEXT: &[&str] = &["watch", "parallel", "ssh", "expect"];
 
-/// Interpreter options whose value is inline code beside `-c`/`-e` (node's `-p`, php's `-r`).
+/// Long interpreter options whose value is inline code (`node --eval`, `--print`); the short
+/// ones are `-c`/`-e`/`-E`, and php's `-r` and node's `-p`, by name.
 const INLINE_LONG_OPTIONS: &[&str] = &["--eval", "--print", "--command", "--exec"];
 
 /// What program text a command runs, in words (`None`: only files, which the rule checks):
