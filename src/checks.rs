@@ -9,6 +9,47 @@ use crate::probe::{exec, resolve, security};
 /// (resource, text) lines, as `check` prints them.
 pub type Findings = Vec<(String, String)>;
 
+/// The line `check` prints for a probe that runs program text the script rule cannot prove
+/// safe ([`security::program_text`]): every trusted one with its reason, and every other one
+/// with the user it runs as (a refused one is a problem already, with its fix).
+fn unproven_line(
+    spec: &crate::config::ExecSpec,
+    plugin_dir: &std::path::Path,
+    as_root: bool,
+    verdict: &security::Verdict,
+) -> Option<String> {
+    let resolved = resolve::command(plugin_dir, &spec.command).ok()?;
+    let path_var = spec
+        .env
+        .get("PATH")
+        .map_or(crate::probe::child::PROBE_PATH, String::as_str);
+    let what = security::program_text(&resolved.program, &resolved.args, path_var)?;
+    let line = if spec.shell {
+        format!(
+            "the shell: line {:?}",
+            spec.command.get(2).map_or("", String::as_str)
+        )
+    } else {
+        format!("command {:?}", spec.command)
+    };
+    let runs = if as_root {
+        "as root"
+    } else if security::enforced() {
+        "as its run_as user"
+    } else {
+        "as the agent's own user"
+    };
+    match &spec.trusted {
+        Some(why) => Some(format!(
+            "trusted ({why}): {line} runs program text {runs} that the script rule cannot prove ({what})"
+        )),
+        None if as_root && matches!(verdict, security::Verdict::Refused(_)) => None,
+        None => Some(format!(
+            "unproven: {line} runs program text {runs} that the script rule cannot prove ({what}); the files it names are checked, not what it computes"
+        )),
+    }
+}
+
 /// Problems (a probe cannot run here, or a root agent refuses it) and notes worth knowing.
 pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     let mut problems = Vec::new();
@@ -35,7 +76,22 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         {
             notes.push((t.name.clone(), note));
         }
-        match security::verdict(&spec.command, &spec.env, plugin_dir, uid) {
+        let verdict = security::verdict(
+            &spec.command,
+            &spec.env,
+            plugin_dir,
+            uid,
+            spec.trusted.as_deref(),
+        );
+        if let Some(line) = unproven_line(
+            spec,
+            plugin_dir,
+            uid.is_none_or(|u| u.is_root()) && root,
+            &verdict,
+        ) {
+            notes.push((t.name.clone(), line));
+        }
+        match verdict {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))

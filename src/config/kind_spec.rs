@@ -27,6 +27,9 @@ pub struct ExecSpec {
     pub no_new_privs: bool,
     /// `stdout: pty` for a program that block-buffers a pipe.
     pub stdout: StdoutMode,
+    /// `trusted:`: the admin's reason for letting this probe's program text (which the
+    /// script rule cannot prove safe) run as root; `None`: such a probe is refused as root.
+    pub trusted: Option<String>,
 }
 
 /// The shell that runs a `shell:` line.

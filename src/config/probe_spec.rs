@@ -115,6 +115,7 @@ probe_fields! {
     limits: RawLimits => EXEC_STREAM, "Resource limits of each run (fields below).";
     no_new_privs: bool => EXEC_STREAM, "false: allow setuid helpers (PR_SET_NO_NEW_PRIVS is set by default).";
     stdout: String => EXEC_STREAM, "pipe (default) or pty: how the program's standard output is connected.";
+    trusted: String => EXEC_STREAM, "Why this probe's program text (a `shell:` line; `sh -c`, `env -S`, awk, sed, `find -exec`, xargs in `command:`) may run as root: the script rule cannot prove text safe by reading it, and refuses it as root without this reason.";
     timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).", Bound::Duration(RUN_TIME);
     provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
     path: String => Takes::Only(&["file"]), "The absolute path of the file to read.";
@@ -448,7 +449,23 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         limits: limits(errs, raw.limits.as_ref()),
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
         stdout: stdio::stdout(errs, raw.stdout.as_ref()),
+        trusted: trusted(errs, raw.trusted.as_ref()),
     })
+}
+
+/// `trusted:`, the admin's reason for running program text as root: a reason is required,
+/// since `check` prints it beside every trusted line.
+fn trusted(errs: &mut Errors, given: Option<&Spanned<String>>) -> Option<String> {
+    let given = given?;
+    let reason = given.value.trim();
+    if reason.is_empty() {
+        errs.at(
+            Pos::of(given),
+            "`trusted` is empty: write why this probe's program text may run as root (e.g. trusted: \"root-only pipeline, reviewed\"); `check` prints it beside the line",
+        );
+        return None;
+    }
+    Some(reason.to_owned())
 }
 
 fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
@@ -731,6 +748,7 @@ mod tests {
                 "limits",
                 "no_new_privs",
                 "stdout",
+                "trusted",
                 "timeout",
                 "provides",
                 "silence",

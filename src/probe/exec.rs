@@ -125,10 +125,11 @@ pub fn child_spec(
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
     log_path_fallback(task, &resolved, &spec.command, &ctx.plugin_dir);
     let program = resolved.program;
+    let mut checked = None;
     if super::security::enforced() {
-        supervisor
+        checked = supervisor
             .verdicts
-            .check_probe(
+            .check_and_open(
                 &program,
                 &resolved.args,
                 &spec.env,
@@ -136,16 +137,28 @@ pub fn child_spec(
             )
             // The rule cannot check an interpreter that is not there: say that plainly (read
             // only on this failure path, never per good run).
+            .map(Some)
             .map_err(|e| match super::security::script_problem(&program, false) {
                 Some(why) => SpawnRefused::NotRunnable(why),
                 None => e.into(),
             })?;
+        // Program text as root (or as a user whose uid is 0) runs only where the admin said
+        // why (`trusted:`).
+        if creds.as_ref().is_none_or(|c| c.uid.is_root()) {
+            super::security::check_text(
+                &program,
+                &resolved.args,
+                &spec.env,
+                spec.trusted.as_deref(),
+            )?;
+        }
     }
     let user = creds.as_ref().map_or_else(
         || supervisor.users.agent_name().to_owned(),
         |c| c.user.clone(),
     );
     let mut child = ChildSpec::new(program, task.timeout);
+    child.checked = checked;
     // The arguments the format's own system passes (netdata's update-every) come first; a
     // `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`: "$1"...),
     // never in front of `-c`.

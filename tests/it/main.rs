@@ -49,6 +49,7 @@ mod plan;
 mod plugins;
 mod ports;
 mod probe_cmd;
+mod program_text;
 mod receiver_core;
 mod schedule;
 mod script_rule;

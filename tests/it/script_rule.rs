@@ -280,6 +280,10 @@ fn the_rule_follows_launchers_inline_code_and_every_argument() {
             &["/bin/sh", "-c", "exec EVIL --x && echo done"],
         ),
         ("sh -ec", &["/bin/sh", "-ec", "x=$(EVIL)"]),
+        (
+            "sh -c after an option's value",
+            &["/bin/sh", "-o", "errexit", "-c", ". EVIL"],
+        ),
         ("bash -c", &["/bin/bash", "-c", "source \"EVIL\""]),
         (
             "python3 -c",
