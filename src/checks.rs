@@ -387,7 +387,10 @@ mod tests {
             files: &[("helper", 0o4755)],
             as_root: Expect {
                 problems: &[],
-                notes: &[&["r: calls ", "/helper, a setuid program: with no_new_privs on", "set `no_new_privs: false` if it must"]],
+                notes: &[
+                    &["r: unproven: the shell: line", "as its run_as user that the script rule cannot prove"],
+                    &["r: calls ", "/helper, a setuid program: with no_new_privs on", "set `no_new_privs: false` if it must"],
+                ],
             },
             as_user: Expect {
                 problems: &[],
@@ -400,7 +403,10 @@ mod tests {
             files: &[],
             as_root: Expect {
                 problems: &[],
-                notes: &[&["r: `sh` is /", "(not in plugin_dir ", ": found on the probes' PATH /usr/local/sbin:"]],
+                notes: &[
+                    &["r: `sh` is /", "(not in plugin_dir ", ": found on the probes' PATH /usr/local/sbin:"],
+                    &["r: unproven: command [\"sh\", \"-c\", \"echo 1\"] runs program text as its run_as user"],
+                ],
             },
             as_user: Expect {
                 problems: &[],
