@@ -53,16 +53,18 @@ mod error;
 mod host;
 mod kernel;
 mod leaf;
+mod liveness;
 mod subtree;
 #[cfg(test)]
 mod tests;
 
 use std::path::PathBuf;
 
-pub use error::{CgroupError, DetectError, LimitError, SetUpError};
+pub use error::{CgroupError, DetectError, LimitError, LockDirError, SetUpError};
 pub use host::{check_text, detect, fallback_text, unenforced_limits_text, Host};
 pub use kernel::Kernel;
 pub use leaf::{ProbeCgroup, RunCgroup, Usage};
+pub use liveness::{LockDir, SubtreeLock, Unsafe, Wait, DEFAULT_LOCK_DIR};
 pub use subtree::{Layout, Tree};
 
 /// Where probes are contained, or why they are not.
