@@ -283,7 +283,14 @@ fn planting_lock(subtree: &Path) -> cgroup::SubtreeLock {
 }
 
 fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
-    wait_gone(sleep.0.id() as i32);
+    let pid = sleep.0.id() as i32;
+    wait_gone(pid);
+    // Before the wait below, which a probe left running would hold for its whole sleep.
+    assert!(
+        !common::alive(pid),
+        "the stale probe {pid} in {} was left running",
+        subtree.display()
+    );
     assert!(
         !sleep.0.wait().unwrap().success(),
         "the stale probe exited by itself: it was to be killed"
