@@ -264,8 +264,23 @@ pub struct SubtreeLock {
 
 impl SubtreeLock {
     /// Unlink the lock file, still holding it (its subtree is gone, or judged): a later
-    /// locker makes a fresh one. See the module's doc for why this is safe.
+    /// locker makes a fresh one. See the module's doc for why this is safe. Only while the
+    /// directory names the file held: a second call (a shutdown, then the drop) must not
+    /// unlink the file a later agent of the same cgroup (a unit's) locked since. Nobody
+    /// else can put a file there while ours is named: lockers only make one where none is.
     pub(super) fn remove_file(&self) {
+        let held = match self._lock.metadata() {
+            Ok(held) => held,
+            Err(_) => return,
+        };
+        let named = nix::sys::stat::fstatat(
+            self.dir.dir.as_fd(),
+            self.name.as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        if !named.is_ok_and(|now| now.st_ino == held.ino() && now.st_dev == held.dev()) {
+            return;
+        }
         match nix::unistd::unlinkat(
             self.dir.dir.as_fd(),
             self.name.as_str(),

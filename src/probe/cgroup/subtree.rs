@@ -392,18 +392,16 @@ fn remove_abandoned_siblings(kernel: &Kernel, locks: &Arc<LockDir>, own: &Path) 
             }
         };
         // The cgroup judged is the one locked, not one made under the same name since.
-        if lock
+        let replaced = lock
             .as_ref()
-            .is_some_and(|l| CgroupId::of(&dir).ok() != Some(l.cgroup))
-        {
+            .is_some_and(|l| CgroupId::of(&dir).ok() != Some(l.cgroup));
+        let verdict = judge(&dir, lock.as_ref());
+        if replaced {
             tracing::debug!(
                 "cgroup subtree {} replaced while judged: left alone",
                 dir.display()
             );
-            continue;
-        }
-        let verdict = judge(&dir, lock.as_ref());
-        if verdict == Verdict::Abandoned {
+        } else if verdict == Verdict::Abandoned {
             tracing::warn!(
                 "removing the cgroup subtree {} (and any process still in it): its agent has ended (nobody holds its lock and its agent/ cgroup is empty)",
                 dir.display()

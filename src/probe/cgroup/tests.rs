@@ -485,6 +485,11 @@ fn a_lock_file_its_holder_unlinked_is_made_afresh_and_proves_the_next_holder() {
         .expect("waits for nothing");
     assert!(second.path().exists());
     assert!(locks.lock(&sub, Wait::No).unwrap().is_none());
+    // The first holder's second unlink (its shutdown, then its drop) leaves the file the
+    // second one holds, and so its proof.
+    first.remove_file();
+    assert!(second.path().exists());
+    assert!(locks.lock(&sub, Wait::No).unwrap().is_none());
     drop(first);
 }
 
