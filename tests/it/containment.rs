@@ -197,6 +197,16 @@ async fn a_probe_runs_in_its_own_cgroup() {
 /// before) would have left them; `None` where this process may not make cgroups (the caller
 /// skips).
 fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
+    leave_a_stale_probe_locked_by_nobody(subtree, None).map(|(sleep, _)| sleep)
+}
+
+/// As [`leave_a_stale_probe`], with a process of uid 65534 holding a `flock` of `mode`
+/// (`-s` shared, `-x` exclusive) on the subtree's cgroup directory from before any agent may
+/// judge it: as any user can, for cgroup directories are readable by everyone.
+fn leave_a_stale_probe_locked_by_nobody(
+    subtree: &Path,
+    mode: Option<&str>,
+) -> Option<(common::KillOnDrop, Option<common::KillOnDrop>)> {
     let leaf = subtree.join("probes/old/run-1");
     let mut planting = None;
     if let Err(e) = std::fs::create_dir_all(&leaf).and_then(|()| {
@@ -222,22 +232,65 @@ fn leave_a_stale_probe(subtree: &Path) -> Option<common::KillOnDrop> {
         .unwrap();
     let sleep = common::KillOnDrop(sleep);
     std::fs::write(leaf.join("cgroup.procs"), sleep.0.id().to_string()).unwrap();
+    let locker = mode.map(|mode| nobody_flocking(subtree, mode));
     drop(planting);
-    Some(sleep)
+    Some((sleep, locker))
+}
+
+/// A process of uid 65534 holding a `flock` of `mode` (`-s`, `-x`) on the directory `dir`
+/// until it is dropped; returns once the lock is held (it says so on a pipe).
+fn nobody_flocking(dir: &Path, mode: &str) -> common::KillOnDrop {
+    use std::io::BufRead;
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args([
+            "sh",
+            "-c",
+            "exec 9<\"$1\" && flock \"$2\" 9 && echo held && exec sleep 1000",
+        ])
+        .arg("sh")
+        .arg(dir)
+        .arg(mode)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child = common::KillOnDrop(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line,
+        "held\n",
+        "nobody could not flock {mode} {}",
+        dir.display()
+    );
+    child
 }
 
 /// The lock an agent holds on its subtree, held while a test plants one: until its process
 /// is in place, any agent (a test's tree, a test's daemon) setting up beside it would find
 /// it abandoned and remove it under the test's hands.
-fn planting_lock(subtree: &Path) -> nix::fcntl::Flock<std::fs::File> {
-    let dir = std::fs::File::open(subtree).unwrap();
-    nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
+fn planting_lock(subtree: &Path) -> cgroup::SubtreeLock {
+    let locks = cgroup::LockDir::default_path().unwrap();
+    cgroup::LockDir::open(&locks)
         .unwrap()
+        .lock(subtree, cgroup::Wait::Yes)
+        .unwrap()
+        .expect("waited for")
 }
 
 fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
-    wait_gone(sleep.0.id() as i32);
+    let pid = sleep.0.id() as i32;
+    wait_gone(pid);
+    // Before the wait below, which a probe left running would hold for its whole sleep.
+    assert!(
+        !common::alive(pid),
+        "the stale probe {pid} in {} was left running",
+        subtree.display()
+    );
     assert!(
         !sleep.0.wait().unwrap().success(),
         "the stale probe exited by itself: it was to be killed"
@@ -312,7 +365,8 @@ async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
     let mut planting = None;
     if let Err(e) = std::fs::create_dir(&sibling).and_then(|()| {
         planting = Some(planting_lock(&sibling));
-        std::fs::create_dir(sibling.join("agent"))
+        std::fs::create_dir(sibling.join("agent"))?;
+        std::fs::create_dir(sibling.join("probes"))
     }) {
         eprintln!(
             "skipped: cannot make {} ({e}); CI runs as root on a host with a cgroup v2 mount",
@@ -369,6 +423,162 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
     };
     assert_eq!(contained.tree().base, unit.unit);
     assert_stale_probe_ended(sleep, &unit.unit);
+}
+
+/// Any user can open a cgroup directory and `flock` it. Under a delegated unit a process of
+/// uid 65534 holding a shared, then an exclusive lock on the unit's cgroup changes nothing:
+/// the agent takes the unit over (it is not "another agent"), clears the probes the agent
+/// before it left, and contains its own.
+#[tokio::test]
+async fn nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent() {
+    if !in_own_process!("nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent") {
+        return;
+    }
+    let Some(host) = v2_host() else {
+        return;
+    };
+    let unit = InUnit {
+        unit: host
+            .own
+            .join(format!("xce-test-{}.service", std::process::id())),
+        parent: host.own.clone(),
+    };
+    let Some((sleep, shared)) = leave_a_stale_probe_locked_by_nobody(&unit.unit, Some("-s")) else {
+        return;
+    };
+    std::fs::write(unit.unit.join("cgroup.procs"), "0").unwrap();
+    std::env::set_var("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
+    let Some(contained) = contained_as_the_agent() else {
+        panic!(
+            "nobody's shared flock on {} stopped containment",
+            unit.unit.display()
+        );
+    };
+    assert_eq!(contained.tree().base, unit.unit);
+    assert_stale_probe_ended(sleep, &unit.unit);
+    // The agent stops (back in the unit's cgroup) and starts again, with an exclusive lock
+    // held by nobody this time.
+    drop((contained, shared));
+    let _exclusive = nobody_flocking(&unit.unit, "-x");
+    let Some(contained) = contained_as_the_agent() else {
+        panic!(
+            "nobody's exclusive flock on {} stopped containment",
+            unit.unit.display()
+        );
+    };
+    assert_eq!(contained.tree().base, unit.unit);
+    assert!(
+        contained
+            .tree()
+            .lock_path()
+            .starts_with(cgroup::LockDir::default_path().unwrap()),
+        "{}",
+        contained.tree().lock_path().display()
+    );
+}
+
+/// A dead agent's subtree whose cgroup directory a process of uid 65534 holds a `flock` on
+/// (shared on one, exclusive on another) is still removed by the next agent, with the
+/// processes left in it.
+#[tokio::test]
+async fn nobody_flocking_a_dead_agents_subtree_does_not_keep_it() {
+    let Some(host) = v2_host() else {
+        return;
+    };
+    let pid = std::process::id();
+    // Start times 5 and 6: ticks after boot, long before this process: dead agents' names.
+    let shared_dir = host.own.join(format!("xce-agent.{pid}.5"));
+    let exclusive_dir = host.own.join(format!("xce-agent.{pid}.6"));
+    let Some((shared_sleep, _shared)) =
+        leave_a_stale_probe_locked_by_nobody(&shared_dir, Some("-s"))
+    else {
+        return;
+    };
+    let (exclusive_sleep, _exclusive) =
+        leave_a_stale_probe_locked_by_nobody(&exclusive_dir, Some("-x")).unwrap();
+    let Some(_contained) = contained() else {
+        panic!("the stale subtrees stopped containment");
+    };
+    assert_stale_probe_ended(shared_sleep, &shared_dir);
+    assert_stale_probe_ended(exclusive_sleep, &exclusive_dir);
+    assert!(!shared_dir.exists() && !exclusive_dir.exists());
+}
+
+/// The start of a plain agent: a process of uid 65534 that takes a `flock` on the agent's
+/// new subtree the moment it is made (the race that once hung a start: the agent waited for
+/// its own subtree's lock) neither delays the set-up nor keeps it from its containment. And
+/// it cannot open the lock file that is the agent's proof.
+#[test]
+fn nobody_flocking_a_new_subtree_neither_delays_nor_uncontains_an_agent() {
+    let Some(host) = v2_host() else {
+        return;
+    };
+    if nix::unistd::access(&host.own, nix::unistd::AccessFlags::W_OK).is_err() {
+        eprintln!(
+            "skipped: {} is not writable; CI runs as root",
+            host.own.display()
+        );
+        return;
+    }
+    for mode in ["-s", "-x"] {
+        *NEW_SUBTREE_FLOCK.lock().unwrap() = (mode, None);
+        let layout = cgroup::Layout {
+            kernel: cgroup::Kernel {
+                mkdir: mkdir_then_nobody_flocks_it,
+                ..cgroup::Kernel::CGROUPFS
+            },
+            ..cgroup::Layout::for_this_process(&host, false).unwrap()
+        };
+        // On a thread of its own: a set-up that waits for nobody's lock fails the test
+        // within the hang guard, not the suite's time.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(cgroup::Tree::set_up(layout));
+        });
+        let tree = rx
+            .recv_timeout(common::HANG_GUARD)
+            .unwrap_or_else(|e| panic!("set-up waited for nobody's flock {mode}: {e}"))
+            .unwrap_or_else(|e| panic!("nobody's flock {mode} stopped containment: {e}"));
+        let locker = NEW_SUBTREE_FLOCK.lock().unwrap().1.take();
+        assert!(
+            locker.is_some(),
+            "nobody did not lock {}",
+            tree.base.display()
+        );
+        let opened = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(["sh", "-c", "exec 9<\"$1\"", "sh"])
+            .arg(tree.lock_path())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            !opened.success(),
+            "nobody opened {}",
+            tree.lock_path().display()
+        );
+        tree.shut_down();
+        assert!(!tree.base.exists(), "{} left behind", tree.base.display());
+    }
+}
+
+/// The lock mode for the next subtree made by [`mkdir_then_nobody_flocks_it`], and the
+/// locker it started.
+static NEW_SUBTREE_FLOCK: std::sync::Mutex<(&str, Option<common::KillOnDrop>)> =
+    std::sync::Mutex::new(("-s", None));
+
+/// cgroupfs's mkdir; a new agent subtree is then locked by nobody before the agent goes on.
+fn mkdir_then_nobody_flocks_it(path: &Path) -> std::io::Result<()> {
+    std::fs::create_dir(path)?;
+    let is_subtree = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("xce-agent."));
+    if is_subtree {
+        let mut slot = NEW_SUBTREE_FLOCK.lock().unwrap();
+        slot.1 = Some(nobody_flocking(path, slot.0));
+    }
+    Ok(())
 }
 
 /// The unit's cgroup of the test above: at the end (passed or not) the agent's stop moves

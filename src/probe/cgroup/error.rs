@@ -6,6 +6,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub use super::host::DetectError;
+pub use super::liveness::LockDirError;
 
 /// Why the agent has no cgroup tree of its own.
 #[derive(Debug, thiserror::Error)]
@@ -15,6 +16,8 @@ pub enum SetUpError {
     NotAsked,
     #[error(transparent)]
     Detect(#[from] DetectError),
+    #[error(transparent)]
+    LockDir(#[from] LockDirError),
     #[error("another agent holds this unit's cgroup {}", .0.display())]
     Taken(PathBuf),
     #[error("cannot read this process's start time from /proc/self/stat")]

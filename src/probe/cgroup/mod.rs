@@ -33,15 +33,20 @@
 //!
 //! Who owns a subtree is never judged by its pid: a pid means nothing outside its PID
 //! namespace, and agents in containers or under `unshare -p` share the cgroup tree with the
-//! host's. The owner holds an exclusive `flock` on `<base>` from just after making it until
-//! its process ends, however it ends (the kernel drops the lock with the last descriptor).
-//! The lock lives on the cgroup's inode, which every PID namespace, cgroup namespace and
-//! mount of the hierarchy shares. An agent that starts removes a sibling subtree only when
-//! it is provably abandoned: it takes the sibling's lock itself (no live agent holds it),
-//! and the sibling's `agent/` exists (so its owner had taken the lock before making it) and
-//! is unpopulated (no agent, not even an earlier version that took no lock, is in it). It
-//! holds that lock while it kills and removes the subtree, and says so at WARN; anything
-//! else is left alone.
+//! host's. The owner holds an exclusive `flock` on the subtree's lock file from just after
+//! making `<base>` until its process ends, however it ends (the kernel drops the lock with
+//! the last descriptor). The file is in a directory only root can enter
+//! (`/run/xce-agent/locks`; [`Layout::locks`]) and is named by the cgroup's identity, which
+//! every PID namespace, cgroup namespace and mount of the hierarchy shares (`liveness.rs`):
+//! no other user can hold or forge it. The cgroup directory itself is never locked: it is
+//! readable by everyone, and a user's `flock` on it once switched a delegated agent's
+//! containment off, hung a plain agent's start and kept dead subtrees. An agent that starts
+//! removes a sibling subtree only when it is provably abandoned: it takes the sibling's lock
+//! itself (no live agent here holds it), and the sibling's `probes/` exists (its owner had
+//! taken the lock, made `agent/`, moved in, then made `probes/`) while its `agent/` is
+//! unpopulated (no agent, not even an earlier version that took no lock, or one whose lock
+//! is in a lock directory this agent cannot see, is in it). It holds that lock while it
+//! kills and removes the subtree, and says so at WARN; anything else is left alone.
 //! Where no v2 hierarchy is writable (not root, v1-only host) probes are contained by process
 //! group only, and the log and `check` say so.
 //!
@@ -53,16 +58,18 @@ mod error;
 mod host;
 mod kernel;
 mod leaf;
+mod liveness;
 mod subtree;
 #[cfg(test)]
 mod tests;
 
 use std::path::PathBuf;
 
-pub use error::{CgroupError, DetectError, LimitError, SetUpError};
+pub use error::{CgroupError, DetectError, LimitError, LockDirError, SetUpError};
 pub use host::{check_text, detect, fallback_text, unenforced_limits_text, Host};
 pub use kernel::Kernel;
 pub use leaf::{ProbeCgroup, RunCgroup, Usage};
+pub use liveness::{LockDir, SubtreeLock, Unsafe, Wait, DEFAULT_LOCK_DIR};
 pub use subtree::{Layout, Tree};
 
 /// Where probes are contained, or why they are not.

@@ -14,6 +14,7 @@ use super::error::{CgroupError, SetUpError};
 use super::host::Host;
 use super::kernel::Kernel;
 use super::leaf::{dir_name, ProbeCgroup};
+use super::liveness::{CgroupId, LockDir, SubtreeLock, Wait};
 use crate::config::Limits;
 
 /// Controllers the agent enables for its probes where the parent offers them.
@@ -34,6 +35,9 @@ pub struct Layout {
     /// only need containing stays where it is, so such tests share one process.
     pub move_in: bool,
     pub kernel: Kernel,
+    /// The directory only the agent's user can enter that holds the subtrees' lock files
+    /// (see `liveness.rs`): shared by every agent on the host, a temp dir in unit tests.
+    pub locks: PathBuf,
 }
 
 impl Layout {
@@ -48,6 +52,7 @@ impl Layout {
             name: format!("xce-agent.{pid}.{start}"),
             move_in,
             kernel: Kernel::CGROUPFS,
+            locks: LockDir::default_path()?,
         })
     }
 }
@@ -56,9 +61,9 @@ impl Layout {
 #[derive(Debug)]
 pub struct Tree {
     pub base: PathBuf,
-    /// The flock on `base` that tells other agents this subtree's agent is alive; held for
-    /// the tree's life (the process's, for an agent).
-    _owned: SubtreeLock,
+    /// The lock that tells other agents this subtree's agent is alive; held for the tree's
+    /// life (the process's, for an agent).
+    owned: SubtreeLock,
     /// Controllers enabled for the probes' cgroups.
     pub controllers: Vec<String>,
     /// The cgroup the agent was in before it moved into `agent/`, to go back to at shutdown.
@@ -123,20 +128,24 @@ impl Tree {
             name,
             move_in,
             kernel,
+            locks,
         } = layout;
+        let locks = LockDir::open(&locks)?;
         let (base, owned) = if delegated {
-            let owned = match lock_subtree(&own, Wait::No) {
+            let owned = match locks.lock(&own, Wait::No) {
                 Ok(Some(lock)) => lock,
                 Ok(None) => return Err(SetUpError::Taken(own)),
                 Err(source) => return Err(SetUpError::Lock { path: own, source }),
             };
             (own.clone(), owned)
         } else {
-            remove_abandoned_siblings(&kernel, &own);
+            remove_abandoned_siblings(&kernel, &locks, &own);
             let base = create_subtree(&kernel, &own, &name)?;
             // Blocking: a neighbour judging this new subtree holds its lock for as long as
-            // it takes to see that it has no `agent/` yet, and then leaves it alone.
-            let locked = lock_subtree(&base, Wait::Yes)
+            // it takes to see that it has no `agent/` yet, and then leaves it alone. Only
+            // an agent can hold it (the lock directory is closed to other users).
+            let locked = locks
+                .lock(&base, Wait::Yes)
                 .and_then(|lock| lock.ok_or_else(|| io::ErrorKind::WouldBlock.into()));
             match locked {
                 Ok(lock) => (base, lock),
@@ -188,7 +197,7 @@ impl Tree {
         let controllers = enable_controllers(&kernel, &base, &probes);
         Ok(Tree {
             base,
-            _owned: owned,
+            owned,
             controllers,
             origin: own,
             own_base: !delegated,
@@ -200,6 +209,11 @@ impl Tree {
             }),
             missing_logged: Default::default(),
         })
+    }
+
+    /// The file whose lock proves this tree's agent alive (see `liveness.rs`).
+    pub fn lock_path(&self) -> PathBuf {
+        self.owned.path()
     }
 
     /// The probe's cgroup, made on first use; `limits` (memory, pids) applied when changed.
@@ -268,6 +282,8 @@ impl Tree {
                 remove_dir_patiently(kernel, &self.base);
             }
         }
+        // Still held: the file goes, the proof with the process (see `liveness.rs`).
+        self.owned.remove_file();
     }
 }
 
@@ -306,31 +322,6 @@ pub(super) fn create_dir_if_missing(kernel: &Kernel, path: &Path) -> io::Result<
     }
 }
 
-/// The exclusive flock an agent holds on its subtree's directory (see the module's doc).
-pub(super) type SubtreeLock = nix::fcntl::Flock<fs::File>;
-
-#[derive(Clone, Copy, PartialEq)]
-pub(super) enum Wait {
-    Yes,
-    No,
-}
-
-/// Lock `dir`; `None` when another process holds it (only with `Wait::No`).
-pub(super) fn lock_subtree(dir: &Path, wait: Wait) -> io::Result<Option<SubtreeLock>> {
-    use nix::fcntl::{Flock, FlockArg};
-    // std opens close-on-exec: no probe ever inherits the lock (it would outlive the agent).
-    let file = fs::File::open(dir)?;
-    let arg = match wait {
-        Wait::Yes => FlockArg::LockExclusive,
-        Wait::No => FlockArg::LockExclusiveNonblock,
-    };
-    match Flock::lock(file, arg) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) if wait == Wait::No => Ok(None),
-        Err((_, e)) => Err(e.into()),
-    }
-}
-
 /// `<own>/<name>`, or `<name>.<n>` where that is taken (two PID namespaces can each have a
 /// process with the same pid that started in the same clock tick).
 fn create_subtree(kernel: &Kernel, own: &Path, name: &str) -> Result<PathBuf, SetUpError> {
@@ -355,12 +346,14 @@ fn create_subtree(kernel: &Kernel, own: &Path, name: &str) -> Result<PathBuf, Se
 pub(super) enum Verdict {
     /// Another process holds its lock: a live agent.
     Locked,
-    /// No `agent/` yet: an agent may have made it and not locked it yet.
+    /// No `agent/` or no `probes/` yet: an agent may have made it and not locked it yet,
+    /// or (where it keeps its lock where this agent cannot see it) not moved in yet.
     SettingUp,
     /// Its `agent/` holds a process: an agent alive in it (one of an earlier version, which
     /// takes no lock, or one that is moving out of it at its stop).
     AgentInside,
-    /// Nobody holds its lock and its `agent/` is empty: its agent has ended.
+    /// Nobody holds its lock, and its `agent/` is empty though its agent had moved in
+    /// (`probes/` is made after): its agent has ended.
     Abandoned,
 }
 
@@ -369,7 +362,7 @@ pub(super) fn judge(dir: &Path, lock: Option<&SubtreeLock>) -> Verdict {
         return Verdict::Locked;
     }
     let agent = dir.join("agent");
-    if !agent.is_dir() {
+    if !agent.is_dir() || !dir.join("probes").is_dir() {
         return Verdict::SettingUp;
     }
     match fs::read_to_string(agent.join("cgroup.events")) {
@@ -381,7 +374,7 @@ pub(super) fn judge(dir: &Path, lock: Option<&SubtreeLock>) -> Verdict {
 /// Kill and remove the sibling subtrees (`xce-agent.<pid>.<start>`, or `xce-agent.<pid>` as
 /// earlier versions named them) that agents which ended without cleaning up have left:
 /// only those [`judge`] finds abandoned, each while holding its lock.
-fn remove_abandoned_siblings(kernel: &Kernel, own: &Path) {
+fn remove_abandoned_siblings(kernel: &Kernel, locks: &Arc<LockDir>, own: &Path) {
     let Ok(entries) = fs::read_dir(own) else {
         return;
     };
@@ -391,24 +384,37 @@ fn remove_abandoned_siblings(kernel: &Kernel, own: &Path) {
             continue;
         }
         let dir = e.path();
-        let lock = match lock_subtree(&dir, Wait::No) {
+        let lock = match locks.lock(&dir, Wait::No) {
             Ok(lock) => lock,
             Err(e) => {
                 tracing::debug!("cannot lock {}: {e}; left alone", dir.display());
                 continue;
             }
         };
+        // The cgroup judged is the one locked, not one made under the same name since.
+        let replaced = lock
+            .as_ref()
+            .is_some_and(|l| CgroupId::of(&dir).ok() != Some(l.cgroup));
         let verdict = judge(&dir, lock.as_ref());
-        if verdict != Verdict::Abandoned {
+        if replaced {
+            tracing::debug!(
+                "cgroup subtree {} replaced while judged: left alone",
+                dir.display()
+            );
+        } else if verdict == Verdict::Abandoned {
+            tracing::warn!(
+                "removing the cgroup subtree {} (and any process still in it): its agent has ended (nobody holds its lock and its agent/ cgroup is empty)",
+                dir.display()
+            );
+            remove_tree(kernel, &dir);
+        } else {
             tracing::debug!("cgroup subtree {} left alone: {verdict:?}", dir.display());
-            continue;
         }
-        tracing::warn!(
-            "removing the cgroup subtree {} (and any process still in it): its agent has ended (nobody holds its lock and its agent/ cgroup is empty)",
-            dir.display()
-        );
-        remove_tree(kernel, &dir);
-        drop(lock);
+        // A file this agent holds proves nothing to anyone: unlinked before it is let go,
+        // so judging leaves no file behind (see `liveness.rs`).
+        if let Some(lock) = lock {
+            lock.remove_file();
+        }
     }
 }
 

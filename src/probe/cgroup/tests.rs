@@ -3,12 +3,15 @@
 //! setsid daemon) is in `tests/it/containment.rs`.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::host::{cgroup_dir, v2_mount};
 use super::kernel::fake;
 use super::leaf::dir_name;
-use super::subtree::{is_subtree_name, judge, lock_subtree, start_time, Verdict, Wait};
+use super::liveness::CgroupId;
+use super::liveness::{LockDir, LockDirError, SubtreeLock, Unsafe, Wait};
+use super::subtree::{is_subtree_name, judge, start_time, Verdict};
 use super::*;
 use crate::config::Limits;
 
@@ -30,7 +33,23 @@ fn layout(own: &Path, name: &str) -> Layout {
         name: name.to_owned(),
         move_in: true,
         kernel: fake::KERNEL,
+        locks: locks_beside(own),
     }
+}
+
+/// The lock directory of the trees under `own`: `<tmp>/locks`, beside it.
+fn locks_beside(own: &Path) -> PathBuf {
+    own.parent().expect("own has a parent").join("locks")
+}
+
+/// The lock an agent takes on `subtree`, in the lock directory of the trees beside it;
+/// `None` where another holds it.
+fn try_lock(subtree: &Path) -> Option<SubtreeLock> {
+    let own = subtree.parent().unwrap();
+    LockDir::open(&locks_beside(own))
+        .unwrap()
+        .lock(subtree, Wait::No)
+        .unwrap()
 }
 
 fn read(path: &Path) -> String {
@@ -66,7 +85,7 @@ fn set_up_makes_locks_and_enters_the_subtree_with_the_offered_controllers() {
     assert_eq!(tree.controllers, ["cpu", "pids"]);
     assert_eq!(read(&tree.base.join("cgroup.subtree_control")), "cpu pids");
     assert!(
-        lock_subtree(&tree.base, Wait::No).unwrap().is_none(),
+        try_lock(&tree.base).is_none(),
         "the subtree is locked while the tree lives"
     );
     // A second tree of the same name (another PID namespace's pid and start): a suffix.
@@ -236,17 +255,28 @@ fn only_abandoned_sibling_subtrees_are_removed() {
     // With probe cgroups of its own, removed deepest first.
     fake::mkdir(&abandoned.join("probes")).unwrap();
     fake::mkdir(&abandoned.join("probes/p")).unwrap();
+    // Its agent made `agent/` and never moved in (it would have made `probes/` after).
+    let never_moved_in = sibling("xce-agent.16.1", Some(false));
     fake::mkdir(&abandoned.join("probes/p/run-3")).unwrap();
     let old_name = sibling("xce-agent.11", Some(false));
+    fake::mkdir(&old_name.join("probes")).unwrap();
     let locked = sibling("xce-agent.12.1", Some(false));
-    let _held = lock_subtree(&locked, Wait::No).unwrap().expect("free");
+    fake::mkdir(&locked.join("probes")).unwrap();
+    let _held = try_lock(&locked).expect("free");
     let agent_inside = sibling("xce-agent.13.1", Some(true));
     let setting_up = sibling("xce-agent.14.1", None);
     let not_ours = sibling("other.15.1", Some(false));
     let tree = Tree::set_up(layout(&own, "xce-agent.1.2")).unwrap();
     assert!(!abandoned.exists());
     assert!(!old_name.exists());
-    for kept in [&locked, &agent_inside, &setting_up, &not_ours, &tree.base] {
+    for kept in [
+        &locked,
+        &agent_inside,
+        &setting_up,
+        &never_moved_in,
+        &not_ours,
+        &tree.base,
+    ] {
         assert!(kept.is_dir(), "{} was removed", kept.display());
     }
 }
@@ -341,21 +371,32 @@ fn only_agent_subtree_names_are_considered() {
 #[test]
 fn a_sibling_is_abandoned_only_when_unlocked_set_up_and_empty() {
     let dir = tempfile::tempdir().unwrap();
-    let sib = dir.path();
-    let held = lock_subtree(sib, Wait::No).unwrap().expect("free");
-    assert!(
-        lock_subtree(sib, Wait::No).unwrap().is_none(),
-        "flock is per open file"
-    );
+    let sib = &dir.path().join("xce-agent.1.2");
+    fs::create_dir(sib).unwrap();
+    let held = try_lock(sib).expect("free");
+    assert!(try_lock(sib).is_none(), "flock is per open file");
     assert_eq!(judge(sib, None), Verdict::Locked);
     assert_eq!(judge(sib, Some(&held)), Verdict::SettingUp);
     fs::create_dir(sib.join("agent")).unwrap();
+    fs::write(
+        sib.join("agent/cgroup.events"),
+        "populated 0
+frozen 0
+",
+    )
+    .unwrap();
+    assert_eq!(
+        judge(sib, Some(&held)),
+        Verdict::SettingUp,
+        "no probes/: its agent may not have moved in yet"
+    );
+    fs::create_dir(sib.join("probes")).unwrap();
     fs::write(sib.join("agent/cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
     assert_eq!(judge(sib, Some(&held)), Verdict::AgentInside);
     fs::write(sib.join("agent/cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
     assert_eq!(judge(sib, Some(&held)), Verdict::Abandoned);
     drop(held);
-    assert!(lock_subtree(sib, Wait::No).unwrap().is_some());
+    assert!(try_lock(sib).is_some());
 }
 
 #[test]
@@ -397,4 +438,139 @@ fn a_limit_that_cannot_be_written_is_said_and_the_probe_still_gets_its_cgroup() 
     let again = tree.probe("p", &limits(None, Some(5))).unwrap();
     assert!(again.checkout().is_ok());
     fs::remove_dir(cg.path.join("pids.max")).unwrap();
+}
+
+#[test]
+fn lock_files_are_named_by_the_cgroup_and_closed_to_other_users() {
+    let (_d, own) = own_cgroup("pids");
+    let locks = LockDir::open(&locks_beside(&own)).unwrap();
+    let meta = fs::metadata(locks.path()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+    let (a, b) = (own.join("xce-agent.1.2"), own.join("xce-agent.1.2.1"));
+    fake::mkdir(&a).unwrap();
+    fake::mkdir(&b).unwrap();
+    let held = locks.lock(&a, Wait::No).unwrap().expect("free");
+    let file = held.path();
+    assert_eq!(file.parent(), Some(locks.path()));
+    assert_eq!(
+        file.file_name().unwrap().to_str().unwrap(),
+        CgroupId::of(&a).unwrap().file_name()
+    );
+    assert_eq!(
+        fs::symlink_metadata(&file).unwrap().permissions().mode() & 0o7777,
+        0o600
+    );
+    // The same cgroup by another spelling of its path: the same lock.
+    let spelled = own.join("..").join("own").join("xce-agent.1.2");
+    assert!(locks.lock(&spelled, Wait::No).unwrap().is_none());
+    // Another cgroup, even one whose name extends this one's: a lock of its own.
+    let other = locks.lock(&b, Wait::No).unwrap().expect("another file");
+    assert_ne!(other.path(), file);
+}
+
+#[test]
+fn a_lock_file_its_holder_unlinked_is_made_afresh_and_proves_the_next_holder() {
+    let (_d, own) = own_cgroup("pids");
+    let locks = LockDir::open(&locks_beside(&own)).unwrap();
+    let sub = own.join("xce-agent.1.2");
+    fake::mkdir(&sub).unwrap();
+    let first = locks.lock(&sub, Wait::No).unwrap().expect("free");
+    first.remove_file();
+    assert!(!first.path().exists());
+    // The first holder let go of its proof: the next locker holds a new file, which the
+    // directory names, and a third is refused.
+    let second = locks
+        .lock(&sub, Wait::Yes)
+        .unwrap()
+        .expect("waits for nothing");
+    assert!(second.path().exists());
+    assert!(locks.lock(&sub, Wait::No).unwrap().is_none());
+    // The first holder's second unlink (its shutdown, then its drop) leaves the file the
+    // second one holds, and so its proof.
+    first.remove_file();
+    assert!(second.path().exists());
+    assert!(locks.lock(&sub, Wait::No).unwrap().is_none());
+    drop(first);
+}
+
+/// A lock directory another user could enter, or that could be swapped under the agent, is
+/// refused with the reason; set-up then fails before it makes anything (the agent runs
+/// uncontained, and says why).
+#[test]
+fn a_lock_directory_another_user_could_enter_or_replace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |path: &Path| match LockDir::open(path) {
+        Err(LockDirError::Unsafe { why, .. }) => why,
+        other => panic!("{}: {other:?}", path.display()),
+    };
+    let good = dir.path().join("good");
+    LockDir::open(&good).unwrap();
+    // Directories made above it stay readable (the status socket's is one); it is closed.
+    let deep = dir.path().join("made/above/locks");
+    LockDir::open(&deep).unwrap();
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        (mode(&dir.path().join("made")), mode(&deep)),
+        (0o755, 0o700)
+    );
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+    assert_eq!(refused(&link), Unsafe::Symlink);
+    let file = dir.path().join("file");
+    fs::write(&file, "").unwrap();
+    assert_eq!(refused(&file), Unsafe::NotDirectory);
+    let open = dir.path().join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o750)).unwrap();
+    assert_eq!(refused(&open), Unsafe::Mode(0o750));
+    let shared = dir.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o775)).unwrap();
+    assert_eq!(
+        refused(&shared.join("locks")),
+        Unsafe::AncestorWritable {
+            dir: shared.clone(),
+            mode: 0o775
+        }
+    );
+    // Sticky, as /tmp: others cannot rename or remove what is ours in it.
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    LockDir::open(&shared.join("locks")).unwrap();
+
+    let (_d, own) = own_cgroup("pids");
+    let e = Tree::set_up(Layout {
+        locks: link,
+        ..layout(&own, "xce-agent.1.2")
+    })
+    .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SetUpError::LockDir(LockDirError::Unsafe {
+                why: Unsafe::Symlink,
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("symbolic link"), "{e}");
+    assert!(!own.join("xce-agent.1.2").exists());
+
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped the ownership cases: only root can give a directory to another user; CI runs as root");
+        return;
+    }
+    let nobody = Some(nix::unistd::Uid::from_raw(65534));
+    let theirs = dir.path().join("theirs");
+    fs::create_dir(&theirs).unwrap();
+    fs::set_permissions(&theirs, fs::Permissions::from_mode(0o700)).unwrap();
+    nix::unistd::chown(&theirs, nobody, None).unwrap();
+    assert_eq!(refused(&theirs), Unsafe::Owner(65534));
+    assert_eq!(
+        refused(&theirs.join("locks")),
+        Unsafe::AncestorOwner {
+            dir: theirs.clone(),
+            uid: 65534
+        }
+    );
 }
