@@ -89,6 +89,18 @@ fn example() -> Option<&'static Path> {
         .as_deref()
 }
 
+/// capi/Cargo.toml's version: the library's.
+fn capi_version() -> String {
+    let manifest =
+        std::fs::read_to_string(Path::new(REPO).join("capi/Cargo.toml")).expect("capi/Cargo.toml");
+    manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("a version in capi/Cargo.toml")
+        .to_owned()
+}
+
 fn valgrind_available() -> bool {
     required(
         "valgrind (Debian's valgrind)",
@@ -104,6 +116,8 @@ struct ExampleProc {
     stderr: mpsc::Receiver<String>,
     /// Every stdout line read so far, for failure messages.
     seen: Vec<String>,
+    /// What the example said of the library it loaded (`xce_receiver_version()`).
+    library: Option<String>,
 }
 
 /// valgrind as docs/controller.md runs it: any error, definite or possible leak is exit 99.
@@ -249,10 +263,12 @@ impl ExampleProc {
             stdout,
             stderr,
             seen: Vec::new(),
+            library: None,
         };
         let line = loop {
             match me.stderr.recv_timeout(HANG_GUARD) {
                 Ok(l) if l.contains("listening on ") => break l,
+                Ok(l) if l.contains("libxce_receiver ") => me.library = Some(l),
                 Ok(_) => {}
                 Err(e) => panic!("the example never said where it listens: {e}"),
             }
@@ -375,6 +391,20 @@ async fn controller_life(
         ],
     );
     let mut ctl = ExampleProc::spawn_example(example, &example_tls_args(pki.path()), valgrind);
+    // xce_receiver_version() from C: the loaded library's version and protocols.
+    let version = format!(
+        "libxce_receiver {} (agent protocol {} to {})",
+        capi_version(),
+        wire::MIN_PROTOCOL_VERSION,
+        wire::PROTOCOL_VERSION
+    );
+    assert!(
+        ctl.library
+            .as_deref()
+            .is_some_and(|l| l.ends_with(&version)),
+        "the example did not say {version:?}: {:?}",
+        ctl.library
+    );
 
     let node001 = tls_site(pki.path(), "node001", "node001", ctl.addr);
     let mut agent = node001.spawn_agent();
@@ -702,4 +732,57 @@ async fn hostile_frames_cost_the_c_program_a_line_each_and_bounded_memory() {
         .filter(|l| l.starts_with("resval node10"))
         .collect();
     assert!(from_hostile.is_empty(), "{from_hostile:?}");
+}
+
+/// The symbols the shared library exports, by `nm -D --defined-only`.
+fn exported_functions(library: &Path) -> std::collections::BTreeSet<String> {
+    run_ok(
+        Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(library),
+    )
+    .lines()
+    .filter_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_addr, kind, name) = (f.next()?, f.next()?, f.next()?);
+        // Text and data symbols: what a program can link to.
+        matches!(kind, "T" | "D" | "B" | "R" | "W" | "V").then(|| name.to_owned())
+    })
+    .collect()
+}
+
+/// capi/libxce_receiver.symbols (Debian's symbols file, the runtime package's DEBIAN/symbols)
+/// lists the exported functions: a function added, removed or renamed is a decision made
+/// there, in the same change, not something a package notices later.
+#[test]
+fn the_exported_symbols_are_the_committed_list() {
+    if example().is_none() || !required("nm (binutils)", runs("nm", &["--version"])) {
+        return;
+    }
+    let file = Path::new(REPO).join("capi/libxce_receiver.symbols");
+    let text = std::fs::read_to_string(&file).expect("capi/libxce_receiver.symbols");
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("libxce_receiver.so.0 libxce-receiver0 #MINVER#"),
+        "the symbols file's first line names the soname and the runtime package"
+    );
+    let committed: std::collections::BTreeSet<String> = lines
+        .filter(|l| l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|s| s.trim_end_matches("@Base").to_owned())
+        .collect();
+    let exported = exported_functions(&target_dir().join("debug/libxce_receiver.so"));
+    let added: Vec<_> = exported.difference(&committed).collect();
+    let removed: Vec<_> = committed.difference(&exported).collect();
+    assert!(
+        added.is_empty() && removed.is_empty(),
+        "libxce_receiver's exported symbols are not capi/libxce_receiver.symbols:\n  \
+         exported but not listed: {added:?}\n  listed but not exported: {removed:?}\n\
+         If this is deliberate (docs/controller.md, \"ABI\"): a new function gets a line \
+         \" NAME@Base VERSION\" with the version that first has it (and that version's minor \
+         is bumped); a removed or changed one is an incompatible change: bump the major in \
+         capi/Cargo.toml (the soname libxce_receiver.so.MAJOR and the package \
+         libxce-receiverMAJOR follow) and rewrite the list for it."
+    );
 }
