@@ -238,8 +238,8 @@ impl ExampleProc {
     fn spawn_example(example: &Example, args: &[String], valgrind: bool) -> Self {
         let mut cmd = if valgrind {
             let mut c = Command::new("valgrind");
-            c.args(valgrind_args(&example.suppressions, example.debug_build))
-                .arg(&example.program);
+            c.args(valgrind_args(&example.suppressions, example.debug_build));
+            c.arg(&example.program);
             c
         } else {
             Command::new(&example.program)
