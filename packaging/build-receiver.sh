@@ -4,7 +4,8 @@
 #
 #   .deb  libxce-receiver0         libxce_receiver.so.0 (stripped), copyright, DEBIAN/symbols
 #         libxce-receiver-dev      header, .pc, static library, the .so link, valgrind.supp,
-#                                  the example controller with a Makefile that builds there
+#                                  the example controller and worker with a Makefile that
+#                                  builds them there
 #         libxce-receiver0-dbgsym  the .so's debug symbols (/usr/lib/debug/.build-id/...)
 #   .rpm  xce-receiver, xce-receiver-devel, xce-receiver-debuginfo: the same split
 #
@@ -117,7 +118,7 @@ install -d "$dv/DEBIAN" "$dv/usr/share/doc/$dev/examples"
 cp -a "$tree/usr/." "$dv/usr/"
 docs "$dev" "$dv"
 gzip -9n < docs/controller.md > "$dv/usr/share/doc/$dev/controller.md.gz"
-install -m 644 examples/c/xce-controller-example.c examples/c/Makefile \
+install -m 644 examples/c/xce-controller-example.c examples/c/worker.c examples/c/Makefile \
     "$dv/usr/share/doc/$dev/examples/"
 cat > "$dv/DEBIAN/control" <<CONTROL
 Package: $dev
@@ -179,7 +180,7 @@ rm -rf "$rpmroot/usr/share/doc/$dev"
 install -d "$rpmroot/usr/share/doc/xce-receiver-devel/examples" "$rpmroot/usr/share/licenses/xce-receiver"
 install -m 644 packaging/receiver/copyright "$rpmroot/usr/share/licenses/xce-receiver/copyright"
 install -m 644 docs/controller.md "$rpmroot/usr/share/doc/xce-receiver-devel/"
-install -m 644 examples/c/xce-controller-example.c examples/c/Makefile \
+install -m 644 examples/c/xce-controller-example.c examples/c/worker.c examples/c/Makefile \
     "$rpmroot/usr/share/doc/xce-receiver-devel/examples/"
 cp -a "$stage/debug/usr/." "$rpmroot/usr/"
 rpmbuild -bb --quiet \

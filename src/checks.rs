@@ -9,6 +9,47 @@ use crate::probe::{exec, resolve, security};
 /// (resource, text) lines, as `check` prints them.
 pub type Findings = Vec<(String, String)>;
 
+/// The line `check` prints for a probe that runs program text the script rule cannot prove
+/// safe ([`security::program_text`]): every trusted one with its reason, and every other one
+/// with the user it runs as (a refused one is a problem already, with its fix).
+fn unproven_line(
+    spec: &crate::config::ExecSpec,
+    plugin_dir: &std::path::Path,
+    as_root: bool,
+    verdict: &security::Verdict,
+) -> Option<String> {
+    let resolved = resolve::command(plugin_dir, &spec.command).ok()?;
+    let path_var = spec
+        .env
+        .get("PATH")
+        .map_or(crate::probe::child::PROBE_PATH, String::as_str);
+    let what = security::program_text(&resolved.program, &resolved.args, path_var)?;
+    let line = if spec.shell {
+        format!(
+            "the shell: line {:?}",
+            spec.command.get(2).map_or("", String::as_str)
+        )
+    } else {
+        format!("command {:?}", spec.command)
+    };
+    let runs = if as_root {
+        "as root"
+    } else if security::enforced() {
+        "as its run_as user"
+    } else {
+        "as the agent's own user"
+    };
+    match &spec.trusted {
+        Some(why) => Some(format!(
+            "trusted ({why}): {line} runs program text {runs} that the script rule cannot prove ({what})"
+        )),
+        None if as_root && matches!(verdict, security::Verdict::Refused(_)) => None,
+        None => Some(format!(
+            "unproven: {line} runs program text {runs} that the script rule cannot prove ({what}); the files it names are checked, not what it computes"
+        )),
+    }
+}
+
 /// Problems (a probe cannot run here, or a root agent refuses it) and notes worth knowing.
 pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     let mut problems = Vec::new();
@@ -35,7 +76,22 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         {
             notes.push((t.name.clone(), note));
         }
-        match security::verdict(&spec.command, &spec.env, plugin_dir, uid) {
+        let verdict = security::verdict(
+            &spec.command,
+            &spec.env,
+            plugin_dir,
+            uid,
+            spec.trusted.as_deref(),
+        );
+        if let Some(line) = unproven_line(
+            spec,
+            plugin_dir,
+            uid.is_none_or(|u| u.is_root()) && root,
+            &verdict,
+        ) {
+            notes.push((t.name.clone(), line));
+        }
+        match verdict {
             security::Verdict::Ok => {}
             security::Verdict::Problem(e) | security::Verdict::Refused(e) => {
                 problems.push((t.name.clone(), e))
@@ -49,6 +105,14 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
             notes.push((
                 t.name.clone(),
                 "no_new_privs: false: setuid programs it runs can raise its privileges".to_owned(),
+            ));
+        } else if let Some(setuid) = setuid_program_called(plugin_dir, &spec.command) {
+            notes.push((
+                t.name.clone(),
+                format!(
+                    "calls {}, a setuid program: with no_new_privs on (the default) it runs without its privileges and fails (sudo prints nothing on stdout); set `no_new_privs: false` if it must",
+                    setuid.display()
+                ),
             ));
         }
         if !root {
@@ -87,6 +151,27 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         ));
     }
     (problems, notes)
+}
+
+/// The first setuid or setgid program a command names (its program, a launcher's command as
+/// in `timeout 5 sudo smartctl`, or a word of a `shell:` line), found as the probe would find
+/// it: what no_new_privs keeps from gaining its privileges. Every word is looked at, so an
+/// argument that happens to name one (`echo mount`) is named too: this is only a note.
+fn setuid_program_called(
+    plugin_dir: &std::path::Path,
+    command: &[String],
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let is_shell_separator = |c: char| c.is_whitespace() || ";|&()`$<>\"'".contains(c);
+    command
+        .iter()
+        .flat_map(|arg| arg.split(is_shell_separator))
+        .filter(|word| !word.is_empty() && !word.starts_with('-'))
+        .map(|word| resolve::program(plugin_dir, word).0)
+        .find(|path| {
+            std::fs::metadata(path)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o6000 != 0)
+        })
 }
 
 /// The exec and stream probes of `plan` that run as root: the agent is root and the probe's
@@ -294,6 +379,19 @@ mod tests {
                     &["r: no_new_privs: false: setuid programs it runs can raise its privileges"],
                     NOT_ENFORCED_SEE_ABOVE,
                 ],
+            },
+        },
+        Case {
+            name: "a setuid program a shell line calls gets the hint naming no_new_privs: false",
+            probe: "{kind: exec, shell: 'helper -n smartctl -A /dev/sda | awk 1'}",
+            files: &[("helper", 0o4755)],
+            as_root: Expect {
+                problems: &[],
+                notes: &[&["r: calls ", "/helper, a setuid program: with no_new_privs on", "set `no_new_privs: false` if it must"]],
+            },
+            as_user: Expect {
+                problems: &[],
+                notes: &[&["r: calls ", "/helper, a setuid program"], NOT_ENFORCED],
             },
         },
         Case {

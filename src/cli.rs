@@ -183,8 +183,17 @@ pub enum Command {
     },
     /// Reference receiver: accept agents' streams on ADDR and print every resval received.
     Listen {
-        /// Address to listen on, e.g. 127.0.0.1:6870.
-        addr: String,
+        /// Address to listen on, e.g. 127.0.0.1:6870 (the controller's door; optional with
+        /// --unix).
+        #[arg(required_unless_present = "unix")]
+        addr: Option<String>,
+        /// The worker's door: the same protocol on a unix socket of this node, without TLS;
+        /// a peer is known by its uid (SO_PEERCRED) and speaks for this host.
+        #[arg(long, value_name = "PATH")]
+        unix: Option<std::path::PathBuf>,
+        /// Uids allowed on --unix (repeat; default root).
+        #[arg(long = "unix-uid", value_name = "UID", requires = "unix")]
+        unix_uids: Vec<u32>,
         /// `text`: a line per event; `json`: the same as JSON lines; `table`: the cluster
         /// as a table, a row per host and a column per resource.
         #[arg(long, value_enum, default_value_t = ListenFormat::Text)]

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::link::receiver::{serve, Event, ListenOpts};
+use crate::link::receiver::{serve_doors, Control, Event, ListenOpts, UnixDoor};
 use crate::receiver::budget::{Budget, DEFAULT_HOST_SHARE, DEFAULT_TOTAL};
 use crate::receiver::hosts::{grace, unknown, HostState, HostTable, DEFAULT_HEARTBEAT};
 use crate::render::status::age;
@@ -167,7 +167,8 @@ fn cell(rv: Option<&Resval>) -> String {
 /// Serve agents and show them as a table on `out` every `view.refresh` until `shutdown`
 /// (or until `out` is gone).
 pub async fn serve_table<W: AsyncWrite + Unpin>(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
     opts: ListenOpts,
     view: TableView,
     mut out: W,
@@ -178,7 +179,15 @@ pub async fn serve_table<W: AsyncWrite + Unpin>(
         Some(b) => Cluster::new(std::sync::Arc::clone(b)),
         None => Cluster::default(),
     };
-    let server = tokio::spawn(serve(listener, opts, tx, shutdown.clone()));
+    let control = std::sync::Arc::new(Control::new(opts.domains.clone()));
+    let server = tokio::spawn(serve_doors(
+        listeners,
+        unix,
+        opts,
+        tx,
+        control,
+        shutdown.clone(),
+    ));
     let mut tick = tokio::time::interval(view.refresh.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let ended = loop {
@@ -217,7 +226,7 @@ mod tests {
 
     fn event(peer: u16, host: &str, kind: EventKind) -> Event {
         Event {
-            peer: SocketAddr::from(([127, 0, 0, 1], peer)),
+            peer: SocketAddr::from(([127, 0, 0, 1], peer)).into(),
             host: Some(host.to_owned()),
             session: u64::from(peer),
             kind,

@@ -48,6 +48,8 @@ fn main() -> ExitCode {
             Some(Command::Probe { name, .. }) => cmd::probe::run(common, name).await,
             Some(Command::Listen {
                 addr,
+                unix,
+                unix_uids,
                 format,
                 ack,
                 only,
@@ -55,7 +57,14 @@ fn main() -> ExitCode {
                 tls,
                 budget,
                 ..
-            }) => cmd::listen::run(addr, *format, *ack, only, *refresh, tls, budget).await,
+            }) => {
+                let doors = cmd::listen::Doors {
+                    addr: addr.as_deref(),
+                    unix: unix.as_deref(),
+                    unix_uids,
+                };
+                cmd::listen::run(doors, *format, *ack, only, *refresh, tls, budget).await
+            }
             Some(Command::Status {
                 format,
                 watch,

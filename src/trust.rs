@@ -75,10 +75,12 @@ fn reason(e: &InsecureProgram) -> String {
         Problem::NotRegularFile => format!("{at} is not a regular file"),
         Problem::Missing(why) => format!("cannot check {at}: {why}"),
         Problem::TooManySymlinks => format!("{at}: too many levels of symbolic links"),
-        // The walk of a file gives neither (they are about a probe's env:).
+        // The walk of a file gives none of these (they are about a probe's env: and text).
         Problem::CodeLoadingEnv { .. }
         | Problem::Creatable { .. }
-        | Problem::SharedSearchDir { .. } => e.to_string(),
+        | Problem::SharedSearchDir { .. }
+        | Problem::ProgramText { .. }
+        | Problem::Changed => e.to_string(),
     }
 }
 

@@ -159,6 +159,16 @@ impl Value {
         matches!(self, Value::Unknown)
     }
 
+    /// The value as it is, for the views that show what was measured (`probe NAME`,
+    /// `listen`): a number in the shortest form that reads back as the same number (0.002,
+    /// 1377.546), where `Display` rounds to 2 decimals as lsload does (0, 1377.55).
+    pub fn exact(&self) -> String {
+        match self {
+            Value::Numeric(v) => v.to_string(),
+            other => other.to_string(),
+        }
+    }
+
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             Value::Numeric(v) => Some(*v),
@@ -367,6 +377,25 @@ mod tests {
         assert_eq!(Value::Numeric(0.456).to_string(), "0.46");
         assert_eq!(Value::Numeric(1.5).to_string(), "1.5");
         assert_eq!(Value::Unknown.to_string(), "-");
+    }
+
+    #[test]
+    fn exact_shows_every_digit_display_rounds_as_lsload() {
+        for (v, exact, shown) in [
+            (0.002, "0.002", "0"),
+            (1377.546, "1377.546", "1377.55"),
+            (42.0, "42", "42"),
+            (-0.5, "-0.5", "-0.5"),
+            (1e20, "100000000000000000000", "100000000000000000000.00"),
+        ] {
+            assert_eq!(Value::Numeric(v).exact(), exact);
+            if v.abs() < 1e15 {
+                assert_eq!(Value::Numeric(v).to_string(), shown);
+            }
+        }
+        assert_eq!(Value::String("a b".into()).exact(), "a b");
+        assert_eq!(Value::Boolean(true).exact(), "true");
+        assert_eq!(Value::Unknown.exact(), "-");
     }
 
     #[test]

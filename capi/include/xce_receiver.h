@@ -281,6 +281,18 @@ enum xce_result xce_receiver_config_free(struct xce_receiver_config *cfg);
 // `xce_receiver_local_addr`). Call once per address; at least once.
 enum xce_result xce_receiver_config_add_listen(struct xce_receiver_config *cfg, const char *addr);
 
+// The worker's door: also take agents on the unix socket `path` (made, mode 0666, a stale
+// one replaced; a live one is an error at start), with the same protocol and no TLS. A
+// peer is known by its uid (SO_PEERCRED): only `uid` may feed it (call again with the
+// same path to allow another uid; root is 0); everything it sends is for this host (the
+// library's own host name, canonical), whatever its hello names. For sites that feed xce's
+// worker daemon on the node rather than open a port on the controller
+// (`controllers: ["unix:/run/xce/worker.sock"]` in the agent's agent.yaml). With only unix
+// sockets, no TLS material is needed.
+enum xce_result xce_receiver_config_add_unix(struct xce_receiver_config *cfg,
+                                             const char *path,
+                                             uint32_t uid);
+
 // TLS 1.3 with required client certificates: `ca` signs the agents' certificates (and
 // this receiver's), `cert`/`key` are the receiver's own (the key readable by its owner
 // only), `crl` is NULL or a CRL of `ca`. The files are read by `xce_receiver_start`.
@@ -342,6 +354,20 @@ enum xce_result xce_receiver_local_addr(const struct xce_receiver *rx,
                                         size_t index,
                                         char *buf,
                                         size_t len);
+
+// Swap the receiver's TLS material (as `xce_receiver_config_set_tls` names it: `ca`,
+// `cert`, `key`, `crl` or NULL) without dropping live sessions: connections from now on are
+// checked against it. A live session whose certificate the new CRL revokes is ended (GONE,
+// XCE_REASON_REVOKED). XCE_TLS (nothing changed) when a file is missing, unreadable, not
+// PEM, a key others can read, or a CRL the CA did not sign; XCE_CONFIG for a receiver
+// started in plaintext; `*revoked` (may be NULL) gets the number of sessions ended. Any
+// thread; for a rotated certificate or a new CRL (e.g. on SIGHUP).
+enum xce_result xce_receiver_reload_tls(const struct xce_receiver *rx,
+                                        const char *ca,
+                                        const char *cert,
+                                        const char *key,
+                                        const char *crl,
+                                        size_t *revoked);
 
 // Fill `*out` with the receiver's figures now. Any thread.
 enum xce_result xce_receiver_stats(const struct xce_receiver *rx, struct xce_stats *out);

@@ -57,6 +57,15 @@ pub struct Config {
     /// The whole receiver's memory budget and one host's share of it, in bytes.
     pub memory_budget: usize,
     pub host_share: usize,
+    /// The worker's doors: unix sockets and the uids allowed on each.
+    pub unix: Vec<UnixConfig>,
+}
+
+/// One unix socket of the worker's door.
+#[derive(Debug, Clone)]
+pub struct UnixConfig {
+    pub path: std::path::PathBuf,
+    pub uids: Vec<u32>,
 }
 
 impl Default for Config {
@@ -71,6 +80,7 @@ impl Default for Config {
             domains: Vec::new(),
             memory_budget: DEFAULT_TOTAL,
             host_share: DEFAULT_HOST_SHARE,
+            unix: Vec::new(),
         }
     }
 }
@@ -195,6 +205,8 @@ pub struct Stats {
 /// A running receiver.
 pub struct Receiver {
     runtime: Option<tokio::runtime::Runtime>,
+    /// Started with TLS (it can be reloaded).
+    tls: bool,
     shared: Arc<Shared>,
     control: Arc<Control>,
     shutdown: CancellationToken,
@@ -204,12 +216,16 @@ pub struct Receiver {
 
 impl Receiver {
     pub fn start(cfg: &Config) -> Result<Self, StartError> {
-        if cfg.listen.is_empty() {
+        if cfg.listen.is_empty() && cfg.unix.is_empty() {
             return Err(StartError::Config(
-                "no listen address (xce_receiver_config_add_listen)".into(),
+                "no listen address (xce_receiver_config_add_listen) and no unix socket \
+                 (xce_receiver_config_add_unix)"
+                    .into(),
             ));
         }
         let tls = match (&cfg.tls, cfg.insecure_plaintext) {
+            // The worker's door alone needs no TLS: its peers are known by their uid.
+            (None, false) if cfg.listen.is_empty() => None,
             (Some(_), true) => {
                 return Err(StartError::Config(
                     "both TLS key material and insecure plaintext are set: choose one".into(),
@@ -257,6 +273,21 @@ impl Receiver {
                 .map_err(|e| StartError::Bind(format!("cannot listen on {addr}: {e}")))?;
             listeners.push(l);
         }
+        let mut doors = Vec::new();
+        let own = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "localhost".into());
+        for u in &cfg.unix {
+            let _in_runtime = runtime.enter();
+            // Anyone may connect; SO_PEERCRED decides who may speak.
+            let listener = xce_agent::status::server::bind_socket(&u.path, None, 0o666)
+                .map_err(|e| StartError::Bind(format!("unix socket: {e}")))?;
+            doors.push(receiver::UnixDoor {
+                listener,
+                allowed_uids: u.uids.clone(),
+                host: canonical_host(&own, &cfg.domains),
+            });
+        }
         let addrs = listeners
             .iter()
             .map(|l| l.local_addr())
@@ -292,8 +323,9 @@ impl Receiver {
             // Three heartbeats: the agent sends one at least every heartbeat.
             idle_timeout: Some(cfg.heartbeat.saturating_mul(3)),
         };
-        let server = runtime.spawn(receiver::serve_all(
+        let server = runtime.spawn(receiver::serve_doors(
             listeners,
+            doors,
             opts,
             tx,
             Arc::clone(&control),
@@ -302,6 +334,7 @@ impl Receiver {
         let dispatcher = runtime.spawn(dispatch(rx, Arc::clone(&shared), shutdown.clone()));
         Ok(Self {
             runtime: Some(runtime),
+            tls: cfg.tls.is_some(),
             shared,
             control,
             shutdown,
@@ -351,6 +384,22 @@ impl Receiver {
     pub fn snapshot(&self, host: Option<&str>) -> Option<Vec<Ev>> {
         let key = host.map(|h| canonical_host(h, &self.shared.domains));
         lock(&self.shared.hosts).snapshot(key.as_deref())
+    }
+
+    /// New TLS key material (certificate, key, CA, CRL) for the connections to come; live
+    /// sessions stay, except those whose certificate the new CRL revokes (GONE `revoked`).
+    /// Err (and nothing changed): why the files were refused. Ok: the sessions ended.
+    pub fn reload_tls(&self, paths: &TlsPaths) -> Result<usize, StartError> {
+        if !self.tls {
+            return Err(StartError::Config(
+                "the receiver was started in plaintext: TLS cannot be reloaded into it".into(),
+            ));
+        }
+        let material = xce_agent::link::tls::Material::load(paths)
+            .map_err(|e| StartError::Tls(e.to_string()))?;
+        self.control
+            .reload_tls(&material)
+            .map_err(|e| StartError::Tls(e.to_string()))
     }
 
     /// What the library counts now.
@@ -563,7 +612,7 @@ mod tests {
         let shared = Arc::clone(&rx.shared);
         let rt = tokio::runtime::Runtime::new().expect("rt");
         let refused = |i: u16| Ev::Refused {
-            peer: SocketAddr::from(([127, 0, 0, 1], i)),
+            peer: SocketAddr::from(([127, 0, 0, 1], i)).into(),
             reason: xce_agent::link::receiver::Reason::Closed,
             text: String::new(),
         };
@@ -574,9 +623,13 @@ mod tests {
         // Full: a third push waits (stays pending) until one is popped.
         let third = shared.push(refused(3)).now_or_never();
         assert!(third.is_none(), "a push into a full queue returned");
-        assert!(matches!(rx.pop(), Some(Ev::Refused { peer, .. }) if peer.port() == 1));
+        assert!(
+            matches!(rx.pop(), Some(Ev::Refused { peer, .. }) if peer.to_string().ends_with(":1"))
+        );
         assert!(pipe_has_byte(&shared));
-        assert!(matches!(rx.pop(), Some(Ev::Refused { peer, .. }) if peer.port() == 2));
+        assert!(
+            matches!(rx.pop(), Some(Ev::Refused { peer, .. }) if peer.to_string().ends_with(":2"))
+        );
         assert!(!pipe_has_byte(&shared));
         assert!(rx.pop().is_none());
         rx.stop();

@@ -6,7 +6,7 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, CString};
-use std::net::SocketAddr;
+use xce_agent::receiver::identity::Peer;
 
 use xce_agent::link::receiver::Reason;
 use xce_agent::value::{Status, Valtype, Value};
@@ -225,7 +225,7 @@ impl Strings {
     }
 }
 
-fn peer_text(p: Option<SocketAddr>) -> String {
+fn peer_text(p: Option<Peer>) -> String {
     p.map(|p| p.to_string()).unwrap_or_default()
 }
 

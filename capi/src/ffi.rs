@@ -209,6 +209,71 @@ pub unsafe extern "C" fn xce_receiver_config_add_listen(
     })
 }
 
+/// The worker's door: also take agents on the unix socket `path` (made, mode 0666, a stale
+/// one replaced; a live one is an error at start), with the same protocol and no TLS. A
+/// peer is known by its uid (SO_PEERCRED): only `uid` may feed it (call again with the
+/// same path to allow another uid; root is 0); everything it sends is for this host (the
+/// library's own host name, canonical), whatever its hello names. For sites that feed xce's
+/// worker daemon on the node rather than open a port on the controller
+/// (`controllers: ["unix:/run/xce/worker.sock"]` in the agent's agent.yaml). With only unix
+/// sockets, no TLS material is needed.
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_config_add_unix(
+    cfg: *mut xce_receiver_config,
+    path: *const c_char,
+    uid: u32,
+) -> xce_result {
+    guard("xce_receiver_config_add_unix", || {
+        not_null!(cfg);
+        // SAFETY: NULL (checked inside) or a C string live for this call.
+        let path = arg!(unsafe { text(path, "path") });
+        if !path.starts_with('/') || path.len() >= 108 {
+            return fail(
+                XCE_INVALID_ARGUMENT,
+                format!("path {path:?} is not an absolute socket path of at most 107 bytes"),
+            );
+        }
+        // SAFETY: `cfg` is not NULL and a live configuration.
+        let c = unsafe { config(cfg) };
+        match c.unix.iter_mut().find(|u| u.path.as_os_str() == path) {
+            Some(u) if !u.uids.contains(&uid) => u.uids.push(uid),
+            Some(_) => {}
+            None => c.unix.push(crate::core::UnixConfig {
+                path: path.into(),
+                uids: vec![uid],
+            }),
+        }
+        XCE_OK
+    })
+}
+
+/// The four paths of TLS material (`crl` may be NULL).
+///
+/// # Safety
+/// Each pointer is NULL or a NUL-terminated string live for the call.
+unsafe fn tls_paths(
+    ca: *const c_char,
+    cert: *const c_char,
+    key: *const c_char,
+    crl: *const c_char,
+) -> Result<TlsPaths, xce_result> {
+    // SAFETY (all four): the function's contract; NULL is checked inside `text`.
+    let ca = unsafe { text(ca, "ca") }?;
+    let cert = unsafe { text(cert, "cert") }?;
+    let key = unsafe { text(key, "key") }?;
+    let crl = if crl.is_null() {
+        None
+    } else {
+        Some(PathBuf::from(unsafe { text(crl, "crl") }?))
+    };
+    Ok(TlsPaths {
+        ca: ca.into(),
+        cert: cert.into(),
+        key: key.into(),
+        crl,
+    })
+}
+
 /// TLS 1.3 with required client certificates: `ca` signs the agents' certificates (and
 /// this receiver's), `cert`/`key` are the receiver's own (the key readable by its owner
 /// only), `crl` is NULL or a CRL of `ca`. The files are read by `xce_receiver_start`.
@@ -222,23 +287,10 @@ pub unsafe extern "C" fn xce_receiver_config_set_tls(
 ) -> xce_result {
     guard("xce_receiver_config_set_tls", || {
         not_null!(cfg);
-        // SAFETY (all four): NULL (checked inside, allowed for `crl` only) or C strings
-        // live for this call.
-        let ca = arg!(unsafe { text(ca, "ca") });
-        let cert = arg!(unsafe { text(cert, "cert") });
-        let key = arg!(unsafe { text(key, "key") });
-        let crl = if crl.is_null() {
-            None
-        } else {
-            Some(PathBuf::from(arg!(unsafe { text(crl, "crl") })))
-        };
+        // SAFETY: the four are NULL (checked inside) or C strings live for this call.
+        let paths = arg!(unsafe { tls_paths(ca, cert, key, crl) });
         // SAFETY: `cfg` is not NULL and a live configuration.
-        unsafe { config(cfg) }.tls = Some(TlsPaths {
-            ca: ca.into(),
-            cert: cert.into(),
-            key: key.into(),
-            crl,
-        });
+        unsafe { config(cfg) }.tls = Some(paths);
         XCE_OK
     })
 }
@@ -467,6 +519,45 @@ pub unsafe extern "C" fn xce_receiver_local_addr(
             buf.add(bytes.len()).write(0);
         }
         XCE_OK
+    })
+}
+
+/// Swap the receiver's TLS material (as `xce_receiver_config_set_tls` names it: `ca`,
+/// `cert`, `key`, `crl` or NULL) without dropping live sessions: connections from now on are
+/// checked against it. A live session whose certificate the new CRL revokes is ended (GONE,
+/// XCE_REASON_REVOKED). XCE_TLS (nothing changed) when a file is missing, unreadable, not
+/// PEM, a key others can read, or a CRL the CA did not sign; XCE_CONFIG for a receiver
+/// started in plaintext; `*revoked` (may be NULL) gets the number of sessions ended. Any
+/// thread; for a rotated certificate or a new CRL (e.g. on SIGHUP).
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_reload_tls(
+    rx: *const xce_receiver,
+    ca: *const c_char,
+    cert: *const c_char,
+    key: *const c_char,
+    crl: *const c_char,
+    revoked: *mut usize,
+) -> xce_result {
+    guard("xce_receiver_reload_tls", || {
+        not_null!(rx);
+        // SAFETY: the four are NULL (checked inside) or C strings live for this call.
+        let paths = arg!(unsafe { tls_paths(ca, cert, key, crl) });
+        // SAFETY: `rx` is not NULL and a live receiver.
+        let rx = lock(unsafe { receiver(rx) });
+        if rx.is_stopped() {
+            return fail(XCE_STOPPED, "the receiver was stopped");
+        }
+        match rx.reload_tls(&paths) {
+            Ok(n) => {
+                if !revoked.is_null() {
+                    // SAFETY: `revoked` is not NULL and points to a writable usize.
+                    unsafe { revoked.write(n) };
+                }
+                XCE_OK
+            }
+            Err(StartError::Tls(e)) => fail(XCE_TLS, e),
+            Err(e) => fail(XCE_CONFIG, e.text().to_owned()),
+        }
     })
 }
 

@@ -22,10 +22,10 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     };
     let host = host_name(common, &config)?;
     if let Some(paths) = &config.agent.tls {
-        // A certificate no controller accepts (expired, not yet valid) stops the start here,
-        // said plainly, instead of a TLS error in a reconnect loop. One that names another
-        // host is said at ERROR and the agent starts: a controller configured with another
-        // domain may take it, and one that does not tells this agent why (protocol 2).
+        // A certificate no controller accepts (expired, not yet valid, naming another host,
+        // from another CA) stops the start here, said plainly with the fix, instead of a TLS
+        // error in a reconnect loop. A name only a controller with the certificate's domain
+        // accepts is a warning (`usable_for`).
         let usable = crate::link::tls::Material::load(paths).and_then(|m| {
             m.usable_for(
                 &host,
@@ -39,7 +39,6 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
                     tracing::warn!("{w}");
                 }
             }
-            Err(e @ crate::link::tls::TlsError::WrongHost { .. }) => tracing::error!("{e}"),
             Err(e) => {
                 eprintln!("xce-agent: {e}");
                 return Ok(exit::CONFIG);

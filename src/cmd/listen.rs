@@ -11,8 +11,16 @@ use crate::cli::{ListenBudget, ListenFormat, ListenTls};
 use crate::cluster_table::{serve_table, TableView};
 use crate::link::receiver::{self, LineFormat, ListenOpts};
 
+/// Where `listen` takes agents: a TCP address (the controller's door) and/or a unix socket
+/// (the worker's door).
+pub struct Doors<'a> {
+    pub addr: Option<&'a str>,
+    pub unix: Option<&'a std::path::Path>,
+    pub unix_uids: &'a [u32],
+}
+
 pub async fn run(
-    addr: &str,
+    doors: Doors<'_>,
     format: ListenFormat,
     ack: bool,
     only: &[String],
@@ -44,9 +52,11 @@ pub async fn run(
             Some(material.server_config()?)
         }
         _ if tls.insecure => {
+            let addr = doors.addr.unwrap_or("-");
             eprintln!("xce-agent: WARNING: --insecure: accepting plaintext agents; anyone who can reach {addr} can report values for any host");
             None
         }
+        _ if doors.addr.is_none() => None,
         _ => {
             eprintln!("xce-agent: refusing to listen in plaintext: give --tls-ca, --tls-cert and --tls-key (agents then need certificates from that CA), or --insecure to accept unauthenticated agents");
             return Ok(exit::CONFIG);
@@ -54,13 +64,42 @@ pub async fn run(
     };
     // A descriptor per agent: the soft limit (often 1024) up to the hard one.
     receiver::raise_fd_limit();
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| CmdError::ListenBind {
-            addr: addr.to_owned(),
-            source,
-        })?;
-    eprintln!("xce-agent: listening on {}", listener.local_addr()?);
+    let mut listeners = Vec::new();
+    if let Some(addr) = doors.addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| CmdError::ListenBind {
+                addr: addr.to_owned(),
+                source,
+            })?;
+        eprintln!("xce-agent: listening on {}", listener.local_addr()?);
+        listeners.push(listener);
+    }
+    let mut unix = Vec::new();
+    if let Some(path) = doors.unix {
+        let allowed_uids = if doors.unix_uids.is_empty() {
+            vec![0]
+        } else {
+            doors.unix_uids.to_vec()
+        };
+        // Anyone may connect; SO_PEERCRED decides who may speak (a mode cannot say "these
+        // uids"). Only root by default.
+        let listener =
+            crate::status::server::bind_socket(path, None, 0o666).map_err(CmdError::UnixDoor)?;
+        let own = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "localhost".into());
+        let host = crate::receiver::identity::canonical_host(&own, &tls_opts.domains);
+        eprintln!(
+            "xce-agent: listening on {} for uids {allowed_uids:?}, as host {host}",
+            path.display()
+        );
+        unix.push(receiver::UnixDoor {
+            listener,
+            allowed_uids,
+            host,
+        });
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let opts = ListenOpts {
@@ -80,11 +119,11 @@ pub async fn run(
         ListenFormat::Text => LineFormat::Text,
         ListenFormat::Table => {
             let view = TableView::for_stdout(only, refresh);
-            serve_table(listener, opts, view, out, shutdown).await?;
+            serve_table(listeners, unix, opts, view, out, shutdown).await?;
             return Ok(exit::OK);
         }
     };
-    receiver::serve_lines(listener, opts, format, out, shutdown).await?;
+    receiver::serve_lines(listeners, unix, opts, format, out, shutdown).await?;
     Ok(exit::OK)
 }
 

@@ -61,6 +61,8 @@ pub enum CmdError {
     },
     #[error("status socket (status_socket: in agent.yaml)")]
     StatusSocket(#[source] crate::status::server::BindError),
+    #[error("listen --unix: the worker's socket")]
+    UnixDoor(#[source] crate::status::server::BindError),
     #[error("cannot listen on {addr}")]
     ListenBind {
         addr: String,

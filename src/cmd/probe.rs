@@ -58,7 +58,13 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             Ok(RunsAs::User(c)) => Some(c.uid),
             _ => None,
         };
-        let verdict = security::verdict(&spec.command, &spec.env, &ctx.plugin_dir, uid);
+        let verdict = security::verdict(
+            &spec.command,
+            &spec.env,
+            &ctx.plugin_dir,
+            uid,
+            spec.trusted.as_deref(),
+        );
         let found = resolve::command(&ctx.plugin_dir, &spec.command)
             .ok()
             .and_then(|r| r.note(&spec.command[0], &ctx.plugin_dir));

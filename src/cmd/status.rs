@@ -24,7 +24,7 @@ pub async fn run(common: &Common, format: StatusFormat, watch: bool, names: &[St
     };
     let json = format == StatusFormat::Json;
     let asking = Asking {
-        socket: agent.status_socket_path(),
+        socket: &agent.status_socket_to_ask(),
         config: &common.config,
     };
     ask(&asking, json, watch, names).await

@@ -23,8 +23,68 @@ pub const DEFAULT_PORT: u16 = 6870;
 pub const DEFAULT_PLUGIN_DIR: &str = "/usr/libexec/xce-agent/plugins";
 pub const DEFAULT_RUN_AS: &str = "nobody";
 pub const DEFAULT_MAX_PARALLEL: usize = 8;
-/// Under the unit's `RuntimeDirectory=xce-agent`.
+/// A root daemon's status socket: under the unit's `RuntimeDirectory=xce-agent`, or the
+/// directory the daemon makes outside systemd.
 pub const DEFAULT_STATUS_SOCKET: &str = "/run/xce-agent/status.sock";
+
+/// Where the status socket is when `status_socket:` is not written, for a process of
+/// `euid` with these environment variables: systemd's `$RUNTIME_DIRECTORY` (the unit's
+/// `RuntimeDirectory=`) when set; otherwise [`DEFAULT_STATUS_SOCKET`] as root and
+/// `$XDG_RUNTIME_DIR/xce-agent/status.sock` (`/run/user/UID` without it) as another user,
+/// whose directory the daemon makes. Outside systemd the socket is on all the same.
+pub fn default_status_socket(
+    euid: u32,
+    runtime_directory: Option<&std::ffi::OsStr>,
+    xdg_runtime_dir: Option<&std::ffi::OsStr>,
+) -> DefaultSocket {
+    let absolute = |v: Option<&std::ffi::OsStr>| {
+        v.map(Path::new)
+            .filter(|p| p.is_absolute())
+            .map(Path::to_owned)
+    };
+    // systemd lists several directories separated by spaces when the unit names several.
+    let systemd = runtime_directory
+        .and_then(|v| v.to_str())
+        .and_then(|v| v.split(' ').next())
+        .map(std::ffi::OsStr::new);
+    if let Some(dir) = absolute(systemd) {
+        return DefaultSocket {
+            path: dir.join("status.sock"),
+            make_dir: None,
+        };
+    }
+    let dir = if euid == 0 {
+        PathBuf::from("/run/xce-agent")
+    } else {
+        absolute(xdg_runtime_dir)
+            .unwrap_or_else(|| PathBuf::from(format!("/run/user/{euid}")))
+            .join("xce-agent")
+    };
+    DefaultSocket {
+        path: dir.join("status.sock"),
+        // Root's like systemd's RuntimeDirectoryMode=0755; a user's private.
+        make_dir: Some(if euid == 0 { 0o755 } else { 0o700 }),
+    }
+}
+
+/// The default status socket, and whether the daemon makes its directory (with this mode)
+/// where it is missing: not where systemd makes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultSocket {
+    pub path: PathBuf,
+    pub make_dir: Option<u32>,
+}
+
+impl DefaultSocket {
+    /// This process's default.
+    pub fn here() -> Self {
+        default_status_socket(
+            nix::unistd::geteuid().as_raw(),
+            std::env::var_os("RUNTIME_DIRECTORY").as_deref(),
+            std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
+        )
+    }
+}
 
 /// agent.yaml's fields, one line each, in [`RawAgent`]'s order: the man page
 /// `xce-agent.yaml(5)` is written from it, and a test holds it to the struct serde reads.
@@ -36,7 +96,7 @@ pub const FIELD_DOCS: &[Field] = &[
     Field::new("run_as", "The user probes run as when the agent is root (default nobody); a probe's own `run_as` wins."),
     Field::new("max_parallel", "How many probes may run at once (default 8).").bounded(Bound::Count(MAX_PARALLEL)),
     Field::new("metrics", "ADDR:PORT to serve Prometheus metrics on (`/metrics`); off when absent."),
-    Field::new("status_socket", "The unix socket `xce-agent status` reads (default /run/xce-agent/status.sock)."),
+    Field::new("status_socket", "The unix socket `xce-agent status` reads (default /run/xce-agent/status.sock as root, $XDG_RUNTIME_DIR/xce-agent/status.sock as another user, $RUNTIME_DIRECTORY/status.sock under systemd)."),
     Field::new("status_group", "A group whose members may read the status socket (else root only)."),
     Field::new("tls", "The link's key material: `ca`, `cert`, `key`, optional `crl` and `expiry_warning` (below); required once controllers are listed, unless insecure_plaintext."),
     Field::new("insecure_plaintext", "true: report to the controllers without TLS, unauthenticated and readable on the network."),
@@ -63,7 +123,7 @@ pub const TLS_FIELD_DOCS: &[Field] = &[
     Field::new("crl", "Revoked certificates, PEM (optional)."),
     Field::new(
         "expiry_warning",
-        "Warn this long before the host certificate expires, a duration (default 14d).",
+        "Warn this long before the host certificate expires, a duration (default 30d).",
     )
     .bounded(Bound::Duration(TLS_EXPIRY_WARNING)),
 ];
@@ -156,10 +216,28 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    pub fn status_socket_path(&self) -> &Path {
-        self.status_socket
-            .as_deref()
-            .unwrap_or(Path::new(DEFAULT_STATUS_SOCKET))
+    /// The status socket: `status_socket:`, or this process's [`default_status_socket`].
+    pub fn status_socket_path(&self) -> PathBuf {
+        match &self.status_socket {
+            Some(p) => p.clone(),
+            None => DefaultSocket::here().path,
+        }
+    }
+
+    /// Where `xce-agent status` looks: `status_socket:`, or this user's default, then (for
+    /// a user who is not root, e.g. a member of `status_group`) a root daemon's; the first
+    /// that exists, else the first.
+    pub fn status_socket_to_ask(&self) -> PathBuf {
+        let own = self.status_socket_path();
+        if self.status_socket.is_some() || own.exists() {
+            return own;
+        }
+        let roots = Path::new(DEFAULT_STATUS_SOCKET);
+        if roots.exists() {
+            roots.to_owned()
+        } else {
+            own
+        }
     }
 
     /// What resources.yaml is validated against.
@@ -262,11 +340,14 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             Pos::of(i),
             "insecure_plaintext: true contradicts the tls: section; keep one of them",
         ),
-        (None, _) if !insecure_plaintext && !controllers.is_empty() => errs.at(
-            Pos::of(&raw.controllers[0]),
-            "controllers are listed but there is no tls: section (ca, cert, key); add one, \
-             or say `insecure_plaintext: true` to send values unauthenticated and readable",
-        ),
+        (None, _) if !insecure_plaintext && controllers.iter().any(|c| unix_path(c).is_none()) => {
+            errs.at(
+                Pos::of(&raw.controllers[0]),
+                "controllers are listed but there is no tls: section (ca, cert, key); add one, \
+                 or say `insecure_plaintext: true` to send values unauthenticated and readable \
+                 (a unix: controller, the worker's socket on this node, needs neither)",
+            )
+        }
         _ => {}
     }
     errs.finish()?;
@@ -318,7 +399,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
 
 /// Default of `tls.expiry_warning`.
 pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
-    std::time::Duration::from_secs(14 * 86_400);
+    std::time::Duration::from_secs(30 * 86_400);
 
 /// `tls.expiry_warning`: a duration of at most a year.
 fn tls_expiry_warning(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
@@ -426,10 +507,20 @@ fn counted(
     }
 }
 
-/// A `controllers:` entry that is not `host[:port]` (as written, trimmed).
+/// A `controllers:` entry that is not `host[:port]` or `unix:/ABSOLUTE/PATH` (as written,
+/// trimmed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("controller {0:?} is not host[:port]")]
+#[error("controller {0:?} is not host[:port] or unix:/absolute/path")]
 pub struct BadController(pub String);
+
+/// The worker's door on this node: `unix:/run/xce/worker.sock` (no TLS: the worker
+/// authenticates the agent by its uid, SO_PEERCRED).
+pub const UNIX_PREFIX: &str = "unix:";
+
+/// The socket path of a `unix:` controller entry.
+pub fn unix_path(entry: &str) -> Option<&Path> {
+    entry.strip_prefix(UNIX_PREFIX).map(Path::new)
+}
 
 /// `host`, `host:port`, `v4`, `v6`, `[v6]`, `[v6]:port` -> `host:port` (`[v6]:port`) with
 /// the default port filled in: the one place a controller address gets its port.
@@ -438,6 +529,14 @@ pub fn normalize_controller(s: &str) -> Result<String, BadController> {
     let bad = || BadController(s.to_owned());
     if s.is_empty() {
         return Err(bad());
+    }
+    if let Some(path) = s.strip_prefix(UNIX_PREFIX) {
+        // sun_path holds 107 bytes and a NUL.
+        return if path.starts_with('/') && path.len() < 108 && !path.contains('\0') {
+            Ok(s.to_owned())
+        } else {
+            Err(bad())
+        };
     }
     if s.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(s.to_owned());
@@ -490,6 +589,7 @@ mod tests {
             ("fe80::1", "[fe80::1]:6870"),
             ("[::1]", "[::1]:6870"),
             ("[::1]:7000", "[::1]:7000"),
+            ("unix:/run/xce/worker.sock", "unix:/run/xce/worker.sock"),
         ];
         for (entry, dialled) in table {
             assert_eq!(
@@ -511,6 +611,8 @@ mod tests {
             "[::1]:",
             "[::g]",
             "bad name",
+            "unix:relative.sock",
+            "unix:",
         ] {
             let err = normalize_controller(entry).expect_err(entry);
             assert!(

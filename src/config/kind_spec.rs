@@ -27,6 +27,9 @@ pub struct ExecSpec {
     pub no_new_privs: bool,
     /// `stdout: pty` for a program that block-buffers a pipe.
     pub stdout: StdoutMode,
+    /// `trusted:`: the admin's reason for letting this probe's program text (which the
+    /// script rule cannot prove safe) run as root; `None`: such a probe is refused as root.
+    pub trusted: Option<String>,
 }
 
 /// The shell that runs a `shell:` line.
@@ -66,6 +69,9 @@ pub struct StreamSpec {
     pub restart_on_silence: bool,
     /// `stdin: signal`: a newline at each interval asks the child for a batch.
     pub stdin: StdinMode,
+    /// `declared_state`: the probe's budget for what it declares, in bytes
+    /// (`output::DeclaredBudget`).
+    pub declared_state: usize,
 }
 
 pub const DEFAULT_FILE_MAX_BYTES: u64 = 64 * 1024;

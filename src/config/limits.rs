@@ -81,6 +81,11 @@ pub const FEW_INTERVALS: Between<Duration> = Between::new(SECOND, MONTH);
 pub const MAX_AGE: Between<Duration> = Between::new(SECOND, YEAR);
 /// `tls.expiry_warning`.
 pub const TLS_EXPIRY_WARNING: Between<Duration> = Between::new(Duration::ZERO, YEAR);
+/// A stream probe's `declared_state`: what it may make the agent keep of what it declares
+/// (Netdata charts and dimensions, names; default `output::DECLARED_STATE_BYTES`, 2 MiB).
+/// At least some 300 entries, so a plugin's first charts are kept; at most what a handful of
+/// such probes may cost a compute node beside its jobs.
+pub const DECLARED_STATE: Between<u64> = Between::new(64 << 10, 256 << 20);
 /// A file probe's `max_bytes`: one read of a small file, never a log.
 pub const MAX_BYTES: Between<u64> = Between::new(1, 16 << 20);
 /// `limits.address_space` and `limits.memory`: 1 PiB; larger means "no limit": leave it out.

@@ -14,8 +14,8 @@ use serde_saphyr::Spanned;
 use super::error::{Errors, Pos};
 use super::kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
 use super::limits::{
-    check_duration, Between, Bound, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY, OPEN_FILES,
-    PROCESSES, RUN_TIME,
+    check_duration, Between, Bound, DECLARED_STATE, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY,
+    OPEN_FILES, PROCESSES, RUN_TIME,
 };
 use super::names::{field_names, near_miss, Field};
 use super::pattern::Pattern;
@@ -115,6 +115,7 @@ probe_fields! {
     limits: RawLimits => EXEC_STREAM, "Resource limits of each run (fields below).";
     no_new_privs: bool => EXEC_STREAM, "false: allow setuid helpers (PR_SET_NO_NEW_PRIVS is set by default).";
     stdout: String => EXEC_STREAM, "pipe (default) or pty: how the program's standard output is connected.";
+    trusted: String => EXEC_STREAM, "Why this probe's program text (a `shell:` line; `sh -c`, `env -S`, awk, sed, `find -exec`, xargs in `command:`) may run as root: the script rule cannot prove text safe by reading it, and refuses it as root without this reason.";
     timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).", Bound::Duration(RUN_TIME);
     provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
     path: String => Takes::Only(&["file"]), "The absolute path of the file to read.";
@@ -124,6 +125,7 @@ probe_fields! {
     silence: Scalar => Takes::Only(&["stream"]), "A stream silent this long has stale values, a duration.", Bound::Duration(FEW_INTERVALS);
     restart_on_silence: bool => Takes::Only(&["stream"]), "true: restart a stream that stays silent past `silence`.";
     stdin: String => Takes::Only(&["stream"]), "none (default; signal for format: sge) or signal: what the stream's standard input is.";
+    declared_state: Scalar => Takes::Only(&["stream"]), "What the agent may keep of what the stream declares (Netdata charts and dimensions, names), a size (default 2MiB); past it new declarations are dropped, with one warning.", Bound::Size(DECLARED_STATE);
     stale_after: Scalar => Takes::Every, "How long a failed probe keeps its last good value, a duration (default: 2 intervals + timeout).", Bound::Duration(FEW_INTERVALS);
 }
 
@@ -403,6 +405,7 @@ fn stream(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeK
     Some(ProbeKind::Stream(StreamSpec {
         silence: duration_field(errs, &raw.silence, "silence", FEW_INTERVALS),
         restart_on_silence: raw.restart_on_silence.as_ref().is_some_and(|b| b.value),
+        declared_state: declared_state(errs, &raw.declared_state),
         // A Grid Engine load sensor waits for its newline: `format: sge` needs nothing else.
         stdin: match &raw.stdin {
             None if exec.format.def().stream.asked_on_stdin() => StdinMode::Signal,
@@ -446,7 +449,23 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         limits: limits(errs, raw.limits.as_ref()),
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
         stdout: stdio::stdout(errs, raw.stdout.as_ref()),
+        trusted: trusted(errs, raw.trusted.as_ref()),
     })
+}
+
+/// `trusted:`, the admin's reason for running program text as root: a reason is required,
+/// since `check` prints it beside every trusted line.
+fn trusted(errs: &mut Errors, given: Option<&Spanned<String>>) -> Option<String> {
+    let given = given?;
+    let reason = given.value.trim();
+    if reason.is_empty() {
+        errs.at(
+            Pos::of(given),
+            "`trusted` is empty: write why this probe's program text may run as root (e.g. trusted: \"root-only pipeline, reviewed\"); `check` prints it beside the line",
+        );
+        return None;
+    }
+    Some(reason.to_owned())
 }
 
 fn file(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<ProbeKind> {
@@ -588,6 +607,33 @@ fn duration_field(
     }
 }
 
+/// A stream's `declared_state`, within [`DECLARED_STATE`]; the default when absent (or
+/// wrong: the error is said).
+fn declared_state(errs: &mut Errors, f: &Option<Spanned<Scalar>>) -> usize {
+    let default = crate::output::DECLARED_STATE_BYTES;
+    let Some(f) = f else {
+        return default;
+    };
+    match f.value.to_bytes() {
+        Ok(b) if DECLARED_STATE.contains(&b) => usize::try_from(b).unwrap_or(default),
+        Ok(_) => {
+            errs.at(
+                Pos::of(f),
+                format!(
+                    "declared_state must be between {} and {}",
+                    format_size(DECLARED_STATE.min),
+                    format_size(DECLARED_STATE.max)
+                ),
+            );
+            default
+        }
+        Err(e) => {
+            errs.at(Pos::of(f), e);
+            default
+        }
+    }
+}
+
 fn limits(errs: &mut Errors, raw: Option<&Spanned<RawLimits>>) -> Limits {
     let Some(raw) = raw else {
         return Limits::default();
@@ -702,11 +748,13 @@ mod tests {
                 "limits",
                 "no_new_privs",
                 "stdout",
+                "trusted",
                 "timeout",
                 "provides",
                 "silence",
                 "restart_on_silence",
                 "stdin",
+                "declared_state",
                 "stale_after"
             ]
         );

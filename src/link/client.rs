@@ -31,6 +31,7 @@ use crate::config::agent::normalize_controller;
 use crate::store::{Store, Versions};
 use crate::text::escape;
 use crate::value::unix_ms;
+use tokio::net::UnixStream;
 
 /// How the link behaves. `Default` gives production values; tests shrink the durations.
 #[derive(Debug, Clone)]
@@ -173,6 +174,9 @@ pub enum ErrorReason {
     WrongName,
     /// The controller refused this agent's certificate (a TLS alert).
     CertificateRefused,
+    /// The controller turned the connection away before the TLS handshake: too many
+    /// connections waiting for theirs.
+    Busy,
     /// Another TLS failure (a stalled handshake, ...).
     Tls,
     /// The controller's verdict: `refused`.
@@ -188,7 +192,7 @@ pub enum ErrorReason {
 }
 
 impl ErrorReason {
-    pub const ALL: [ErrorReason; 14] = [
+    pub const ALL: [ErrorReason; 15] = [
         ErrorReason::Unreachable,
         ErrorReason::ControllerNotTls,
         ErrorReason::AgentNotTls,
@@ -197,6 +201,7 @@ impl ErrorReason {
         ErrorReason::Revoked,
         ErrorReason::WrongName,
         ErrorReason::CertificateRefused,
+        ErrorReason::Busy,
         ErrorReason::Tls,
         ErrorReason::Refused,
         ErrorReason::Closed,
@@ -215,6 +220,7 @@ impl ErrorReason {
             ErrorReason::Revoked => "revoked",
             ErrorReason::WrongName => "wrong_name",
             ErrorReason::CertificateRefused => "certificate_refused",
+            ErrorReason::Busy => "busy",
             ErrorReason::Tls => "tls",
             ErrorReason::Refused => "refused",
             ErrorReason::Closed => "closed",
@@ -410,11 +416,29 @@ pub async fn run(
                 &shutdown,
                 first_bytes,
             );
-            let end = session.run(addr, &mut hello).await;
+            let mut end = session.run(addr, &mut hello).await;
+            if !session.accepted.load(Ordering::Relaxed)
+                && matches!(end, Err(SessionError::Write(_) | SessionError::Closed))
+            {
+                // TLS 1.3: a controller that refuses this agent's certificate says so with an
+                // alert after the agent's handshake ended; a write may fail on the closed
+                // connection first. What the reader saw is the cause, every time.
+                if let Ok(Ok(seen)) = tokio::time::timeout(CAUSE_GRACE, &mut session.reader).await {
+                    if matches!(seen, SessionError::Tls(..) | SessionError::Refused { .. }) {
+                        end = Err(seen);
+                    }
+                }
+            }
             if matches!(end, Err(SessionError::Shutdown)) && session.seq > 0 {
                 // Connected and stopping: the controller gets what changed since the last
                 // batch, so a clean stop loses no value.
                 session.flush(&mut hello).await;
+            }
+            match &end {
+                Err(SessionError::Tls(..) | SessionError::Refused { .. }) => {
+                    session.unconfirmed.discard()
+                }
+                _ => session.unconfirmed.commit(&stats),
             }
             session.reader.abort();
             let accepted = session.accepted.load(Ordering::Relaxed);
@@ -504,6 +528,19 @@ enum ConnectError {
 type Connected = (Box<dyn LinkStream>, Option<tls::FirstBytes>);
 
 async fn connect(addr: &str, cfg: &LinkConfig) -> Result<Connected, ConnectError> {
+    if let Some(path) = crate::config::agent::unix_path(addr) {
+        // The worker's socket on this node: no TLS (the worker knows the agent by its uid).
+        let stream = tokio::time::timeout(cfg.connect_timeout, UnixStream::connect(path))
+            .await
+            .map_err(|_| {
+                ConnectError::Tcp(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                ))
+            })?
+            .map_err(ConnectError::Tcp)?;
+        return Ok((Box::new(stream), None));
+    }
     let target = dial_address(addr).map_err(ConnectError::Tcp)?;
     let stream = connect_tcp(&target, cfg).await.map_err(ConnectError::Tcp)?;
     let first = tls::FirstBytes::default();
@@ -594,20 +631,33 @@ fn handshake_words(
     let host = host_part(addr);
     let human = |t: &rustls::pki_types::UnixTime| tls::human_time(t.as_secs() as i64);
     match why {
-        F::NotTls | F::Truncated if !tls::looks_like_tls(first) => (
+        // What was seen, each its own words: an answer that is not TLS; a close with no
+        // answer at all (a busy controller that predates the busy alert, one refusing this
+        // address, and a plaintext one all look like this: said as such, not guessed); a
+        // close after a TLS answer; the controller's own "busy" alert.
+        F::NotTls | F::Truncated if !first.is_empty() && !tls::looks_like_tls(first) => (
             ErrorReason::ControllerNotTls,
             format!(
-                "the controller at {addr} does not speak TLS ({}): is it running with --insecure / without tls?",
-                if first.is_empty() {
-                    "it closed the connection at this agent's TLS hello without a word"
-                } else {
-                    "it answered this agent's TLS hello with something else"
-                }
+                "the controller at {addr} does not speak TLS (it answered this agent's TLS hello with something else): is it running with --insecure / without tls?"
+            ),
+        ),
+        F::NotTls | F::Truncated if first.is_empty() => (
+            ErrorReason::Closed,
+            format!(
+                "the controller at {addr} closed the connection during the TLS handshake without answering: it may be busy (too many connections waiting) or refusing this address, or not speak TLS (running with --insecure / without tls?); its log says which"
             ),
         ),
         F::Truncated => (
             ErrorReason::Closed,
-            format!("the controller at {addr} closed the connection during the TLS handshake"),
+            format!(
+                "the controller at {addr} closed the connection during the TLS handshake, after answering (busy, or it refused this agent without saying why: its log says which)"
+            ),
+        ),
+        F::Busy => (
+            ErrorReason::Busy,
+            format!(
+                "the controller at {addr} is busy: it turned this connection away before the TLS handshake (too many connections waiting for theirs, from all or from this agent's address); retrying"
+            ),
         ),
         F::UnknownCa => {
             let ca = cfg
@@ -681,6 +731,7 @@ fn handshake_words(
 /// The controller ended the TLS session with `alert` (a TLS alert's name): in TLS 1.3 its
 /// verdict on this agent's certificate comes after this side's handshake is over.
 fn refused_certificate(addr: &str, alert: &str) -> (ErrorReason, String) {
+    let alert_name = alert;
     let hint = match alert {
         "UnknownCA" | "BadCertificate" | "DecryptError" | "UnsupportedCertificate" => {
             "is this host's certificate (tls.cert) issued by the CA the controller trusts?"
@@ -697,9 +748,15 @@ fn refused_certificate(addr: &str, alert: &str) -> (ErrorReason, String) {
     } else {
         format!(" (TLS alert {alert})")
     };
+    let what = match alert_name {
+        "UnknownCA" | "BadCertificate" | "DecryptError" | "UnsupportedCertificate" => {
+            "does not trust this agent's certificate"
+        }
+        _ => "refused this agent's certificate",
+    };
     (
         ErrorReason::CertificateRefused,
-        format!("the controller at {addr} refused this agent's certificate{alert}: {hint}"),
+        format!("the controller at {addr} {what}{alert}: {hint}"),
     )
 }
 
@@ -810,9 +867,44 @@ struct Session<'a> {
     torn: bool,
     /// The controller said `accepted` on this connection.
     accepted: Arc<std::sync::atomic::AtomicBool>,
+    /// Batches sent before the verdict came.
+    unconfirmed: Arc<Unconfirmed>,
     /// On plaintext: the first bytes the controller sent.
     first_bytes: Option<tls::FirstBytes>,
 }
+
+/// Batches sent on a connection the controller has not accepted yet: counted once it does
+/// (protocol 2's verdict), dropped when it refuses (a TLS alert, `refused`), so the counters
+/// count only what a controller took; with a controller that never says (protocol 1), they
+/// are counted when the connection ends otherwise.
+#[derive(Default)]
+struct Unconfirmed {
+    batches: AtomicU64,
+    full_batches: AtomicU64,
+    resvals: AtomicU64,
+}
+
+impl Unconfirmed {
+    fn commit(&self, stats: &LinkStats) {
+        LinkStats::add(&stats.batches, self.batches.swap(0, Ordering::Relaxed));
+        LinkStats::add(
+            &stats.full_batches,
+            self.full_batches.swap(0, Ordering::Relaxed),
+        );
+        LinkStats::add(&stats.resvals_sent, self.resvals.swap(0, Ordering::Relaxed));
+    }
+
+    fn discard(&self) {
+        self.batches.store(0, Ordering::Relaxed);
+        self.full_batches.store(0, Ordering::Relaxed);
+        self.resvals.store(0, Ordering::Relaxed);
+    }
+}
+
+/// After a failed write on a connection not yet accepted, how long the reader may take to
+/// say what the controller said (its TLS alert or its verdict is the cause, not the EPIPE
+/// that followed it).
+const CAUSE_GRACE: Duration = Duration::from_secs(1);
 
 /// The final flush on shutdown is bounded by this (or the write timeout, if shorter), so a
 /// controller that stopped reading cannot hold up the agent's exit.
@@ -831,6 +923,7 @@ impl<'a> Session<'a> {
         first_bytes: Option<tls::FirstBytes>,
     ) -> Self {
         let accepted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let unconfirmed = Arc::new(Unconfirmed::default());
         let (rd, writer) = tokio::io::split(stream);
         // Reading runs in its own task so a half-read frame is never cancelled by the
         // write side's select; it ends (with the reason) when the connection does.
@@ -840,6 +933,7 @@ impl<'a> Session<'a> {
             Arc::clone(stats),
             Arc::clone(assigned),
             Arc::clone(&accepted),
+            Arc::clone(&unconfirmed),
         ));
         Self {
             cfg,
@@ -853,6 +947,7 @@ impl<'a> Session<'a> {
             sent_version: 0,
             sent_generation: 0,
             last_write: Instant::now(),
+            unconfirmed,
             closing: false,
             torn: false,
             accepted,
@@ -1007,10 +1102,15 @@ impl<'a> Session<'a> {
             resvals,
         };
         self.send(&Envelope::Batch(batch)).await?;
-        LinkStats::add(&self.stats.batches, 1);
-        LinkStats::add(&self.stats.resvals_sent, n);
+        let u = &self.unconfirmed;
+        LinkStats::add(&u.batches, 1);
+        LinkStats::add(&u.resvals, n);
         if full {
-            LinkStats::add(&self.stats.full_batches, 1);
+            LinkStats::add(&u.full_batches, 1);
+        }
+        // After the verdict: counted now (the reader committed what came before it).
+        if self.accepted.load(Ordering::Relaxed) {
+            u.commit(self.stats);
         }
         Ok(())
     }
@@ -1019,6 +1119,15 @@ impl<'a> Session<'a> {
     /// thing buffered on our side; the kernel's socket buffer is the rest.
     async fn send(&mut self, env: &Envelope) -> Result<(), SessionError> {
         let frame = wire::encode_envelope(env).map_err(SessionError::Encode)?;
+        // What the controller would drop from its segment table, without a verdict (it has
+        // no hello to answer), is said here instead.
+        if matches!(env, Envelope::Hello(_))
+            && frame.len() > super::frame_limits::MAX_HELLO_FRAME_BYTES
+        {
+            return Err(SessionError::Encode(WireError::HelloTooLarge {
+                size: frame.len(),
+            }));
+        }
         let in_flight = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.stats
             .max_in_flight
@@ -1071,6 +1180,7 @@ async fn read_controller(
     stats: Arc<LinkStats>,
     assigned: Arc<watch::Sender<Assigned>>,
     accepted: Arc<std::sync::atomic::AtomicBool>,
+    unconfirmed: Arc<Unconfirmed>,
 ) -> SessionError {
     let mut accepted_as: Option<String> = None;
     let failure = tls::FailureSlot::default();
@@ -1124,6 +1234,7 @@ async fn read_controller(
             }
             Ok(ControllerMessage::Accepted { host }) => {
                 accepted.store(true, Ordering::Relaxed);
+                unconfirmed.commit(&stats);
                 // Once per connection (the controller says it again after each hello).
                 if accepted_as.as_deref() != Some(host.as_str()) {
                     info!(controller = %addr, "accepted by {addr} as host {}", escape(&host));

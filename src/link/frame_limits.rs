@@ -11,6 +11,15 @@ pub const MAX_DECLARED: u32 = 10_000;
 /// the agent's next hello, so the hello's bound applies.
 pub const MAX_ASSIGNED: u32 = MAX_DECLARED;
 
+/// Largest frame read before a connection's hello is accepted (the whole framed message,
+/// segment table included): a hello declaring the protocol's [`MAX_DECLARED`] instances,
+/// each a `Declared` struct (4 words), its resource name at the name rule's 39 bytes (5
+/// words with the NUL) and an instance name of up to 128 bytes (17 words), is 10,000 * 208 =
+/// 2,080,000 bytes, plus the host and free-text fields (under 2 KiB). A connection not yet
+/// authenticated then holds at most 2 MiB for its next frame, not the 8 MiB any frame may
+/// have once its hello is in. An agent's real hello is a few KiB.
+pub const MAX_HELLO_FRAME_BYTES: usize = 2 << 20;
+
 /// Longest free-text hello field (agentVersion, bootId, configDigest): ours are under 64.
 pub const MAX_HELLO_TEXT: usize = 256;
 

@@ -1,6 +1,7 @@
 //! The stream of resvals to the controller (Cap'n Proto over TCP) and the reference receiver.
 //!
 //! - [`wire`]: plain Rust messages <-> capnp, framing and its limits.
+//! - [`admission`]: which connections wait for authentication, and which are evicted.
 //! - [`assignment`]: when a welcome's assignment takes effect (coalesced, once per second).
 //! - [`client`]: the agent's connection loop (hello, snapshot, deltas, heartbeats, reconnect).
 //! - [`frame_limits`]: what a frame may carry (list bounds, text lengths).
@@ -17,6 +18,7 @@
 #[allow(clippy::all, clippy::pedantic, unused, missing_docs)]
 pub mod agent_capnp;
 
+pub mod admission;
 pub mod assignment;
 pub mod client;
 pub mod frame_limits;

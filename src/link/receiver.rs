@@ -16,7 +16,6 @@
 //! resval is always exactly one line.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -28,7 +27,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::frame_limits::FrameLimits;
+use super::admission::{self, Stage, Ticket};
+use super::frame_limits::{FrameLimits, MAX_HELLO_FRAME_BYTES};
 use super::name_rules::{check_hello, check_names, HelloError};
 use super::tls::{self, LinkStream};
 use super::warning_throttle::{Warnings, WARN_INTERVAL};
@@ -40,7 +40,7 @@ use crate::receiver::budget::{
     Budget, HostAccount, Payer, DEFAULT_HOST_SHARE, DEFAULT_TOTAL, SESSION_COST,
 };
 use crate::receiver::frame::{self, FrameError};
-use crate::receiver::identity::{canonical_host, Displaced, Live};
+use crate::receiver::identity::{canonical_host, Displaced, Live, Peer};
 use crate::text::escape;
 use crate::value::{Resval, Valtype, Value, MAX_STRING_VALUE};
 
@@ -61,7 +61,7 @@ pub struct ListenOpts {
     /// Require TLS with a client certificate whose DNS SANs name the hello's host.
     /// `None` accepts plaintext: the CLI allows it only with `--insecure`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Bound on a TLS handshake; `None` is [`tls::HANDSHAKE_TIMEOUT`].
+    /// Bound on a TLS handshake; `None` is [`admission::HANDSHAKE_TIMEOUT`].
     pub handshake_timeout: Option<Duration>,
     /// The cluster's DNS domains: a hello's short host name is named by a certificate SAN
     /// `HOST.DOMAIN` only for these (a SAN equal to the host always names it).
@@ -69,9 +69,10 @@ pub struct ListenOpts {
     /// A connection whose hello has not been accepted by then is closed (OpenSSH's
     /// LoginGraceTime); `None` is [`HELLO_TIMEOUT`].
     pub hello_timeout: Option<Duration>,
-    /// Connections not yet accepted (TLS handshake or hello pending) beyond this many are
-    /// closed at once (OpenSSH's MaxStartups), so they cannot lock real agents out; `None`
-    /// is [`MAX_UNAUTHENTICATED`].
+    /// Connections not yet accepted (TLS handshake or hello pending) at once: the `full` of
+    /// the admission policy ([`admission::Policy::with_full`]), whose other numbers scale with
+    /// it. Beyond it a new connection evicts the weakest, oldest pending one (never itself),
+    /// so held sockets cannot lock real agents out; `None` is [`MAX_UNAUTHENTICATED`].
     pub max_unauthenticated: Option<usize>,
     /// The memory budget every connection charges (see `receiver::budget`); `None` is one of
     /// the defaults' size for this receiver alone.
@@ -88,18 +89,17 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest frame before an accepted hello: the largest hello the protocol allows
-/// (`MAX_DECLARED` instances of names within the name rules). A batch of up to
-/// `wire::MAX_FRAME_BYTES` comes only from a host whose hello was accepted, and is charged
-/// to its share.
-pub const PRE_HELLO_FRAME_BYTES: usize = 1 << 20;
+/// ([`MAX_HELLO_FRAME_BYTES`]). A batch of up to `wire::MAX_FRAME_BYTES` comes only from a
+/// host whose hello was accepted, and is charged to its share.
+pub const PRE_HELLO_FRAME_BYTES: usize = MAX_HELLO_FRAME_BYTES;
 
-/// Connections at once that have not yet sent an accepted hello.
-pub const MAX_UNAUTHENTICATED: usize = 1024;
+/// Connections at once that have not yet sent an accepted hello (see [`admission`]).
+pub const MAX_UNAUTHENTICATED: usize = admission::FULL;
 
 /// What happened on one agent connection.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    pub peer: SocketAddr,
+    pub peer: Peer,
     /// The host from the connection's hello, canonical (see `receiver::identity`; None
     /// before it).
     pub host: Option<String>,
@@ -199,7 +199,7 @@ impl Reason {
             F::Revoked => Reason::Revoked,
             F::NoCertificate => Reason::NoCertificate,
             F::NotTls => Reason::NotTls,
-            F::WrongName | F::PeerRefused | F::Truncated | F::Timeout | F::Other => {
+            F::WrongName | F::PeerRefused | F::Busy | F::Truncated | F::Timeout | F::Other => {
                 Reason::Handshake
             }
         }
@@ -228,6 +228,9 @@ impl Reason {
                 | K::ReadLimitExceeded
                 | K::NestingLimitExceeded => Reason::Limit,
                 K::Disconnected | K::Overloaded => Reason::Io,
+                // capnp-futures refuses a segment table announcing more than the traversal
+                // limit (`read_frame_within`'s bound) with a plain failure that says so.
+                K::Failed if c.extra.contains("which is too large") => Reason::Limit,
                 _ => Reason::Protocol,
             },
             _ => Reason::Protocol,
@@ -260,14 +263,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let control = Arc::new(Control::new(opts.domains.clone()));
-    serve_into(
-        vec![listener],
-        opts,
-        Sink::Events(events),
-        control,
-        shutdown,
-    )
-    .await;
+    serve_all(vec![listener], opts, events, control, shutdown).await;
 }
 
 /// `serve` on several listeners at once, one receiver behind them all (newest-wins per host
@@ -280,7 +276,47 @@ pub async fn serve_all(
     control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
-    serve_into(listeners, opts, Sink::Events(events), control, shutdown).await;
+    serve_doors(listeners, Vec::new(), opts, events, control, shutdown).await;
+}
+
+/// `serve_all` with the worker's doors too (unix sockets, see [`UnixDoor`]).
+pub async fn serve_doors(
+    listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
+    opts: ListenOpts,
+    events: mpsc::Sender<Event>,
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+) {
+    serve_into(
+        listeners,
+        unix,
+        opts,
+        Sink::Events(events),
+        control,
+        shutdown,
+    )
+    .await;
+}
+
+/// The worker's door: the same protocol on a unix socket of this node, without TLS. A peer
+/// is known by its credentials (SO_PEERCRED): only `allowed_uids` may feed it, and every
+/// session on it speaks for `host`, this receiver's own host, whatever its hello names.
+pub struct UnixDoor {
+    pub listener: tokio::net::UnixListener,
+    pub allowed_uids: Vec<u32>,
+    pub host: String,
+}
+
+/// How a connection came in.
+enum Door {
+    /// The controller's door: TCP, TLS unless the listener is plaintext.
+    Tcp(TcpStream),
+    /// The worker's door: a local process the socket vouched for; its host is `host`.
+    Unix {
+        stream: tokio::net::UnixStream,
+        host: String,
+    },
 }
 
 /// What the controller tells hosts while the receiver runs: the shared instances assigned
@@ -292,6 +328,10 @@ pub struct Control {
     assigned: Mutex<HashMap<String, AssignedTx>>,
     /// The cluster's domains, to make the names the controller gives canonical.
     domains: Vec<String>,
+    /// The live session of each host and certificate.
+    live: Arc<Live>,
+    /// The TLS configuration new connections get, once reloaded (`ListenOpts::tls` before).
+    tls: Mutex<Option<Arc<rustls::ServerConfig>>>,
 }
 
 type Assignment = Option<Vec<(String, String)>>;
@@ -303,9 +343,27 @@ impl Control {
     /// `host` in any spelling of it (case, the cluster's domain).
     pub fn new(domains: Vec<String>) -> Self {
         Self {
-            assigned: Mutex::default(),
             domains,
+            ..Self::default()
         }
+    }
+
+    /// New key material for the connections to come (certificate, key, CA, CRL), without
+    /// dropping live sessions; a live session whose certificate `material`'s CRL revokes is
+    /// ended (`revoked`). Returns how many were.
+    pub fn reload_tls(&self, material: &tls::Material) -> Result<usize, tls::TlsError> {
+        let cfg = material.server_config()?;
+        *self.tls.lock().unwrap_or_else(|p| p.into_inner()) = Some(cfg);
+        Ok(self.live.revoke(&material.revoked_keys()))
+    }
+
+    /// The TLS configuration for a new connection.
+    fn tls_config(
+        &self,
+        initial: &Option<Arc<rustls::ServerConfig>>,
+    ) -> Option<Arc<rustls::ServerConfig>> {
+        let reloaded = self.tls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        reloaded.or_else(|| initial.clone())
     }
 
     pub fn assign(&self, host: &str, instances: Vec<(String, String)>) {
@@ -399,37 +457,66 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Raise this process's open-file soft limit to its hard limit: a receiver holds a
-/// descriptor per agent (10,000 agents need more than the usual soft 1024). Returns the
-/// limit now in force; `None` where it cannot be read.
+/// descriptor per agent (10,000 agents need more than the usual soft 1024) and one per
+/// connection waiting for its handshake. Returns the limit now in force; `None` where it
+/// cannot be read. A limit that stays below what the pending pool alone needs is said once,
+/// with how to raise it (accept failing on it later says so again, see
+/// [`admission::accept_error_words`]).
 pub fn raise_fd_limit() -> Option<u64> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-        return Some(hard);
+    let now = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    if now < FD_LIMIT_WANTED {
+        warn!(
+            limit = now,
+            "the open-file limit (RLIMIT_NOFILE, hard limit {hard}) is {now}: with \
+             {MAX_UNAUTHENTICATED} connections waiting for their handshake there is room for \
+             few agents; raise it (systemd LimitNOFILE=, limits.conf nofile, or ulimit -Hn)"
+        );
     }
-    Some(soft)
+    Some(now)
 }
+
+/// Descriptors a receiver should be able to open: the pending pool, and as many agents.
+const FD_LIMIT_WANTED: u64 = 2 * MAX_UNAUTHENTICATED as u64 + 64;
 
 async fn serve_into(
     listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
     opts: ListenOpts,
     sink: Sink,
     control: Arc<Control>,
     shutdown: CancellationToken,
 ) {
     let mut conns = JoinSet::new();
-    let live = Arc::new(Live::default());
+    let live = Arc::clone(&control.live);
     let budget = opts
         .budget
         .clone()
         .unwrap_or_else(|| Budget::new(DEFAULT_TOTAL, DEFAULT_HOST_SHARE));
     let stopping = shutdown.child_token();
-    let unauthenticated = Arc::new(Semaphore::new(
-        opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED),
-    ));
+    let policy =
+        admission::Policy::with_full(opts.max_unauthenticated.unwrap_or(MAX_UNAUTHENTICATED));
+    let pending: admission::SharedPool = Arc::new(Mutex::new(admission::Pool::new(
+        policy,
+        admission::random_seed(),
+    )));
     let mut turned_away = Warnings::new(WARN_INTERVAL);
     let mut accept_errors = Warnings::new(WARN_INTERVAL);
     let mut accept_backoff = ACCEPT_BACKOFF_MIN;
+    for door in unix {
+        let ctx = Shared {
+            live: Arc::clone(&live),
+            control: Arc::clone(&control),
+            budget: Arc::clone(&budget),
+            stopping: stopping.clone(),
+        };
+        conns.spawn(accept_unix(door, opts.clone(), sink.clone(), ctx));
+    }
     loop {
         // `accept` is cancel-safe: the futures of the listeners that lost are dropped.
         let accept_any = async {
@@ -448,19 +535,19 @@ async fn serve_into(
                 Ok((stream, peer)) => {
                     accept_backoff = ACCEPT_BACKOFF_MIN;
                     let now = tokio::time::Instant::now();
-                    // MaxStartups: beyond the cap a new connection is closed at once (the
-                    // pending ones still have their hello grace), counted in one line per
-                    // interval, not one per connection.
-                    let Ok(permit) = Arc::clone(&unauthenticated).try_acquire_owned() else {
-                        drop(stream);
-                        if turned_away.admit("over the cap", now) {
-                            warn!(%peer, "too many connections without an accepted hello; \
-                                   closing new ones (more like it are summarised)");
+                    // Admission before authentication (see `admission`): the new connection
+                    // always gets in; what it evicts is counted in one line per interval,
+                    // not one per connection.
+                    let (ticket, evicted) = Ticket::admit(&pending, peer.ip(), now.into_std());
+                    for why in evicted {
+                        if turned_away.admit(why.as_str(), now) {
+                            warn!(%peer, "too many connections waiting for their handshake or \
+                                   hello ({}): closing the weakest, oldest ones (more like it \
+                                   are summarised)", why.as_str());
                         }
-                        continue;
-                    };
+                    }
                     if let Some(summary) = turned_away.summary_due(now) {
-                        warn!("connections closed for the cap on unauthenticated ones: {summary}");
+                        warn!("connections evicted while waiting for their handshake or hello: {summary}");
                     }
                     let ctx = Shared {
                         live: Arc::clone(&live),
@@ -468,17 +555,28 @@ async fn serve_into(
                         control: Arc::clone(&control),
                         stopping: stopping.clone(),
                     };
-                    conns.spawn(connection(stream, peer, opts.clone(), sink.clone(), ctx, permit));
+                    conns.spawn(connection(
+                        Door::Tcp(stream),
+                        Peer::Tcp(peer),
+                        opts.clone(),
+                        sink.clone(),
+                        ctx,
+                        Some(ticket),
+                    ));
+                    // Let the new connection read its ClientHello before the next accepts:
+                    // once read, it is past the silent sockets a flood holds.
+                    tokio::task::yield_now().await;
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off (100 ms doubling to 5 s)
                     // instead of spinning, and say so once per interval.
                     let now = tokio::time::Instant::now();
+                    let words = admission::accept_error_words(&e);
                     if accept_errors.admit("accept failed", now) {
-                        error!(error = %e, ?accept_backoff,
-                               "accept failed; backing off (more like it are summarised)");
+                        error!(?accept_backoff,
+                               "{words}; backing off (more like it are summarised)");
                     } else if let Some(summary) = accept_errors.summary_due(now) {
-                        error!(error = %e, "accept failures: {summary}");
+                        error!("{words}; accept failures: {summary}");
                     }
                     tokio::time::sleep(accept_backoff).await;
                     accept_backoff = (accept_backoff * 2).min(ACCEPT_BACKOFF_MAX);
@@ -500,7 +598,8 @@ async fn serve_into(
 /// `serve`, printing one line per event (per resval for batches) to `out`, for the CLI.
 /// The lines waiting for `out` are bounded by `LISTEN_BUFFER_BYTES`, however slow it is.
 pub async fn serve_lines<W: AsyncWrite + Unpin>(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
+    unix: Vec<UnixDoor>,
     opts: ListenOpts,
     format: LineFormat,
     mut out: W,
@@ -514,7 +613,8 @@ pub async fn serve_lines<W: AsyncWrite + Unpin>(
     });
     let control = Arc::new(Control::new(opts.domains.clone()));
     let server = tokio::spawn(serve_into(
-        vec![listener],
+        listeners,
+        unix,
         opts,
         sink,
         control,
@@ -554,22 +654,17 @@ pub struct Identity {
     pub certificate: String,
 }
 
-/// TLS accept, bounded by the handshake timeout; the peer's identity from its certificate.
+/// TLS accept, bounded by `bound`, given up when a newer connection evicts this one
+/// (`Ok(None)`: nothing to report, the accept loop counts it); the peer's identity from its
+/// certificate.
 async fn handshake(
     cfg: &Arc<rustls::ServerConfig>,
     bound: Duration,
     stream: TcpStream,
-) -> Result<(Box<dyn LinkStream>, Identity), (tls::Failure, String)> {
-    let accept = tokio_rustls::TlsAcceptor::from(Arc::clone(cfg)).accept(stream);
-    let s = match tokio::time::timeout(bound, accept).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err((tls::Failure::of(&e), tls::describe(&e))),
-        Err(_) => {
-            return Err((
-                tls::Failure::Timeout,
-                format!("no handshake within {bound:?} (peer stalled)"),
-            ))
-        }
+    ticket: &Ticket,
+) -> Result<Option<(Box<dyn LinkStream>, Identity)>, (tls::Failure, String)> {
+    let Some(s) = admission::tls_accept(cfg, bound, stream, ticket).await? else {
+        return Ok(None);
     };
     let info = s
         .get_ref()
@@ -580,13 +675,14 @@ async fn handshake(
     let Some(info) = info else {
         return Err((tls::Failure::NoCertificate, "no client certificate".into()));
     };
+    ticket.advance(Stage::Certified);
     let identity = Identity {
         subject: info.subject,
         sans: info.sans,
         dns_names: info.dns_names,
-        certificate: format!("{} #{}", info.issuer, info.serial),
+        certificate: tls::certificate_key(&info.issuer, &info.serial),
     };
-    Ok((Box::new(s), identity))
+    Ok(Some((Box::new(s), identity)))
 }
 
 /// What every connection of one receiver shares.
@@ -601,13 +697,86 @@ struct Shared {
 /// How a session ended: the class and the words.
 type End = Option<(Reason, String)>;
 
+/// Accept on the worker's door until the receiver stops: a peer whose uid is not allowed is
+/// refused (`identity`) before a byte is read.
+async fn accept_unix(door: UnixDoor, opts: ListenOpts, sink: Sink, shared: Shared) {
+    let mut conns = JoinSet::new();
+    let stopping = shared.stopping.clone();
+    let mut accept_errors = Warnings::new(WARN_INTERVAL);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stopping.cancelled() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            r = door.listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    let now = tokio::time::Instant::now();
+                    if accept_errors.admit("accept failed", now) {
+                        error!(error = %e, "accept on the worker's socket failed; backing off");
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF_MIN).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(cred) = stream.peer_cred() else {
+            continue;
+        };
+        let peer = Peer::Unix {
+            uid: cred.uid(),
+            pid: cred.pid().unwrap_or(0),
+        };
+        if !door.allowed_uids.contains(&cred.uid()) {
+            let text = format!(
+                "uid {} may not feed this socket (allowed: {:?})",
+                cred.uid(),
+                door.allowed_uids
+            );
+            error!(%peer, "{text}; refused");
+            let _ = sink
+                .deliver(Event {
+                    peer,
+                    host: None,
+                    session: 0,
+                    kind: EventKind::Closed(Some(text)),
+                    identity: None,
+                    reason: Some(Reason::Identity),
+                })
+                .await;
+            continue;
+        }
+        let ctx = Shared {
+            live: Arc::clone(&shared.live),
+            control: Arc::clone(&shared.control),
+            budget: Arc::clone(&shared.budget),
+            stopping: stopping.clone(),
+        };
+        let door = Door::Unix {
+            stream,
+            host: door.host.clone(),
+        };
+        conns.spawn(connection(
+            door,
+            peer,
+            opts.clone(),
+            sink.clone(),
+            ctx,
+            None,
+        ));
+    }
+    let _ = tokio::time::timeout(STOP_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+}
+
 async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
+    door: Door,
+    peer: Peer,
     opts: ListenOpts,
     sink: Sink,
     shared: Shared,
-    unauthenticated: OwnedSemaphorePermit,
+    unauthenticated: Option<Ticket>,
 ) {
     let Shared {
         live,
@@ -618,7 +787,9 @@ async fn connection(
     // LoginGraceTime: from accept to an accepted hello, handshake included.
     let hello_deadline = tokio::time::Instant::now() + opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
     let idle_timeout = opts.idle_timeout.unwrap_or(IDLE_TIMEOUT);
-    let mut unauthenticated = Some(unauthenticated);
+    // Held until the hello is accepted: its place among the connections not yet
+    // authenticated (see `admission`; the worker's door has none: its peers are known).
+    let mut unauthenticated = unauthenticated;
     // What the session costs at rest, before its hello: the pre-authentication part.
     let Ok(mut session_charge) = budget.charge(&Payer::PreAuth, SESSION_COST) else {
         let _ = sink
@@ -640,40 +811,49 @@ async fn connection(
     // On plaintext, the agent's first bytes: a TLS ClientHello there is an agent that
     // speaks TLS to a listener that does not, said as such instead of a parse error.
     let first_bytes = tls::FirstBytes::default();
-    let (stream, identity): (Box<dyn LinkStream>, _) = match &opts.tls {
-        None => (
-            Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
-            None,
-        ),
-        Some(cfg) => match handshake(
-            cfg,
-            opts.handshake_timeout.unwrap_or(tls::HANDSHAKE_TIMEOUT),
-            stream,
-        )
-        .await
-        {
-            Ok((s, id)) => (s, Some(Arc::new(id))),
-            Err((why, e)) => {
-                let e = if why == tls::Failure::NotTls {
-                    format!("the agent at {peer} is not using TLS but this listener is (configure tls: in its agent.yaml, or run listen with --insecure)")
-                } else {
-                    e
-                };
-                error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
-                let end = format!("TLS handshake failed ({}): {e}", why.as_str());
-                let kind = EventKind::Closed(Some(end));
-                let _ = sink
-                    .deliver(Event {
-                        peer,
-                        host: None,
-                        session: 0,
-                        kind,
-                        identity: None,
-                        reason: Some(Reason::of_tls(why)),
-                    })
-                    .await;
-                return;
-            }
+    let (stream, identity, forced_host): (Box<dyn LinkStream>, _, _) = match door {
+        Door::Unix { stream, host } => (Box::new(stream), None, Some(host)),
+        Door::Tcp(stream) => match control.tls_config(&opts.tls) {
+            None => (
+                Box::new(tls::Sniff::new(stream, Arc::clone(&first_bytes))),
+                None,
+                None,
+            ),
+            Some(cfg) => match match &unauthenticated {
+                Some(ticket) => {
+                    let bound = opts
+                        .handshake_timeout
+                        .unwrap_or(admission::HANDSHAKE_TIMEOUT);
+                    handshake(&cfg, bound, stream, ticket).await
+                }
+                None => Ok(None),
+            } {
+                Ok(Some((s, id))) => (s, Some(Arc::new(id)), None),
+                // Evicted for a newer connection: counted by the accept loop, not one line
+                // each.
+                Ok(None) => return,
+                Err((why, e)) => {
+                    let e = if why == tls::Failure::NotTls {
+                        format!("the agent at {peer} is not using TLS but this listener is (configure tls: in its agent.yaml, or run listen with --insecure)")
+                    } else {
+                        e
+                    };
+                    error!(%peer, reason = why.as_str(), error = %e, "TLS handshake failed; agent refused");
+                    let end = format!("TLS handshake failed ({}): {e}", why.as_str());
+                    let kind = EventKind::Closed(Some(end));
+                    let _ = sink
+                        .deliver(Event {
+                            peer,
+                            host: None,
+                            session: 0,
+                            kind,
+                            identity: None,
+                            reason: Some(Reason::of_tls(why)),
+                        })
+                        .await;
+                    return;
+                }
+            },
         },
     };
     let (mut rd, mut wr) = tokio::io::split(stream);
@@ -689,6 +869,7 @@ async fn connection(
         identity,
         peer_version: None,
         session: claim.id,
+        forced_host,
     };
     // The host's budget account, once its hello is in.
     let mut account: Option<Arc<HostAccount>> = None;
@@ -704,24 +885,23 @@ async fn connection(
         let read = {
             // The read stays pinned while welcomes go out: a frame is never cut in half.
             let before_hello = conn.hello.is_none();
-            let max = if before_hello {
-                PRE_HELLO_FRAME_BYTES
-            } else {
-                wire::MAX_FRAME_BYTES
-            };
-            let frame = frame::read_frame(&mut rd, max, before_hello, |n| budget.charge(&payer, n));
+            let frame = frame::read_frame(&mut rd, conn.frame_bytes(), before_hello, |n| {
+                budget.charge(&payer, n)
+            });
             tokio::pin!(frame);
             let idle = tokio::time::sleep(idle_timeout);
             tokio::pin!(idle);
             loop {
                 tokio::select! {
                     _ = claim.token.cancelled() => {
-                        let why = match claim.displaced() {
-                            Some(Displaced::SameCertificate { host }) => format!(
-                                "a newer connection with the same certificate, for host {host}, took its place"),
-                            _ => "a newer connection for this host took its place".into(),
-                        };
-                        break 'conn Some((Reason::Displaced, why));
+                        break 'conn Some(match claim.displaced() {
+                            Some(Displaced::Revoked) => (Reason::Revoked,
+                                "its certificate is revoked by the CRL the receiver reloaded".into()),
+                            Some(Displaced::SameCertificate { host }) => (Reason::Displaced, format!(
+                                "a newer connection with the same certificate, for host {host}, took its place")),
+                            _ => (Reason::Displaced,
+                                "a newer connection for this host took its place".into()),
+                        });
                     }
                     _ = async {
                         match &account {
@@ -735,6 +915,15 @@ async fn connection(
                     }
                     _ = stopping.cancelled() => {
                         break 'conn Some((Reason::Stopped, "the receiver is stopping".into()));
+                    }
+                    _ = async {
+                        match &unauthenticated {
+                            Some(ticket) => ticket.evicted().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        break 'conn Some((Reason::Limit, "evicted before its hello: too many \
+                            connections waiting for their handshake or hello".into()));
                     }
                     _ = tokio::time::sleep_until(hello_deadline), if conn.hello.is_none() => {
                         let grace = opts.hello_timeout.unwrap_or(HELLO_TIMEOUT);
@@ -842,6 +1031,18 @@ async fn connection(
             let _ = tokio::time::timeout(STOP_GRACE, send(&mut wr, &refused)).await;
         }
     }
+    // A TLS agent at this plaintext listener: answer its ClientHello with bytes that are not
+    // TLS (a `refused` frame, readable in a capture), so the agent says "does not speak TLS"
+    // from what it saw, rather than guessing from a silent close (which is also what a busy
+    // controller's turning away looked like).
+    let not_tls = matches!(&end, Some((Reason::NotTls, _))) && opts.tls.is_none();
+    if let (true, Some((reason, text))) = (not_tls, &end) {
+        let refused = ControllerMessage::Refused {
+            reason: reason.as_str().to_owned(),
+            message: text.clone(),
+        };
+        let _ = tokio::time::timeout(STOP_GRACE, send(&mut wr, &refused)).await;
+    }
     if let Some(summary) = conn.warnings.finish() {
         warn!(%peer, host = conn.host_or_dash(), "rejected resvals: {summary}");
     }
@@ -866,6 +1067,22 @@ async fn connection(
     }
     // TLS close_notify (a FIN on plaintext), bounded: a peer that does not read is cut.
     let _ = tokio::time::timeout(WRITE_TIMEOUT.min(STOP_GRACE), wr.shutdown()).await;
+    if not_tls {
+        // Read what is left of its ClientHello (bounded) before closing: closing with unread
+        // bytes sends a reset, which may reach the agent before the answer above.
+        let drain = async {
+            use tokio::io::AsyncReadExt as _;
+            let mut buf = [0u8; 4096];
+            let mut left: usize = 64 * 1024;
+            while left > 0 {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(STOP_GRACE, drain).await;
+    }
     let (reason, text) = match end {
         Some((r, t)) => (Some(r), Some(t)),
         None => (Some(Reason::Closed), None),
@@ -895,11 +1112,13 @@ async fn send<W: AsyncWrite + Unpin>(wr: &mut W, msg: &ControllerMessage) -> Res
 
 /// Per-connection protocol state.
 struct Conn {
-    peer: SocketAddr,
+    peer: Peer,
     hello: Option<Arc<Hello>>,
     /// The hello's host, canonical.
     host: Option<String>,
     session: u64,
+    /// On the worker's door: the host every hello speaks for (the receiver's own).
+    forced_host: Option<String>,
     /// Indices into the hello's resources, sorted by (name, instance).
     declared: Vec<u32>,
     last_seq: u64,
@@ -923,6 +1142,15 @@ impl Conn {
         match self.hello {
             None => FrameLimits::default(),
             Some(_) => FrameLimits::after_hello(self.declared.len()),
+        }
+    }
+
+    /// The largest next frame: before an accepted hello, what the largest hello may take
+    /// (a connection not yet authenticated cannot make the receiver hold 8 MiB).
+    fn frame_bytes(&self) -> usize {
+        match self.hello {
+            None => MAX_HELLO_FRAME_BYTES,
+            Some(_) => wire::MAX_FRAME_BYTES,
         }
     }
 
@@ -976,7 +1204,10 @@ impl Conn {
                         )));
                     }
                 }
-                let host = canonical_host(&h.host, &opts.domains);
+                let host = match &self.forced_host {
+                    Some(own) => own.clone(),
+                    None => canonical_host(&h.host, &opts.domains),
+                };
                 if let Some(old) = &self.host {
                     if *old != host {
                         return Err(protocol(format!(
@@ -1165,7 +1396,7 @@ impl Event {
                             "{host} {} {} {} last_report={} seq={} {kind}",
                             display_name(r),
                             r.status,
-                            escape(&r.value.to_string()),
+                            escape(&r.value.exact()),
                             r.last_report_ms.map_or("never".into(), rfc3339),
                             batch.seq
                         );

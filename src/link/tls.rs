@@ -81,6 +81,16 @@ pub enum TlsError {
         host: String,
         sans: Vec<String>,
     },
+    #[error(
+        "{}: this host's certificate (issuer {issuer:?}) does not chain to the CA in {}: {why}; the controller will refuse it; issue one from that CA (xce-agent tls issue, or the site's PKI), or point tls.ca at the CA that issued it",
+        cert.display(), ca.display()
+    )]
+    NotFromCa {
+        cert: PathBuf,
+        ca: PathBuf,
+        issuer: String,
+        why: String,
+    },
 }
 
 /// The key material of one end, read and checked; turned into rustls configs on demand.
@@ -322,6 +332,24 @@ impl Material {
         Ok(Arc::new(cfg))
     }
 
+    /// The certificates its CRLs revoke, as [`certificate_key`]s: what a reload ends among
+    /// the live sessions.
+    pub fn revoked_keys(&self) -> Vec<String> {
+        use x509_parser::prelude::FromDer as _;
+        use x509_parser::revocation_list::CertificateRevocationList;
+        let mut keys = Vec::new();
+        for der in &self.crls {
+            if let Ok((_, crl)) = CertificateRevocationList::from_der(der) {
+                let issuer = crl.issuer().to_string();
+                keys.extend(
+                    crl.iter_revoked_certificates()
+                        .map(|r| certificate_key(&issuer, &r.raw_serial_as_string())),
+                );
+            }
+        }
+        keys
+    }
+
     /// This end's own certificate (the first of the chain).
     pub fn leaf(&self) -> &CertificateDer<'static> {
         &self.chain[0]
@@ -374,6 +402,7 @@ impl Material {
                 sans: info.sans,
             });
         }
+        self.chains_to_ca(now)?;
         let mut warnings = Vec::new();
         if !cert_names_host(&info.dns_names, host, &[]) {
             warnings.push(format!(
@@ -387,6 +416,64 @@ impl Material {
             warnings.push(expiry_warning(path, &info, left));
         }
         Ok((!warnings.is_empty()).then(|| warnings.join("; ")))
+    }
+}
+
+impl Material {
+    /// Whether this end's chain leads to the configured CA as the controller checks it (the
+    /// same webpki verifier, CRLs included), at `now` moved into the leaf's validity (an
+    /// expired leaf has its own message; this one is about the chain). The links' own
+    /// configs do not check this: a certificate from another CA only fails at the peer, as
+    /// "unknown CA" in a reconnect loop.
+    pub fn chains_to_ca(&self, now: i64) -> Result<(), TlsError> {
+        let Some(leaf) = cert_info(self.leaf()) else {
+            return Ok(());
+        };
+        let now = now.clamp(leaf.not_before, leaf.not_after.max(leaf.not_before));
+        use rustls::CertificateError as C;
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.root_store()?, provider())
+            .with_crls(self.crls.clone())
+            .allow_unknown_revocation_status()
+            .build()
+            .map_err(|e| self.crl_error(e))?;
+        let at =
+            rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(now.max(0) as u64));
+        let Err(e) = verifier.verify_client_cert(self.leaf(), &self.chain[1..], at) else {
+            return Ok(());
+        };
+        let why = match e {
+            rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
+                let cas: Vec<String> = self
+                    .roots
+                    .iter()
+                    .filter_map(cert_info)
+                    .map(|c| format!("{:?}", c.subject))
+                    .collect();
+                format!(
+                    "no CA there issued it (that file holds {}; the chain in {} holds {} certificate(s))",
+                    cas.join(", "),
+                    self.paths.cert.display(),
+                    self.chain.len()
+                )
+            }
+            rustls::Error::InvalidCertificate(C::BadSignature) => {
+                "its signature does not verify with the CA's key (a CA of that name, not the one that signed it)".to_owned()
+            }
+            rustls::Error::InvalidCertificate(C::Revoked) => match &self.paths.crl {
+                Some(crl) => format!("it is revoked by {}", crl.display()),
+                None => "it is revoked".to_owned(),
+            },
+            rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+                "a CA certificate of its chain has expired".to_owned()
+            }
+            e => plain(&e.to_string()),
+        };
+        Err(TlsError::NotFromCa {
+            cert: self.paths.cert.clone(),
+            ca: self.paths.ca.clone(),
+            issuer: leaf.issuer.clone(),
+            why,
+        })
     }
 }
 
@@ -418,6 +505,11 @@ pub struct CertInfo {
     /// Unix seconds.
     pub not_before: i64,
     pub not_after: i64,
+}
+
+/// What names one certificate: its issuer and serial number (as a CRL names it).
+pub fn certificate_key(issuer: &str, serial: &str) -> String {
+    format!("{issuer} #{serial}")
 }
 
 pub fn cert_info(der: &CertificateDer<'_>) -> Option<CertInfo> {
@@ -509,6 +601,10 @@ pub enum Failure {
     NoCertificate,
     /// The peer refused us (sent an alert: e.g. it does not trust our certificate).
     PeerRefused,
+    /// The peer turned the connection away before the handshake (the receiver's
+    /// `user_canceled` alert, [`crate::link::admission::BUSY_ALERT`]: too many connections
+    /// waiting for theirs).
+    Busy,
     /// The peer does not speak TLS (a plaintext receiver, garbage bytes).
     NotTls,
     /// The connection ended before the handshake did.
@@ -519,13 +615,14 @@ pub enum Failure {
 }
 
 impl Failure {
-    pub const ALL: [Failure; 10] = [
+    pub const ALL: [Failure; 11] = [
         Failure::UnknownCa,
         Failure::Expired,
         Failure::Revoked,
         Failure::WrongName,
         Failure::NoCertificate,
         Failure::PeerRefused,
+        Failure::Busy,
         Failure::NotTls,
         Failure::Truncated,
         Failure::Timeout,
@@ -540,6 +637,7 @@ impl Failure {
             Failure::WrongName => "wrong_name",
             Failure::NoCertificate => "no_certificate",
             Failure::PeerRefused => "peer_refused",
+            Failure::Busy => "busy",
             Failure::NotTls => "not_tls",
             Failure::Truncated => "truncated",
             Failure::Timeout => "timeout",
@@ -584,6 +682,7 @@ impl Failure {
                 _ => Failure::Other,
             },
             E::NoCertificatesPresented => Failure::NoCertificate,
+            E::AlertReceived(rustls::AlertDescription::UserCanceled) => Failure::Busy,
             E::AlertReceived(_) => Failure::PeerRefused,
             E::InvalidMessage(_) => Failure::NotTls,
             _ => Failure::Other,
@@ -632,6 +731,31 @@ pub fn describe(e: &std::io::Error) -> String {
         return format!("no handshake within {HANDSHAKE_TIMEOUT:?} (peer stalled)");
     }
     plain(&e.to_string())
+}
+
+/// A failed accept as the controller reads it: an agent that refuses the controller's
+/// certificate ends the handshake with an alert, which is named with what it means (not
+/// "tls handshake eof" or a bare alert name); anything else as [`describe`] says it.
+pub fn describe_accept(e: &std::io::Error) -> String {
+    use rustls::AlertDescription as A;
+    let Some(alert) = alert_of(e) else {
+        return describe(e);
+    };
+    let meaning = match alert {
+        A::UnknownCA => "it does not trust the CA that issued it: is the agent's tls.ca the CA of this listener's certificate?",
+        A::BadCertificate => "the certificate does not name the address the agent dialed (its controllers: entry), or is malformed",
+        A::CertificateExpired => "the certificate has expired or is not valid yet (or a clock is wrong)",
+        A::CertificateRevoked => "the agent's CRL revokes it",
+        A::UnsupportedCertificate => "it is not usable for a TLS server (key usage, extended key usage)",
+        A::CertificateUnknown => "the agent could not verify it",
+        A::AccessDenied => "the agent refuses this controller",
+        _ => {
+            return format!(
+                "the agent ended the handshake with the alert {alert:?} (not about this controller's certificate)"
+            )
+        }
+    };
+    format!("the agent refused this controller's certificate (alert {alert:?}): {meaning}")
 }
 
 /// `text` without the URLs libraries append to their messages (rustls' "peer closed
@@ -707,6 +831,22 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Sniff<S> {
         std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
+    // Passed through: tokio's default writes only the first buffer, and rustls' last write
+    // after a failed handshake is one vectored write of what it has queued (the
+    // ChangeCipherSpec, then the alert that says why): without this, the alert never left
+    // and the controller read "tls handshake eof" instead of the agent's reason.
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -763,10 +903,15 @@ pub fn check(paths: &TlsPaths, now: SystemTime, host: &str, warn_before: Duratio
             return report;
         }
     };
+    // Expiry is said per certificate below; what else would make the controller refuse
+    // this host (another host's name, another CA) is a problem here, each on its own.
     if let Err(e @ TlsError::WrongHost { .. }) = material.usable_for(host, now, warn_before) {
         report.problems.push(e.to_string());
     }
     let now = unix(now);
+    if let Err(e) = material.chains_to_ca(now) {
+        report.problems.push(e.to_string());
+    }
     let described = material
         .chain
         .iter()

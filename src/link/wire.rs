@@ -128,6 +128,12 @@ pub enum WireError {
     Utf8 { field: &'static str },
     #[error("frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")]
     TooLarge { size: usize },
+    #[error(
+        "the hello is {size} bytes, more than the {} a controller reads before it has \
+         accepted a hello: declare fewer resources, or shorter instance names",
+        super::frame_limits::MAX_HELLO_FRAME_BYTES
+    )]
+    HelloTooLarge { size: usize },
     /// Checked on the list header, before a single element is read.
     #[error("{list} holds {count} entries, more than the {max} {bound}")]
     TooMany {
@@ -303,6 +309,17 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     reader: R,
 ) -> Result<Option<message::Reader<serialize::OwnedSegments>>, WireError> {
     Ok(capnp_futures::serialize::try_read_message(reader, reader_options()).await?)
+}
+
+/// `read_frame` with a smaller bound than `MAX_FRAME_BYTES` (a receiver's before the hello):
+/// a frame announcing more than `max_bytes` is refused from its segment table.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    reader: R,
+    max_bytes: usize,
+) -> Result<Option<message::Reader<serialize::OwnedSegments>>, WireError> {
+    let mut options = reader_options();
+    options.traversal_limit_in_words(Some(max_bytes.min(MAX_FRAME_BYTES) / 8));
+    Ok(capnp_futures::serialize::try_read_message(reader, options).await?)
 }
 
 /// Decode an agent message within the protocol's absolute bounds (no batch longer than a

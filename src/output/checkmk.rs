@@ -3,20 +3,42 @@
 //! (UNKNOWN), or `P`: computed from the metrics' thresholds as Checkmk does (a metric at or
 //! over `crit` is CRIT, at or over `warn` is WARN; a range `lo:hi` is breached outside it). A
 //! service name with spaces is in double quotes. Metrics are `name=value;warn;crit;min;max`
-//! joined by `|`, or `-` for none; the text is the rest of the line. A section header
-//! (`<<<local>>>`, as an agent plugin writes it) is skipped.
+//! joined by `|`, or `-` for none; the text is the rest of the line: the summary, then,
+//! after a literal `\n`, the long output (its lines joined by `\n`, as Checkmk writes it). A
+//! section header (`<<<local>>>`, as an agent plugin writes it) is skipped. Empty output is
+//! a host with no local checks to report: an answer, as Checkmk reads it.
 //!
-//! Samples: the service's state as a number named by the service, and each metric named by
-//! itself with the label `service`. Without `select:` a resource named like a metric or a
-//! service is fed by it; `select:` names a service (`"Disk root"`) or a metric of one
-//! (`used{service="Disk root"}`).
+//! Samples: the service's state as a number named by the service, each metric named by
+//! itself with the label `service`, and the text as the strings `text` and `long_text` with
+//! the label `service` (an informational check's value is its text:
+//! `0 "CPU level" - CPU level: x86-64-v4`). Without `select:` a resource named like a metric
+//! or a service is fed by it; `select:` names a service (`"Disk root"`), a metric of one
+//! (`used{service="Disk root"}`) or its text (`text{service="CPU level"}`).
 
 use super::{clip, Budget, FormatDef, Input, OutputError, Parsed, Sample};
 
-pub const DEF: FormatDef = FormatDef::of_a_peer("checkmk", "Checkmk local check output", parse, &super::NO_PEER);
+pub const DEF: FormatDef = FormatDef {
+    // The Checkmk agent prints an empty `<<<local>>>` section when no check has anything
+    // to say; the server reads that as no services, not as a broken agent.
+    empty_is_an_answer: true,
+    ..FormatDef::of_a_peer(
+        "checkmk",
+        "Checkmk local check output",
+        parse,
+        &super::NO_PEER,
+    )
+};
 
 /// The label naming a metric's service.
 pub const SERVICE_LABEL: &str = "service";
+
+/// The samples holding a service's summary and its long output.
+pub const TEXT: &str = "text";
+pub const LONG_TEXT: &str = "long_text";
+
+/// What separates the summary from the long output, and the long output's lines: the two
+/// characters `\` `n`, kept as they are in `long_text` (a string value holds no newline).
+const ESCAPED_NEWLINE: &str = "\\n";
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut out = Parsed::default();
@@ -36,9 +58,6 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
             }
             Err(why) => out.bad(i + 1, why),
         }
-    }
-    if out.samples.is_empty() && out.bad_lines.is_empty() {
-        return Err(OutputError::Empty);
     }
     Ok(out)
 }
@@ -62,7 +81,7 @@ fn service_line(
         }
     };
     let (service, rest) = service_name(rest)?;
-    let (metrics, _text) = word(rest);
+    let (metrics, text) = word(rest);
     if metrics.is_empty() {
         return Err(format!("service {service:?} has no metrics field (`-` for none)"));
     }
@@ -81,6 +100,21 @@ fn service_line(
                 line: number,
             });
         }
+    }
+    let (summary, long) = text
+        .split_once(ESCAPED_NEWLINE)
+        .unwrap_or((text, ""));
+    for (name, value) in [(TEXT, summary.trim()), (LONG_TEXT, long.trim())] {
+        if value.is_empty() {
+            continue;
+        }
+        budget.charge(name.len(), SERVICE_LABEL.len() + service.len(), value.len())?;
+        samples.push(Sample {
+            name: name.to_owned(),
+            labels: vec![(SERVICE_LABEL.to_owned(), service.clone())],
+            value: value.to_owned(),
+            line: number,
+        });
     }
     let state = worst.map_or_else(|| state.to_owned(), |w| w.to_string());
     out.samples.push(Sample {
@@ -212,6 +246,38 @@ mod tests {
         assert_eq!(get(&p, "myservice", None), Some("2"));
         assert_eq!(get(&p, "Load", None), Some("1"));
         assert_eq!(get(&p, "load5", Some("Load")), Some("0.4"));
+    }
+
+    #[test]
+    fn the_text_is_a_string_sample_and_the_long_output_another() {
+        let p = parse_ok(
+            parse,
+            "0 \"CPU x86-64 level\" - CPU x86_64 level: x86-64-v4\n1 Updates pending=3 3 updates\\nlibc6 2.36-9\\nopenssl 3.0.15\n0 Quiet -\n",
+        );
+        assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        assert_eq!(
+            get(&p, TEXT, Some("CPU x86-64 level")),
+            Some("CPU x86_64 level: x86-64-v4")
+        );
+        assert_eq!(get(&p, LONG_TEXT, Some("CPU x86-64 level")), None);
+        assert_eq!(get(&p, TEXT, Some("Updates")), Some("3 updates"));
+        // Kept escaped: a string value holds no newline.
+        assert_eq!(
+            get(&p, LONG_TEXT, Some("Updates")),
+            Some("libc6 2.36-9\\nopenssl 3.0.15")
+        );
+        assert_eq!(get(&p, "pending", Some("Updates")), Some("3"));
+        assert_eq!(get(&p, TEXT, Some("Quiet")), None);
+        assert_eq!(get(&p, "Quiet", None), Some("0"));
+    }
+
+    #[test]
+    fn empty_output_is_no_services_not_an_error() {
+        for text in ["", "\n", "<<<local:sep(0)>>>\n"] {
+            let p = parse_ok(parse, text);
+            assert!(p.samples.is_empty() && p.bad_lines.is_empty(), "{text:?}");
+        }
+        const { assert!(DEF.empty_is_an_answer) };
     }
 
     #[test]

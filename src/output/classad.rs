@@ -7,11 +7,16 @@
 //! named `NAME_Attr` gets them). Within one run, a later ad's value for the same attribute
 //! (and the same ad name) replaces an earlier one. The output is read whatever the exit
 //! status, as HTCondor does (a non-zero exit with nothing printed is a failed run).
+//!
+//! A nested record, `Name = [ Attr = value; ... ]` (what `condor_gpu_discovery` prints by
+//! default since HTCondor 9.11: `GPU_5368a050=[ DieTempC=28; ... ]`), gives one sample per
+//! attribute named `Name.Attr` (records in records: `Name.Inner.Attr`), never the record
+//! itself.
 
 use std::collections::hash_map::{Entry, HashMap};
 
 use super::stream::{Block, BlockLine, BlockStream, Blocks, Streaming};
-use super::{Exits, FormatDef, Input, OutputError, Parsed, Sample};
+use super::{DeclaredBudget, Exits, FormatDef, Input, OutputError, Parsed, Sample};
 
 pub const DEF: FormatDef = FormatDef {
     name: "classad",
@@ -58,14 +63,13 @@ fn parse_ad(block: &Block) -> Parsed {
         if line.starts_with('#') {
             continue;
         }
-        match attribute(line) {
-            Ok(Some((name, value))) => ad.samples.push(Sample {
+        match attributes(line) {
+            Ok(found) => ad.samples.extend(found.into_iter().map(|(name, value)| Sample {
                 name,
                 labels: Vec::new(),
                 value,
                 line: *number,
-            }),
-            Ok(None) => {}
+            })),
             Err(why) => ad.bad(*number, why),
         }
     }
@@ -112,7 +116,9 @@ pub fn merge_ads(into: &mut Parsed, ad: Parsed) {
 
 /// Ads merged as they end (a stream's first values): a later value of an attribute, in the
 /// ad of the same name, replaces the earlier one. Indexed, so each ad costs its own size,
-/// never another pass over the ads before it.
+/// never another pass over the ads before it. Each new name (with its labels: a collectd
+/// identifier, an ad's attribute) is charged to the probe's declared-state budget; past it,
+/// new names are dropped and the ones kept still take their later values.
 #[derive(Debug, Default)]
 pub struct MergedAds {
     parsed: Parsed,
@@ -120,7 +126,7 @@ pub struct MergedAds {
 }
 
 impl MergedAds {
-    pub fn add(&mut self, ad: Parsed) {
+    pub fn add(&mut self, ad: Parsed, declared: &mut DeclaredBudget) {
         for s in ad.samples {
             match self
                 .index
@@ -128,8 +134,13 @@ impl MergedAds {
             {
                 Entry::Occupied(e) => self.parsed.samples[*e.get()] = s,
                 Entry::Vacant(e) => {
-                    e.insert(self.parsed.samples.len());
-                    self.parsed.samples.push(s);
+                    // Twice the name and labels: the index holds its own copy.
+                    let labels: usize = s.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+                    let bytes = 2 * (s.name.len() + labels) + s.value.len();
+                    if declared.charge_len(bytes).is_ok() {
+                        e.insert(self.parsed.samples.len());
+                        self.parsed.samples.push(s);
+                    }
                 }
             }
         }
@@ -211,8 +222,8 @@ fn later_wins(samples: Vec<Sample>) -> Vec<Sample> {
     kept
 }
 
-/// `Name = value`: `None` for UNDEFINED.
-fn attribute(line: &str) -> Result<Option<(String, String)>, String> {
+/// `Name = value`: the attribute (none for UNDEFINED), or each attribute of a nested record.
+fn attributes(line: &str) -> Result<Vec<(String, String)>, String> {
     let Some((name, value)) = line.split_once('=') else {
         return Err(format!(
             "expected `Name = value` or `-`, got {:?}",
@@ -220,13 +231,141 @@ fn attribute(line: &str) -> Result<Option<(String, String)>, String> {
         ));
     };
     let (name, value) = (name.trim(), value.trim());
+    check_name(name)?;
+    let mut found = Vec::new();
+    match value.strip_prefix('[') {
+        Some(body) => {
+            let mut nested = Nested {
+                names_left: NESTED_NAME_BYTES_PER_LINE_BYTE * line.len(),
+                found: &mut found,
+            };
+            let rest = nested.record(name, body, 1)?;
+            if !rest.trim().is_empty() {
+                return Err(format!(
+                    "{name}: unexpected {:?} after the record's `]`",
+                    super::clip(rest.trim())
+                ));
+            }
+        }
+        None => found.extend(literal(name, value)?.map(|v| (name.to_owned(), v))),
+    }
+    Ok(found)
+}
+
+fn check_name(name: &str) -> Result<(), String> {
     let name_ok = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
-    if !name_ok {
-        return Err(format!("bad attribute name {:?}", super::clip(name)));
+    if name_ok {
+        Ok(())
+    } else {
+        Err(format!("bad attribute name {:?}", super::clip(name)))
     }
+}
+
+/// Records in records deeper than this are refused (`[a=[a=[...`), not recursed into.
+const MAX_NESTING: usize = 16;
+
+/// What a line's nested attribute names may take, against the line's size: each attribute
+/// repeats its record's name, so `LongName=[a=1;b=2;...]` would otherwise grow as the square
+/// of the line.
+const NESTED_NAME_BYTES_PER_LINE_BYTE: usize = 8;
+
+/// The attributes of one line's nested records, found so far, and what their names may
+/// still take.
+struct Nested<'a> {
+    names_left: usize,
+    found: &'a mut Vec<(String, String)>,
+}
+
+impl Nested<'_> {
+    /// The attributes of the record whose text follows its `[` in `body`, named
+    /// `prefix.Attr`; the text after its `]`.
+    fn record<'b>(&mut self, prefix: &str, body: &'b str, depth: usize) -> Result<&'b str, String> {
+        if depth > MAX_NESTING {
+            return Err(format!(
+                "{prefix}: records nested more than {MAX_NESTING} deep"
+            ));
+        }
+        let mut rest = body;
+        loop {
+            rest = rest.trim_start();
+            if let Some(after) = rest.strip_prefix(']') {
+                return Ok(after);
+            }
+            if rest.is_empty() {
+                return Err(format!("{prefix}: the record has no closing `]`"));
+            }
+            let Some((attr, after)) = rest.split_once('=') else {
+                return Err(format!(
+                    "{prefix}: expected `Name = value;` in the record, got {:?}",
+                    super::clip(rest)
+                ));
+            };
+            let attr = attr.trim();
+            check_name(attr).map_err(|why| format!("{prefix}: {why}"))?;
+            let name = format!("{prefix}.{attr}");
+            self.names_left = self.names_left.checked_sub(name.len()).ok_or_else(|| {
+                format!(
+                    "{prefix}: its attributes' names would take more than {NESTED_NAME_BYTES_PER_LINE_BYTE} times the line's size; refused"
+                )
+            })?;
+            let after = after.trim_start();
+            let tail = if let Some(inner) = after.strip_prefix('[') {
+                self.record(&name, inner, depth + 1)?
+            } else {
+                let end = value_end(after);
+                if let Some(v) = literal(&name, after[..end].trim())? {
+                    self.found.push((name, v));
+                }
+                &after[end..]
+            };
+            let tail = tail.trim_start();
+            rest = match tail.strip_prefix(';') {
+                Some(next) => next,
+                None if tail.starts_with(']') || tail.is_empty() => tail,
+                None => {
+                    return Err(format!(
+                        "{prefix}.{attr}: expected `;` or `]` after its value, got {:?}",
+                        super::clip(tail)
+                    ))
+                }
+            };
+        }
+    }
+}
+
+/// Where a value inside a record ends: at the first `;` or `]` outside a string literal and
+/// outside brackets (`{1, 2}`, `f(a; b)` is no ClassAd, but a list or call may hold `]`).
+fn value_end(s: &str) -> usize {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '(' | '{' | '[' => depth += 1,
+            ')' | '}' if depth > 0 => depth -= 1,
+            ']' if depth > 0 => depth -= 1,
+            ';' | ']' => return i,
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+/// A value's literal as a sample holds it: `None` for UNDEFINED.
+fn literal(name: &str, value: &str) -> Result<Option<String>, String> {
     if value.is_empty() {
         return Err(format!("{name} has no value"));
     }
@@ -246,7 +385,7 @@ fn attribute(line: &str) -> Result<Option<(String, String)>, String> {
         // A number, or an expression kept as its text.
         value.to_owned()
     };
-    Ok(Some((name.to_owned(), literal)))
+    Ok(Some(literal))
 }
 
 /// `"..."` as a whole value, unescaped; `None` when it is not exactly one string literal.
@@ -271,6 +410,36 @@ fn string_literal(v: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A collectd stream's first values gather its identifiers: one printing new ones for
+    /// ever stops growing at the budget, and an identifier kept still takes its later value.
+    #[test]
+    fn merged_ads_keep_new_names_within_the_declared_budget() {
+        let putval = |i: usize, v: &str| {
+            let mut budget = crate::output::Budget::for_output(1 << 20);
+            match crate::output::collectd::parse_line(
+                &format!("PUTVAL h/exec-{i}/gauge-used N:{v}"),
+                1,
+                &mut budget,
+            ) {
+                Ok(crate::output::collectd::Line::Values(samples, _)) => Parsed::of(samples),
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut declared = DeclaredBudget::new(20_000);
+        let mut merged = MergedAds::default();
+        for i in 0..10_000 {
+            merged.add(putval(i, "1"), &mut declared);
+        }
+        let kept = merged.parsed().samples.len();
+        assert!((20..200).contains(&kept), "{kept}");
+        assert_eq!(declared.entries(), kept);
+        assert!(declared.used() <= declared.limit());
+        assert_eq!(declared.refused(), (10_000 - kept) as u64);
+        merged.add(putval(0, "42"), &mut declared);
+        assert_eq!(merged.parsed().samples.len(), kept);
+        assert_eq!(merged.parsed().samples[0].value, "42");
+    }
 
     fn run(text: &str) -> Parsed {
         parse(&Input {
@@ -387,6 +556,61 @@ mod tests {
         );
         ads.push("B = 1");
         assert!(matches!(ads.push("-"), AdLine::Ended { ad, .. } if ad.samples.len() == 1));
+    }
+
+    #[test]
+    fn nested_records_give_each_attribute_named_by_its_path() {
+        let p = run(concat!(
+            "DetectedGPUs=\"GPU-5368a050, GPU-5d2744da\"\n",
+            "Common=[ DriverVersion=11.40; MaxSupportedVersion=11040; ]\n",
+            "GPU_5368a050=[ id=\"GPU-5368a050\"; DeviceName=\"A100; [SXM4]\"; DieTempC=28; ECCEnabled=true; Gone=undefined; List={1, 2}; ]\n",
+            "Outer = [ Inner = [ X = 1 ]; Y = \"y\" ]\n",
+            "Empty=[ ]\n",
+        ));
+        assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let got: Vec<(&str, &str)> = p
+            .samples
+            .iter()
+            .map(|s| (s.name.as_str(), s.value.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("DetectedGPUs", "GPU-5368a050, GPU-5d2744da"),
+                ("Common.DriverVersion", "11.40"),
+                ("Common.MaxSupportedVersion", "11040"),
+                ("GPU_5368a050.id", "GPU-5368a050"),
+                ("GPU_5368a050.DeviceName", "A100; [SXM4]"),
+                ("GPU_5368a050.DieTempC", "28"),
+                ("GPU_5368a050.ECCEnabled", "true"),
+                ("GPU_5368a050.List", "{1, 2}"),
+                ("Outer.Inner.X", "1"),
+                ("Outer.Y", "y"),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_records_are_bad_lines() {
+        let deep = format!("D = {}1{}\n", "[a=".repeat(MAX_NESTING + 1), "]".repeat(MAX_NESTING + 1));
+        let long = format!(
+            "{} = [ {} ]\n",
+            "N".repeat(4096),
+            "a=1; ".repeat(100)
+        );
+        let p = run(&format!(
+            "A = [ x = 1\nB = [ x = 1 ] junk\nC = [ 2x = 1 ]\nE = [ x ]\n{deep}{long}F = [ x = ERROR ]\nG = [ x = 1 ]\n"
+        ));
+        assert_eq!(
+            super::super::test_support::bad_line_numbers(&p),
+            vec![1, 2, 3, 4, 5, 6, 7]
+        );
+        let why: Vec<String> = p.bad_lines.iter().map(ToString::to_string).collect();
+        assert!(why[0].contains("no closing `]`"), "{why:?}");
+        assert!(why[4].contains("nested more than"), "{why:?}");
+        assert!(why[5].contains("times the line's size"), "{why:?}");
+        let got: Vec<String> = p.samples.iter().map(|s| s.key()).collect();
+        assert_eq!(got, ["G.x"]);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use super::stream::{SessionReader, Sessions, Streaming};
 use super::{
-    clip, Budget, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
+    clip, Budget, DeclaredBudget, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
 };
 
 pub const DEF: FormatDef = FormatDef {
@@ -36,11 +36,18 @@ pub const DEF: FormatDef = FormatDef {
     )
 };
 
-/// A stream's lines, one at a time: each PUTVAL is an update of the values it carries.
+/// A stream's lines, one at a time: each PUTVAL is an update of the values it carries. It
+/// keeps nothing across lines (what first values gather of its identifiers is charged
+/// where they are gathered).
 struct ExecStream;
 
 impl SessionReader for ExecStream {
-    fn line(&mut self, line: &str, number: usize) -> Result<Option<Parsed>, String> {
+    fn line(
+        &mut self,
+        line: &str,
+        number: usize,
+        _declared: &mut DeclaredBudget,
+    ) -> Result<Option<Parsed>, String> {
         let mut budget = Budget::for_output(line.len());
         match parse_line(line, number, &mut budget)? {
             Line::Nothing => Ok(None),

@@ -3,12 +3,14 @@
 //! labels and a raw value); `select.rs` picks each fed resource's sample; typing against the
 //! resource's valtype happens in one place (`value::Valtype::parse`).
 
+pub mod declared;
 pub mod select;
 pub mod stream;
 
 use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
+pub use declared::{DeclaredBudget, DECLARED_STATE_BYTES};
 pub use elim::{parse_elim, parse_elim_line};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
@@ -402,11 +404,19 @@ pub fn looks_like(text: &str) -> Option<Format> {
         .iter()
         .all(|l| l.starts_with('-') || l.starts_with('#') || l.contains('='))
     {
-        return Some(if lines.iter().any(|l| *l == "-" || l.starts_with("- ")) {
-            Format::Classad
-        } else {
-            Format::Kv
-        });
+        // A nested record (`GPU_5368a050=[ DieTempC=28; ]`) is ClassAd whatever separates
+        // the ads: kv would read it as one word.
+        let nested = |l: &&str| {
+            l.split_once('=')
+                .is_some_and(|(_, v)| v.trim_start().starts_with('['))
+        };
+        return Some(
+            if lines.iter().any(|l| *l == "-" || l.starts_with("- ")) || lines.iter().any(nested) {
+                Format::Classad
+            } else {
+                Format::Kv
+            },
+        );
     }
     None
 }
@@ -459,6 +469,14 @@ impl PairSet {
                 self.index.insert(k.to_owned(), self.pairs.len());
                 self.pairs.push((k.to_owned(), v.to_owned()));
             }
+        }
+    }
+
+    /// [`Self::upsert`], a new name charged to `declared` (twice: the index holds a copy)
+    /// and dropped past it; a name already kept still takes its later value.
+    pub fn upsert_within(&mut self, k: &str, v: &str, declared: &mut DeclaredBudget) {
+        if self.index.contains_key(k) || declared.charge_len(2 * k.len() + v.len()).is_ok() {
+            self.upsert(k, v);
         }
     }
 
@@ -644,6 +662,20 @@ pub(crate) mod test_support {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_pair_set_keeps_new_names_within_the_declared_budget() {
+        let mut declared = DeclaredBudget::new(10 * DeclaredBudget::cost("job_00000") * 2);
+        let mut set = PairSet::default();
+        for i in 0..10_000 {
+            set.upsert_within(&format!("job_{i:05}"), "1", &mut declared);
+        }
+        assert!(declared.refused() > 9_000, "{}", declared.refused());
+        set.upsert_within("job_00000", "7", &mut declared);
+        let pairs = set.into_vec();
+        assert!((10..=20).contains(&pairs.len()), "{}", pairs.len());
+        assert_eq!(pairs[0], ("job_00000".to_owned(), "7".to_owned()));
+    }
+
     fn pairs(f: Format, out: &[u8]) -> Result<Vec<Pair>, OutputError> {
         parse(f, out, Some(0), "x").map(|p| p.pairs())
     }
@@ -744,6 +776,11 @@ mod tests {
         );
         assert_eq!(looks_like("2 a 1 b 2\n"), Some(Format::Elim));
         assert_eq!(looks_like("a = 1\n-\n"), Some(Format::Classad));
+        assert_eq!(looks_like("a = 1\n"), Some(Format::Kv));
+        assert_eq!(
+            looks_like("DetectedGPUs=\"GPU-5368a050\"\nGPU_5368a050=[ DieTempC=28; ]\n"),
+            Some(Format::Classad)
+        );
         assert_eq!(looks_like("hello world\n"), None);
         assert_eq!(
             looks_like("multigraph cpu\nuser.value 5\n"),

@@ -11,6 +11,10 @@
 //! `charts.d.plugin` with a short `restart_timeout`) is an exec probe; one that runs forever
 //! is a stream, read block by block ([`Session`] keeps the charts across blocks).
 //!
+//! What a session keeps of the charts and dimensions is charged to the probe's
+//! [`DeclaredBudget`]; past it a new CHART or DIMENSION is dropped, and an update of a chart
+//! or dimension not kept is skipped rather than an error (it may be one the budget dropped).
+//!
 //! Samples: one per dimension, named `chart.dimension` (`system.load.load1`), labelled
 //! `chart` and `dimension`; the latest update wins. Without `select:` a resource named like
 //! the dimension id is fed by it (`provides: [load1]`). An `incremental` dimension's value is
@@ -20,7 +24,7 @@ use std::collections::HashMap;
 
 use super::stream::{SessionReader, Sessions, Streaming, MAX_BLOCK_BYTES};
 use super::{
-    clip, Budget, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
+    clip, Budget, DeclaredBudget, FormatDef, Input, Latest, OutputError, Parsed, Peer, PeerRun, Sample,
 };
 
 pub const DEF: FormatDef = FormatDef {
@@ -55,8 +59,13 @@ impl Default for PluginStream {
 }
 
 impl SessionReader for PluginStream {
-    fn line(&mut self, line: &str, number: usize) -> Result<Option<Parsed>, String> {
-        match self.session.line(line, number, &mut self.budget)? {
+    fn line(
+        &mut self,
+        line: &str,
+        number: usize,
+        declared: &mut DeclaredBudget,
+    ) -> Result<Option<Parsed>, String> {
+        match self.session.line(line, number, &mut self.budget, declared)? {
             Event::Nothing => Ok(None),
             Event::Update(samples) => {
                 self.budget = Budget::for_output(MAX_BLOCK_BYTES);
@@ -82,8 +91,9 @@ fn parse(input: &Input) -> Result<Parsed, OutputError> {
     let mut session = Session::default();
     let mut latest = Latest::default();
     let mut budget = Budget::for_output(input.text.len());
+    let mut declared = DeclaredBudget::default();
     for (i, line) in input.text.lines().enumerate() {
-        match session.line(line, i + 1, &mut budget) {
+        match session.line(line, i + 1, &mut budget, &mut declared) {
             Ok(Event::Nothing) => {}
             Ok(Event::Update(samples)) => {
                 for s in samples {
@@ -119,20 +129,21 @@ pub enum Event {
     Update(Vec<Sample>),
 }
 
-/// Most charts one plugin's session keeps, and dimensions per chart: a stream declares
-/// them once, and one that declares new ones for ever must not grow the agent's memory
-/// (netdata's own plugins declare tens).
-pub const MAX_CHARTS: usize = 10_000;
-pub const MAX_DIMENSIONS: usize = 1_000;
-
 /// A plugin's charts and the update being read: the state a stream reader keeps across
-/// blocks (a chart is declared once, updated every interval).
+/// blocks (a chart is declared once, updated every interval). A stream that declares new
+/// charts or dimensions for ever is held to the probe's [`DeclaredBudget`].
 #[derive(Debug, Default)]
 pub struct Session {
     charts: HashMap<String, Chart>,
-    /// The chart DIMENSION lines add to.
+    /// The chart DIMENSION lines add to; `None` also after a CHART the budget dropped.
     defining: Option<String>,
     collecting: Option<Collecting>,
+    /// The budget dropped a CHART or DIMENSION of this session: an update naming a chart
+    /// or dimension not kept may be one of those, and is skipped, not an error.
+    dropped: bool,
+    /// Inside `BEGIN` of a chart not kept (after a drop): its SET lines and its `END` are
+    /// skipped.
+    skipping: bool,
 }
 
 #[derive(Debug, Default)]
@@ -154,15 +165,33 @@ struct Collecting {
 
 impl Session {
     /// Read one line (`number` is its line, for the samples). A value's sample repeats its
-    /// chart's id: it is charged to `budget` (a stream reader gives each block its own).
-    pub fn line(&mut self, line: &str, number: usize, budget: &mut Budget) -> Result<Event, String> {
+    /// chart's id: it is charged to `budget` (a stream reader gives each block its own). A
+    /// chart or dimension kept is charged to `declared`, the probe's budget.
+    pub fn line(
+        &mut self,
+        line: &str,
+        number: usize,
+        budget: &mut Budget,
+        declared: &mut DeclaredBudget,
+    ) -> Result<Event, String> {
         let words = split_words(line);
         let Some((keyword, args)) = words.split_first() else {
             return Ok(Event::Nothing);
         };
+        if std::mem::take(&mut self.skipping) {
+            match keyword.as_str() {
+                "SET" => {
+                    self.skipping = true;
+                    return Ok(Event::Nothing);
+                }
+                "END" => return Ok(Event::Nothing),
+                // Anything else ends the skipped update and is read as itself.
+                _ => {}
+            }
+        }
         match keyword.as_str() {
-            "CHART" => self.chart(args),
-            "DIMENSION" => self.dimension(args),
+            "CHART" => self.chart(args, declared),
+            "DIMENSION" => self.dimension(args, declared),
             "BEGIN" => self.begin(args),
             "SET" => self.set(args, number, budget),
             "END" => self.end(),
@@ -177,23 +206,39 @@ impl Session {
         }
     }
 
-    fn chart(&mut self, args: &[String]) -> Result<Event, String> {
+    /// Charge a new entry named `name`; whether it may be kept.
+    fn keep(&mut self, name: &str, declared: &mut DeclaredBudget) -> bool {
+        if declared.charge(name).is_err() {
+            self.dropped = true;
+            return false;
+        }
+        true
+    }
+
+    fn chart(&mut self, args: &[String], declared: &mut DeclaredBudget) -> Result<Event, String> {
         let Some(id) = args.first().filter(|id| id.contains('.')) else {
             return Err("CHART needs a `type.id` first".into());
         };
-        if self.charts.len() >= MAX_CHARTS && !self.charts.contains_key(id) {
-            return Err(format!(
-                "more than {MAX_CHARTS} charts: CHART {:?} is not kept",
-                clip(id)
-            ));
+        if !self.charts.contains_key(id) && !self.keep(id, declared) {
+            // Its DIMENSION lines are dropped with it.
+            self.defining = None;
+            return Ok(Event::Nothing);
         }
         self.charts.entry(id.clone()).or_default();
         self.defining = Some(id.clone());
         Ok(Event::Nothing)
     }
 
-    fn dimension(&mut self, args: &[String]) -> Result<Event, String> {
-        let Some(chart) = self.defining.as_ref() else {
+    fn dimension(
+        &mut self,
+        args: &[String],
+        declared: &mut DeclaredBudget,
+    ) -> Result<Event, String> {
+        let Some(chart) = self.defining.clone() else {
+            if self.dropped {
+                // The dimension of a chart the budget dropped.
+                return Ok(Event::Nothing);
+            }
             return Err("DIMENSION before any CHART".into());
         };
         let Some(id) = args.first().filter(|id| !id.is_empty()) else {
@@ -214,14 +259,14 @@ impl Session {
             multiplier: factor(3)?,
             divisor: factor(4)?,
         };
-        if let Some(c) = self.charts.get_mut(chart) {
-            if c.dimensions.len() >= MAX_DIMENSIONS && !c.dimensions.contains_key(id) {
-                return Err(format!(
-                    "chart {:?} has more than {MAX_DIMENSIONS} dimensions: {:?} is not kept",
-                    clip(chart),
-                    clip(id)
-                ));
-            }
+        let known = self
+            .charts
+            .get(&chart)
+            .is_some_and(|c| c.dimensions.contains_key(id));
+        if !known && !self.keep(id, declared) {
+            return Ok(Event::Nothing);
+        }
+        if let Some(c) = self.charts.get_mut(&chart) {
             c.dimensions.insert(id.clone(), scale);
         }
         Ok(Event::Nothing)
@@ -233,6 +278,11 @@ impl Session {
         };
         if !self.charts.contains_key(id) {
             self.collecting = None;
+            if self.dropped {
+                // Perhaps a chart the budget dropped: its update is skipped.
+                self.skipping = true;
+                return Ok(Event::Nothing);
+            }
             return Err(format!("BEGIN names chart {:?}, which no CHART declared", clip(id)));
         }
         self.collecting = Some(Collecting {
@@ -257,6 +307,10 @@ impl Session {
             .get(&c.chart)
             .and_then(|chart| chart.dimensions.get(id))
         else {
+            if self.dropped {
+                // Perhaps a dimension the budget dropped.
+                return Ok(Event::Nothing);
+            }
             return Err(format!(
                 "SET names dimension {:?}, which chart {:?} did not declare",
                 clip(id),
@@ -331,26 +385,74 @@ mod tests {
     use super::super::test_support::{bad_line_numbers, parse_ok, refused_at_budget};
     use super::*;
 
+    /// A budget for `n` entries named like `c.NNNN` / `dNNNN`.
+    fn room_for(n: usize) -> DeclaredBudget {
+        DeclaredBudget::new(n * DeclaredBudget::cost("c.0000"))
+    }
+
     #[test]
-    fn a_stream_that_declares_charts_for_ever_keeps_a_bounded_session() {
+    fn a_stream_that_declares_for_ever_stops_growing_at_its_budget() {
         let mut stream = PluginStream::default();
-        for i in 0..MAX_CHARTS {
-            assert_eq!(stream.line(&format!("CHART c.{i}"), i + 1), Ok(None));
+        let declared = &mut room_for(40);
+        let mut line = |l: &str| stream.line(l, 0, declared);
+        for l in ["CHART system.load", "DIMENSION load1 '' absolute 1 100"] {
+            assert_eq!(line(l), Ok(None));
         }
-        let refused = stream.line("CHART c.new", 0).unwrap_err();
-        assert!(refused.contains("more than 10000 charts"), "{refused}");
-        // A chart already kept is still declared again, and its dimensions are bounded too.
-        assert_eq!(stream.line("CHART c.0", 0), Ok(None));
-        for i in 0..MAX_DIMENSIONS {
-            assert_eq!(stream.line(&format!("DIMENSION d{i}"), 0), Ok(None));
+        // 1000 charts of 100 dimensions each: every line read, none an error.
+        for c in 0..1000 {
+            assert_eq!(line(&format!("CHART c.{c:04}")), Ok(None));
+            for d in 0..100 {
+                assert_eq!(line(&format!("DIMENSION d{d:04}")), Ok(None));
+            }
         }
-        let refused = stream.line("DIMENSION d_new", 0).unwrap_err();
-        assert!(refused.contains("more than 1000 dimensions"), "{refused}");
-        // Updates still apply, each with the scale declared before them.
-        assert_eq!(stream.line("BEGIN c.0", 0), Ok(None));
-        assert_eq!(stream.line("SET d1 = 4", 0), Ok(None));
-        let update = stream.line("END", 0).unwrap().expect("an update");
+        // The chart declared before the budget was reached still updates.
+        for l in ["BEGIN system.load", "SET load1 = 52"] {
+            assert_eq!(line(l), Ok(None));
+        }
+        let update = line("END").unwrap().expect("an update");
+        assert_eq!(update.samples[0].value, "0.52");
+        // An update of a chart or dimension the budget dropped is skipped, not an error
+        // (an error would fail every resource the probe feeds, at every update).
+        for l in ["BEGIN c.0999", "SET d0099 = 1", "END", "BEGIN system.load"] {
+            assert_eq!(line(l), Ok(None), "{l}");
+        }
+        assert_eq!(line("SET d0099 = 1"), Ok(None));
+        assert_eq!(line("SET load1 = 7"), Ok(None));
+        let update = line("END").unwrap().expect("an update");
         assert_eq!(update.samples.len(), 1);
+        assert_eq!(update.samples[0].value, "0.07");
+        // A skipped update left without its END ends at the next keyword, read as itself.
+        for l in ["BEGIN c.0999", "SET d0099 = 1", "BEGIN system.load", "SET load1 = 9"] {
+            assert_eq!(line(l), Ok(None), "{l}");
+        }
+        let update = line("END").unwrap().expect("an update");
+        assert_eq!(update.samples[0].value, "0.09");
+
+        assert!(declared.used() <= declared.limit());
+        assert!(declared.used() + DeclaredBudget::cost("c.0000") > declared.limit());
+        // Every chart past the budget was refused; its dimensions went with it, uncharged.
+        assert!(declared.refused() >= 999, "{}", declared.refused());
+        assert!(declared.first_refusal());
+        let kept: usize = stream
+            .session
+            .charts
+            .values()
+            .map(|c| 1 + c.dimensions.len())
+            .sum();
+        assert!((38..=40).contains(&kept), "{kept}");
+        assert_eq!(declared.entries(), kept, "what the session keeps is what it charged");
+    }
+
+    #[test]
+    fn a_chart_declared_again_costs_nothing_more() {
+        let mut s = Session::default();
+        let (budget, declared) = (&mut Budget::for_output(0), &mut room_for(3));
+        for _ in 0..100 {
+            for l in ["CHART a.b", "DIMENSION d1", "DIMENSION d2 '' absolute 2"] {
+                assert_eq!(s.line(l, 0, budget, declared), Ok(Event::Nothing));
+            }
+        }
+        assert_eq!((declared.entries(), declared.refused()), (3, 0));
     }
 
     fn get<'a>(p: &'a Parsed, name: &str) -> Option<&'a str> {
@@ -395,14 +497,15 @@ END
     fn a_session_keeps_its_charts_across_blocks() {
         let mut s = Session::default();
         let budget = &mut Budget::for_output(0);
+        let declared = &mut DeclaredBudget::default();
         for (i, l) in SENSORS.lines().take(6).enumerate() {
-            assert_eq!(s.line(l, i + 1, budget), Ok(Event::Nothing));
+            assert_eq!(s.line(l, i + 1, budget, declared), Ok(Event::Nothing));
         }
         let block = ["BEGIN system.load", "SET jobs = 3", "END"];
         let mut last = Event::Nothing;
         for round in 0..2 {
             for l in block {
-                last = s.line(l, round, budget).unwrap();
+                last = s.line(l, round, budget, declared).unwrap();
             }
         }
         let Event::Update(samples) = last else {

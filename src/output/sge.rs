@@ -4,7 +4,9 @@
 //! that names it. The value is the rest of the line after the second `:`.
 //!
 //! Samples: one per load value, named as SGE names it (`load.5m`, `np_load_avg`, `nuser`); a
-//! global value carries the label `host="global"`. Without `select:` a resource named like
+//! global value carries the label `host="global"`. A memory value with a multiplier, as
+//! `sge_types(1)` defines them (`k` 1000, `K` 1024, `m` 1000², `M` 1024², `g` 1000³, `G`
+//! 1024³: `tmpfree:77261344k`, `2.5G`), is given in bytes, as SGE reads it. Without `select:` a resource named like
 //! the value is fed by it (`load.5m` feeds `load_5m`); `select:` names it as written.
 //!
 //! A load sensor is long-running: sge_execd writes a newline on its stdin for each report
@@ -152,12 +154,38 @@ pub fn parse_block(lines: &[(usize, &str)], this_host: &str) -> Parsed {
         let sample = Sample {
             name: name.to_owned(),
             labels,
-            value: value.to_owned(),
+            value: memory_in_bytes(value).unwrap_or_else(|| value.to_owned()),
             line: number,
         };
         latest.put(&mut out, sample);
     }
     out
+}
+
+/// A memory specifier with a multiplier (`sge_types(1)`: a number, then one of `kKmMgG`)
+/// in bytes; `None` for any other value (a plain number, a string), which stays as written.
+fn memory_in_bytes(value: &str) -> Option<String> {
+    let unit = value.chars().last()?;
+    let multiplier: f64 = match unit {
+        'k' => 1e3,
+        'K' => 1024.0,
+        'm' => 1e6,
+        'M' => 1024.0 * 1024.0,
+        'g' => 1e9,
+        'G' => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let number = &value[..value.len() - 1];
+    // Digits with at most one point: `1e3k` or `infk` is a string, not a memory value.
+    let digits_and_a_point = !number.is_empty()
+        && number.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && number.chars().filter(|&c| c == '.').count() <= 1
+        && number.chars().any(|c| c.is_ascii_digit());
+    if !digits_and_a_point {
+        return None;
+    }
+    let bytes = number.parse::<f64>().ok()? * multiplier;
+    bytes.is_finite().then(|| bytes.to_string())
 }
 
 /// SGE's match: the same name ignoring case, or the same short name when one is an FQDN.
@@ -195,6 +223,35 @@ mod tests {
                 ("np_load_avg", "0.13", 0),
                 ("licenses", "12", 1),
                 ("clock", "12:30", 0),
+            ]
+        );
+    }
+
+    #[test]
+    fn memory_values_with_a_multiplier_are_bytes_as_sge_types_defines_them() {
+        let p = block(
+            "node7:tmpfree:77261344k\nnode7:mem_free:2.5G\nnode7:a:1K\nnode7:b:3m\nnode7:c:3M\nnode7:d:2g\nnode7:plain:512\nnode7:arch:lx-amd64\nnode7:word:k\nnode7:e:1e3k\nnode7:f:1.2.3M\n",
+        );
+        assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let got: Vec<(&str, &str)> = p
+            .samples
+            .iter()
+            .map(|s| (s.name.as_str(), s.value.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("tmpfree", "77261344000"),
+                ("mem_free", "2684354560"),
+                ("a", "1024"),
+                ("b", "3000000"),
+                ("c", "3145728"),
+                ("d", "2000000000"),
+                ("plain", "512"),
+                ("arch", "lx-amd64"),
+                ("word", "k"),
+                ("e", "1e3k"),
+                ("f", "1.2.3M"),
             ]
         );
     }

@@ -4,7 +4,7 @@
 //! is its entry plus its parser; the stream supervisor reads every one through
 //! [`BlockStream`] or the line parser its entry names, never by a `match` on the format.
 
-use super::{Pair, Parsed};
+use super::{DeclaredBudget, Pair, Parsed};
 
 /// How a stream reads a format (see the module's text).
 #[derive(Clone, Copy)]
@@ -35,8 +35,14 @@ pub trait SessionReader: Send {
     /// One line (without its newline; `number` counts from the child's start). `Ok(None)`:
     /// nothing to apply yet (a declaration, a line inside an update); `Ok(Some(parsed))`:
     /// an update's samples, with any of its values that could not be read as bad lines;
-    /// `Err`: the line is malformed.
-    fn line(&mut self, line: &str, number: usize) -> Result<Option<Parsed>, String>;
+    /// `Err`: the line is malformed. What the reader keeps of a declaration is charged to
+    /// `declared`, the probe's budget; past it the declaration is dropped, not an error.
+    fn line(
+        &mut self,
+        line: &str,
+        number: usize,
+        declared: &mut DeclaredBudget,
+    ) -> Result<Option<Parsed>, String>;
 }
 
 impl Streaming {

@@ -1,7 +1,9 @@
 //! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
+use std::collections::HashSet;
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
@@ -121,11 +123,13 @@ pub fn child_spec(
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
+    log_path_fallback(task, &resolved, &spec.command, &ctx.plugin_dir);
     let program = resolved.program;
+    let mut checked = None;
     if super::security::enforced() {
-        supervisor
+        checked = supervisor
             .verdicts
-            .check_probe(
+            .check_and_open(
                 &program,
                 &resolved.args,
                 &spec.env,
@@ -133,16 +137,28 @@ pub fn child_spec(
             )
             // The rule cannot check an interpreter that is not there: say that plainly (read
             // only on this failure path, never per good run).
+            .map(Some)
             .map_err(|e| match super::security::script_problem(&program, false) {
                 Some(why) => SpawnRefused::NotRunnable(why),
                 None => e.into(),
             })?;
+        // Program text as root (or as a user whose uid is 0) runs only where the admin said
+        // why (`trusted:`).
+        if creds.as_ref().is_none_or(|c| c.uid.is_root()) {
+            super::security::check_text(
+                &program,
+                &resolved.args,
+                &spec.env,
+                spec.trusted.as_deref(),
+            )?;
+        }
     }
     let user = creds.as_ref().map_or_else(
         || supervisor.users.agent_name().to_owned(),
         |c| c.user.clone(),
     );
     let mut child = ChildSpec::new(program, task.timeout);
+    child.checked = checked;
     // The arguments the format's own system passes (netdata's update-every) come first; a
     // `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`: "$1"...),
     // never in front of `-c`.
@@ -367,6 +383,35 @@ fn child_ended(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outco
     Some((outcome, ended))
 }
 
+/// A bare name not in plugin_dir runs what the probes' PATH has under that name: said in the
+/// log, once per probe and program, so the program a run used is on record (`check` and
+/// `probe NAME` say it too).
+fn log_path_fallback(
+    task: &ProbeTask,
+    resolved: &super::resolve::Resolved,
+    command: &[String],
+    plugin_dir: &std::path::Path,
+) {
+    static LOGGED: std::sync::Mutex<Option<HashSet<(String, PathBuf)>>> =
+        std::sync::Mutex::new(None);
+    let Some(note) = command
+        .first()
+        .and_then(|name| resolved.note(name, plugin_dir))
+    else {
+        return;
+    };
+    let first = LOGGED
+        .lock()
+        .map(|mut seen| {
+            seen.get_or_insert_with(HashSet::new)
+                .insert((task.name.clone(), resolved.program.clone()))
+        })
+        .unwrap_or(true);
+    if first {
+        tracing::info!(probe = %task.name, "{note}");
+    }
+}
+
 /// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is
 /// lost with the run. Its timeout says what to declare instead.
 fn elim_hint(spec: &ExecSpec, o: &process::ChildOutcome) -> Option<ElimHint> {
@@ -376,13 +421,29 @@ fn elim_hint(spec: &ExecSpec, o: &process::ChildOutcome) -> Option<ElimHint> {
     })
 }
 
-/// The last non-blank line: the one a failing script's stderr usually explains itself in.
+/// The last informative line: the one a failing script's stderr usually explains itself
+/// in. Blank lines and decorations (a rule of `-` or `=`: no letter or digit) are passed
+/// over, and so is the source line a caret line underlines: Ruby's error_highlight ends an
+/// exception with the failing code and `^^^^^^^` under it, below the message. Output of
+/// nothing but decorations gives its last non-blank line.
 pub fn last_line(s: &str) -> &str {
-    s.lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("")
+    let lines = || s.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let decoration = |l: &str| !l.chars().any(char::is_alphanumeric);
+    let underline = |l: &str| l.chars().all(|c| matches!(c, '^' | '~' | ' ' | '\t'));
+    let mut underlined = false;
+    for line in lines() {
+        if underlined {
+            // The code the carets point into.
+            underlined = false;
+            continue;
+        }
+        if decoration(line) {
+            underlined = underline(line);
+            continue;
+        }
+        return line;
+    }
+    lines().next().unwrap_or("")
 }
 
 pub use process::signal_name;
@@ -390,3 +451,25 @@ pub use process::signal_name;
 pub use super::output_log::{
     OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
 };
+
+#[cfg(test)]
+mod last_line_tests {
+    use super::last_line;
+
+    #[test]
+    fn the_last_informative_line_passes_over_decorations_and_the_code_carets_point_into() {
+        // Ruby 3.4, error_highlight on (the default).
+        let ruby = "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)\n\nputs total / count\n           ^^^^^^^^\n";
+        assert_eq!(
+            last_line(ruby),
+            "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)"
+        );
+        assert_eq!(last_line("disk gone\n---------\n\n"), "disk gone");
+        assert_eq!(last_line("first\nsecond\n"), "second");
+        assert_eq!(last_line("^^^^\n"), "^^^^");
+        assert_eq!(last_line("  \n"), "");
+        // Python 3.11 underlines inside its traceback; its last line is the exception.
+        let python = "  File \"/x.py\", line 1, in <module>\n    1/0\n    ~^~\nZeroDivisionError: division by zero\n";
+        assert_eq!(last_line(python), "ZeroDivisionError: division by zero");
+    }
+}

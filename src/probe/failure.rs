@@ -132,7 +132,7 @@ pub struct NoFirstValues {
 impl NoFirstValues {
     /// With the last non-blank line of `stderr`, unless the reason already holds it.
     pub fn new(why: NoValues, stderr: &str) -> Self {
-        let last = stderr.lines().rev().map(str::trim).find(|l| !l.is_empty());
+        let last = Some(super::exec::last_line(stderr)).filter(|l| !l.is_empty());
         let said = last
             .filter(|last| !why.to_string().contains(last))
             .map(str::to_owned);

@@ -10,13 +10,19 @@
 //!   and said in one summary line ("N more ... not logged") when the next minute begins or the
 //!   stream child ends;
 //! * names outside `provides:`: each logged once, the first [`UNEXPECTED_REMEMBERED`] of them
-//!   remembered; past that, new names are counted, never stored.
+//!   remembered, each charged to the probe's declared-state budget; past either, new names
+//!   are counted, never stored.
+//!
+//! The probe's [`DeclaredBudget`] lives here, with the names it remembers: a stream's
+//! session (Netdata's charts and dimensions) charges it too, and the first refusal is said
+//! once ([`OutputLog::say_declared_budget`]).
 //!
 //! Every text a probe wrote goes to the log through [`crate::text::escape`].
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::output::DeclaredBudget;
 use crate::text::escape;
 
 /// How often the same probe's stderr may be logged when its text does not change; also the
@@ -77,9 +83,19 @@ pub struct OutputLog {
     /// Stderr lines held back in the window before this one, to be said before the next.
     stderr_summary: u64,
     malformed: Throttle,
+    /// What the probe may keep of what it declares (see the module's text).
+    declared: DeclaredBudget,
 }
 
 impl OutputLog {
+    /// With a declared-state budget of `limit` bytes (a stream's `declared_state`).
+    pub fn with_declared_limit(limit: usize) -> Self {
+        Self {
+            declared: DeclaredBudget::new(limit),
+            ..Self::default()
+        }
+    }
+
     /// Names not yet logged for this probe; returns the ones it logged now. Each is logged
     /// once while fewer than [`UNEXPECTED_REMEMBERED`] are remembered; later new names are
     /// counted, and the count logged at most once per [`STDERR_LOG_EVERY`].
@@ -94,7 +110,7 @@ impl OutputLog {
             if self.unexpected.contains(name.as_str()) {
                 continue;
             }
-            if self.unexpected.len() < UNEXPECTED_REMEMBERED {
+            if self.unexpected.len() < UNEXPECTED_REMEMBERED && self.declared.charge(name).is_ok() {
                 self.unexpected.insert(name.clone());
                 tracing::warn!(probe = %probe, name = %escape(name), "output names a resource this probe does not provide (not in provides:); ignored");
                 logged.push(name.clone());
@@ -122,6 +138,21 @@ impl OutputLog {
         if n > 0 {
             tracing::warn!(probe = %probe, "{n} more names outside provides: not logged (the first {UNEXPECTED_REMEMBERED} were; a probe printing ever-new names, such as per-job ones, is counted, not remembered)");
         }
+    }
+
+    /// The probe's declared-state budget.
+    pub fn declared(&mut self) -> &mut DeclaredBudget {
+        &mut self.declared
+    }
+
+    /// Warn, once per probe, that its declared-state budget refused something, with the
+    /// figures. Whether it warned now.
+    pub fn say_declared_budget(&mut self, probe: &str) -> bool {
+        let first = self.declared.first_refusal();
+        if first {
+            tracing::warn!(probe = %probe, "{}", self.declared.reached_text());
+        }
+        first
     }
 
     /// How many names outside `provides:` are remembered (at most [`UNEXPECTED_REMEMBERED`]).
@@ -216,6 +247,24 @@ impl OutputLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remembered_names_are_charged_to_the_probes_declared_budget() {
+        let mut log = OutputLog::default();
+        let limit = log.declared().limit();
+        // Names as long as a stream line may be: 64 of them would take 4 MiB.
+        let names: Vec<String> = (0..UNEXPECTED_REMEMBERED)
+            .map(|i| format!("{i:02}{}", "n".repeat(64 * 1024 - 8)))
+            .collect();
+        log.unexpected("p", &names);
+        let remembered = log.remembered_names();
+        assert!(remembered < UNEXPECTED_REMEMBERED, "{remembered}");
+        assert_eq!(remembered, limit / DeclaredBudget::cost(&names[0]));
+        assert!(log.declared().used() <= limit);
+        assert_eq!(log.unexpected_total(), UNEXPECTED_REMEMBERED as u64);
+        assert!(log.say_declared_budget("p"), "warned the first time");
+        assert!(!log.say_declared_budget("p"), "and only then");
+    }
 
     #[test]
     fn a_throttle_lets_a_burst_through_per_window_and_counts_the_rest() {

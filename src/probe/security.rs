@@ -16,6 +16,13 @@
 //! that is *searched* (`PATH`, `PYTHONPATH`, ...) gets no sticky exception, since anyone who
 //! may add a name to it may plant the one a search finds first.
 //!
+//! What the rule cannot read it says so: program text (a `shell:` line, `sh -c`, `env -S`,
+//! awk, sed, `find -exec`, xargs, ... — [`program_text`]) is checked word by word but cannot
+//! be proven safe, so it runs as root only with the probe's `trusted:` reason
+//! ([`check_text`]); a path such text names that does not exist yet is judged by who may
+//! create it, at every run. The program itself is judged by its open descriptor, which a
+//! binary is executed by ([`CheckedProgram`]).
+//!
 //! Enforced only when the agent runs as root: a non-root agent runs its own scripts with its
 //! own rights (the developer case), and `check` says so.
 
@@ -70,6 +77,15 @@ pub enum Problem {
     SharedSearchDir {
         mode: u32,
     },
+    /// The command runs program text ([`program_text`]) as root, and the probe does not say
+    /// `trusted:`: what the text computes (cd, globs, quotes, variables, files made later) is
+    /// beyond what the rule can read.
+    ProgramText {
+        what: String,
+    },
+    /// The file was replaced or renamed while it was being checked: the descriptor held is
+    /// not the file the walk judged.
+    Changed,
 }
 
 impl fmt::Display for InsecureProgram {
@@ -112,6 +128,16 @@ impl fmt::Display for InsecureProgram {
                 missing.display(),
                 mode & 0o7777,
                 self.via.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+            ),
+            Problem::ProgramText { what } => write!(
+                f,
+                "refusing to run {} as root: it runs program text ({what}), which the script rule cannot prove safe by reading it: the files the text names are checked, not what it computes (cd, quotes, globs, variables, files made later); fix: give the probe an unprivileged run_as, or put the code in a root-owned script named in command:, or, if root must run this text, say why in the probe's `trusted:`",
+                self.program.display()
+            ),
+            Problem::Changed => write!(
+                f,
+                "refusing to run {}: {p} was replaced while it was being checked; this run is refused, the next one checks it afresh",
+                self.program.display()
             ),
             Problem::CodeLoadingEnv { name } => write!(
                 f,
@@ -265,12 +291,14 @@ pub enum Verdict {
 /// Check a probe's `command:` (argv, resolved by [`super::resolve::command`]): the program
 /// exists, is an executable regular file, and everything it will run (with `env`, the probe's
 /// `env:`) passes [`check_probe`] (only enforced when the agent is root). `run_as_uid`: the
-/// user the probe runs as.
+/// user the probe runs as (`None` with a root agent: root, where untrusted program text is
+/// refused, see [`check_text`]); `trusted`: the probe's `trusted:` reason.
 pub fn verdict(
     command: &[String],
     env: &BTreeMap<String, String>,
     plugin_dir: &Path,
     run_as_uid: Option<Uid>,
+    trusted: Option<&str>,
 ) -> Verdict {
     let resolved = match super::resolve::command(plugin_dir, command) {
         Ok(r) => r,
@@ -282,7 +310,14 @@ pub fn verdict(
     {
         return Verdict::Problem(e.to_string());
     }
-    match check_probe(program, &resolved.args, env, run_as_uid) {
+    let checked =
+        check_probe(program, &resolved.args, env, run_as_uid).and_then(|()| {
+            match enforced() && run_as_uid.is_none_or(|u| u.is_root()) {
+                true => check_text(program, &resolved.args, env, trusted),
+                false => Ok(()),
+            }
+        });
+    match checked {
         Ok(()) => Verdict::Ok,
         Err(e) if enforced() => Verdict::Refused(e.to_string()),
         Err(e) => Verdict::Unenforced(e.to_string()),
@@ -642,7 +677,16 @@ fn code_files(
     depth: usize,
     files: &mut Vec<(PathBuf, Option<String>)>,
     env_entries: &mut Vec<(String, String)>,
+    creatable: &mut Vec<(PathBuf, String)>,
 ) {
+    // A path in program text that does not exist (yet): judged by who may create it.
+    let mut missing = |w: &str, via: String| {
+        let p = Path::new("/").join(w);
+        let absent = w.contains('/') && w.len() <= 4096 && std::fs::symlink_metadata(&p).is_err();
+        if absent && !creatable.iter().any(|(c, _)| *c == p) {
+            creatable.push((p, via));
+        }
+    };
     let mut add = |p: PathBuf, via: Option<String>| {
         if !files.iter().any(|(f, _)| *f == p) {
             files.push((p, via));
@@ -657,11 +701,12 @@ fn code_files(
         }
     }
     if is_interpreter(program) {
-        match inline_code(args) {
+        match inline_code(args).or_else(|| inline_code_of(file_name(program), args)) {
             Some(code) => {
                 for w in code_words(code) {
-                    if let Some(p) = lookup(w, path_var) {
-                        add(p, Some(format!("named in its inline code ({w})")));
+                    match lookup(w, path_var) {
+                        Some(p) => add(p, Some(format!("named in its inline code ({w})"))),
+                        None => missing(w, format!("named in its inline code ({w})")),
                     }
                 }
             }
@@ -679,8 +724,10 @@ fn code_files(
         while let Some(a) = it.next() {
             if a == "-c" || a == "--command" {
                 for w in code_words(it.next().map_or("", String::as_str)) {
-                    if let Some(p) = lookup(w, path_var) {
-                        add(p, Some(format!("named in the command {name} runs ({w})")));
+                    let via = format!("named in the command {name} runs ({w})");
+                    match lookup(w, path_var) {
+                        Some(p) => add(p, Some(via)),
+                        None => missing(w, via),
                     }
                 }
                 break;
@@ -710,10 +757,183 @@ fn code_files(
                     depth + 1,
                     files,
                     env_entries,
+                    creatable,
                 );
                 break;
             }
         }
+    }
+}
+
+/// awk's names: an awk program calls `system()`, pipes to commands and reads with `getline`.
+const AWKS: &[&str] = &["awk", "gawk", "mawk", "nawk", "original-awk"];
+
+/// Launchers that hand a command line to a shell with `-c`/`--command`.
+const SHELL_COMMAND_LAUNCHERS: &[&str] = &["flock", "su", "runuser", "script"];
+
+/// Programs whose every run is a command line for a shell (or for another host).
+const ALWAYS_TEXT: &[&str] = &["watch", "parallel", "ssh", "expect"];
+
+/// Long interpreter options whose value is inline code (`node --eval`, `--print`); the short
+/// ones are `-c`/`-e`/`-E`, and php's `-r` and node's `-p`, by name.
+const INLINE_LONG_OPTIONS: &[&str] = &["--eval", "--print", "--command", "--exec"];
+
+/// What program text a command runs, in words (`None`: only files, which the rule checks):
+/// an interpreter's inline code (`sh -c`, a `shell:` line, `python3 -c`, `perl -e`), `env -S`,
+/// any awk or sed program (awk's `system()`, sed's `e` command), `find -exec`, `xargs`, the
+/// `-c` of `flock`/`su`/`runuser`/`script`, and the same behind any launcher ([`LAUNCHERS`]).
+/// Such text cannot be proven safe by reading it: `cd /x && ./s`, `x.s?`, `"/x"/s`, `PATH=/x:$PATH
+/// s`, a variable, a file made later all run code the words do not show.
+pub fn program_text(program: &Path, args: &[String], path_var: &str) -> Option<String> {
+    program_text_at(program, args, path_var, 0)
+}
+
+fn program_text_at(
+    program: &Path,
+    args: &[String],
+    path_var: &str,
+    depth: usize,
+) -> Option<String> {
+    let name = file_name(program);
+    if depth > MAX_LAUNCHERS {
+        return Some(format!("{name}: launchers nested too deep to follow"));
+    }
+    // `busybox APPLET ARGS` is APPLET.
+    if name == "busybox" {
+        let (applet, rest) = args.split_first()?;
+        return program_text_at(Path::new(applet), rest, path_var, depth + 1);
+    }
+    if is_interpreter(program) {
+        if let Some(flag) = inline_flag(name, args) {
+            return Some(format!("{name} {flag}: code given inline"));
+        }
+    }
+    if AWKS.contains(&name) {
+        return Some(format!(
+            "{name}: an awk program (system(), pipes, getline run commands)"
+        ));
+    }
+    if name == "sed" || name == "gsed" {
+        return Some(format!(
+            "{name}: a sed program (its e command runs a shell)"
+        ));
+    }
+    if name == "find" {
+        if let Some(a) = args
+            .iter()
+            .find(|a| ["-exec", "-execdir", "-ok", "-okdir"].contains(&a.as_str()))
+        {
+            return Some(format!("find {a}: commands built from the names it finds"));
+        }
+    }
+    if name == "xargs" {
+        return Some("xargs: commands built from its input".to_owned());
+    }
+    if ALWAYS_TEXT.contains(&name) {
+        return Some(format!("{name}: a command line it hands on"));
+    }
+    if SHELL_COMMAND_LAUNCHERS.contains(&name) {
+        if let Some(a) = args.iter().find(|a| {
+            *a == "-c" || a.starts_with("--command") || a.starts_with("--session-command")
+        }) {
+            return Some(format!("{name} {a}: a command line for a shell"));
+        }
+    }
+    if name == "env" {
+        // Its options and NAME=VALUE entries come before the command.
+        let split = args
+            .iter()
+            .take_while(|a| a.starts_with('-') || a.contains('='))
+            .find(|a| {
+                a.starts_with("--split-string")
+                    || (a.starts_with('-') && !a.starts_with("--") && a.contains('S'))
+            });
+        if let Some(a) = split {
+            return Some(format!("env {a}: a command line it splits itself"));
+        }
+    }
+    if LAUNCHERS.contains(&name) {
+        for (i, a) in args.iter().enumerate() {
+            if a.starts_with('-') || (name == "env" && a.contains('=')) {
+                continue;
+            }
+            if let Some(inner) = lookup(a, path_var) {
+                return program_text_at(&inner, &args[i + 1..], path_var, depth + 1);
+            }
+        }
+    }
+    None
+}
+
+/// The option that gives an interpreter its code inline, wherever it stands among the
+/// options (`sh -o pipefail -c`, `bash -ec`, `perl -w -e`, `node --eval`, `php -r`); `None`
+/// once the script (the first non-option word) is reached. A shell's `-e` is errexit and
+/// Python's `-E` ignores the environment: only `-c` is theirs.
+fn inline_flag<'a>(name: &str, args: &'a [String]) -> Option<&'a str> {
+    let only_c = SHELLS.contains(&name)
+        || ["csh", "tcsh", "fish"].contains(&name)
+        || name.starts_with("python");
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        let inline_long = INLINE_LONG_OPTIONS.iter().any(|o| a.starts_with(o))
+            || (["php", "node"].contains(&name) && (a == "-r" || a == "-p"));
+        if inline_long {
+            return Some(a);
+        }
+        if a == "--" {
+            return None;
+        }
+        if OPTIONS_WITH_A_VALUE.contains(&a.as_str()) {
+            i += 2;
+            continue;
+        }
+        if let Some(letters) = a.strip_prefix('-').filter(|l| !l.starts_with('-')) {
+            if letters
+                .chars()
+                .any(|c| c == 'c' || (!only_c && (c == 'e' || c == 'E')))
+            {
+                return Some(a);
+            }
+        } else if !a.starts_with('-') && !a.starts_with('+') {
+            return None;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The code [`inline_flag`] gives: its `=VALUE`, or the word after it.
+fn inline_code_of<'a>(name: &str, args: &'a [String]) -> Option<&'a str> {
+    let flag = inline_flag(name, args)?;
+    if let Some((_, value)) = flag.split_once('=').filter(|_| flag.starts_with("--")) {
+        return Some(value);
+    }
+    let at = args.iter().position(|a| std::ptr::eq(a.as_str(), flag))?;
+    args.get(at + 1).map(String::as_str)
+}
+
+/// The rule for program text ([`program_text`]) run as root: refused unless the probe says
+/// why it is trusted. The files the text names are checked by [`check_probe`] all the same.
+pub fn check_text(
+    program: &Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    trusted: Option<&str>,
+) -> Result<(), InsecureProgram> {
+    if trusted.is_some() {
+        return Ok(());
+    }
+    let path_var = env
+        .get("PATH")
+        .map_or(super::child::PROBE_PATH, String::as_str);
+    match program_text(program, args, path_var) {
+        None => Ok(()),
+        Some(what) => Err(InsecureProgram {
+            program: program.to_owned(),
+            path: program.to_owned(),
+            problem: Problem::ProgramText { what },
+            via: None,
+        }),
     }
 }
 
@@ -857,7 +1077,10 @@ struct Identity {
 
 impl Identity {
     fn of(path: &Path) -> Option<Self> {
-        let m = std::fs::metadata(path).ok()?;
+        Self::from_meta(&std::fs::metadata(path).ok()?)
+    }
+
+    fn from_meta(m: &std::fs::Metadata) -> Option<Self> {
         Some(Self {
             dev: m.dev(),
             ino: m.ino(),
@@ -876,6 +1099,28 @@ struct PassedWalk {
     file: Identity,
     dir: Identity,
     interpreters: Arc<[PathBuf]>,
+    /// It starts with `#!`.
+    script: bool,
+    /// The program held open when it passed ([`Verdicts::check_and_open`]): while its path
+    /// names the same file, runs execute this descriptor without opening it again. An open
+    /// descriptor keeps its inode allocated, so the same (dev, ino) is this very file.
+    held: Option<Arc<std::os::fd::OwnedFd>>,
+}
+
+/// A program the rule passed, held open: the child executes this descriptor (`execveat` with
+/// `AT_EMPTY_PATH`) when it is a binary, so what runs is the file that was checked, whatever
+/// its path names by the time of the exec (a rename over it, a swapped directory).
+#[derive(Debug, Clone)]
+pub struct CheckedProgram {
+    /// Opened `O_PATH | O_CLOEXEC`: enough to fstat and to execute, not to read.
+    pub fd: Arc<std::os::fd::OwnedFd>,
+    /// A `#!` script, which the child executes by its path, not by this descriptor: for a
+    /// script executed by descriptor the kernel hands the interpreter `/dev/fd/N` as the
+    /// script's path, which breaks the plugins that find their own files from `$0` (netdata's
+    /// charts.d, munin's) and Perl, which reads `/dev/fd/N` from that very descriptor (an
+    /// `O_PATH` one it cannot read). A script's path is as safe as its directories, which
+    /// the walk proved only root or the probe's user can change.
+    pub script: bool,
 }
 
 /// Passed verdicts of one agent ([`super::supervisor::Supervisor`]), keyed by file and the
@@ -913,15 +1158,29 @@ impl Verdicts {
         path: &Path,
         run_as_uid: Option<Uid>,
     ) -> Result<Arc<[PathBuf]>, InsecureProgram> {
+        self.check_identified(path, Identity::of(path), run_as_uid)
+            .map(|(interpreters, _)| interpreters)
+    }
+
+    /// [`Self::check_file`] for the file whose identity is `file_id`: an open descriptor's
+    /// (see [`Self::check_and_open`]) or the path's. With a descriptor's, a full walk of the
+    /// path must end at that same file, or the file changed while it was checked and is
+    /// refused. Returns the `#!` interpreters and whether it is a `#!` script.
+    fn check_identified(
+        &self,
+        path: &Path,
+        file_id: Option<Identity>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<(Arc<[PathBuf]>, bool), InsecureProgram> {
         let user = run_as_uid.map(|u| u.as_raw());
         let dir = path.parent().unwrap_or(Path::new("/"));
         // Identities first, then the walk: a change between the two re-walks next run.
-        let before = Identity::of(path).zip(Identity::of(dir));
+        let before = file_id.clone().zip(Identity::of(dir));
         if let Some((file, dir_id)) = &before {
             let passed = self.passed();
             if let Some(v) = passed.get(&user).and_then(|files| files.get(path)) {
                 if *file == v.file && *dir_id == v.dir {
-                    return Ok(v.interpreters.clone());
+                    return Ok((v.interpreters.clone(), v.script));
                 }
             }
         }
@@ -938,7 +1197,18 @@ impl Verdicts {
             files.remove(path);
         }
         walked?;
+        // The walk judged the file the path named then: it must be the one held.
+        if file_id.is_some() && Identity::of(path) != file_id {
+            files.remove(path);
+            return Err(InsecureProgram {
+                program: path.to_owned(),
+                path: path.to_owned(),
+                problem: Problem::Changed,
+                via: None,
+            });
+        }
         let interpreters: Arc<[PathBuf]> = shebang_interpreters(path).into();
+        let script = head_of(path).is_ok_and(|h| h.starts_with(b"#!"));
         if let Some((file, dir)) = before {
             files.insert(
                 path.to_owned(),
@@ -946,10 +1216,65 @@ impl Verdicts {
                     file,
                     dir,
                     interpreters: interpreters.clone(),
+                    script,
+                    held: None,
                 },
             );
         }
-        Ok(interpreters)
+        Ok((interpreters, script))
+    }
+
+    /// [`Self::check_probe`], with the program opened first and judged by the identity of
+    /// the open file (owner, mode, inode, times): the descriptor returned is what the child
+    /// executes. The descriptor is kept with the passed verdict, so a run whose path still
+    /// names that file costs what the cached check always cost (a stat of the file and one
+    /// of its directory) and executes the file that passed.
+    pub fn check_and_open(
+        &self,
+        program: &Path,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<CheckedProgram, InsecureProgram> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let user = run_as_uid.map(|u| u.as_raw());
+        let dir = program.parent().unwrap_or(Path::new("/"));
+        let now = Identity::of(program).zip(Identity::of(dir));
+        let cached = now.and_then(|(file, dir_id)| {
+            let passed = self.passed();
+            let v = passed.get(&user)?.get(program)?;
+            let same = v.file == file && v.dir == dir_id;
+            let fd = v.held.clone().filter(|_| same)?;
+            Some((fd, v.script, v.interpreters.clone()))
+        });
+        if let Some((fd, script, interpreters)) = cached {
+            self.check_rest(program, &interpreters, args, env, run_as_uid)?;
+            return Ok(CheckedProgram { fd, script });
+        }
+        let missing = |e: std::io::Error| InsecureProgram {
+            program: program.to_owned(),
+            path: program.to_owned(),
+            problem: Problem::Missing(e.to_string()),
+            via: None,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(program)
+            .map_err(missing)?;
+        let held = Identity::from_meta(&file.metadata().map_err(missing)?);
+        let (interpreters, script) = self.check_identified(program, held.clone(), run_as_uid)?;
+        let fd = Arc::new(std::os::fd::OwnedFd::from(file));
+        if let Some(v) = self
+            .passed()
+            .get_mut(&user)
+            .and_then(|files| files.get_mut(program))
+            .filter(|v| Some(&v.file) == held.as_ref())
+        {
+            v.held = Some(fd.clone());
+        }
+        self.check_rest(program, &interpreters, args, env, run_as_uid)?;
+        Ok(CheckedProgram { fd, script })
     }
 }
 
@@ -990,13 +1315,25 @@ impl Verdicts {
         env: &BTreeMap<String, String>,
         run_as_uid: Option<Uid>,
     ) -> Result<(), InsecureProgram> {
+        let interpreters = self.check_file(program, run_as_uid)?;
+        self.check_rest(program, &interpreters, args, env, run_as_uid)
+    }
+
+    /// Everything [`Self::check_probe`] checks once the program itself has passed.
+    fn check_rest(
+        &self,
+        program: &Path,
+        interpreters: &[PathBuf],
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<(), InsecureProgram> {
         let as_program = |e: InsecureProgram, via: Option<String>| InsecureProgram {
             program: program.to_owned(),
             via: e.via.or(via),
             ..e
         };
-        let interpreters = self.check_file(program, run_as_uid)?;
-        for i in interpreters.iter() {
+        for i in interpreters {
             self.check_file(i, run_as_uid)
                 .map_err(|e| as_program(e, None))?;
         }
@@ -1006,7 +1343,16 @@ impl Verdicts {
         let mut files = Vec::new();
         let mut env_entries: Vec<(String, String)> =
             env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        code_files(program, args, path_var, 0, &mut files, &mut env_entries);
+        let mut creatable = Vec::new();
+        code_files(
+            program,
+            args,
+            path_var,
+            0,
+            &mut files,
+            &mut env_entries,
+            &mut creatable,
+        );
         for (file, via) in files {
             for i in self
                 .check_file(&file, run_as_uid)
@@ -1019,6 +1365,10 @@ impl Verdicts {
         }
         for (name, value) in &env_entries {
             check_env_entry(name, value, run_as_uid).map_err(|e| as_program(e, None))?;
+        }
+        // Not cached: a path that is missing now is judged again at every run.
+        for (path, via) in &creatable {
+            check_creatable(path, via, run_as_uid).map_err(|e| as_program(e, None))?;
         }
         Ok(())
     }
@@ -1056,23 +1406,47 @@ fn check_env_entry(
             })?;
             continue;
         }
-        // Not there yet: who may create it decides what it holds.
-        walk(existing, run_as_uid, Last::SearchDir).map_err(|e| match e.problem {
-            Problem::WritableByOthers { mode } if e.path == existing => InsecureProgram {
-                problem: Problem::Creatable {
-                    missing: path.clone(),
-                    mode,
-                },
-                via: via.clone(),
-                ..e
-            },
-            _ => InsecureProgram {
-                via: via.clone(),
-                ..e
-            },
-        })?;
+        check_creatable(&path, via.as_deref().unwrap_or_default(), run_as_uid)?;
     }
     Ok(())
+}
+
+/// A path the child may run or load code from that does not exist (yet): whoever may create
+/// it decides what it holds, so the nearest directory above it that exists must be one only
+/// root (or the probe's user) can write — sticky or not: in `/tmp` anyone may create the
+/// name, and would own what runs. Judged at every run (a missing path has no identity to
+/// cache), so a file made there later never runs.
+fn check_creatable(path: &Path, via: &str, run_as_uid: Option<Uid>) -> Result<(), InsecureProgram> {
+    let existing = nearest_existing(path);
+    if existing == path {
+        // Made since it was found missing: a file gets the file rule (a directory or a
+        // device is data, as when the words were read).
+        if !path.is_file() {
+            return Ok(());
+        }
+        return walk(path, run_as_uid, Last::File).map_err(|e| InsecureProgram {
+            via: Some(via.to_owned()),
+            ..e
+        });
+    }
+    walk(existing, run_as_uid, Last::SearchDir).map_err(|e| match e.problem {
+        Problem::WritableByOthers { mode } | Problem::SharedSearchDir { mode }
+            if e.path == existing =>
+        {
+            InsecureProgram {
+                problem: Problem::Creatable {
+                    missing: path.to_owned(),
+                    mode,
+                },
+                via: Some(via.to_owned()),
+                ..e
+            }
+        }
+        _ => InsecureProgram {
+            via: Some(via.to_owned()),
+            ..e
+        },
+    })
 }
 
 #[cfg(test)]
@@ -1098,6 +1472,89 @@ mod tests {
         ];
         for (args, code) in table {
             assert_eq!(inline_code(&strings(args)), *code, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn program_text_is_every_payload_the_rule_cannot_read() {
+        let path = "/usr/bin:/bin";
+        let table: &[(&[&str], Option<&str>)] = &[
+            (
+                &["/bin/sh", "-c", "echo 1"],
+                Some("sh -c: code given inline"),
+            ),
+            (
+                &["/bin/sh", "-o", "errexit", "-c", "x"],
+                Some("sh -c: code given inline"),
+            ),
+            (
+                &["/bin/bash", "-ec", "x"],
+                Some("bash -ec: code given inline"),
+            ),
+            (
+                &["/usr/bin/python3", "-c", "x"],
+                Some("python3 -c: code given inline"),
+            ),
+            (
+                &["/usr/bin/perl", "-w", "-e", "x"],
+                Some("perl -e: code given inline"),
+            ),
+            (
+                &["/usr/bin/node", "--eval=x"],
+                Some("node --eval=x: code given inline"),
+            ),
+            (
+                &["/usr/bin/env", "-S", "sh x"],
+                Some("env -S: a command line it splits itself"),
+            ),
+            (
+                &["/usr/bin/env", "A=1", "--split-string=sh x"],
+                Some("env --split-string=sh x: a command line it splits itself"),
+            ),
+            (
+                &["/usr/bin/awk", "-f", "/x.awk"],
+                Some("awk: an awk program (system(), pipes, getline run commands)"),
+            ),
+            (
+                &["/bin/sed", "s/a/b/"],
+                Some("sed: a sed program (its e command runs a shell)"),
+            ),
+            (
+                &["/usr/bin/find", "/", "-execdir", "x", ";"],
+                Some("find -execdir: commands built from the names it finds"),
+            ),
+            (
+                &["/usr/bin/xargs", "x"],
+                Some("xargs: commands built from its input"),
+            ),
+            (
+                &["/usr/bin/flock", "/", "-c", "x"],
+                Some("flock -c: a command line for a shell"),
+            ),
+            // Behind launchers, and busybox's applets.
+            (
+                &["/usr/bin/timeout", "5", "/usr/bin/nice", "sed", "p"],
+                Some("sed: a sed program (its e command runs a shell)"),
+            ),
+            (
+                &["/bin/busybox", "awk", "1"],
+                Some("awk: an awk program (system(), pipes, getline run commands)"),
+            ),
+            // Files: the rule checks them.
+            (&["/bin/sh", "/x.sh"], None),
+            (&["/bin/sh", "-e", "/x.sh"], None),
+            (&["/usr/bin/python3", "-E", "/x.py"], None),
+            (&["/usr/bin/find", "/", "-name", "x"], None),
+            (&["/usr/bin/env", "A=1", "/x"], None),
+            (&["/opt/probe", "-c", "x"], None),
+        ];
+        for (argv, want) in table {
+            let args = strings(&argv[1..]);
+            assert_eq!(
+                program_text(Path::new(argv[0]), &args, path).as_deref(),
+                *want,
+                "{argv:?}"
+            );
         }
     }
 

@@ -27,11 +27,15 @@ pub struct Sink {
 impl Sink {
     pub fn new(task: Arc<ProbeTask>, store: Arc<Store>, stats: &Stats) -> Self {
         let stats = stats.probe(&task.name);
+        let declared = match &task.kind {
+            ProbeKind::Stream(spec) => spec.declared_state,
+            _ => crate::output::DECLARED_STATE_BYTES,
+        };
         Self {
             task,
             store,
             stats,
-            log: OutputLog::default(),
+            log: OutputLog::with_declared_limit(declared),
         }
     }
 
@@ -57,11 +61,18 @@ impl Sink {
     pub fn take(&mut self, run: ProbeRun) {
         count(&self.stats, &run);
         self.log.log_run(&self.task.name, &run);
+        self.say_declared_budget();
         self.log_failure(&run);
         let at = run.started + run.duration;
         for (name, reading) in run.readings {
             self.store.record(&name, &self.task.instance, reading, at);
         }
+    }
+
+    /// Warn, once per probe, when its declared-state budget has refused something (a
+    /// stream's session charges it through [`OutputLog::declared`]).
+    pub fn say_declared_budget(&mut self) {
+        self.log.say_declared_budget(&self.task.name);
     }
 
     /// A stream's update that did not parse (a line, a block): counted as rejected and

@@ -296,7 +296,7 @@ async fn run_child(
             for line in batch.drain(..) {
                 *said_something = true;
                 let began = std::time::Instant::now();
-                let update = updates.take(&task.name, line);
+                let update = updates.take(&task.name, line, sink.log().declared());
                 if update.is_report() {
                     flow = Flow::Heard;
                     marked_stale = false;
@@ -354,6 +354,9 @@ async fn run_child(
         }
     })
     .await;
+    // What the child declared dies with it: the next child starts with the room again.
+    let (bytes, entries) = updates.charged();
+    sink.log().declared().release(bytes, entries);
     match driven.ended {
         Ended::Cancelled => return End::Cancelled,
         Ended::Stopped if replaced => return End::Replaced,
@@ -368,6 +371,7 @@ async fn run_child(
         tracing::debug!(probe = %task.name, "the stream exited inside an update; its lines are applied as HTCondor does");
         updates::apply(sink, spec, last, std::time::Instant::now());
     }
+
     let exit = child.exit().unwrap_or(Exit::Unreaped);
     let stderr = reader.stderr.text();
     let said = stderr.lines().rev().map(str::trim).find(|l| !l.is_empty());
@@ -431,7 +435,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     };
     let mut lines = LineSplitter::new(MAX_LINE);
     let mut batch = Vec::new();
-    let mut gathered = Gathered::new(spec.exec.format);
+    let mut gathered = Gathered::new(spec.exec.format, spec.declared_state);
     let mut result: Option<FirstValues> = None;
     let watch = Watch {
         deadline: Some(t0 + task.timeout),

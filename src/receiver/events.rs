@@ -2,7 +2,7 @@
 //! library hands these to the controller (`xce_event`), `listen --format table` folds them
 //! into its table; both get them from the one fold in [`super::hosts`].
 
-use std::net::SocketAddr;
+use super::identity::Peer;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ pub enum Ev {
     /// A host passed the identity check and sent its hello (again after a reload, and when
     /// a stale host reports again).
     Accepted {
-        peer: Option<SocketAddr>,
+        peer: Option<Peer>,
         accepted: Arc<Accepted>,
     },
     Resval {
@@ -41,13 +41,13 @@ pub enum Ev {
     /// The host's connection ended, and why (`Reason::Closed` at an end of stream).
     Gone {
         host: Arc<str>,
-        peer: Option<SocketAddr>,
+        peer: Option<Peer>,
         reason: Reason,
         text: String,
     },
     /// A connection that never got as far as an accepted hello.
     Refused {
-        peer: SocketAddr,
+        peer: Peer,
         reason: Reason,
         text: String,
     },

@@ -16,8 +16,8 @@
 //! The host's state (its hello, its values) is charged to its budget account: a host that
 //! declares or sends more than its share is cut off, and what it sent beyond is not kept.
 
+use super::identity::Peer;
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,7 +46,7 @@ pub struct HostState {
     /// The canonical name.
     pub host: Arc<str>,
     /// The session that speaks for it now; `None` once gone.
-    pub peer: Option<SocketAddr>,
+    pub peer: Option<Peer>,
     session: Option<u64>,
     pub accepted: Arc<Accepted>,
     /// The hello's resources by (name, instance): indices into `accepted.hello.resources`.
@@ -444,7 +444,7 @@ mod tests {
 
     fn event(session: u64, host: &str, kind: EventKind) -> Event {
         Event {
-            peer: SocketAddr::from(([127, 0, 0, 1], session as u16)),
+            peer: SocketAddr::from(([127, 0, 0, 1], session as u16)).into(),
             host: Some(host.to_owned()),
             session,
             kind,

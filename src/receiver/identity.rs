@@ -17,6 +17,29 @@ use std::sync::Mutex;
 
 use tokio_util::sync::CancellationToken;
 
+/// Who is at the other end of a session: a TCP peer (controller's door), or a local process
+/// on the worker's unix socket (known by its credentials, SO_PEERCRED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Peer {
+    Tcp(std::net::SocketAddr),
+    Unix { uid: u32, pid: i32 },
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Tcp(a) => write!(f, "{a}"),
+            Peer::Unix { uid, pid } => write!(f, "unix:uid={uid},pid={pid}"),
+        }
+    }
+}
+
+impl From<std::net::SocketAddr> for Peer {
+    fn from(a: std::net::SocketAddr) -> Self {
+        Peer::Tcp(a)
+    }
+}
+
 /// The name the controller sees for the host a hello names: lower case, the first of
 /// `domains` it ends in removed (`node001.cluster.example` -> `node001`).
 pub fn canonical_host(host: &str, domains: &[String]) -> String {
@@ -44,13 +67,15 @@ pub enum Key {
     Certificate(Vec<u8>),
 }
 
-/// Why a session was told to end by another.
+/// Why a session was told to end from outside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Displaced {
     /// A newer session for the same host.
     SameHost,
     /// A newer session with the same certificate, for `host`.
     SameCertificate { host: String },
+    /// Its certificate is revoked by a CRL loaded since it connected.
+    Revoked,
 }
 
 /// The live session of each host and of each certificate.
@@ -123,6 +148,27 @@ impl Live {
             }
         }
         displaced
+    }
+
+    /// End every live session whose certificate is one of `certificates` (keys as
+    /// `link::tls::certificate_key` makes them). Returns how many were.
+    pub fn revoke(&self, certificates: &[String]) -> usize {
+        let map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ended = 0;
+        for (key, s) in map.iter() {
+            let Key::Certificate(der) = key else { continue };
+            if certificates.iter().any(|c| c.as_bytes() == der.as_slice())
+                && !s.token.is_cancelled()
+            {
+                s.why
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(Displaced::Revoked);
+                s.token.cancel();
+                ended += 1;
+            }
+        }
+        ended
     }
 
     /// The session ended: its keys are free (unless a newer session holds them already).

@@ -241,7 +241,7 @@ impl ProbeDebug<'_> {
         let _ = writeln!(t, "  values:");
         for (name, r) in &run.readings {
             let line = match r {
-                Reading::Ok(v) => format!("{v}"),
+                Reading::Ok(v) => v.exact(),
                 Reading::Failed(e) => format!("FAILED: {e}"),
                 Reading::Stale(e) => format!("STALE: {e}"),
                 Reading::Pending(e) => format!("not reported: {e}"),

@@ -19,13 +19,13 @@ pub const MAX_ANSWER_BYTES: u64 = 64 * 1024 * 1024;
 pub enum ClientError {
     #[error(
         "the agent is not running (cannot connect to {}: {why})\n\
-         see `systemctl status xce-agent`, or the status_socket: of the agent.yaml given with --config",
+         see `systemctl status xce-agent`; a daemon started by hand answers on /run/xce-agent/status.sock as root, $XDG_RUNTIME_DIR/xce-agent/status.sock as another user, or on the status_socket: of the agent.yaml given with --config",
         path.display()
     )]
     NotRunning { path: PathBuf, why: std::io::Error },
     /// Nothing answers on the socket, but an agent daemon is running: its socket is off.
     #[error(
-        "the agent is running (pid {}, with this agent.yaml) but nothing answers on {}: its status socket is off (the daemon logs why at start: `status socket off: ...`; under systemd the unit's RuntimeDirectory=xce-agent makes /run/xce-agent)",
+        "the agent is running (pid {}, with this agent.yaml) but nothing answers on {}: its status socket is off (the daemon logs why at start: `status socket off: ...`; under systemd the unit's RuntimeDirectory=xce-agent makes /run/xce-agent; outside it the daemon makes /run/xce-agent as root and $XDG_RUNTIME_DIR/xce-agent as another user; or set status_socket: in agent.yaml)",
         pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
         path.display()
     )]

@@ -65,20 +65,50 @@ impl StatusListener {
     }
 }
 
-/// Open the socket agent.yaml asks for. When `status_socket:` is not written, a failure
-/// is logged and the daemon runs without it (a developer's agent outside systemd has no
-/// /run/xce-agent); when it is written, a failure is the caller's error.
+/// Open the socket agent.yaml asks for. When `status_socket:` is not written, the default
+/// ([`crate::config::agent::default_status_socket`]) is used, its directory made outside
+/// systemd (`/run/xce-agent` as root, `$XDG_RUNTIME_DIR/xce-agent` as another user), and a
+/// failure is logged and the daemon runs without it; when it is written, a failure is the
+/// caller's error.
 pub fn open(agent: &AgentConfig) -> Result<Option<StatusListener>, BindError> {
-    let path = agent.status_socket_path();
-    match bind(path, agent.status_group.as_deref()) {
+    let (path, make_dir) = match &agent.status_socket {
+        Some(p) => (p.clone(), None),
+        None => {
+            let d = crate::config::agent::DefaultSocket::here();
+            (d.path, d.make_dir)
+        }
+    };
+    let bound =
+        make_socket_dir(&path, make_dir).and_then(|()| bind(&path, agent.status_group.as_deref()));
+    match bound {
         Ok(l) => Ok(Some(l)),
         Err(e) if agent.status_socket.is_none() => {
             // WARN, also for a missing directory: `xce-agent status` will not reach this
             // daemon, and the admin asking will look here for why.
-            tracing::warn!("status socket off: {e}; `xce-agent status` cannot reach this daemon");
+            tracing::warn!("status socket off: {e}; `xce-agent status` cannot reach this daemon (set status_socket: in agent.yaml to a path in a directory this user may write)");
             Ok(None)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// Make the default socket's own directory (not its parents) with `mode` where it is
+/// missing; one that exists is used as it is (systemd's, or this daemon's last run's).
+fn make_socket_dir(path: &Path, mode: Option<u32>) -> Result<(), BindError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let (Some(mode), Some(dir)) = (mode, path.parent()) else {
+        return Ok(());
+    };
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(BindError::NoDirectory(dir.to_owned()))
+        }
+        Err(source) => Err(BindError::Io {
+            path: dir.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -95,6 +125,26 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindErro
             Ok(Some(g)) => Some(g.gid),
             _ => return Err(BindError::NoSuchGroup(name.to_owned())),
         },
+    };
+    let mode = if gid.is_some() { 0o660 } else { 0o600 };
+    let listener = bind_socket(path, gid, mode)?;
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    Ok(StatusListener {
+        listener,
+        path: path.to_owned(),
+        file_id: (meta.dev(), meta.ino()),
+        group: gid,
+    })
+}
+
+/// Bind a unix socket at `path` with `mode` (and group `gid`): a socket file nobody answers
+/// on is replaced, a live one is not; the socket is made under a temporary name and renamed
+/// into place once its mode is set. The status socket and the worker's feed
+/// (`listen --unix`, `xce_receiver_config_add_unix`) are bound so.
+pub fn bind_socket(path: &Path, gid: Option<Gid>, mode: u32) -> Result<UnixListener, BindError> {
+    let io = |source| BindError::Io {
+        path: path.to_owned(),
+        source,
     };
     let dir = path.parent().unwrap_or(Path::new("/"));
     if !dir.is_dir() {
@@ -115,7 +165,6 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindErro
         if let Some(gid) = gid {
             nix::unistd::chown(&tmp, None, Some(gid)).map_err(std::io::Error::from)?;
         }
-        let mode = if gid.is_some() { 0o660 } else { 0o600 };
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
         std::fs::rename(&tmp, path)
     };
@@ -123,13 +172,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<StatusListener, BindErro
         let _ = std::fs::remove_file(&tmp);
         return Err(io(e));
     }
-    let meta = std::fs::symlink_metadata(path).map_err(io)?;
-    Ok(StatusListener {
-        listener,
-        path: path.to_owned(),
-        file_id: (meta.dev(), meta.ino()),
-        group: gid,
-    })
+    Ok(listener)
 }
 
 fn remove_if_stale(path: &Path) -> Result<(), BindError> {

@@ -10,6 +10,8 @@
 //! missing one fails.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, OnceLock};
@@ -178,7 +180,7 @@ fn release_example() -> Option<&'static Example> {
             );
             let examples = root.join("examples");
             std::fs::create_dir_all(&examples).expect("mkdir examples");
-            for f in ["Makefile", "xce-controller-example.c"] {
+            for f in ["Makefile", "xce-controller-example.c", "worker.c"] {
                 std::fs::copy(Path::new(REPO).join("examples/c").join(f), examples.join(f))
                     .expect("copy the example");
             }
@@ -387,7 +389,7 @@ async fn controller_life(
         &[
             ("ctl", "IP:127.0.0.1"),
             ("node001", "DNS:node001"),
-            ("node002", "DNS:node002"),
+            ("node001evil", "DNS:node001.evil"),
         ],
     );
     let mut ctl = ExampleProc::spawn_example(example, &example_tls_args(pki.path()), valgrind);
@@ -423,10 +425,16 @@ async fn controller_life(
         .wait_log(&format!("accepted by {} as host node001", ctl.addr), 1)
         .await;
 
-    // node002's certificate claiming node001: refused, with the reason.
-    let impostor = tls_site(pki.path(), "node001", "node002", ctl.addr);
+    // node001.evil's certificate claiming node001: refused, with the reason. (The agent
+    // itself refuses to start on a certificate that names only another host; this one names
+    // node001 in a domain the controller is not configured with, which the agent cannot
+    // know, so it starts and the controller decides.)
+    let impostor = tls_site(pki.path(), "node001", "node001evil", ctl.addr);
     let mut impostor_agent = impostor.spawn_agent();
-    let refused = ctl.expect("refused 127.0.0.1:", &[" identity ", "node002", "node001"]);
+    let refused = ctl.expect(
+        "refused 127.0.0.1:",
+        &[" identity ", "node001.evil", "node001"],
+    );
     assert!(refused.contains("does not name"), "{refused}");
     // ...and the impostor logs the controller's reason (and backs off), never "accepted".
     impostor_agent
@@ -785,4 +793,118 @@ fn the_exported_symbols_are_the_committed_list() {
          capi/Cargo.toml (the soname libxce_receiver.so.MAJOR and the package \
          libxce-receiverMAJOR follow) and rewrite the list for it."
     );
+}
+
+/// examples/c/worker.c (built beside the controller example by the same make).
+fn worker_example() -> Option<PathBuf> {
+    example()?;
+    Some(Path::new(REPO).join("examples/c/xce-worker-example"))
+}
+
+/// The worker's door end to end: the real agent daemon feeds examples/c/worker.c over a
+/// unix socket (no TLS); the worker registers the declared resource, takes its values,
+/// marks it unknown when the agent is gone; a process of another uid is refused; SIGTERM
+/// frees everything (under valgrind where it is installed).
+#[tokio::test]
+async fn the_worker_example_takes_an_agents_values_over_the_unix_socket() {
+    let Some(worker) = worker_example() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Others may traverse it: a process of another uid tries the socket below.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let sock = dir.path().join("worker.sock");
+    let valgrind = valgrind_available();
+    let mut cmd = if valgrind {
+        let mut c = Command::new("valgrind");
+        c.args(valgrind_args(&checkout_suppressions(), true))
+            .arg(&worker);
+        c
+    } else {
+        Command::new(&worker)
+    };
+    let uid = nix::unistd::geteuid().as_raw().to_string();
+    let mut child = cmd
+        .arg(&sock)
+        .args(["--uid", &uid])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the worker example");
+    let stdout = lines_of(child.stdout.take().expect("stdout"));
+    let stderr = lines_of(child.stderr.take().expect("stderr"));
+    loop {
+        match stderr.recv_timeout(HANG_GUARD) {
+            Ok(l) if l.contains("listening on ") => break,
+            Ok(_) => {}
+            Err(e) => panic!("the worker never said it listens: {e}"),
+        }
+    }
+    let mut seen = Vec::new();
+    let mut expect = |prefix: &str| loop {
+        match stdout.recv_timeout(HANG_GUARD) {
+            Ok(l) => {
+                seen.push(l.clone());
+                if l.starts_with(prefix) {
+                    return l;
+                }
+            }
+            Err(e) => panic!("no line {prefix:?} from the worker ({e}): {seen:?}"),
+        }
+    };
+    // The agent, with only the unix controller: no tls: section needed.
+    let site = Site::new(&[], COUNTER);
+    site.counter_script("level");
+    std::fs::write(
+        site.agent_yaml(),
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\n\
+             controllers: [\"unix:{}\"]\n",
+            site.path().display(),
+            sock.display()
+        ),
+    )
+    .expect("write agent.yaml");
+    let mut agent = site.spawn_agent();
+    expect("register level");
+    expect("value level ");
+    // A process of another uid is refused before a byte is read.
+    if nix::unistd::geteuid().is_root() {
+        let status = Command::new("python3")
+            .args([
+                "-c",
+                "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)",
+            ])
+            .arg(&sock)
+            .uid(65534)
+            .gid(65534)
+            .status()
+            .expect("python3");
+        assert!(status.success());
+        let refused = expect("refused ");
+        assert!(
+            refused.contains("uid=65534") && refused.contains(" identity "),
+            "{refused}"
+        );
+    } else {
+        eprintln!("another uid's refusal not tried: needs root");
+    }
+    agent.signal(Signal::SIGKILL);
+    let _ = agent.wait_exit().await;
+    expect("unknown level gone");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let out = crate::support::lines_until_closed(&stdout, "the worker");
+    let err = crate::support::lines_until_closed(&stderr, "the worker");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "{}", err.join("\n"));
+    assert_eq!(out.last().map(String::as_str), Some("stopped"), "{out:?}");
+    if valgrind {
+        let report = err.join("\n");
+        assert!(report.contains("ERROR SUMMARY: 0 errors"), "{report}");
+    }
 }

@@ -442,5 +442,28 @@ fn every_bounded_field_is_checked_at_its_table_bound_and_the_man_page_shows_it()
         let range = format!("Range: {}.", bound.describe()).replace('-', "\\-");
         assert!(line.contains(&range), "{prefix}{name}: {line}");
     }
-    assert_eq!(checked, 17, "the bounded fields");
+    assert_eq!(checked, 18, "the bounded fields");
+}
+
+/// A stream's `declared_state` (issue 36): its budget for what it declares, 2 MiB unless
+/// the probe says otherwise.
+#[test]
+fn a_streams_declared_state_budget_defaults_to_two_mib_and_takes_a_size() {
+    let budget = |extra: &str| {
+        let text = format!(
+            "resources:\n  - name: x\n    interval: 30\n    probe: {{kind: stream, command: [p], format: netdata{extra}}}\n"
+        );
+        let parsed = resources::parse(Path::new("resources.yaml"), &text).expect("loads");
+        match &parsed.resources[0].probe.as_ref().expect("a probe").kind {
+            config::ProbeKind::Stream(spec) => spec.declared_state,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(budget(""), xce_agent::output::DECLARED_STATE_BYTES);
+    assert_eq!(budget(", declared_state: 256KiB"), 256 << 10);
+    let refused = parse_with_field("stream", "declared_state", "1GiB");
+    assert!(
+        refused.contains("declared_state must be between 64KiB and 256MiB"),
+        "{refused}"
+    );
 }

@@ -522,6 +522,143 @@ resources:
     assert_eq!(code, Some(1), "{json:#}");
 }
 
+/// `condor_gpu_discovery -properties` as HTCondor 9.11 and later print it by default: a
+/// nested record per GPU (the fixture has the shape of HTCondor's own simulated A100s).
+#[test]
+fn nested_classad_records_from_condor_gpu_discovery_are_selected_by_their_path() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: gpu0_temp
+    interval: 60
+    probe:
+      kind: exec
+      command: [gpu_discovery.sh]
+      format: classad
+      provides: [gpu1_power_mw, gpu0_name, cuda_driver, GPU_b27e0d41_DieTempC, gpu0_missing]
+      select:
+        gpu0_temp: GPU_3f1a9c20.DieTempC
+        gpu1_power_mw: gpu_b27e0d41.powerusage_mw
+        gpu0_name: GPU_3f1a9c20.DeviceName
+        cuda_driver: Common.DriverVersion
+        gpu0_missing: GPU_3f1a9c20.FanSpeedPct
+  - {name: gpu1_power_mw, interval: 60}
+  - {name: gpu0_name, interval: 60, valtype: string}
+  - {name: cuda_driver, interval: 60}
+  - {name: GPU_b27e0d41_DieTempC, interval: 60}
+  - {name: gpu0_missing, interval: 60}
+  - name: read_as_kv
+    interval: 60
+    probe: {kind: exec, command: [gpu_discovery.sh], format: kv}
+"#,
+    );
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/formats/condor-gpu-discovery-nested.classad");
+    std::fs::copy(&fixture, s.path().join("gpus.classad")).unwrap();
+    s.script(
+        "gpu_discovery.sh",
+        &format!("#!/bin/sh\ncat {}/gpus.classad\n", s.path().display()),
+    );
+    let (code, json) = once(&s);
+    assert_eq!(number(&json, "gpu0_temp"), 31.0);
+    assert_eq!(number(&json, "gpu1_power_mw"), 57310.0);
+    assert_eq!(ok_value(&json, "gpu0_name"), "NVIDIA A100-SXM4-40GB");
+    assert_eq!(number(&json, "cuda_driver"), 12.2);
+    // Without `select:`, the path with `_` for `.` names it.
+    assert_eq!(number(&json, "GPU_b27e0d41_DieTempC"), 29.0);
+    let missing = row(&json, "gpu0_missing");
+    assert_eq!(missing["status"], "failed", "{missing:#}");
+    let why = missing["error"].as_str().unwrap();
+    assert!(!why.contains("format: kv"), "kv cannot read records: {why}");
+    // kv reads the records as words; the hint names the format that reads them.
+    let kv = row(&json, "read_as_kv")["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(kv.contains("did you mean `format: classad`?"), "{kv}");
+    assert_eq!(code, Some(1), "{json:#}");
+    let (code, text) = probe(&s, "gpu0_temp");
+    assert!(text.contains("GPU_3f1a9c20.DieTempC"), "{text}");
+    assert_eq!(code, Some(1), "gpu0_missing fails the probe: {text}");
+}
+
+/// `probe NAME` shows what was measured, every digit: the 2-decimal rounding is lsload's
+/// and the tables' (0.002 would show as 0, 1377.546 as 1377.55).
+#[test]
+fn probe_name_shows_values_exactly() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: small
+    interval: 60
+    probe: {kind: exec, command: [values.sh], format: kv, provides: [precise]}
+  - {name: precise, interval: 60}
+"#,
+    );
+    s.script(
+        "values.sh",
+        "#!/bin/sh\necho small=0.002\necho precise=1377.546\n",
+    );
+    let (code, text) = probe(&s, "small");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("small = 0.002\n"), "{text}");
+    assert!(text.contains("precise = 1377.546\n"), "{text}");
+}
+
+/// A Ruby exception ends with the failing code and a caret line under it (error_highlight,
+/// on by default since Ruby 3.1): the error quotes the message above them.
+#[test]
+fn a_failed_runs_error_quotes_the_message_not_the_carets_under_the_code() {
+    if !required("ruby (Debian ruby)", Path::new("/usr/bin/ruby").exists()) {
+        return;
+    }
+    let s = Setup::new(
+        r#"
+resources:
+  - name: disk
+    interval: 60
+    probe: {kind: exec, command: [check.rb], format: kv}
+"#,
+    );
+    s.script(
+        "check.rb",
+        "#!/usr/bin/ruby\ntotals = nil\nputs totals.fetch(:disk)\n",
+    );
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let why = row(&json, "disk")["error"].as_str().unwrap().to_owned();
+    assert!(
+        why.contains("undefined method `fetch' for nil")
+            || why.contains("undefined method 'fetch' for nil"),
+        "{why}"
+    );
+    assert!(!why.contains("^^^"), "{why}");
+}
+
+/// A bare name not in plugin_dir runs what the probes' PATH has: the log says which program.
+#[test]
+fn the_path_fallback_logs_the_program_it_found() {
+    let s = Setup::new(
+        r#"
+resources:
+  - name: one
+    interval: 60
+    probe: {kind: exec, command: [echo, "1"]}
+"#,
+    );
+    let out = agent(&s)
+        .env("XCE_LOG", "info")
+        .args(["--once", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("`echo` is /") && log.contains("found on the probes' PATH"),
+        "{log}"
+    );
+}
+
 #[test]
 fn json_leaves_by_dotted_path_from_a_run_and_a_file_and_malformed_json_fails_with_its_line() {
     let fixture =

@@ -232,6 +232,22 @@ fn influx_line((m, tags, fields): &InfluxPoint, ts: Option<i64>) -> String {
     line
 }
 
+/// A memory specifier with a multiplier in bytes (`sge_types(1)`: k 1000, K 1024, m, M, g,
+/// G); `None` for any other value.
+fn sge_memory_bytes(v: &str) -> Option<f64> {
+    let (number, unit) = v.split_at(v.len().checked_sub(1)?);
+    let power = "kmg".find(unit).map(|i| 1000f64.powi(i as i32 + 1));
+    let binary = "KMG".find(unit).map(|i| 1024f64.powi(i as i32 + 1));
+    let plain =
+        number.chars().all(|c| c.is_ascii_digit() || c == '.') && number.matches('.').count() <= 1;
+    let n: f64 = if plain {
+        number.parse().ok()?
+    } else {
+        return None;
+    };
+    Some(n * power.or(binary)?)
+}
+
 /// A ClassAd literal as printed and as the parser gives it back.
 fn classad_value() -> impl Strategy<Value = (String, String)> {
     prop_oneof![
@@ -350,6 +366,37 @@ proptest! {
         prop_assert_eq!(got, want.clone());
         let bad = insert_line(&mut lines, at, garbage);
         let p = parsed(Format::Influx, &lines.join("\n"));
+        prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
+        prop_assert_eq!(p.samples.len(), want.len());
+    }
+
+    /// `condor_gpu_discovery`'s nested records: one record per line, each attribute a
+    /// sample named `Record.Attr`; a record left open is a bad line naming its number.
+    #[test]
+    fn classad_nested_records_round_trip_and_an_open_one_is_a_bad_line(
+        records in proptest::collection::btree_map(
+            "GPU_[a-f0-9]{8}",
+            proptest::collection::btree_map("[A-Z][a-z0-9_]{0,12}", classad_value(), 0..6),
+            1..4,
+        ),
+        garbage in prop_oneof![Just("Open = [ a = 1;"), Just("Junk = [ a = 1 ] b"), Just("Bad = [ 2x = 1 ]")],
+        at in any::<usize>(),
+    ) {
+        let mut lines = Vec::new();
+        let mut want = Vec::new();
+        for (rec, attrs) in &records {
+            let mut seen = std::collections::BTreeSet::new();
+            let attrs: Vec<_> = attrs.iter().filter(|(k, _)| seen.insert(k.to_ascii_lowercase())).collect();
+            let body: Vec<String> = attrs.iter().map(|(k, (printed, _))| format!("{k}={printed}; ")).collect();
+            lines.push(format!("{rec}=[ {}]", body.concat()));
+            want.extend(attrs.iter().map(|(k, (_, v))| (format!("{rec}.{k}"), v.clone())));
+        }
+        let p = parsed(Format::Classad, &lines.join("\n"));
+        prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
+        let got: Vec<(String, String)> = p.samples.iter().map(|s| (s.name.clone(), s.value.clone())).collect();
+        prop_assert_eq!(got, want.clone());
+        let bad = insert_line(&mut lines, at, garbage);
+        let p = parsed(Format::Classad, &lines.join("\n"));
         prop_assert_eq!(bad_line_numbers(&p), vec![bad]);
         prop_assert_eq!(p.samples.len(), want.len());
     }
@@ -483,6 +530,7 @@ proptest! {
         prop_assert!(rest.is_none());
         let mut merged = Parsed::default();
         let mut indexed = output::MergedAds::default();
+        let mut declared = output::DeclaredBudget::default();
         for ((tag, ad), (_, want_tag)) in got.into_iter().zip(&ads) {
             prop_assert_eq!(&tag, want_tag.as_deref().unwrap_or(""));
             for s in &ad.samples {
@@ -490,7 +538,7 @@ proptest! {
                     want_tag.iter().map(|t| ("ad".to_owned(), t.clone())).collect();
                 prop_assert_eq!(&s.labels, &want);
             }
-            indexed.add(ad.clone());
+            indexed.add(ad.clone(), &mut declared);
             output::merge_ads(&mut merged, ad);
         }
         // The indexed merge a stream's first values use is the same merge.
@@ -583,6 +631,7 @@ proptest! {
             lines.push(format!("{state} \"{svc}\" {m} text for {svc}"));
             want.push((svc.clone(), state.to_string()));
             want.extend(metrics.iter().map(|(k, v)| (k.clone(), v.to_string())));
+            want.push(("text".to_owned(), format!("text for {svc}")));
         }
         let p = parsed(Format::Checkmk, &lines.join("\n"));
         prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
@@ -651,7 +700,11 @@ proptest! {
 
     #[test]
     fn sge_round_trips_a_report_and_names_a_bad_line(
-        values in proptest::collection::btree_map("[a-z][a-z0-9_.]{0,10}", "[!-~]([ -~]{0,10}[!-~])?", 1..8),
+        values in proptest::collection::btree_map(
+            "[a-z][a-z0-9_.]{0,10}",
+            prop_oneof!["[!-~]([ -~]{0,10}[!-~])?", "[0-9]{1,9}(\\.[0-9]{1,3})?[kKmMgG]"],
+            1..8,
+        ),
         global in any::<bool>(),
         garbage in prop_oneof![Just("other-host.example:x:1"), Just("no colons"), Just("h::1")],
         at in any::<usize>(),
@@ -662,7 +715,13 @@ proptest! {
         lines.push("end".to_owned());
         let p = parsed(Format::Sge, &lines.join("\n"));
         prop_assert!(p.bad_lines.is_empty(), "{:?}", p.bad_lines);
-        let want: Vec<(String, String)> = values.into_iter().collect();
+        let want: Vec<(String, String)> = values
+            .into_iter()
+            .map(|(k, v)| {
+                let bytes = sge_memory_bytes(&v).map_or(v, |b| b.to_string());
+                (k, bytes)
+            })
+            .collect();
         prop_assert_eq!(samples_of(&p), want.clone());
         let at = 1 + at % (lines.len() - 1);
         lines.insert(at, garbage.to_owned());

@@ -58,7 +58,10 @@ async fn first_snapshot_has_every_resval_then_deltas_carry_only_changes() {
         delta.resvals.iter().map(|r| &r.name).collect::<Vec<_>>(),
         ["scratch"]
     );
-    assert_eq!(agent.stats.full_batches.load(Ordering::Relaxed), 1);
+    wait_until("the snapshot counted once accepted", || {
+        agent.stats.full_batches.load(Ordering::Relaxed) == 1
+    })
+    .await;
     agent.stop().await;
     ctl.stop().await;
 }
@@ -137,13 +140,17 @@ async fn controller_restarted_mid_stream_gets_a_full_snapshot_again() {
     assert_eq!(snap.seq, 1, "seq restarts per connection");
     assert_eq!(snap.resvals, store.snapshot().1, "every latest value");
     assert!(agent.stats.disconnects.load(Ordering::Relaxed) >= 1);
-    // Counted once the write returned, which may be after the receiver saw the bytes.
+    // Counted once the controller's verdict (accepted) came, which may be after the
+    // receiver saw the bytes.
     agent
         .wait_state("connected again", |s| {
             matches!(s, LinkState::Connected { .. })
         })
         .await;
-    assert_eq!(agent.stats.full_batches.load(Ordering::Relaxed), 2);
+    wait_until("the second snapshot counted", || {
+        agent.stats.full_batches.load(Ordering::Relaxed) == 2
+    })
+    .await;
     agent.stop().await;
     ctl.stop().await;
 }

@@ -89,7 +89,7 @@ async fn a_tls_agent_is_told_that_a_plaintext_controller_does_not_speak_tls() {
     let mut agent: AgentProc = site.spawn_agent();
 
     let said = format!(
-        "the controller at {controller} does not speak TLS (it closed the connection at this agent's TLS hello without a word): is it running with --insecure / without tls?"
+        "the controller at {controller} does not speak TLS (it answered this agent's TLS hello with something else): is it running with --insecure / without tls?"
     );
     agent.wait_log(&said, 1).await;
     listen.next_err_matching("speaks TLS but this listener does not (--insecure)");

@@ -267,7 +267,7 @@ async fn ack_follows_each_batch_and_welcome_follows_hello() {
 #[tokio::test]
 async fn text_and_json_lines() {
     let mut ctl = Controller::bind(ListenOpts::default()).await;
-    let mut failed = resval("scratch", Value::Numeric(1234.5));
+    let mut failed = resval("scratch", Value::Numeric(1377.546));
     failed.status = Status::Failed;
     failed.error = Some("exit 3: disk gone".into());
     let msgs = [Envelope::Hello(hello()), batch(3, true, vec![failed])];
@@ -281,7 +281,7 @@ async fn text_and_json_lines() {
     assert_eq!(
         text,
         [
-            "node007 scratch failed 1234.5 last_report=2023-11-14T22:13:20.000Z seq=3 full \
+            "node007 scratch failed 1377.546 last_report=2023-11-14T22:13:20.000Z seq=3 full \
              error=\"exit 3: disk gone\""
         ]
     );
@@ -289,7 +289,7 @@ async fn text_and_json_lines() {
     assert_eq!(json["host"], "node007");
     assert_eq!(json["name"], "scratch");
     assert_eq!(json["instance"], "");
-    assert_eq!(json["value"], 1234.5);
+    assert_eq!(json["value"], 1377.546);
     assert_eq!(json["status"], "failed");
     assert_eq!(json["last_report_ms"], 1_700_000_000_000u64);
     assert_eq!(json["error"], "exit 3: disk gone");
@@ -310,7 +310,8 @@ async fn serve_lines_prints_what_an_agent_sends() {
     let (out_w, mut out_r) = tokio::io::duplex(64 * 1024);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(xce_agent::link::receiver::serve_lines(
-        listener,
+        vec![listener],
+        Vec::new(),
         ListenOpts::default(),
         LineFormat::Text,
         out_w,
@@ -464,33 +465,37 @@ async fn a_connection_that_never_sends_hello_is_closed_after_the_grace() {
     ctl.stop().await;
 }
 
-/// OpenSSH's MaxStartups: beyond the cap, a connection without an accepted hello is closed
-/// at once; once the pending ones are gone, agents get in again.
+/// OpenSSH's MaxStartups, turned (src/link/admission.rs): beyond the cap on connections
+/// without an accepted hello, a new connection is not refused; the oldest pending one gives
+/// way, so held connections cannot keep an agent out.
 #[tokio::test]
-async fn connections_without_an_accepted_hello_are_capped() {
+async fn beyond_the_cap_on_connections_without_a_hello_the_oldest_gives_way() {
     let mut ctl = Controller::bind(ListenOpts {
         max_unauthenticated: Some(2),
         ..ListenOpts::default()
     })
     .await;
-    let a = TcpStream::connect(ctl.addr).await.unwrap();
-    let b = TcpStream::connect(ctl.addr).await.unwrap();
-    for _ in 0..2 {
-        while !matches!(ctl.next().await.kind, EventKind::Connected) {}
-    }
-    let mut over = TcpStream::connect(ctl.addr).await.unwrap();
+    let mut oldest = TcpStream::connect(ctl.addr).await.unwrap();
+    while !matches!(ctl.next().await.kind, EventKind::Connected) {}
+    let _b = TcpStream::connect(ctl.addr).await.unwrap();
+    let _c = TcpStream::connect(ctl.addr).await.unwrap();
     let mut buf = [0u8; 16];
     let n = guard(
-        "the receiver to close the connection over the cap",
-        over.read(&mut buf),
+        "the receiver to close the oldest pending connection",
+        oldest.read(&mut buf),
     )
     .await
     .unwrap_or(0);
-    assert_eq!(n, 0, "a connection over the cap was served");
-    drop((a, b));
-    for _ in 0..2 {
-        while !matches!(ctl.next().await.kind, EventKind::Closed(_)) {}
-    }
+    assert_eq!(n, 0, "the oldest pending connection was served");
+    let (reason, text) = loop {
+        let ev = ctl.next().await;
+        if let EventKind::Closed(Some(text)) = ev.kind {
+            break (ev.reason, text);
+        }
+    };
+    assert_eq!(reason, Some(xce_agent::link::receiver::Reason::Limit));
+    assert!(text.contains("evicted before its hello"), "{text}");
+    // Served while the others are held.
     good_agent_still_served(&mut ctl).await;
     ctl.stop().await;
 }

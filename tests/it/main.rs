@@ -10,6 +10,7 @@
 
 mod support;
 
+mod admission;
 mod builtin;
 mod capi;
 mod cli;
@@ -21,6 +22,7 @@ mod daemon;
 mod daemon_flush;
 mod daemon_link;
 mod daemon_welcome;
+mod declared_state;
 mod disk_full;
 mod drive;
 mod escapes;
@@ -47,6 +49,7 @@ mod plan;
 mod plugins;
 mod ports;
 mod probe_cmd;
+mod program_text;
 mod receiver_core;
 mod schedule;
 mod script_rule;
@@ -57,3 +60,4 @@ mod status;
 mod stream;
 mod tls;
 mod tls_cli;
+mod worker_feed;

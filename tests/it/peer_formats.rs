@@ -234,7 +234,15 @@ fn netdata_charts_d_sensors_through_the_agent_with_its_update_every() {
     ) else {
         return;
     };
-    let s = Setup::new("resources: []\n");
+    // charts.d.plugin makes its temp dir with `mktemp -d /tmp/...` (TMPDIR ignored) unless it
+    // runs as root, then under /var/run: as nobody it needs a world-writable /tmp, which a
+    // machine need not have. As root (the test runs as root in CI) it does not.
+    let run_as = if nix::unistd::geteuid().is_root() {
+        "run_as: root\n"
+    } else {
+        ""
+    };
+    let s = Setup::with_agent("resources: []\n", run_as);
     // A hwmon tree under NETDATA_HOST_PREFIX, as the shipped sensors chart reads /sys.
     let hwmon = s
         .path()
@@ -435,16 +443,32 @@ resources:
       kind: exec
       command: [checkmk-meminfo.sh]
       format: checkmk
-      provides: [memory_state, answer, thresholds_state, over]
+      provides: [memory_state, answer, thresholds_state, over, kernel, kernel_long]
       select:
         memory_state: 'Memory total'
         thresholds_state: Thresholds
         over: 'over{service="Thresholds"}'
+        kernel: 'text{service="Kernel release"}'
+        kernel_long: 'long_text{service="Kernel release"}'
   - {name: memory_state, interval: 60}
   - {name: answer, interval: 60}
   - {name: thresholds_state, interval: 60}
   - {name: over, interval: 60}
+  - {name: kernel, interval: 60, valtype: string}
+  - {name: kernel_long, interval: 60, valtype: string}
+  - name: local_checks
+    interval: 60
+    probe:
+      kind: exec
+      command: [no-local-checks.sh]
+      format: checkmk
+      select: {local_checks: {match: 'Memory total', default: 3}}
 "#,
+    );
+    // The agent's local directory with nothing to say: an empty section.
+    s.script(
+        "no-local-checks.sh",
+        "#!/bin/sh\necho '<<<local:sep(0)>>>'\n",
     );
     s.script("checkmk-meminfo.sh", &fixture("checkmk-meminfo.sh"));
     let json = answered(&s);
@@ -457,6 +481,30 @@ resources:
     // P: 95 is over the crit level 90.
     assert_eq!(number(&json, "thresholds_state"), 2.0);
     assert_eq!(number(&json, "over"), 95.0);
+    let uname = |flag: &str| {
+        let out = Command::new("uname").arg(flag).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let kernel = row(&json, "kernel");
+    assert_eq!(
+        kernel["value"],
+        format!("Kernel release: {}", uname("-r")),
+        "{kernel:#}"
+    );
+    assert_eq!(
+        row(&json, "kernel_long")["value"],
+        format!("machine: {}\\nos: {}", uname("-m"), uname("-s"))
+    );
+    // No services is an answer: the default stands in, and the run is not a failure.
+    assert_eq!(number(&json, "local_checks"), 3.0);
+    let (code, text) = probe(&s, "kernel");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!("Kernel release: {}", uname("-r"))),
+        "{text}"
+    );
+    let (code, text) = probe(&s, "local_checks");
+    assert_eq!(code, Some(0), "{text}");
 }
 
 #[test]
@@ -628,6 +676,48 @@ resources:
     assert_eq!(number(&json, "nuser"), users.len() as f64, "{json:#}");
 }
 
+/// Grid Engine's `maui.sh` sensor reports `/tmp`'s size as `df -k` blocks with SGE's `k`
+/// multiplier (`disk_total:30832636k`): bytes as SGE reads them, k = 1000 (`sge_types(1)`).
+#[test]
+fn grid_engines_maui_sensor_reports_memory_values_with_a_multiplier() {
+    let Some(maui) = installed(
+        "/usr/share/gridengine/util/resources/loadsensors/maui.sh",
+        "gridengine-common",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (root, _) = sge_root(dir.path());
+    let s = Setup::new(&format!(
+        r#"
+resources:
+  - name: disk_total
+    interval: 60
+    probe:
+      kind: stream
+      command: [{}]
+      format: sge
+      env: {{SGE_ROOT: {}}}
+      provides: [oslevel]
+  - {{name: oslevel, interval: 60, valtype: string}}
+"#,
+        maui.display(),
+        root.display()
+    ));
+    let json = answered(&s);
+    let df = Command::new("df").args(["-k", "/tmp"]).output().unwrap();
+    let blocks: f64 = String::from_utf8_lossy(&df.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(number(&json, "disk_total"), blocks * 1000.0, "{json:#}");
+    let (code, text) = probe(&s, "disk_total");
+    assert_eq!(code, Some(0), "{text}");
+}
+
 /// A collectd Exec script as collectd-exec(5) shows the usual one: it loops for as long as
 /// it lives, a batch of PUTVALs per interval.
 const COLLECTD_LOOP: &str = r#"#!/bin/sh
@@ -749,4 +839,74 @@ resources:
     );
     let json = answered(&s);
     assert_eq!(number(&json, "every"), 3.0);
+}
+
+/// The daemon streams what the formats read, and `listen`'s text lines show it as measured:
+/// a Checkmk informational check's text, a load sensor's memory value with SGE's `k`, and
+/// nested ClassAd attributes (one a fraction the 2-decimal tables would show as 0).
+#[test]
+fn checkmk_text_sge_memory_and_nested_classads_reach_listen_through_the_daemon() {
+    let mut listen = crate::support::ListenProc::spawn_format("text");
+    let site = crate::support::Site::new(
+        &[listen.addr.to_string()],
+        r#"
+resources:
+  - name: cpu_level
+    valtype: string
+    interval: 1
+    probe:
+      kind: exec
+      command: [cpu_level.sh]
+      format: checkmk
+      select: {cpu_level: 'text{service="CPU x86-64 level"}'}
+  - name: tmpfree
+    valtype: numeric
+    interval: 1
+    probe: {kind: stream, command: [tmpfree.sh], format: sge}
+  - name: gpu_temp
+    valtype: numeric
+    interval: 1
+    probe:
+      kind: exec
+      command: [gpus.sh]
+      format: classad
+      provides: [gpu_util]
+      select: {gpu_temp: GPU_5368a050.DieTempC, gpu_util: GPU_5368a050.Util}
+  - {name: gpu_util, valtype: numeric, interval: 1}
+"#,
+    );
+    site.script(
+        "cpu_level.sh",
+        "#!/bin/sh\necho '0 \"CPU x86-64 level\" - CPU x86_64 level: x86-64-v4'\n",
+    );
+    site.script(
+        "tmpfree.sh",
+        "#!/bin/sh\nwhile read -r line; do\n  [ \"$line\" = quit ] && exit 0\n  printf 'begin\\n%s:tmpfree:77261344k\\nend\\n' \"$(uname -n)\"\ndone\n",
+    );
+    site.script(
+        "gpus.sh",
+        "#!/bin/sh\necho 'DetectedGPUs=\"GPU-5368a050\"'\necho 'GPU_5368a050=[ id=\"GPU-5368a050\"; DieTempC=28; Util=0.002; ]'\n",
+    );
+    let mut agent = site.spawn_agent();
+    let mut want: std::collections::BTreeMap<&str, &str> = [
+        ("cpu_level", "CPU x86_64 level: x86-64-v4"),
+        ("tmpfree", "77261344000"),
+        ("gpu_temp", "28"),
+        ("gpu_util", "0.002"),
+    ]
+    .into_iter()
+    .collect();
+    let mut seen = Vec::new();
+    while !want.is_empty() {
+        let line = listen
+            .stdout
+            .recv_timeout(crate::support::HANG_GUARD)
+            .unwrap_or_else(|e| panic!("listen printed no more lines ({e}); saw {seen:#?}"));
+        want.retain(|name, value| {
+            !line.starts_with(&format!("node001 {name} ok {value} last_report="))
+        });
+        seen.push(line);
+    }
+    agent.assert_alive();
+    listen.assert_alive();
 }

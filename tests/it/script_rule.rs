@@ -183,13 +183,15 @@ async fn a_root_agent_refuses_sh_with_a_writable_script() {
 
 /// The files a launcher, an interpreter's inline code, an argument or an `env:` entry names,
 /// as the probe's run would reach them: a root-owned dir (0755) holding `evil.sh` (0777),
-/// `ok.sh` (0755), and `open/` (0777) beside it.
+/// `ok.sh` (0755), `open/` (0777) and `sticky/` (1777, as /tmp usually is: made here, for
+/// a /tmp may be 0755) beside it.
 struct Reach {
     _d: tempfile::TempDir,
     dir: PathBuf,
     evil: PathBuf,
     ok: PathBuf,
     open: PathBuf,
+    sticky: PathBuf,
 }
 
 fn reach() -> Reach {
@@ -202,12 +204,16 @@ fn reach() -> Reach {
     let open = dir.join("open");
     std::fs::create_dir(&open).unwrap();
     chmod(&open, 0o777);
+    let sticky = dir.join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    chmod(&sticky, 0o1777);
     Reach {
         _d: d,
         dir,
         evil,
         ok,
         open,
+        sticky,
     }
 }
 
@@ -274,6 +280,10 @@ fn the_rule_follows_launchers_inline_code_and_every_argument() {
             &["/bin/sh", "-c", "exec EVIL --x && echo done"],
         ),
         ("sh -ec", &["/bin/sh", "-ec", "x=$(EVIL)"]),
+        (
+            "sh -c after an option's value",
+            &["/bin/sh", "-o", "errexit", "-c", ". EVIL"],
+        ),
         ("bash -c", &["/bin/bash", "-c", "source \"EVIL\""]),
         (
             "python3 -c",
@@ -330,6 +340,7 @@ fn env_entries_that_load_code_are_checked_or_refused() {
     let evil = r.evil.display().to_string();
     let ok = r.ok.display().to_string();
     let open = r.open.display().to_string();
+    let sticky = r.sticky.display().to_string();
     let missing_in_open = format!("{open}/later.sh");
     // (variable, value, the path at fault or "" when the variable is refused outright)
     let refused: &[(&str, String, &str)] = &[
@@ -346,8 +357,8 @@ fn env_entries_that_load_code_are_checked_or_refused() {
         ("PERL5LIB", open.clone(), &open),
         ("RUBYLIB", open.clone(), &open),
         ("PATH", format!("{open}:/usr/bin:/bin"), &open),
-        // A search path entry in a sticky directory: anyone may add a name to /tmp.
-        ("PYTHONPATH", "/tmp".to_owned(), "/tmp"),
+        // A search path entry in a sticky directory: anyone may add a name to it (/tmp).
+        ("PYTHONPATH", sticky.clone(), &sticky),
         // Not there yet, in a directory anyone may write: whoever creates it wins.
         ("BASH_ENV", missing_in_open.clone(), &open),
         ("PERL5OPT", "-Mstrict".to_owned(), ""),
@@ -380,8 +391,7 @@ fn env_entries_that_load_code_are_checked_or_refused() {
             assert!(text.contains(&format!("env: {name}")), "{name}: {text}");
         }
     }
-    let sticky =
-        probe_verdict(&words(&["OK"], &r), &[("PYTHONPATH", "/tmp".to_owned())]).unwrap_err();
+    let sticky = probe_verdict(&words(&["OK"], &r), &[("PYTHONPATH", sticky.clone())]).unwrap_err();
     assert!(
         matches!(sticky.problem, Problem::SharedSearchDir { .. }),
         "{sticky}"

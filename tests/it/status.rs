@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use crate::support::{agent_bin, status, wait_status, ListenProc, Site};
+use crate::support::{agent_bin, status, wait_status, wait_until, AgentProc, ListenProc, Site};
 use xce_agent::status::StatusReport;
 
 const RESOURCES: &str = r#"
@@ -602,10 +602,7 @@ fn status_socket_and_group_in_agent_yaml() {
     let p = dir.path().join("agent.yaml");
     std::fs::write(&p, "run_as: nobody\n").expect("write");
     let (agent, _) = config::load_agent(&p).expect("valid");
-    assert_eq!(
-        agent.status_socket_path(),
-        std::path::Path::new("/run/xce-agent/status.sock")
-    );
+    assert_eq!(agent.status_socket, None);
     std::fs::write(&p, "status_socket: run/s.sock\nstatus_group: adm\n").expect("write");
     let (agent, _) = config::load_agent(&p).expect("valid");
     assert_eq!(agent.status_socket_path(), dir.path().join("run/s.sock"));
@@ -659,30 +656,134 @@ async fn a_failed_reload_shows_in_status_until_one_succeeds() {
     agent.assert_alive();
 }
 
-/// A daemon whose status socket is off (the default path's directory is missing, as in a
-/// checkout outside systemd) is running: `status` says so and why, not "not running".
+/// A daemon whose status socket is off (the directory systemd was to make is missing) is
+/// running: `status` says so and why, not "not running".
 #[tokio::test]
 async fn status_tells_a_running_daemon_with_its_socket_off_from_no_daemon() {
-    if std::path::Path::new("/run/xce-agent").exists() {
-        eprintln!("skipped: /run/xce-agent exists here, so the default status socket is not off");
-        return;
-    }
     let site = Site::new(&[], RESOURCES);
     site.counter_script("scratch");
     site.script("mode.sh", "#!/bin/sh\necho fine\n");
-    let mut agent = site.spawn_agent();
+    let absent = site.file("absent");
+    let absent = absent.to_str().expect("utf-8");
+    let mut agent = AgentProc::spawn_with_env(
+        &site.agent_yaml(),
+        &site.file("agent.log"),
+        &[("RUNTIME_DIRECTORY", absent)],
+    );
     agent.wait_log("status socket off", 1).await;
     assert!(
         agent.log_text().contains(" WARN "),
         "logged below WARN: {}",
         agent.log_text()
     );
-    let (code, _, err) = status(&site, &[]);
+    let (code, _, err) = run({
+        let mut cmd = status_cmd(&site, &[]);
+        cmd.env("RUNTIME_DIRECTORY", absent);
+        cmd
+    });
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("the agent is running (pid "), "{err}");
     assert!(err.contains(&agent.pid().to_string()), "{err}");
     assert!(err.contains("its status socket is off"), "{err}");
     agent.assert_alive();
+}
+
+/// Issue 39, item 2: outside systemd (no RUNTIME_DIRECTORY), with no `status_socket:`, the
+/// daemon makes its socket's directory and `status` (the README's example) reaches it: as
+/// root /run/xce-agent (not touched here: this machine is shared), as another user
+/// $XDG_RUNTIME_DIR/xce-agent, which is what this test runs, with root's rule by the unit
+/// test of `default_status_socket`.
+#[tokio::test]
+async fn status_works_outside_systemd_without_status_socket() {
+    if !is_root() {
+        eprintln!("skipped: needs root to run the daemon as nobody");
+        return;
+    }
+    let site = Site::new(&[], "resources: []\n");
+    std::fs::write(
+        site.agent_yaml(),
+        format!(
+            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: nobody\n",
+            site.path().display()
+        ),
+    )
+    .expect("write agent.yaml");
+    // nobody's runtime directory, as pam_systemd would make it (0700, its own).
+    let runtime = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    nix::unistd::chown(
+        runtime.path(),
+        Some(nix::unistd::Uid::from_raw(NOBODY)),
+        Some(nix::unistd::Gid::from_raw(NOBODY)),
+    )
+    .expect("chown");
+    let xdg = runtime.path().to_str().expect("utf-8").to_owned();
+    let as_nobody = |cmd: &mut Command| {
+        cmd.uid(NOBODY)
+            .gid(NOBODY)
+            .env_remove("RUNTIME_DIRECTORY")
+            .env("XDG_RUNTIME_DIR", &xdg);
+    };
+    let log = std::fs::File::create(site.file("agent.log")).expect("log");
+    let mut daemon = Command::new(agent_bin());
+    daemon
+        .arg("--config")
+        .arg(site.agent_yaml())
+        .env("XCE_LOG", "info")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    as_nobody(&mut daemon);
+    let mut child = daemon.spawn().expect("spawn");
+    let sock = runtime.path().join("xce-agent/status.sock");
+    let log_text = || std::fs::read_to_string(site.file("agent.log")).unwrap_or_default();
+    wait_until("the status socket", || {
+        sock.exists() || log_text().contains("status socket off")
+    })
+    .await;
+    let mut cmd = status_cmd(&site, &[]);
+    as_nobody(&mut cmd);
+    let (code, out, err) = run(cmd);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = child.wait();
+    assert_eq!(code, 0, "{out}{err}\n{}", log_text());
+    assert!(out.contains("LINK"), "{out}");
+    assert_eq!(
+        std::fs::metadata(runtime.path().join("xce-agent"))
+            .expect("made")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+}
+
+#[test]
+fn the_default_status_socket_is_on_for_root_and_other_users() {
+    use std::ffi::OsStr;
+    use xce_agent::config::agent::default_status_socket as d;
+    let root = d(0, None, Some(OsStr::new("/run/user/0")));
+    assert_eq!(root.path, PathBuf::from("/run/xce-agent/status.sock"));
+    assert_eq!(root.make_dir, Some(0o755));
+    let user = d(1000, None, Some(OsStr::new("/run/user/1000")));
+    assert_eq!(
+        user.path,
+        PathBuf::from("/run/user/1000/xce-agent/status.sock")
+    );
+    assert_eq!(user.make_dir, Some(0o700));
+    assert_eq!(
+        d(1000, None, None).path,
+        PathBuf::from("/run/user/1000/xce-agent/status.sock")
+    );
+    let systemd = d(0, Some(OsStr::new("/run/xce-agent")), None);
+    assert_eq!(systemd.path, PathBuf::from("/run/xce-agent/status.sock"));
+    assert_eq!(systemd.make_dir, None, "systemd makes it");
 }
 
 #[tokio::test]

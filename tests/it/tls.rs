@@ -308,9 +308,12 @@ async fn a_tls_agent_is_refused_by_a_plaintext_receiver_and_says_why() {
         tls_config(ctl.addr.to_string(), site.client()),
         store_with(&[]),
     );
-    // The receiver reads the ClientHello as a frame and drops it.
+    // The receiver reads the ClientHello as a frame, answers bytes that are not TLS (so the
+    // agent sees "not TLS", not a silent close) and drops it.
     next_refusal(&mut ctl).await;
-    wait_failures(&agent, Failure::Truncated).await;
+    wait_failures(&agent, Failure::NotTls).await;
+    let said = agent.stats.last_error().expect("an error").message;
+    assert!(said.contains("does not speak TLS"), "{said}");
     agent.stop().await;
     ctl.stop().await;
 }
@@ -746,4 +749,176 @@ async fn an_agent_gone_without_close_notify_is_closed_not_a_protocol_error() {
         other => panic!("{other:?}"),
     }
     ctl.stop().await;
+}
+
+#[tokio::test]
+async fn reloaded_tls_keeps_live_sessions_and_ends_the_one_its_crl_revokes() {
+    use xce_agent::link::receiver::{serve_all, Control};
+    let mut site = Site::new();
+    let first = site.pki.next_serial();
+    let n1 = site.pki.issue(&["node001"]);
+    let n2 = site.pki.issue(&["node002"]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, mut events) = tokio::sync::mpsc::channel(64);
+    let control = Arc::new(Control::new(Vec::new()));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(serve_all(
+        vec![listener],
+        tls_listen(site.server()),
+        tx,
+        Arc::clone(&control),
+        shutdown.clone(),
+    ));
+    let start = |files: &Files, host: &str| {
+        let agent = Agent::start(
+            tls_config(addr.to_string(), client(&site.pki.paths(files))),
+            store_with(&[("x", "", Valtype::Numeric)]),
+        );
+        let mut hello = (**agent.hello.borrow()).clone();
+        hello.host = host.to_owned();
+        agent.hello.send_replace(Arc::new(hello));
+        agent
+    };
+    let a = start(&n1, "node001");
+    let b = start(&n2, "node002");
+    let mut hellos = 0;
+    while hellos < 2 {
+        if let EventKind::Hello(_) = guard("hellos", events.recv()).await.unwrap().kind {
+            hellos += 1;
+        }
+    }
+    // A new CRL revoking node001's certificate, loaded while both are connected.
+    let crl = site.pki.crl(&[first]);
+    let mut paths = site.pki.paths(&site.ctl);
+    paths.crl = Some(crl);
+    let material = xce_agent::link::tls::Material::load(&paths).expect("material");
+    assert_eq!(control.reload_tls(&material).expect("reload"), 1);
+    let ended = loop {
+        let ev = guard("the revoked session's end", events.recv())
+            .await
+            .unwrap();
+        if matches!(ev.kind, EventKind::Closed(_)) {
+            break ev;
+        }
+    };
+    assert_eq!(ended.host.as_deref(), Some("node001"));
+    assert_eq!(ended.reason, Some(Reason::Revoked), "{ended:?}");
+    // node002's session goes on: its next value arrives on the same connection.
+    record(&b.store, "x", Value::Numeric(7.0));
+    loop {
+        let ev = guard("node002's value", events.recv()).await.unwrap();
+        assert!(
+            !(matches!(ev.kind, EventKind::Closed(_)) && ev.host.as_deref() == Some("node002")),
+            "node002 was dropped: {ev:?}"
+        );
+        if let EventKind::Batch { batch, .. } = &ev.kind {
+            if ev.host.as_deref() == Some("node002")
+                && batch.resvals.iter().any(|r| r.value == Value::Numeric(7.0))
+            {
+                break;
+            }
+        }
+    }
+    // And node001 reconnecting is refused at the handshake now.
+    loop {
+        let ev = guard("node001's refusal", events.recv()).await.unwrap();
+        if ev.host.is_none() && matches!(ev.kind, EventKind::Closed(_)) {
+            assert_eq!(ev.reason, Some(Reason::Revoked), "{ev:?}");
+            break;
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+    shutdown.cancel();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_gives_one_cause_every_time_and_counts_nothing_sent() {
+    let site = Site::new();
+    let mut rogue = Pki::new("rogue-ca");
+    let node = rogue.issue(&["node001"]);
+    let mut ctl = Controller::bind(tls_listen(site.server())).await;
+    let mut paths = rogue.paths(&node);
+    paths.ca = site.pki.ca.clone();
+    let store = store_with(&[("x", "", Valtype::Numeric)]);
+    record(&store, "x", Value::Numeric(1.0));
+    let agent = Agent::start(tls_config(ctl.addr.to_string(), client(&paths)), store);
+    // Five refusals in a row, each read from the agent's own record of its last failure.
+    let mut causes = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        let why = next_refusal(&mut ctl).await;
+        assert!(why.contains("unknown_ca"), "{why}");
+        let n = agent.stats.tls_failures(Failure::PeerRefused);
+        wait_until("the agent to record the failure", || {
+            agent.stats.tls_failures(Failure::PeerRefused) > n
+                || agent
+                    .stats
+                    .last_error()
+                    .is_some_and(|e| !causes.contains(&e.message))
+        })
+        .await;
+        if let Some(e) = agent.stats.last_error() {
+            causes.insert(e.message);
+        }
+    }
+    assert_eq!(causes.len(), 1, "one cause: {causes:?}");
+    let cause = causes.into_iter().next().unwrap();
+    assert!(
+        cause.contains("does not trust this agent's certificate"),
+        "{cause}"
+    );
+    use std::sync::atomic::Ordering;
+    assert_eq!(
+        agent.stats.batches.load(Ordering::Relaxed),
+        0,
+        "nothing was accepted"
+    );
+    assert_eq!(agent.stats.resvals_sent.load(Ordering::Relaxed), 0);
+    agent.stop().await;
+    ctl.stop().await;
+}
+
+/// Issue 39, item 3: when the agent refuses the controller's certificate (another CA's,
+/// another name's, an expired one), the receiver says so and why (the alert the agent
+/// sent), not "tls handshake eof".
+#[tokio::test]
+async fn the_receiver_says_the_agent_refused_its_certificate_and_why() {
+    let mut site = Site::new();
+    let mut rogue = Pki::new("rogue-ca");
+    let fake = rogue.issue(&["127.0.0.1"]);
+    let mut from_another_ca = rogue.paths(&fake);
+    from_another_ca.ca = site.pki.ca.clone();
+    let elsewhere = site.pki.issue(&["ctl9.example"]);
+    let expired = site.pki.issue_valid(&["127.0.0.1"], -30, -1);
+    for (paths, alert, why) in [
+        (from_another_ca, "UnknownCA", Failure::UnknownCa),
+        (
+            site.pki.paths(&elsewhere),
+            "BadCertificate",
+            Failure::WrongName,
+        ),
+        (
+            site.pki.paths(&expired),
+            "CertificateExpired",
+            Failure::Expired,
+        ),
+    ] {
+        let mut ctl = Controller::bind(tls_listen(server(&paths))).await;
+        let agent = Agent::start(
+            tls_config(ctl.addr.to_string(), site.client()),
+            store_with(&[]),
+        );
+        let end = next_refusal(&mut ctl).await;
+        assert!(
+            end.contains("the agent refused this controller's certificate")
+                && end.contains(alert)
+                && !end.contains("eof"),
+            "{end}"
+        );
+        wait_failures(&agent, why).await;
+        agent.stop().await;
+        ctl.stop().await;
+    }
 }

@@ -307,8 +307,15 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
         text(&o)
     );
 
-    // The warning window is agent.yaml's tls.expiry_warning (14 days unless set).
-    let later = pki.issue_valid(&["node001"], -1, 20);
+    // The warning window is agent.yaml's tls.expiry_warning (30 days unless set).
+    let within_default = pki.issue_valid(&["node001"], -1, 20);
+    let o = run(&within_default);
+    assert!(
+        o.status.success() && text(&o).contains("renew it"),
+        "{}",
+        text(&o)
+    );
+    let later = pki.issue_valid(&["node001"], -1, 40);
     let o = run(&later);
     assert!(
         o.status.success() && !text(&o).contains("renew it"),
@@ -316,7 +323,7 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
         text(&o)
     );
     let yaml = std::fs::read_to_string(site.agent_yaml()).unwrap();
-    std::fs::write(site.agent_yaml(), format!("{yaml}  expiry_warning: 30d\n")).unwrap();
+    std::fs::write(site.agent_yaml(), format!("{yaml}  expiry_warning: 45d\n")).unwrap();
     let o = xce(&["check", "--config", s(&site.agent_yaml())]);
     assert!(
         o.status.success() && text(&o).contains("renew it"),
@@ -324,8 +331,8 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
         text(&o)
     );
 
-    // A certificate for another host: check names both (exit 1); the daemon says it at
-    // ERROR as it starts (the controller then tells it its verdict).
+    // A certificate for another host: check names both (exit 1), and the daemon refuses to
+    // start on it, with the fix (docs/security.md).
     let other_host = pki.issue(&["node002"]);
     let o = run(&other_host);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
@@ -334,14 +341,6 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
         "{}",
         text(&o)
     );
-    let mut started = site.spawn_agent();
-    started.wait_log("not this host \"node001\"", 1).await;
-    assert!(
-        started.log_text().contains(" ERROR "),
-        "{}",
-        started.log_text()
-    );
-    assert!(started.terminate().await.success());
     let daemon = || {
         Command::new(agent_bin())
             .args(["--config", s(&site.agent_yaml())])
@@ -349,6 +348,15 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
             .output()
             .expect("run")
     };
+
+    let o = daemon();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("not this host \"node001\"")
+            && text(&o).contains("xce-agent tls issue ... node001"),
+        "{}",
+        text(&o)
+    );
 
     let expired = pki.issue_valid(&["node001"], -30, -2);
     let o = run(&expired);
@@ -403,6 +411,82 @@ async fn check_fails_on_an_expired_certificate_or_an_open_key_and_warns_before_e
         "{}",
         text(&o)
     );
+}
+
+/// Issue 39, item 1, with a site PKI made by openssl: `check` fails (exit 1) on a host
+/// certificate from another CA (even one of the same name), on one for another host and on a
+/// key that is not the certificate's, each with the fix; the daemon refuses to start on
+/// each, as docs/security.md says.
+#[test]
+fn check_and_the_daemon_refuse_another_cas_certificate_another_hosts_and_a_stranger_key() {
+    if !openssl_available() {
+        return;
+    }
+    let site_pki = tempfile::tempdir().expect("tempdir");
+    let other_pki = tempfile::tempdir().expect("tempdir");
+    openssl_pki(
+        site_pki.path(),
+        &[("node001", "DNS:node001"), ("node002", "DNS:node002")],
+    );
+    openssl_pki(other_pki.path(), &[("node001", "DNS:node001")]);
+    let site = Site::new(&[], LEVEL);
+    site.script("level.sh", "#!/bin/sh\necho 7\n");
+    let ours = openssl_paths(site_pki.path(), "node001");
+    // Each of these makes the daemon exit at once; a usable one would run until stopped.
+    let check_and_start = |cert: &Path, key: &Path| {
+        tls_agent_yaml(&site, "ctl1", &ours.ca, cert, key);
+        let check = xce(&["check", "--config", s(&site.agent_yaml())]);
+        let daemon = Command::new(agent_bin())
+            .args(["--config", s(&site.agent_yaml())])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        (check, daemon)
+    };
+
+    tls_agent_yaml(&site, "ctl1", &ours.ca, &ours.cert, &ours.key);
+    let check = xce(&["check", "--config", s(&site.agent_yaml())]);
+    assert!(check.status.success(), "{}", text(&check));
+    assert!(!text(&check).contains("PROBLEM"), "{}", text(&check));
+
+    // Another CA's certificate, its issuer named "site CA" as ours is.
+    let theirs = openssl_paths(other_pki.path(), "node001");
+    let (check, daemon) = check_and_start(&theirs.cert, &theirs.key);
+    for o in [&check, &daemon] {
+        let t = text(o);
+        assert!(
+            t.contains(&format!(
+                "does not chain to the CA in {}",
+                ours.ca.display()
+            )) && t.contains("point tls.ca at the CA that issued it"),
+            "{t}"
+        );
+    }
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check));
+    assert_eq!(daemon.status.code(), Some(2), "{}", text(&daemon));
+
+    let node002 = openssl_paths(site_pki.path(), "node002");
+    let (check, daemon) = check_and_start(&node002.cert, &node002.key);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check));
+    assert_eq!(daemon.status.code(), Some(2), "{}", text(&daemon));
+    for o in [&check, &daemon] {
+        assert!(
+            text(o).contains("names [node002], not this host \"node001\""),
+            "{}",
+            text(o)
+        );
+    }
+
+    let (check, daemon) = check_and_start(&ours.cert, &node002.key);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check));
+    assert_eq!(daemon.status.code(), Some(2), "{}", text(&daemon));
+    for o in [&check, &daemon] {
+        assert!(
+            text(o).contains("does not match the certificate"),
+            "{}",
+            text(o)
+        );
+    }
 }
 
 /// `sh -c 'exec openssl ARGS 2>&1'`: both streams as lines on one channel.

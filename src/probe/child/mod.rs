@@ -129,6 +129,9 @@ impl Env {
 #[derive(Debug, Clone)]
 pub struct ChildSpec {
     pub program: PathBuf,
+    /// `program` as the script rule passed it, held open: the child executes this descriptor,
+    /// not the path (`None`: the path, where the rule is not enforced).
+    pub checked: Option<super::security::CheckedProgram>,
     pub args: Vec<OsString>,
     /// The whole environment (`NAME`, `value`), shared with the run's record.
     pub env: Env,
@@ -154,6 +157,7 @@ impl ChildSpec {
     pub fn new(program: impl Into<PathBuf>, timeout: Duration) -> Self {
         Self {
             program: program.into(),
+            checked: None,
             args: Vec::new(),
             env: Env::path_only(),
             cwd: PathBuf::from("/"),
@@ -433,6 +437,18 @@ impl Child {
             .map(ProbeCgroup::checkout)
             .transpose()
             .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e.into()))?;
+        // The checked program's descriptor (a binary's), on one above 0-2: the stdio the
+        // child dup3s there must not land on it.
+        let checked = spec.checked.as_ref().filter(|c| !c.script);
+        let moved_up = match checked {
+            Some(c) if std::os::fd::AsRawFd::as_raw_fd(&*c.fd) <= 2 => Some(
+                c.fd.try_clone()
+                    .and_then(spawn::above_stdio)
+                    .map_err(io_fail)?,
+            ),
+            _ => None,
+        };
+        let exec_fd = checked.map(|c| moved_up.as_ref().unwrap_or(&c.fd));
         let child_stdin = stdin.as_ref().map_or(null, |(read, _)| read);
         let watch_sigchld = || {
             reaper::accept_child_signals();
@@ -454,6 +470,7 @@ impl Child {
             no_new_privs: spec.no_new_privs,
             stdio: [child_stdin, &out_write, &err_write],
             cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_fds),
+            exec_fd,
         });
         let (started, registered) = reaper::start_registered(|| {
             spawn::spawn(&mut prepared).map(|s| {

@@ -111,6 +111,8 @@ pub struct Prepared {
     cgroup: Option<(RawFd, RawFd)>,
     /// Set for the clone(2) fallback only.
     join_by_write: bool,
+    /// See [`Plan::exec_fd`].
+    exec_fd: Option<RawFd>,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
     /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
@@ -135,6 +137,10 @@ pub struct Plan<'a> {
     pub stdio: [&'a OwnedFd; 3],
     /// `(directory, cgroup.procs)` of the probe's cgroup, both open.
     pub cgroup: Option<(&'a OwnedFd, &'a OwnedFd)>,
+    /// The program the script rule checked, open (>= 3, close-on-exec): executed with
+    /// `execveat(fd, "", AT_EMPTY_PATH)` instead of `path`. Binaries only, see
+    /// [`super::super::security::CheckedProgram::script`].
+    pub exec_fd: Option<&'a OwnedFd>,
 }
 
 impl Prepared {
@@ -177,6 +183,7 @@ impl Prepared {
             stdio: plan.stdio.map(|f| f.as_raw_fd()),
             cgroup: plan.cgroup.map(|(d, p)| (d.as_raw_fd(), p.as_raw_fd())),
             join_by_write: false,
+            exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
             max_fd,
             failure: AtomicU64::new(0),
         }
@@ -610,12 +617,29 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             std::ptr::null_mut::<u64>(),
             KERNEL_SIGSET_SIZE,
         );
-        libc::syscall(
-            libc::SYS_execve,
-            p.path.as_ptr(),
-            p.argv_ptrs.as_ptr(),
-            p.envp_ptrs.as_ptr(),
-        );
+        match p.exec_fd {
+            // What the script rule checked, by its descriptor: no path lookup between the
+            // check and the exec for a rename or a swapped directory to win. The descriptor
+            // is close-on-exec: the program does not inherit it.
+            Some(fd) => {
+                libc::syscall(
+                    libc::SYS_execveat,
+                    fd,
+                    c"".as_ptr(),
+                    p.argv_ptrs.as_ptr(),
+                    p.envp_ptrs.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                );
+            }
+            None => {
+                libc::syscall(
+                    libc::SYS_execve,
+                    p.path.as_ptr(),
+                    p.argv_ptrs.as_ptr(),
+                    p.envp_ptrs.as_ptr(),
+                );
+            }
+        }
         fail(Stage::Exec)
     }
 }

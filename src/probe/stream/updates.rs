@@ -11,7 +11,7 @@ use crate::config::StreamSpec;
 use crate::output::stream::{
     BlockLine, BlockStream, Blocks, Lines, SessionReader, Sessions, MAX_BLOCK_BYTES,
 };
-use crate::output::{self, Format, Streaming};
+use crate::output::{self, DeclaredBudget, Format, Streaming};
 use crate::plan::ProbeTask;
 use crate::probe::sink::Sink;
 use crate::probe::{readings_from_pairs, ProbeRun};
@@ -50,6 +50,9 @@ impl Update {
 pub(super) struct Updates {
     format: Format,
     how: How,
+    /// What a session reader charged to the probe's declared-state budget: bytes and
+    /// entries, given back when the reader ends with its child ([`Updates::charged`]).
+    charged: (usize, usize),
 }
 
 enum How {
@@ -69,11 +72,21 @@ impl Updates {
             Streaming::Sessions(sessions) => How::Sessions(sessions, (sessions.start)(), 0),
             Streaming::No => How::Not,
         };
-        Self { format, how }
+        Self {
+            format,
+            how,
+            charged: (0, 0),
+        }
     }
 
-    /// The update `line` completes.
-    pub(super) fn take(&mut self, own: &str, line: Line) -> Update {
+    /// What this reader charged to the probe's declared-state budget: (bytes, entries).
+    pub(super) fn charged(&self) -> (usize, usize) {
+        self.charged
+    }
+
+    /// The update `line` completes. What a session keeps of a declaration is charged to
+    /// `declared`, the probe's budget.
+    pub(super) fn take(&mut self, own: &str, line: Line, declared: &mut DeclaredBudget) -> Update {
         let format = self.format;
         match &mut self.how {
             How::Lines(lines) => {
@@ -119,7 +132,11 @@ impl Updates {
                     Ok(text) => text,
                     Err(rejected) => return rejected,
                 };
-                match reader.line(&text, *number) {
+                let before = (declared.used(), declared.entries());
+                let read = reader.line(&text, *number, declared);
+                self.charged.0 += declared.used().saturating_sub(before.0);
+                self.charged.1 += declared.entries().saturating_sub(before.1);
+                match read {
                     Ok(None) => Update::Inside,
                     Ok(Some(parsed)) => Update::Samples(parsed),
                     Err(why) => rejected(format, &why),
@@ -211,6 +228,7 @@ fn too_long(def: &Blocks) -> String {
 /// is SQUID0's) is not touched. A block's malformed lines are logged by number; the rest
 /// still applies.
 pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: Instant) {
+    sink.say_declared_budget();
     let started = SystemTime::now();
     let run = match update {
         Update::Nothing | Update::Inside => return,
@@ -285,6 +303,10 @@ fn selects_another_block(pick: &output::Pick, name: &str) -> bool {
 pub(super) struct Gathered {
     updates: Updates,
     got: Got,
+    /// The probe's declared-state budget for this wait: the session's declarations and the
+    /// names gathered (a stream printing ever-new collectd identifiers or kv names until
+    /// the deadline).
+    declared: DeclaredBudget,
 }
 
 enum Got {
@@ -311,7 +333,8 @@ pub(super) enum FirstValues {
 }
 
 impl Gathered {
-    pub(super) fn new(format: Format) -> Self {
+    /// `declared`: the probe's declared-state budget, in bytes.
+    pub(super) fn new(format: Format, declared: usize) -> Self {
         let got = match format.def().stream {
             Streaming::Blocks(_) | Streaming::Sessions(_) => Got::Blocks {
                 blocks: output::MergedAds::default(),
@@ -323,6 +346,7 @@ impl Gathered {
         Self {
             updates: Updates::new(format),
             got,
+            declared: DeclaredBudget::new(declared),
         }
     }
 
@@ -337,7 +361,11 @@ impl Gathered {
         spec: &StreamSpec,
         line: Line,
     ) -> Option<FirstValues> {
-        match self.updates.take(&task.name, line) {
+        let update = self.updates.take(&task.name, line, &mut self.declared);
+        if self.declared.first_refusal() {
+            tracing::warn!(probe = %task.name, "{}", self.declared.reached_text());
+        }
+        match update {
             Update::Nothing | Update::Inside => None,
             Update::Rejected { why, .. } => Some(FirstValues::Bad(why)),
             Update::Pairs(p) => {
@@ -345,7 +373,7 @@ impl Gathered {
                     return None;
                 };
                 for (k, v) in p {
-                    pairs.upsert(&k, &v);
+                    pairs.upsert_within(&k, &v, &mut self.declared);
                 }
                 let complete = self.updates.line_is_whole()
                     || task.feeds.iter().all(|f| pairs.contains(&f.name));
@@ -383,7 +411,7 @@ impl Gathered {
                     .iter()
                     .any(|s| output::select::matches(format, &pick, s, &f.name));
         }
-        blocks.add(block);
+        blocks.add(block, &mut self.declared);
         *ended += 1;
         let complete = answered.iter().all(|d| *d);
         (complete || malformed).then_some(FirstValues::Got)
@@ -397,7 +425,7 @@ impl Gathered {
         if exited {
             if let Some(Update::Block { parsed, .. }) = self.updates.finish() {
                 if let Got::Blocks { blocks, ended, .. } = &mut self.got {
-                    blocks.add(parsed);
+                    blocks.add(parsed, &mut self.declared);
                     *ended += 1;
                 }
             }
@@ -436,5 +464,51 @@ impl Gathered {
                 &String::from_utf8_lossy(stdout),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a child's session charged is known, so its end gives the room back: a plugin
+    /// restarted after reaching its budget declares its charts again.
+    #[test]
+    fn a_sessions_charges_are_counted_so_its_end_can_give_them_back() {
+        let mut declared = DeclaredBudget::new(DeclaredBudget::cost("dimension") * 50);
+        let take = |updates: &mut Updates, declared: &mut DeclaredBudget, l: &str| {
+            updates.take("p", Line::Complete(l.as_bytes().to_vec()), declared)
+        };
+        // A name outside the session, charged by someone else (the log's names).
+        declared.charge("elsewhere").expect("room");
+        let mut first = Updates::new(Format::Netdata);
+        take(&mut first, &mut declared, "CHART a.b");
+        for i in 0..1000 {
+            take(&mut first, &mut declared, &format!("DIMENSION d{i}"));
+        }
+        assert!(declared.refused() > 0);
+        let (bytes, entries) = first.charged();
+        assert_eq!(entries, declared.entries() - 1);
+        assert_eq!(bytes, declared.used() - DeclaredBudget::cost("elsewhere"));
+        declared.release(bytes, entries);
+        assert_eq!(
+            declared.entries(),
+            1,
+            "only what the session did not charge"
+        );
+
+        let mut second = Updates::new(Format::Netdata);
+        take(&mut second, &mut declared, "CHART a.b");
+        take(&mut second, &mut declared, "DIMENSION d1");
+        for l in ["BEGIN a.b", "SET d1 = 3"] {
+            assert!(matches!(
+                take(&mut second, &mut declared, l),
+                Update::Inside
+            ));
+        }
+        let Update::Samples(parsed) = take(&mut second, &mut declared, "END") else {
+            panic!("the restarted plugin's chart updates");
+        };
+        assert_eq!(parsed.samples[0].value, "3");
     }
 }

@@ -64,6 +64,11 @@ impl AgentProc {
         ] {
             cmd.env_remove(systemd);
         }
+        // The default status socket in the test's own directory (as systemd's
+        // RuntimeDirectory= would give it), not in this machine's /run/xce-agent.
+        if let Some(dir) = config.parent() {
+            cmd.env("RUNTIME_DIRECTORY", dir);
+        }
         let child = cmd
             .envs(env.iter().copied())
             .spawn()

@@ -84,8 +84,9 @@ impl Pki {
         files
     }
 
+    /// Valid for a year: outside `tls.expiry_warning`'s default window.
     pub fn issue(&mut self, sans: &[&str]) -> Files {
-        self.issue_valid(sans, -1, 30)
+        self.issue_valid(sans, -1, 365)
     }
 
     /// The serial the next `issue` will use.
@@ -185,7 +186,7 @@ pub fn openssl_pki(dir: &Path, hosts: &[(&str, &str)]) -> PathBuf {
             "-out",
             "ca.pem",
             "-days",
-            "30",
+            "365",
             "-subj",
             "/CN=site CA",
             "-addext",
@@ -234,7 +235,7 @@ pub fn openssl_pki(dir: &Path, hosts: &[(&str, &str)]) -> PathBuf {
                 "ca.key",
                 "-CAcreateserial",
                 "-days",
-                "30",
+                "365",
                 "-extfile",
                 &ext,
                 "-out",
