@@ -11,9 +11,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::link::receiver::{serve_doors, Control, Event, ListenOpts, UnixDoor};
 use crate::receiver::budget::{Budget, DEFAULT_HOST_SHARE, DEFAULT_TOTAL};
 use crate::receiver::hosts::{grace, unknown, HostState, HostTable, DEFAULT_HEARTBEAT};
+use crate::receiver::session::{serve_doors, Control, Event, ListenOpts, UnixDoor};
 use crate::render::status::age;
 use crate::render::{columns, format_time, human_value};
 use crate::value::{Resval, Status, Value};
@@ -219,8 +219,8 @@ async fn write_frame<W: AsyncWrite + Unpin>(out: &mut W, frame: &str) -> std::io
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::receiver::EventKind;
     use crate::link::wire::{Batch, Declared, Hello};
+    use crate::receiver::session::EventKind;
     use crate::value::Valtype;
     use std::net::SocketAddr;
 

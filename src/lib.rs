@@ -1,7 +1,7 @@
 //! xce-agent: the worker-side dynamic resource agent of the xce cluster scheduler.
 //!
 //! Layers, each importing only those below it:
-//! `value`, `text` -> `output` (the parsers of what probes print) -> `config` -> `plan`, `reload` -> `store`, `stats` -> `probe` -> `schedule` -> `link` ->
+//! `value`, `text` -> `output` (the parsers of what probes print) -> `config` -> `plan`, `reload` -> `store`, `stats` -> `probe` -> `schedule` -> `link` -> `receiver` ->
 //! `checks`, `trust`, `render`, `status`, `daemon`, `metrics`, `cluster_table` -> `cli` -> `cmd` (one
 //! module per command) -> the binary (parse, log, dispatch).
 

@@ -1,5 +1,5 @@
 //! The receiver behind the C handle, in safe Rust: the project's receiver core
-//! (`xce_agent::link::receiver::serve_all`, the code `xce-agent listen` runs) on a runtime of
+//! (`xce_agent::receiver::session::serve_all`, the code `xce-agent listen` runs) on a runtime of
 //! its own, and a dispatcher that turns the core's per-connection events into the
 //! controller's events (accepted, resval, stale, gone, refused), keeps every host's state for
 //! snapshots, and queues the events for the C side.
@@ -30,13 +30,13 @@ use tokio_util::sync::CancellationToken;
 use xce_agent::config::agent::TlsPaths;
 use xce_agent::link::frame_limits::MAX_ASSIGNED;
 use xce_agent::link::name_rules::check_names;
-use xce_agent::link::receiver::{self, Control, Event, ListenOpts};
 pub use xce_agent::receiver::budget::{Budget, Payer, DEFAULT_HOST_SHARE, DEFAULT_TOTAL};
 pub use xce_agent::receiver::events::{Accepted, Ev};
 use xce_agent::receiver::hosts::HostTable;
 pub use xce_agent::receiver::hosts::{grace, DEFAULT_HEARTBEAT};
 use xce_agent::receiver::identity::canonical_host;
 use xce_agent::receiver::queue::{EventQueue, NotPushed, Pushed, DEFAULT_QUEUE_BYTES};
+use xce_agent::receiver::session::{self, Control, Event, ListenOpts};
 
 /// Events held for the controller before the library stops reading sockets.
 pub const DEFAULT_QUEUE_CAPACITY: usize = xce_agent::receiver::queue::DEFAULT_QUEUE_EVENTS;
@@ -251,7 +251,7 @@ impl Receiver {
         };
         // A descriptor per agent: this process's soft limit up to its hard one (documented in
         // xce_receiver_start: the one process-wide change the library makes).
-        receiver::raise_fd_limit();
+        session::raise_fd_limit();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("xce-receiver")
@@ -282,7 +282,7 @@ impl Receiver {
             // Anyone may connect; SO_PEERCRED decides who may speak.
             let listener = xce_agent::status::server::bind_socket(&u.path, None, 0o666)
                 .map_err(|e| StartError::Bind(format!("unix socket: {e}")))?;
-            doors.push(receiver::UnixDoor {
+            doors.push(session::UnixDoor {
                 listener,
                 allowed_uids: u.uids.clone(),
                 host: canonical_host(&own, &cfg.domains),
@@ -323,7 +323,7 @@ impl Receiver {
             // Three heartbeats: the agent sends one at least every heartbeat.
             idle_timeout: Some(cfg.heartbeat.saturating_mul(3)),
         };
-        let server = runtime.spawn(receiver::serve_doors(
+        let server = runtime.spawn(session::serve_doors(
             listeners,
             doors,
             opts,
@@ -613,7 +613,7 @@ mod tests {
         let rt = tokio::runtime::Runtime::new().expect("rt");
         let refused = |i: u16| Ev::Refused {
             peer: SocketAddr::from(([127, 0, 0, 1], i)).into(),
-            reason: xce_agent::link::receiver::Reason::Closed,
+            reason: xce_agent::receiver::session::Reason::Closed,
             text: String::new(),
         };
         assert!(!pipe_has_byte(&shared));

@@ -8,7 +8,7 @@
 use std::ffi::{c_char, CString};
 use xce_agent::receiver::identity::Peer;
 
-use xce_agent::link::receiver::Reason;
+use xce_agent::receiver::session::Reason;
 use xce_agent::value::{Status, Valtype, Value};
 
 use crate::core::Ev;

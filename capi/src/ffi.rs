@@ -874,7 +874,7 @@ mod tests {
 
     #[test]
     fn every_reason_label_has_its_static_string() {
-        for code in 0..xce_agent::link::receiver::Reason::ALL.len() as c_int {
+        for code in 0..xce_agent::receiver::session::Reason::ALL.len() as c_int {
             // SAFETY: xce_reason_str returns a static NUL-terminated string.
             let s = unsafe { CStr::from_ptr(xce_reason_str(code)) };
             assert_eq!(

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{exit, CmdError};
 use crate::cli::{ListenBudget, ListenFormat, ListenTls};
 use crate::cluster_table::{serve_table, TableView};
-use crate::link::receiver::{self, LineFormat, ListenOpts};
+use crate::receiver::session::{self, LineFormat, ListenOpts};
 
 /// Where `listen` takes agents: a TCP address (the controller's door) and/or a unix socket
 /// (the worker's door).
@@ -63,7 +63,7 @@ pub async fn run(
         }
     };
     // A descriptor per agent: the soft limit (often 1024) up to the hard one.
-    receiver::raise_fd_limit();
+    session::raise_fd_limit();
     let mut listeners = Vec::new();
     if let Some(addr) = doors.addr {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -94,7 +94,7 @@ pub async fn run(
             "xce-agent: listening on {} for uids {allowed_uids:?}, as host {host}",
             path.display()
         );
-        unix.push(receiver::UnixDoor {
+        unix.push(session::UnixDoor {
             listener,
             allowed_uids,
             host,
@@ -123,7 +123,7 @@ pub async fn run(
             return Ok(exit::OK);
         }
     };
-    receiver::serve_lines(listeners, unix, opts, format, out, shutdown).await?;
+    session::serve_lines(listeners, unix, opts, format, out, shutdown).await?;
     Ok(exit::OK)
 }
 

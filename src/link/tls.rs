@@ -602,7 +602,7 @@ pub enum Failure {
     /// The peer refused us (sent an alert: e.g. it does not trust our certificate).
     PeerRefused,
     /// The peer turned the connection away before the handshake (the receiver's
-    /// `user_canceled` alert, [`crate::link::admission::BUSY_ALERT`]: too many connections
+    /// `user_canceled` alert, [`crate::receiver::admission::BUSY_ALERT`]: too many connections
     /// waiting for theirs).
     Busy,
     /// The peer does not speak TLS (a plaintext receiver, garbage bytes).

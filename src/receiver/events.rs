@@ -6,8 +6,8 @@ use super::identity::Peer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::link::receiver::{Identity, Reason};
 use crate::link::wire::Hello;
+use crate::receiver::session::{Identity, Reason};
 use crate::value::Resval;
 
 /// A host as accepted: who its certificate says it is and what its hello declared.

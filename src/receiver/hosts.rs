@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::budget::{text_cost, Budget, Charge, Payer, ENTRY_OVERHEAD};
 use super::events::{Accepted, Ev};
-use crate::link::receiver::{Event, EventKind, Reason};
+use crate::receiver::session::{Event, EventKind, Reason};
 use crate::value::{Resval, Status, Value};
 
 /// The agents' heartbeat interval unless the controller says otherwise (the agent's own

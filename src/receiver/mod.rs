@@ -2,6 +2,9 @@
 //! runs inside xce's controller, the one process a cluster cannot lose, so everything a
 //! peer can make it hold is bounded and charged:
 //!
+//! - [`session`]: the sessions (the controller's TCP + TLS door and the worker's unix
+//!   door, the hello/batch/heartbeat state machine, GONE reasons), what `listen` runs;
+//! - [`admission`]: which connections wait for authentication, and which are evicted;
 //! - [`budget`]: the memory budget in bytes, with a share per host;
 //! - [`frame`]: a frame read within the budget, and how a connection ended;
 //! - [`identity`]: one canonical name per host, one live host per certificate;
@@ -10,11 +13,13 @@
 //! - [`queue`]: the controller's queue, newest-wins per (host, resource).
 //!
 //! The sessions themselves (TLS, admission, the hello/batch/heartbeat state machine) are
-//! `link::receiver`.
+//! `receiver::session`.
 
+pub mod admission;
 pub mod budget;
 pub mod events;
 pub mod frame;
 pub mod hosts;
 pub mod identity;
 pub mod queue;
+pub mod session;

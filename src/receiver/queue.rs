@@ -162,7 +162,7 @@ impl EventQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::link::receiver::Reason;
+    use crate::receiver::session::Reason;
     use crate::value::{Resval, Status, Value};
 
     fn value(host: &str, name: &str, x: f64) -> Ev {

@@ -1,4 +1,4 @@
-//! Admission before authentication (src/link/admission.rs) through real sockets: held
+//! Admission before authentication (src/receiver/admission.rs) through real sockets: held
 //! unauthenticated connections do not keep an agent with a valid certificate out, a connection
 //! evicted before its ClientHello is told the controller is busy, what a connection may send
 //! before its hello is small, and the agent names what it saw when a controller closed the
@@ -13,10 +13,10 @@ use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-use xce_agent::link::admission::BUSY_ALERT;
 use xce_agent::link::client::{ErrorReason, LinkConfig};
-use xce_agent::link::receiver::{EventKind, ListenOpts, Reason};
 use xce_agent::link::tls::Failure;
+use xce_agent::receiver::admission::BUSY_ALERT;
+use xce_agent::receiver::session::{EventKind, ListenOpts, Reason};
 use xce_agent::value::Valtype;
 
 /// A CA, a controller certificate for 127.0.0.1 and a node001 certificate.
@@ -153,7 +153,7 @@ async fn an_agent_gets_in_while_unauthenticated_connections_from_many_addresses_
 }
 
 async fn agent_gets_in_during_a_flood(sources: &[u8], n: usize, pool: Option<usize>) {
-    let limit = xce_agent::link::receiver::raise_fd_limit().unwrap_or(0);
+    let limit = xce_agent::receiver::session::raise_fd_limit().unwrap_or(0);
     if limit < 4_096 {
         eprintln!("skipped: the open-file limit is {limit}, the test needs 4096");
         return;

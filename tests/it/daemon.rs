@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use crate::support::{alive, read_pid, wait_until, AgentProc, Setup};
 use crate::support::{guard, Controller};
 use nix::sys::signal::Signal;
-use xce_agent::link::receiver::{EventKind, ListenOpts};
 use xce_agent::link::wire::{Batch, Hello};
+use xce_agent::receiver::session::{EventKind, ListenOpts};
 use xce_agent::value::Value;
 
 /// Probes write their pids into the test's temp dir: run them as the test's own user (the

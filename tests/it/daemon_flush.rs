@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::support::{fast_config, record, store_with, Agent, Controller};
 use xce_agent::link::client::LinkState;
-use xce_agent::link::receiver::{EventKind, ListenOpts};
+use xce_agent::receiver::session::{EventKind, ListenOpts};
 use xce_agent::value::{Valtype, Value};
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! The real `xce-agent` binary streaming to a controller over real TCP on 127.0.0.1: the
-//! in-process reference receiver (`link::receiver::serve`), raw sockets standing in for
+//! in-process reference receiver (`receiver::session::serve`), raw sockets standing in for
 //! broken controllers, and the real `xce-agent listen` binary. Probes are exec scripts and
 //! files in a temp dir.
 
@@ -12,8 +12,8 @@ use std::net::TcpStream;
 use crate::support::*;
 use crate::support::{bound_not_listening, guard, read_two_frames, Controller};
 use tokio::net::TcpSocket;
-use xce_agent::link::receiver::{EventKind, ListenOpts};
 use xce_agent::link::wire::{self, Batch, Envelope, Hello};
+use xce_agent::receiver::session::{EventKind, ListenOpts};
 use xce_agent::value::{Status, Value};
 
 /// Probes with constant values (so the daemon and `--once` must agree), a counter, and a

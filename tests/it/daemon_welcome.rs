@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use xce_agent::config;
 use xce_agent::daemon::Agent;
 use xce_agent::link::client::LinkConfig;
-use xce_agent::link::receiver::{self, EventKind, ListenOpts};
+use xce_agent::receiver::session::{self, EventKind, ListenOpts};
 use xce_agent::value::{Status, Value};
 
 /// A hang guard, not a timing assertion.
@@ -51,7 +51,7 @@ async fn welcome_assigns_a_shared_instance_and_its_value_arrives() {
         tls: None, // plaintext
         ..ListenOpts::default()
     };
-    tokio::spawn(receiver::serve(listener, opts, tx, stop.clone()));
+    tokio::spawn(session::serve(listener, opts, tx, stop.clone()));
 
     let cfg = config::load(&s.agent_yaml(), None).unwrap();
     let link = LinkConfig {

@@ -10,8 +10,8 @@ use proptest::prelude::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use xce_agent::link::name_rules::check_hello;
-use xce_agent::link::receiver::{EventKind, LineFormat, ListenOpts};
 use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
+use xce_agent::receiver::session::{EventKind, LineFormat, ListenOpts};
 use xce_agent::text::{escape, is_clean_line};
 use xce_agent::value::{Resval, Status, Valtype, Value};
 

@@ -9,8 +9,8 @@ use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 use xce_agent::link::client::LinkState;
-use xce_agent::link::receiver::{EventKind, ListenOpts};
 use xce_agent::link::wire::PROTOCOL_VERSION;
+use xce_agent::receiver::session::{EventKind, ListenOpts};
 use xce_agent::value::{Status, Valtype, Value};
 
 fn three() -> Vec<(&'static str, &'static str, Valtype)> {

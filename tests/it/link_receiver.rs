@@ -10,10 +10,10 @@ use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::compat::TokioAsyncReadCompatExt;
-use xce_agent::link::receiver::{Event, EventKind, LineFormat, ListenOpts};
 use xce_agent::link::wire::{
     self, Batch, ControllerMessage, Declared, Envelope, Heartbeat, Hello, MAX_FRAME_BYTES,
 };
+use xce_agent::receiver::session::{Event, EventKind, LineFormat, ListenOpts};
 use xce_agent::value::{Resval, Status, Valtype, Value};
 
 fn hello() -> Hello {
@@ -309,7 +309,7 @@ async fn serve_lines_prints_what_an_agent_sends() {
     let addr = listener.local_addr().unwrap();
     let (out_w, mut out_r) = tokio::io::duplex(64 * 1024);
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(xce_agent::link::receiver::serve_lines(
+    let server = tokio::spawn(xce_agent::receiver::session::serve_lines(
         vec![listener],
         Vec::new(),
         ListenOpts::default(),
@@ -457,7 +457,7 @@ async fn a_connection_that_never_sends_hello_is_closed_after_the_grace() {
             ..
         } = ctl.next().await
         {
-            assert_eq!(reason, Some(xce_agent::link::receiver::Reason::Limit));
+            assert_eq!(reason, Some(xce_agent::receiver::session::Reason::Limit));
             break end.expect("dropped, not closed cleanly");
         }
     };
@@ -465,7 +465,7 @@ async fn a_connection_that_never_sends_hello_is_closed_after_the_grace() {
     ctl.stop().await;
 }
 
-/// OpenSSH's MaxStartups, turned (src/link/admission.rs): beyond the cap on connections
+/// OpenSSH's MaxStartups, turned (src/receiver/admission.rs): beyond the cap on connections
 /// without an accepted hello, a new connection is not refused; the oldest pending one gives
 /// way, so held connections cannot keep an agent out.
 #[tokio::test]
@@ -493,7 +493,7 @@ async fn beyond_the_cap_on_connections_without_a_hello_the_oldest_gives_way() {
             break (ev.reason, text);
         }
     };
-    assert_eq!(reason, Some(xce_agent::link::receiver::Reason::Limit));
+    assert_eq!(reason, Some(xce_agent::receiver::session::Reason::Limit));
     assert!(text.contains("evicted before its hello"), "{text}");
     // Served while the others are held.
     good_agent_still_served(&mut ctl).await;

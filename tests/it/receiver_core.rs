@@ -8,9 +8,9 @@ use std::time::Duration;
 use crate::support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use xce_agent::link::receiver::{Event, EventKind, ListenOpts, Reason, PRE_HELLO_FRAME_BYTES};
 use xce_agent::link::wire::{self, Batch, Declared, Envelope, Hello};
 use xce_agent::receiver::budget::Budget;
+use xce_agent::receiver::session::{Event, EventKind, ListenOpts, Reason, PRE_HELLO_FRAME_BYTES};
 use xce_agent::value::{Resval, Status, Valtype, Value};
 
 fn strings_hello(host: &str, n: usize) -> Envelope {

@@ -10,8 +10,8 @@ use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use xce_agent::link::client::LinkConfig;
-use xce_agent::link::receiver::{EventKind, ListenOpts, Reason};
 use xce_agent::link::tls::{self, Failure};
+use xce_agent::receiver::session::{EventKind, ListenOpts, Reason};
 use xce_agent::value::{Valtype, Value};
 
 fn tls_config(controller: String, client: Arc<rustls::ClientConfig>) -> LinkConfig {
@@ -753,7 +753,7 @@ async fn an_agent_gone_without_close_notify_is_closed_not_a_protocol_error() {
 
 #[tokio::test]
 async fn reloaded_tls_keeps_live_sessions_and_ends_the_one_its_crl_revokes() {
-    use xce_agent::link::receiver::{serve_all, Control};
+    use xce_agent::receiver::session::{serve_all, Control};
     let mut site = Site::new();
     let first = site.pki.next_serial();
     let n1 = site.pki.issue(&["node001"]);

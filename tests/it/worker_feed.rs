@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use crate::support::*;
 use tokio::net::UnixListener;
-use xce_agent::link::receiver::{serve_doors, Control, EventKind, ListenOpts, Reason, UnixDoor};
+use xce_agent::receiver::session::{serve_doors, Control, EventKind, ListenOpts, Reason, UnixDoor};
 use xce_agent::value::{Valtype, Value};
 
 /// A receiver with `door` and nothing else; its events, and the token that stops it.
 fn serve(
     door: UnixDoor,
 ) -> (
-    tokio::sync::mpsc::Receiver<xce_agent::link::receiver::Event>,
+    tokio::sync::mpsc::Receiver<xce_agent::receiver::session::Event>,
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<()>,
 ) {

@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use xce_agent::link::assignment::Assigned;
 use xce_agent::link::client::{self, Keepalive, LinkConfig, LinkState, LinkStats};
-use xce_agent::link::receiver::{self, Event, EventKind, ListenOpts};
 use xce_agent::link::wire::{Batch, Declared, Hello};
+use xce_agent::receiver::session::{self, Event, EventKind, ListenOpts};
 use xce_agent::store::{self, Store};
 use xce_agent::value::{Reading, Resval, Valtype, Value};
 
@@ -142,7 +142,7 @@ impl Controller {
         let addr = listener.local_addr().expect("local addr");
         let (tx, events) = mpsc::channel(1024);
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(receiver::serve(listener, opts, tx, shutdown.clone()));
+        let task = tokio::spawn(session::serve(listener, opts, tx, shutdown.clone()));
         Self {
             addr,
             events,

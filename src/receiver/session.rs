@@ -28,11 +28,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::admission::{self, Stage, Ticket};
-use super::frame_limits::{FrameLimits, MAX_HELLO_FRAME_BYTES};
-use super::name_rules::{check_hello, check_names, HelloError};
-use super::tls::{self, LinkStream};
-use super::warning_throttle::{Warnings, WARN_INTERVAL};
-use super::wire::{
+use crate::link::frame_limits::{FrameLimits, MAX_HELLO_FRAME_BYTES};
+use crate::link::name_rules::{check_hello, check_names, HelloError};
+use crate::link::tls::{self, LinkStream};
+use crate::link::warning_throttle::{Warnings, WARN_INTERVAL};
+use crate::link::wire::{
     self, Batch, ControllerMessage, Envelope, Heartbeat, Hello, MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION, VERDICT_VERSION,
 };

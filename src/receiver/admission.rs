@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::tls;
+use crate::link::tls;
 
 /// How the receiver admits connections before authentication (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
