@@ -2,8 +2,10 @@
 //! example controller built by `make -C examples/c` with the system `cc`, the real agent
 //! binary streaming to it over mutual TLS with an openssl-made PKI; another host's
 //! certificate and a plaintext client refused with their reasons; kill -9 and restart; the
-//! same under valgrind with no errors and no definite leaks; every function with NULL or
-//! misused arguments (capi/tests/api_misuse.c); the installed layout (soname, .pc).
+//! same under valgrind with no errors and no definite or possible leaks, against the debug
+//! build and the release library installed as docs/controller.md says; every function with
+//! NULL or misused arguments (capi/tests/api_misuse.c); the installed layout (soname, .pc);
+//! the exported symbols against capi/libxce_receiver.symbols.
 //!
 //! `cc`, `make`, `openssl`, `valgrind` and `pkg-config` are needed: where one is missing the
 //! test says so and skips, except in CI (`CI=true`), where `.ci/run` installs them and a
@@ -544,6 +546,7 @@ async fn the_c_example_runs_clean_under_valgrind() {
 /// example's plain `make` outside the checkout): valgrind-clean too, with only the
 /// suppressions the library installs.
 #[tokio::test]
+#[ignore = "builds the release library (fat LTO: minutes); CI runs it with `cargo test -- --ignored`"]
 async fn the_c_example_runs_clean_under_valgrind_against_the_installed_release_library() {
     if !valgrind_available() || !openssl_available() {
         return;
