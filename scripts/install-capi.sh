@@ -8,6 +8,7 @@
 #   DESTDIR/PREFIX/LIBDIR/libxce_receiver.a            the static library
 #   DESTDIR/PREFIX/include/xce_receiver.h              the generated header
 #   DESTDIR/PREFIX/LIBDIR/pkgconfig/xce_receiver.pc
+#   DESTDIR/PREFIX/share/xce_receiver/valgrind.supp    memcheck suppressions (the .pc names it)
 #
 #   scripts/install-capi.sh [--prefix /usr] [--libdir lib] [--destdir DIR] [--profile release]
 #
@@ -41,12 +42,13 @@ major=${version%%.*}
 
 lib="$destdir$prefix/$libdir"
 inc="$destdir$prefix/include"
-install -d "$lib/pkgconfig" "$inc"
+install -d "$lib/pkgconfig" "$inc" "$destdir$prefix/share/xce_receiver"
 install -m 755 "$target/libxce_receiver.so" "$lib/libxce_receiver.so.$version"
 ln -sf "libxce_receiver.so.$version" "$lib/libxce_receiver.so.$major"
 ln -sf "libxce_receiver.so.$major" "$lib/libxce_receiver.so"
 install -m 644 "$target/libxce_receiver.a" "$lib/libxce_receiver.a"
 install -m 644 "$root/capi/include/xce_receiver.h" "$inc/xce_receiver.h"
+install -m 644 "$root/capi/valgrind.supp" "$destdir$prefix/share/xce_receiver/valgrind.supp"
 sed -e "s|@PREFIX@|$prefix|" -e "s|@LIBDIR@|\${prefix}/$libdir|" -e "s|@VERSION@|$version|" \
   "$root/capi/xce_receiver.pc.in" > "$lib/pkgconfig/xce_receiver.pc"
 echo "install-capi: libxce_receiver $version into $destdir$prefix"

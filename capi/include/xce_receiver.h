@@ -13,6 +13,7 @@
  *   xce_event_free each event;
  *   xce_receiver_assign, xce_receiver_snapshot (+ xce_events_free) as needed;
  *   xce_receiver_stop, xce_receiver_free.
+ *   xce_receiver_version at any time (which library was loaded).
  *
  * Threads: the library runs its own threads (named xce-receiver) and never calls back into
  * the caller. Every function may be called from any thread, and the receiver's functions
@@ -23,9 +24,26 @@
  * key material, binds) and xce_receiver_stop / xce_receiver_free (close the connections:
  * a few seconds at most). Signal handlers may call none of them.
  *
+ * Strings: every string argument is the caller's, NUL-terminated UTF-8, read during the call
+ * and never kept (the library copies what it needs). Every string the library returns is
+ * either static (xce_result_str, xce_reason_str, xce_version.library: never freed) or owned
+ * by the object it hangs from: an event's strings (and its arrays) live until
+ * xce_event_free(ev), a snapshot's until xce_events_free(events, n); copy what you keep
+ * longer. xce_last_error copies into the caller's buffer.
+ *
+ * Instances: a resource value's `instance` (xce_event, xce_declared, xce_instance) is ""
+ * for the host's own value, otherwise the shared resource's location spelled as in
+ * resources.yaml's resourcemap, e.g. "all", "others", "node[001-004]".
+ *
  * Errors: every function returns an xce_result (the *_str functions a static string). NULL
  * where a pointer is required is XCE_NULL_ARGUMENT, never a crash; xce_last_error gives the
  * words, per thread. No Rust panic crosses into C: it becomes XCE_PANIC.
+ *
+ * Version and ABI: xce_receiver_version() says which library was loaded (it may be newer
+ * than this header) and which agent protocol versions it speaks. The soname's major
+ * (libxce_receiver.so.0) changes with every incompatible change (a function removed or its
+ * signature, a struct's layout or an enum's values changed); the exported symbols are
+ * checked in CI against capi/libxce_receiver.symbols (docs/controller.md, "ABI").
  *
  * Link: pkg-config --cflags --libs xce_receiver (libxce_receiver.so.0, or the static
  * libxce_receiver.a with `pkg-config --static`).
@@ -232,6 +250,21 @@ typedef struct xce_instance {
   const char *instance;
 } xce_instance;
 
+// The library's version and the agent protocol versions it speaks.
+// Returned by value by `xce_receiver_version`; adding a field is an ABI change (a new
+// soname, docs/controller.md "ABI").
+typedef struct xce_version {
+  // "MAJOR.MINOR.PATCH", the package's version. Static: never freed.
+  const char *library;
+  uint32_t major;
+  uint32_t minor;
+  uint32_t patch;
+  // The oldest agent protocol version the library accepts in a hello.
+  uint32_t protocol_min;
+  // The newest agent protocol version the library speaks (what it answers with).
+  uint32_t protocol_max;
+} xce_version;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -391,6 +424,11 @@ const char *xce_result_str(int code);
 // A reason's label, the one `xce-agent listen` prints ("not_tls", "identity", ...;
 // "closed" for XCE_REASON_CLOSED, "unknown" for a code not in `xce_reason`). Static.
 const char *xce_reason_str(int code);
+
+// The library's version (that of the loaded .so, which may be newer than the header the
+// program was compiled with) and the agent protocol versions it speaks. Any thread, any
+// time, before or without a receiver; never fails.
+struct xce_version xce_receiver_version(void);
 
 #ifdef __cplusplus
 }  // extern "C"

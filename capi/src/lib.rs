@@ -10,6 +10,7 @@
 //! - [`core`]: the receiver, its event queue and host table (safe Rust).
 //! - [`event`]: controller events as C structs that own their strings (safe Rust).
 //! - [`ffi`]: the `extern "C"` functions: the only module with `unsafe`.
+//! - [`version`]: `xce_receiver_version()` (constants only; no `unsafe`).
 
 #![deny(unsafe_code)]
 
@@ -17,3 +18,4 @@ pub mod core;
 pub mod event;
 #[allow(unsafe_code)]
 pub mod ffi;
+pub mod version;

@@ -426,6 +426,10 @@ int main(int argc, char **argv) {
 
     char bound[64];
     if ((r = xce_receiver_local_addr(rx, 0, bound, sizeof bound)) != XCE_OK) die_lib("local address", r);
+    /* The library that was loaded, which may be newer than the header compiled against. */
+    xce_version v = xce_receiver_version();
+    fprintf(stderr, "xce-controller-example: libxce_receiver %s (agent protocol %u to %u)\n",
+            v.library, (unsigned)v.protocol_min, (unsigned)v.protocol_max);
     fprintf(stderr, "xce-controller-example: listening on %s\n", bound);
 
     if (pipe(sig_pipe) != 0) {

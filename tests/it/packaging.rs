@@ -441,17 +441,25 @@ fn find_file(dir: &Path, ext: &str) -> std::path::PathBuf {
 }
 
 /// The C library's packages for the controller host (`packaging/build-receiver.sh`, release
-/// profile): the same library, header and pkg-config file in both, the soname and its links,
-/// ldconfig on install and removal, and a C program built from the unpacked .deb with
-/// pkg-config alone links `libxce_receiver.so.0` and runs.
-#[test]
-#[ignore = "needs dpkg-deb, rpmbuild, rpm2cpio, cpio, readelf, pkg-config and cc; CI runs it with `cargo test -- --ignored`"]
-fn the_receiver_library_packages_carry_library_header_and_pkg_config() {
+/// profile), as a distribution would accept them: lintian reports no error; the runtime
+/// package holds the stripped library (soname, links, symbols file), the -dev package the
+/// header, .pc, static library, suppressions and the example, the dbgsym package the debug
+/// information by build id; the .rpms have the same split. The example builds with a plain
+/// `make` where the -dev package installs it (pkg-config pointed at the unpacked tree) and
+/// runs valgrind-clean against the packaged release library, with the shipped suppressions.
+#[tokio::test]
+#[ignore = "needs dpkg-deb, dpkg-shlibdeps, lintian, rpmbuild, readelf, pkg-config, cc, make, openssl and valgrind; CI runs it with `cargo test -- --ignored`"]
+async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgrind_clean() {
     common::require_tool("dpkg-deb", &["--version"], "apt-get install dpkg");
+    common::require_tool("dpkg-shlibdeps", &["--version"], "apt-get install dpkg-dev");
+    common::require_tool("lintian", &["--version"], "apt-get install lintian");
     common::require_tool("rpmbuild", &["--version"], "apt-get install rpm");
     common::require_tool("readelf", &["--version"], "apt-get install binutils");
     common::require_tool("pkg-config", &["--version"], "apt-get install pkg-config");
     common::require_tool("cc", &["--version"], "apt-get install gcc");
+    common::require_tool("make", &["--version"], "apt-get install make");
+    common::require_tool("valgrind", &["--version"], "apt-get install valgrind");
+    common::require_tool("openssl", &["version"], "apt-get install openssl");
     let work = tempfile::tempdir().expect("tempdir");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     run_ok(
@@ -460,82 +468,170 @@ fn the_receiver_library_packages_carry_library_header_and_pkg_config() {
             .arg(work.path())
             .current_dir(repo),
     );
-    let find = |suffix: &str| {
+    let find = |name: &str| {
         walk(work.path())
             .into_iter()
-            .find(|p| p.to_string_lossy().ends_with(suffix))
-            .unwrap_or_else(|| panic!("no *{suffix} in {}", work.path().display()))
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with(name))
+            })
+            .unwrap_or_else(|| panic!("no {name}* in {}", work.path().display()))
     };
-    let (deb, rpm) = (find(".deb"), find(".rpm"));
-    let deb_files = run_ok(Command::new("dpkg-deb").arg("-c").arg(&deb));
-    let rpm_files = run_ok(Command::new("rpm").arg("-qlp").arg(&rpm));
-    for (files, lib) in [
-        (&deb_files, "/usr/lib/x86_64-linux-gnu"),
-        (&rpm_files, "/usr/lib64"),
+    let runtime = find("libxce-receiver0_");
+    let dev = find("libxce-receiver-dev_");
+    let dbgsym = find("libxce-receiver0-dbgsym_");
+
+    // lintian: no errors (and no warnings, today; overrides would need a reason).
+    let out = Command::new("lintian")
+        .args(["--no-cfg", "--fail-on", "error,warning"])
+        .args([&runtime, &dev, &dbgsym])
+        .output()
+        .expect("run lintian");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "lintian:\n{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.starts_with("E:") || l.starts_with("W:")),
+        "{said}"
+    );
+
+    let lib = "/usr/lib/x86_64-linux-gnu";
+    let contents = |deb: &Path| run_ok(Command::new("dpkg-deb").arg("-c").arg(deb));
+    let (rt_files, dev_files, dbg_files) = (contents(&runtime), contents(&dev), contents(&dbgsym));
+    for f in [
+        format!("{lib}/libxce_receiver.so.0.1.0"),
+        "libxce_receiver.so.0 -> libxce_receiver.so.0.1.0".to_owned(),
+        "/usr/share/doc/libxce-receiver0/copyright".to_owned(),
     ] {
-        for f in [
-            format!("{lib}/libxce_receiver.so.0.1.0"),
-            format!("{lib}/libxce_receiver.so.0"),
-            format!("{lib}/libxce_receiver.so"),
-            format!("{lib}/libxce_receiver.a"),
-            format!("{lib}/pkgconfig/xce_receiver.pc"),
-            "/usr/include/xce_receiver.h".to_owned(),
-        ] {
-            assert!(files.contains(&f), "{f} not in\n{files}");
-        }
+        assert!(
+            rt_files.contains(&f),
+            "{f} not in the runtime package:\n{rt_files}"
+        );
     }
     assert!(
-        deb_files.contains("libxce_receiver.so.0 -> libxce_receiver.so.0.1.0"),
-        "{deb_files}"
+        !rt_files.contains(".a\n") && !rt_files.contains(".h\n"),
+        "{rt_files}"
     );
-    let scripts = run_ok(Command::new("rpm").arg("-qp").arg("--scripts").arg(&rpm));
-    assert!(scripts.contains("/sbin/ldconfig"), "{scripts}");
+    for f in [
+        "libxce_receiver.so -> libxce_receiver.so.0",
+        &format!("{lib}/libxce_receiver.a"),
+        &format!("{lib}/pkgconfig/xce_receiver.pc"),
+        "/usr/include/xce_receiver.h",
+        "/usr/share/xce_receiver/valgrind.supp",
+        "/usr/share/doc/libxce-receiver-dev/copyright",
+        "/usr/share/doc/libxce-receiver-dev/examples/Makefile",
+        "/usr/share/doc/libxce-receiver-dev/examples/xce-controller-example.c",
+    ] {
+        assert!(
+            dev_files.contains(f),
+            "{f} not in the -dev package:\n{dev_files}"
+        );
+    }
+    assert!(
+        dbg_files.contains("/usr/lib/debug/.build-id/"),
+        "{dbg_files}"
+    );
     let ctrl = work.path().join("ctrl");
-    run_ok(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(&ctrl));
-    let postinst = std::fs::read_to_string(ctrl.join("postinst")).expect("postinst");
-    assert!(postinst.contains("ldconfig"), "{postinst}");
+    run_ok(Command::new("dpkg-deb").arg("-e").arg(&runtime).arg(&ctrl));
+    let symbols = std::fs::read_to_string(ctrl.join("symbols")).expect("DEBIAN/symbols");
+    assert_eq!(
+        symbols,
+        std::fs::read_to_string(repo.join("capi/libxce_receiver.symbols")).expect("symbols")
+    );
+    let triggers = std::fs::read_to_string(ctrl.join("triggers")).expect("DEBIAN/triggers");
+    assert!(triggers.contains("activate-noawait ldconfig"), "{triggers}");
 
     let root = work.path().join("root");
-    run_ok(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
+    for deb in [&runtime, &dev, &dbgsym] {
+        run_ok(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&root));
+    }
     let libdir = root.join("usr/lib/x86_64-linux-gnu");
-    let dynamic = run_ok(
-        Command::new("readelf")
-            .arg("-d")
-            .arg(libdir.join("libxce_receiver.so.0.1.0")),
-    );
+    let so = libdir.join("libxce_receiver.so.0.1.0");
+    let dynamic = run_ok(Command::new("readelf").arg("-d").arg(&so));
     assert!(
         dynamic.contains("Library soname: [libxce_receiver.so.0]"),
         "{dynamic}"
     );
-    let pc = std::fs::read_to_string(libdir.join("pkgconfig/xce_receiver.pc")).expect(".pc");
-    assert!(pc.contains("prefix=/usr\n"), "{pc}");
-    // Built from the unpacked tree with pkg-config alone, as a controller's Makefile would.
-    let flags = run_ok(
-        Command::new("pkg-config")
-            .args(["--cflags", "--libs", "xce_receiver"])
-            .env("PKG_CONFIG_PATH", libdir.join("pkgconfig"))
-            .env("PKG_CONFIG_SYSROOT_DIR", &root),
-    );
-    let source = work.path().join("uses.c");
-    std::fs::write(
-        &source,
-        "#include <stdio.h>\n#include <xce_receiver.h>\nint main(void) { puts(xce_result_str(0)); return 0; }\n",
-    )
-    .expect("write uses.c");
-    let program = work.path().join("uses");
-    run_ok(Command::new("sh").arg("-c").arg(format!(
-        "cc -o {} {} {}",
-        program.display(),
-        source.display(),
-        flags.trim()
-    )));
-    let needed = run_ok(Command::new("readelf").arg("-d").arg(&program));
+    // Stripped, with a link to its debug file, which is the dbgsym package's.
+    let sections = run_ok(Command::new("readelf").arg("-S").arg(&so));
     assert!(
-        needed.contains("Shared library: [libxce_receiver.so.0]"),
-        "{needed}"
+        !sections.contains(".debug_info"),
+        "the library is not stripped"
     );
-    let said = run_ok(Command::new(&program).env("LD_LIBRARY_PATH", &libdir));
-    assert!(!said.trim().is_empty(), "xce_result_str(0) said nothing");
+    assert!(sections.contains(".gnu_debuglink"), "{sections}");
+    let notes = run_ok(Command::new("readelf").arg("-n").arg(&so));
+    let build_id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("a build id")
+        .to_owned();
+    let debug = root.join(format!(
+        "usr/lib/debug/.build-id/{}/{}.debug",
+        &build_id[..2],
+        &build_id[2..]
+    ));
+    let debug_sections = run_ok(Command::new("readelf").arg("-S").arg(&debug));
+    assert!(debug_sections.contains(".debug_info"), "{debug_sections}");
+
+    // The rpms: the same split.
+    let rpms = |name: &str| run_ok(Command::new("rpm").arg("-qlp").arg(find(name)));
+    let rpm_rt = rpms("xce-receiver-0.1.0");
+    let rpm_devel = rpms("xce-receiver-devel-");
+    let rpm_debug = rpms("xce-receiver-debuginfo-");
+    assert!(
+        rpm_rt.contains("/usr/lib64/libxce_receiver.so.0.1.0"),
+        "{rpm_rt}"
+    );
+    assert!(
+        rpm_rt.contains("/usr/share/licenses/xce-receiver/copyright"),
+        "{rpm_rt}"
+    );
+    assert!(!rpm_rt.contains("xce_receiver.h"), "{rpm_rt}");
+    for f in [
+        "/usr/lib64/libxce_receiver.so\n",
+        "/usr/lib64/libxce_receiver.a",
+        "/usr/lib64/pkgconfig/xce_receiver.pc",
+        "/usr/include/xce_receiver.h",
+        "/usr/share/xce_receiver/valgrind.supp",
+        "/usr/share/doc/xce-receiver-devel/examples/Makefile",
+    ] {
+        assert!(rpm_devel.contains(f), "{f} not in -devel:\n{rpm_devel}");
+    }
+    assert!(
+        rpm_debug.contains(&format!("{}.debug", &build_id[2..])),
+        "{rpm_debug}"
+    );
+    let scripts = run_ok(
+        Command::new("rpm")
+            .arg("-qp")
+            .arg("--scripts")
+            .arg(find("xce-receiver-0.1.0")),
+    );
+    assert!(scripts.contains("/sbin/ldconfig"), "{scripts}");
+
+    // The example, built where the -dev package put it with a plain `make` (pkg-config on the
+    // unpacked tree), under valgrind against the packaged library with the shipped
+    // suppressions.
+    let examples = root.join("usr/share/doc/libxce-receiver-dev/examples");
+    let example = crate::capi::built_with_make(&examples, &root, &libdir);
+    // The library is stripped and the suppressions name functions: valgrind needs the debug
+    // file. Installed, the dbgsym package's /usr/lib/debug/.build-id/ is where it looks;
+    // unpacked here, it finds it by the library's debuglink in the library's .debug/.
+    let beside = libdir.join(".debug");
+    std::fs::create_dir_all(&beside).expect("mkdir .debug");
+    std::os::unix::fs::symlink(&debug, beside.join(format!("{}.debug", &build_id[2..])))
+        .expect("link the debug file");
+    assert!(
+        example.suppressions.starts_with(&root),
+        "{}",
+        example.suppressions.display()
+    );
+    crate::capi::controller_life_is_valgrind_clean(&example).await;
 }
 
 /// Every file under `dir`, recursively.
