@@ -361,7 +361,8 @@ enum xce_result xce_receiver_local_addr(const struct xce_receiver *rx,
 // XCE_REASON_REVOKED). XCE_TLS (nothing changed) when a file is missing, unreadable, not
 // PEM, a key others can read, or a CRL the CA did not sign; XCE_CONFIG for a receiver
 // started in plaintext; `*revoked` (may be NULL) gets the number of sessions ended. Any
-// thread; for a rotated certificate or a new CRL (e.g. on SIGHUP).
+// thread; it reads the four files (blocking I/O, as `xce_receiver_start` does), so call it
+// outside a latency-sensitive loop: for a rotated certificate or a new CRL (e.g. on SIGHUP).
 enum xce_result xce_receiver_reload_tls(const struct xce_receiver *rx,
                                         const char *ca,
                                         const char *cert,

@@ -528,7 +528,8 @@ pub unsafe extern "C" fn xce_receiver_local_addr(
 /// XCE_REASON_REVOKED). XCE_TLS (nothing changed) when a file is missing, unreadable, not
 /// PEM, a key others can read, or a CRL the CA did not sign; XCE_CONFIG for a receiver
 /// started in plaintext; `*revoked` (may be NULL) gets the number of sessions ended. Any
-/// thread; for a rotated certificate or a new CRL (e.g. on SIGHUP).
+/// thread; it reads the four files (blocking I/O, as `xce_receiver_start` does), so call it
+/// outside a latency-sensitive loop: for a rotated certificate or a new CRL (e.g. on SIGHUP).
 #[no_mangle]
 pub unsafe extern "C" fn xce_receiver_reload_tls(
     rx: *const xce_receiver,
