@@ -100,12 +100,19 @@ impl LockDir {
             path: path.to_owned(),
             why,
         };
-        // Directories made above it are left open to read (`/run/xce-agent` also holds the
-        // status socket); only the lock directory itself is closed.
+        // Directories made above it as root are left open to read (`/run/xce-agent` also
+        // holds the status socket, which `status` reaches as other users); a user's own
+        // (`$XDG_RUNTIME_DIR/xce-agent`) is private, as the status socket's code makes it:
+        // whichever of the two makes it first, its mode is the same.
         if let Some(parent) = path.parent().filter(|p| !p.exists()) {
+            let mode = if nix::unistd::geteuid().is_root() {
+                0o755
+            } else {
+                0o700
+            };
             fs::DirBuilder::new()
                 .recursive(true)
-                .mode(0o755)
+                .mode(mode)
                 .create(parent)
                 .map_err(failed)?;
         }
