@@ -79,8 +79,9 @@ pub fn command(plugin_dir: &Path, command: &[String]) -> Result<Resolved, NotRun
     security::check_runnable(&program, name, plugin_dir)?;
     let mut args = command.get(1..).unwrap_or_default().to_vec();
     let mut script = None;
+    let interpreter = program.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let relative_script = security::is_interpreter(&program)
-        .then(|| security::script_arg(&args))
+        .then(|| security::script_arg(interpreter, &args))
         .flatten()
         .filter(|&i| !args[i].starts_with('/'));
     if let Some(i) = relative_script {
@@ -158,8 +159,15 @@ mod tests {
                 .starts_with("sh's script telegraf/gone.sh not found: a relative script is looked up in plugin_dir"),
             "{e}"
         );
+        // A shell's -e is errexit: `sh -e x.sh` runs x.sh (Perl's -e is code).
+        let r = command(dir.path(), &words(&["/bin/sh", "-e", "telegraf/x.sh"])).unwrap();
+        assert_eq!(r.args, ["-e", want.as_str()]);
         // Inline code, a module, an absolute script: nothing to resolve.
-        for argv in [&["/bin/sh", "-c", "x.sh"][..], &["/bin/sh", "/etc/x.sh"]] {
+        for argv in [
+            &["/bin/sh", "-c", "x.sh"][..],
+            &["/bin/sh", "/etc/x.sh"],
+            &["/usr/bin/perl", "-e", "telegraf/x.sh"],
+        ] {
             let r = command(dir.path(), &words(argv)).unwrap();
             assert_eq!(r.args, words(&argv[1..]));
             assert_eq!(r.script, None);

@@ -463,7 +463,7 @@ pub fn shell_script_problem(program: &Path, args: &[String]) -> Option<NotRunnab
     if !SHELLS.contains(&shell) {
         return None;
     }
-    let script = Path::new("/").join(&args[script_arg(args)?]);
+    let script = Path::new("/").join(&args[script_arg(shell, args)?]);
     let head = head_of(&script).ok()?;
     head.windows(2)
         .any(|w| w == b"\r\n")
@@ -551,8 +551,8 @@ pub(crate) fn is_interpreter(program: &Path) -> bool {
 /// The script an interpreter is given: its first argument that is not an option, unless an
 /// option says the code is inline (`-c`, `-e`). Relative to `/`, the probe's cwd (a probe's
 /// relative script was made absolute under plugin_dir by [`super::resolve::command`]).
-fn interpreter_script(args: &[String]) -> Option<PathBuf> {
-    script_arg(args).map(|i| Path::new("/").join(&args[i]))
+fn interpreter_script(interpreter: &str, args: &[String]) -> Option<PathBuf> {
+    script_arg(interpreter, args).map(|i| Path::new("/").join(&args[i]))
 }
 
 /// Options that take the next word as their value, not as the script (`sh -o pipefail x.sh`,
@@ -562,13 +562,16 @@ const OPTIONS_WITH_A_VALUE: &[&str] = &["-o", "+o", "-O", "+O", "-W", "-X"];
 /// Which argument is an interpreter's script: its first that is not an option or an option's
 /// value; `None` when an option says the code is inline (`-c`, `-e`) or a module
 /// (`python3 -m NAME`, found on its own search path, not a file the command names).
-pub(crate) fn script_arg(args: &[String]) -> Option<usize> {
-    if inline_code(args).is_some() {
+pub(crate) fn script_arg(interpreter: &str, args: &[String]) -> Option<usize> {
+    // The interpreter's own inline-code options: a shell's `-e` is errexit (`sh -e x.sh`
+    // runs x.sh), Perl's and Ruby's `-e` is code.
+    if inline_flag(interpreter, args).is_some() {
         return None;
     }
     let mut i = 0;
     while let Some(a) = args.get(i) {
-        if a == "-c" || a == "-e" || a == "-E" || a == "-m" {
+        // `python -m module`: no script file.
+        if a == "-m" {
             return None;
         }
         if OPTIONS_WITH_A_VALUE.contains(&a.as_str()) {
@@ -622,23 +625,6 @@ fn lookup(word: &str, path_var: &str) -> Option<PathBuf> {
 fn code_words(code: &str) -> impl Iterator<Item = &str> {
     code.split(|c: char| c.is_whitespace() || "\"'`;|&<>(){}[]$=,:".contains(c))
         .filter(|w| !w.is_empty() && !w.starts_with('-'))
-}
-
-/// The inline code an interpreter is given (`-c CODE`, `-e CODE`; `-ec CODE` too).
-fn inline_code(args: &[String]) -> Option<&str> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let inline = a.starts_with('-')
-            && !a.starts_with("--")
-            && a[1..].chars().any(|c| c == 'c' || c == 'e' || c == 'E');
-        if inline {
-            return it.next().map(String::as_str);
-        }
-        if !a.starts_with('-') {
-            return None;
-        }
-    }
-    None
 }
 
 /// The paths an argument word may name: the word, what follows `=` in `--opt=/x` or
@@ -701,7 +687,7 @@ fn code_files(
         }
     }
     if is_interpreter(program) {
-        match inline_code(args).or_else(|| inline_code_of(file_name(program), args)) {
+        match inline_code_of(file_name(program), args) {
             Some(code) => {
                 for w in code_words(code) {
                     match lookup(w, path_var) {
@@ -711,7 +697,7 @@ fn code_files(
                 }
             }
             None => {
-                if let Some(script) = interpreter_script(args) {
+                if let Some(script) = interpreter_script(file_name(program), args) {
                     add(script, None);
                 }
             }
@@ -1459,19 +1445,25 @@ mod tests {
 
     #[test]
     fn inline_code_is_the_word_after_an_option_that_says_so() {
-        let table: &[(&[&str], Option<&str>)] = &[
-            (&["-c", "echo 1"], Some("echo 1")),
-            (&["-ec", "set -x"], Some("set -x")),
-            (&["-u", "-c", "print(1)"], Some("print(1)")),
-            (&["-e", "print 1"], Some("print 1")),
-            (&["-E", "say 1"], Some("say 1")),
-            (&["x.sh", "-c", "not code"], None),
-            (&["--norc", "x.sh"], None),
-            (&["-c"], None),
-            (&[], None),
+        let table: &[(&str, &[&str], Option<&str>)] = &[
+            ("sh", &["-c", "echo 1"], Some("echo 1")),
+            ("sh", &["-ec", "set -x"], Some("set -x")),
+            ("python3", &["-u", "-c", "print(1)"], Some("print(1)")),
+            ("perl", &["-e", "print 1"], Some("print 1")),
+            ("perl", &["-E", "say 1"], Some("say 1")),
+            // A shell's -e is errexit: x.sh is its script, not code.
+            ("sh", &["-e", "x.sh"], None),
+            ("sh", &["x.sh", "-c", "not code"], None),
+            ("bash", &["--norc", "x.sh"], None),
+            ("sh", &["-c"], None),
+            ("sh", &[], None),
         ];
-        for (args, code) in table {
-            assert_eq!(inline_code(&strings(args)), *code, "{args:?}");
+        for (name, args, code) in table {
+            assert_eq!(
+                inline_code_of(name, &strings(args)),
+                *code,
+                "{name} {args:?}"
+            );
         }
     }
 
