@@ -24,7 +24,9 @@ pub const DEFAULT_QUEUE_BYTES: usize = 64 << 20;
 
 struct Slot {
     ev: Ev,
-    _charge: Charge,
+    /// What the event costs, charged: its `bytes()` is the event's cost, so it is not
+    /// computed again (a resval's error text is rendered to measure it).
+    charge: Charge,
 }
 
 /// What a push did.
@@ -98,8 +100,8 @@ impl EventQueue {
             let key = (resval.name.clone(), resval.instance.clone());
             if let Some(&at) = self.waiting.get(host).and_then(|w| w.get(&key)) {
                 let slot = &mut self.slots[(at - self.head) as usize];
-                let old = slot.ev.cost();
-                slot._charge.resize(cost).map_err(NotPushed::OverBudget)?;
+                let old = slot.charge.bytes();
+                slot.charge.resize(cost).map_err(NotPushed::OverBudget)?;
                 self.bytes = self.bytes - old + cost;
                 slot.ev = ev;
                 self.replaced += 1;
@@ -131,10 +133,7 @@ impl EventQueue {
             }
         }
         self.bytes += cost;
-        self.slots.push_back(Slot {
-            ev,
-            _charge: charge,
-        });
+        self.slots.push_back(Slot { ev, charge });
         Ok(Pushed::Queued)
     }
 
@@ -143,7 +142,7 @@ impl EventQueue {
         let slot = self.slots.pop_front()?;
         let at = self.head;
         self.head += 1;
-        self.bytes -= slot.ev.cost();
+        self.bytes -= slot.charge.bytes();
         if let Ev::Resval { host, resval } = &slot.ev {
             if let Some(w) = self.waiting.get_mut(host) {
                 let key = (resval.name.clone(), resval.instance.clone());
