@@ -131,7 +131,9 @@ impl Collector for Exposition {
         encode_resources(&mut enc, &self.0.store)?;
         let stats = self.0.probes.borrow().clone();
         encode_probes(&mut enc, &stats)?;
+        encode_schedule(&mut enc, &stats.schedule)?;
         encode_probe_usage(&mut enc, &self.0.supervisor.containment.usage_by_probe())?;
+        encode_containment(&mut enc, &self.0.supervisor.containment)?;
         encode_link(&mut enc, &self.0.link)?;
         encode_file_reads(&mut enc, &self.0.files)?;
         encode_config(&mut enc, &self.0.loaded.borrow())?;
@@ -157,6 +159,13 @@ fn encode_config(enc: &mut DescriptorEncoder, loaded: &crate::status::Loaded) ->
         "Unix time of the last successful load or reload of the configuration.",
         MetricType::Gauge,
         [([], Sample::Gauge(loaded.last_success_ms as f64 / 1000.0))],
+    )?;
+    family::<0>(
+        enc,
+        "xce_config_controllers",
+        "Controllers the running configuration reports to (0: none, and the link stays down).",
+        MetricType::Gauge,
+        [([], Sample::Int(loaded.controllers.len() as i64))],
     )?;
     family::<0>(
         enc,
@@ -385,6 +394,59 @@ fn encode_probes(enc: &mut DescriptorEncoder, stats: &Stats) -> fmt::Result {
                 [("probe", name.as_str())],
                 Sample::Counter(p.restarts.load(Ordering::Relaxed)),
             )
+        }),
+    )
+}
+
+/// How far behind their slots runs start: the run queue of `max_parallel`.
+fn encode_schedule(
+    enc: &mut DescriptorEncoder,
+    schedule: &crate::stats::ScheduleStats,
+) -> fmt::Result {
+    family::<0>(
+        enc,
+        "xce_schedule_runs_waiting",
+        "Runs past their slot waiting for a place under max_parallel.",
+        MetricType::Gauge,
+        [(
+            [],
+            Sample::Int(schedule.waiting.load(Ordering::Relaxed) as i64),
+        )],
+    )?;
+    let (sum, count, buckets) = histogram(&schedule.start_delay);
+    let no_labels: Labels<0> = [];
+    enc.encode_descriptor(
+        "xce_schedule_start_delay_seconds",
+        "From each timed run's slot to its start: time spent waiting for a place under max_parallel (or for a starved agent).",
+        None,
+        MetricType::Histogram,
+    )?
+    .encode_family(&no_labels)?
+    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+}
+
+/// Whether probes run contained in cgroups, and whether the controllers their limits need
+/// are there: without them `limits:` are accepted and not enforced.
+fn encode_containment(
+    enc: &mut DescriptorEncoder,
+    containment: &crate::probe::cgroup::Containment,
+) -> fmt::Result {
+    let tree = containment.tree();
+    family::<0>(
+        enc,
+        "xce_containment_enforced",
+        "1 when each probe runs in a cgroup of its own (each run ended with cgroup.kill, cgroup limits set); 0 when contained by process group only.",
+        MetricType::Gauge,
+        [([], Sample::Flag(tree.is_some()))],
+    )?;
+    family(
+        enc,
+        "xce_containment_controller",
+        "1 for each cgroup controller that probe limits need (memory, pids) and the probes' cgroups have, 0 for one they lack (its limits are not enforced).",
+        MetricType::Gauge,
+        ["memory", "pids"].map(|c| {
+            let on = tree.is_some_and(|t| t.controllers.iter().any(|have| have == c));
+            ([("controller", c)], Sample::Flag(on))
         }),
     )
 }

@@ -212,6 +212,8 @@ struct Shared {
     sink: Mutex<Sink>,
     /// What the probe's runs reuse.
     cache: probe::RunCache,
+    /// The scheduler's lateness (`ScheduleStats`) is counted here.
+    stats: Arc<Stats>,
 }
 
 /// A run in flight, polled by its probe's loop: no task of its own, no hop between
@@ -250,6 +252,7 @@ async fn probe_loop(
         ctx,
         budget,
         cache: probe::RunCache::default(),
+        stats,
     };
     let mut inflight: Option<InFlightRun<'_>> = None;
     // Skipped ticks are logged once per streak, not once per tick.
@@ -270,6 +273,7 @@ async fn probe_loop(
             }
             _ = sleep_until(next) => {}
         }
+        let slot = next;
         let after = next_slot(SystemTime::now(), shared.task.interval, shared.task.splay);
         next = later(after);
         due(after);
@@ -283,7 +287,7 @@ async fn probe_loop(
         skipping = false;
         // A run that panics (a bug) ends that run, not the probe's loop: the next tick runs
         // it again, as when each run was a task of its own.
-        let run = std::panic::AssertUnwindSafe(run_one(&shared)).catch_unwind();
+        let run = std::panic::AssertUnwindSafe(run_one(&shared, slot)).catch_unwind();
         inflight = Some(Box::pin(run.map(|ended| {
             if ended.is_err() {
                 tracing::error!(probe = %shared.task.name, "a probe run panicked (a bug: please report it); it runs again at its next tick");
@@ -300,14 +304,20 @@ fn later(after: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-async fn run_one(shared: &Shared) {
+/// One run of the probe whose slot was `slot`; how late it starts is counted.
+async fn run_one(shared: &Shared, slot: Instant) {
+    let schedule = &shared.stats.schedule;
     let _permit = match uses_budget(&shared.task) {
-        true => match shared.budget.acquire().await {
-            Ok(p) => Some(p),
-            Err(_) => return,
-        },
+        true => {
+            let _waiting = schedule.waiting();
+            match shared.budget.acquire().await {
+                Ok(p) => Some(p),
+                Err(_) => return,
+            }
+        }
         false => None,
     };
+    schedule.start_delay.observe(slot.elapsed());
     let run = probe::run_reusing(&shared.task, &shared.ctx, &shared.cache).await;
     shared
         .sink

@@ -1,5 +1,5 @@
 //! Counters per probe (runs by outcome, durations, restarts), written by each probe's
-//! sink (`probe::sink`), read by the metrics endpoint. Lock-free: counting a run never waits
+//! sink (`probe::sink`), and the scheduler's lateness, read by the metrics endpoint. Lock-free: counting a run never waits
 //! on a scrape.
 
 use std::collections::BTreeMap;
@@ -56,9 +56,38 @@ impl DurationHistogram {
     }
 }
 
+/// How far behind its timetable the scheduler runs: a run starts at its slot unless every
+/// place under `max_parallel` is taken (or the agent's threads are starved), and then waits.
+#[derive(Debug, Default)]
+pub struct ScheduleStats {
+    /// Runs past their slot that wait for a place under `max_parallel` now.
+    pub waiting: AtomicU64,
+    /// From each timed run's slot to its start (streams have no slots).
+    pub start_delay: DurationHistogram,
+}
+
+impl ScheduleStats {
+    /// Count a run as waiting until the guard is dropped (it started, or was cancelled).
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(&self.waiting)
+    }
+}
+
+/// One run in [`ScheduleStats::waiting`] while it lives.
+#[derive(Debug)]
+pub struct Waiting<'a>(&'a AtomicU64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Stats {
     probes: Mutex<BTreeMap<String, Arc<ProbeStats>>>,
+    pub schedule: ScheduleStats,
 }
 
 impl Stats {

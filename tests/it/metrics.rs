@@ -122,8 +122,27 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
         "process_threads ".to_owned(),
         "xce_config_last_reload_successful 1\n".to_owned(),
         "xce_config_last_reload_success_timestamp_seconds ".to_owned(),
+        "xce_config_controllers 1\n".to_owned(),
+        "xce_link_down_since_timestamp_seconds ".to_owned(),
     ] {
         assert!(text.contains(&want), "{want:?} not in\n{text}");
+    }
+    // The containment the daemon logged, and the controllers its probes' cgroups have.
+    let log = daemon.log_text();
+    let contained = log.contains("probes are contained: each in its own cgroup");
+    let want = format!("xce_containment_enforced {}\n", u8::from(contained));
+    assert!(text.contains(&want), "{want:?} not in\n{text}\nlog:\n{log}");
+    for controller in ["memory", "pids"] {
+        let on = contained
+            && regex::Regex::new(r"controllers=(.*) probes are contained")
+                .expect("re")
+                .captures(&log)
+                .is_some_and(|c| c[1].trim_matches('"').split(' ').any(|c| c == controller));
+        let want = format!(
+            "xce_containment_controller{{controller=\"{controller}\"}} {}\n",
+            u8::from(on)
+        );
+        assert!(text.contains(&want), "{want:?} not in\n{text}\nlog:\n{log}");
     }
     // A reload that fails keeps the running configuration, and says so here too.
     std::fs::write(setup.path().join("resources.yaml"), "resources: [\n").unwrap();
@@ -194,6 +213,82 @@ async fn a_streams_lines_are_counted_and_rejected_ones_shown() {
         "{text}"
     );
     stop(&mut daemon).await;
+}
+
+/// Runs that wait for a place under `max_parallel` are the run queue: counted while they
+/// wait, and how late they started is in the start-delay histogram.
+#[tokio::test]
+async fn runs_waiting_for_max_parallel_are_counted_and_their_delay_measured() {
+    let setup = Setup::with_agent(
+        "resources:
+  - name: hold
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [hold], timeout: 60s}
+  - name: num
+    valtype: numeric
+    interval: 1s
+    resourcemap: [{location: [default]}]
+    probe: {kind: exec, command: [num]}
+",
+        "run_as: root\nmetrics: 127.0.0.1:0\nmax_parallel: 1\n",
+    );
+    let release = setup.file("release");
+    // `hold` takes the only place until the test releases it; `num` then waits.
+    setup.script(
+        "hold",
+        &format!(
+            "#!/bin/sh\nuntil [ -e {} ]; do sleep 0.05; done\necho 1\n",
+            release.display()
+        ),
+    );
+    setup.script("num", "#!/bin/sh\necho 7\n");
+    let (mut daemon, addr) = start(&setup).await;
+    const GET: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
+        text.contains("xce_schedule_runs_waiting 1\n")
+    })
+    .await;
+    // A run seen waiting here was due before this instant and starts after the release:
+    // its delay is at least the time between the two.
+    let seen = std::time::Instant::now();
+    scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
+        text.contains("xce_schedule_runs_waiting 1\n")
+    })
+    .await;
+    std::fs::write(&release, "").expect("release hold");
+    let at_least = seen.elapsed().as_secs_f64();
+    let sum = regex::Regex::new(r"(?m)^xce_schedule_start_delay_seconds_sum (\S+)$").expect("re");
+    let text = scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
+        text.contains("xce_resource_value{name=\"num\",resource_instance=\"\"} 7.0\n")
+    })
+    .await;
+    let delayed: f64 = sum.captures(&text).expect("a delay sum")[1]
+        .parse()
+        .expect("a number");
+    assert!(delayed >= at_least, "{delayed} < {at_least}\n{text}");
+    assert!(
+        text.contains("xce_schedule_start_delay_seconds_bucket{le=\"+Inf\"} "),
+        "{text}"
+    );
+    stop(&mut daemon).await;
+}
+
+/// Without cgroups (process groups only) the exposition says limits are not enforced.
+#[test]
+fn uncontained_probes_show_their_limits_unenforced() {
+    let text = exposition_of_every_kind(xce_agent::metrics::ExpositionFormat::PrometheusText);
+    for want in [
+        "xce_containment_enforced 0\n",
+        "xce_containment_controller{controller=\"memory\"} 0\n",
+        "xce_containment_controller{controller=\"pids\"} 0\n",
+        "xce_config_controllers 0\n",
+        "xce_schedule_runs_waiting 0\n",
+        "xce_schedule_start_delay_seconds_count 0\n",
+    ] {
+        assert!(text.contains(want), "{want:?} not in\n{text}");
+    }
 }
 
 /// SIGTERM, and the daemon exits cleanly.
