@@ -30,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Limits;
 use crate::link::client::{LinkState, LinkStats};
 use crate::stats::{DurationHistogram, Stats};
 use crate::store::Store;
@@ -133,7 +134,11 @@ impl Collector for Exposition {
         encode_probes(&mut enc, &stats)?;
         encode_schedule(&mut enc, &stats.schedule)?;
         encode_probe_usage(&mut enc, &self.0.supervisor.containment.usage_by_probe())?;
-        encode_containment(&mut enc, &self.0.supervisor.containment)?;
+        encode_containment(
+            &mut enc,
+            &self.0.supervisor.containment,
+            &self.0.loaded.borrow().plan,
+        )?;
         encode_link(&mut enc, &self.0.link)?;
         encode_file_reads(&mut enc, &self.0.files)?;
         encode_config(&mut enc, &self.0.loaded.borrow())?;
@@ -425,11 +430,12 @@ fn encode_schedule(
     .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
 }
 
-/// Whether probes run contained in cgroups, and whether the controllers their limits need
-/// are there: without them `limits:` are accepted and not enforced.
+/// Whether probes run contained in cgroups, and which of their limits are not enforced for
+/// want of a controller (or of cgroups): such limits are accepted and not set.
 fn encode_containment(
     enc: &mut DescriptorEncoder,
     containment: &crate::probe::cgroup::Containment,
+    plan: &crate::plan::Plan,
 ) -> fmt::Result {
     let tree = containment.tree();
     family::<0>(
@@ -439,15 +445,24 @@ fn encode_containment(
         MetricType::Gauge,
         [([], Sample::Flag(tree.is_some()))],
     )?;
+    // Per controller, the probes whose limits on it the host does not enforce, as `check`
+    // says in its `limits NOT ENFORCED` note.
+    let unenforced = Limits::CGROUP_CONTROLLERS.map(|(controller, _)| {
+        let here = tree.is_some_and(|t| t.controllers.iter().any(|c| c == controller));
+        let probes = plan
+            .tasks
+            .iter()
+            .filter_map(|t| t.kind.exec_spec())
+            .filter(|spec| !here && spec.limits.uses_controller(controller))
+            .count();
+        ([("controller", controller)], Sample::Int(probes as i64))
+    });
     family(
         enc,
-        "xce_containment_controller",
-        "1 for each cgroup controller that probe limits need (memory, pids) and the probes' cgroups have, 0 for one they lack (its limits are not enforced).",
+        "xce_probe_limits_unenforced",
+        "Probes whose limits on a cgroup controller (memory, pids) are configured and not enforced: no cgroup containment, or the probes' cgroups lack the controller.",
         MetricType::Gauge,
-        ["memory", "pids"].map(|c| {
-            let on = tree.is_some_and(|t| t.controllers.iter().any(|have| have == c));
-            ([("controller", c)], Sample::Flag(on))
-        }),
+        unenforced,
     )
 }
 

@@ -47,6 +47,22 @@ pub struct Limits {
     pub pids: Option<u64>,
 }
 
+impl Limits {
+    /// The cgroup controllers that limits can need, with the file each limit is set in.
+    pub const CGROUP_CONTROLLERS: [(&'static str, &'static str); 2] =
+        [("memory", "memory.max"), ("pids", "pids.max")];
+
+    /// Whether these limits set one on `controller` (one of [`Self::CGROUP_CONTROLLERS`]):
+    /// a limit that is enforced only where the probes' cgroups have that controller.
+    pub fn uses_controller(&self, controller: &str) -> bool {
+        match controller {
+            "memory" => self.memory.is_some(),
+            "pids" => self.pids.is_some(),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileSpec {
     pub path: PathBuf,

@@ -127,21 +127,24 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
     ] {
         assert!(text.contains(&want), "{want:?} not in\n{text}");
     }
-    // The containment the daemon logged, and the controllers its probes' cgroups have.
+    // The containment the daemon logged, and the controllers its probes' cgroups have: the
+    // three exec probes have the default pids limit and no memory limit.
     let log = daemon.log_text();
     let contained = log.contains("probes are contained: each in its own cgroup");
     let want = format!("xce_containment_enforced {}\n", u8::from(contained));
     assert!(text.contains(&want), "{want:?} not in\n{text}\nlog:\n{log}");
-    for controller in ["memory", "pids"] {
-        let on = contained
-            && regex::Regex::new(r"controllers=(.*) probes are contained")
-                .expect("re")
-                .captures(&log)
-                .is_some_and(|c| c[1].trim_matches('"').split(' ').any(|c| c == controller));
-        let want = format!(
-            "xce_containment_controller{{controller=\"{controller}\"}} {}\n",
-            u8::from(on)
-        );
+    let pids_here = contained
+        && regex::Regex::new(r"probes are contained: .* controllers=(.*)")
+            .expect("re")
+            .captures(&log)
+            .is_some_and(|c| c[1].split(' ').any(|c| c == "pids"));
+    for want in [
+        "xce_probe_limits_unenforced{controller=\"memory\"} 0\n".to_owned(),
+        format!(
+            "xce_probe_limits_unenforced{{controller=\"pids\"}} {}\n",
+            if pids_here { 0 } else { 3 }
+        ),
+    ] {
         assert!(text.contains(&want), "{want:?} not in\n{text}\nlog:\n{log}");
     }
     // A reload that fails keeps the running configuration, and says so here too.
@@ -275,14 +278,14 @@ async fn runs_waiting_for_max_parallel_are_counted_and_their_delay_measured() {
     stop(&mut daemon).await;
 }
 
-/// Without cgroups (process groups only) the exposition says limits are not enforced.
+/// Without cgroups (process groups only) the exposition says so; no probe has limits here.
 #[test]
-fn uncontained_probes_show_their_limits_unenforced() {
+fn an_uncontained_agent_says_so() {
     let text = exposition_of_every_kind(xce_agent::metrics::ExpositionFormat::PrometheusText);
     for want in [
         "xce_containment_enforced 0\n",
-        "xce_containment_controller{controller=\"memory\"} 0\n",
-        "xce_containment_controller{controller=\"pids\"} 0\n",
+        "xce_probe_limits_unenforced{controller=\"memory\"} 0\n",
+        "xce_probe_limits_unenforced{controller=\"pids\"} 0\n",
         "xce_config_controllers 0\n",
         "xce_schedule_runs_waiting 0\n",
         "xce_schedule_start_delay_seconds_count 0\n",

@@ -127,13 +127,10 @@ pub fn unenforced_limits_text<'a>(
         .ok()
         .filter(|h| nix::unistd::access(&h.own, nix::unistd::AccessFlags::W_OK).is_ok());
     let mut out = Vec::new();
-    for (controller, file) in [("memory", "memory.max"), ("pids", "pids.max")] {
+    for (controller, file) in Limits::CGROUP_CONTROLLERS {
         let limited: Vec<&str> = probes
             .clone()
-            .filter(|(_, l)| match controller {
-                "memory" => l.memory.is_some(),
-                _ => l.pids.is_some(),
-            })
+            .filter(|(_, l)| l.uses_controller(controller))
             .map(|(name, _)| name)
             .collect();
         if limited.is_empty() {
