@@ -43,6 +43,7 @@ mod link;
 mod link_failures;
 mod link_receiver;
 mod metrics;
+mod monitoring;
 mod packaging;
 mod peer_formats;
 mod plan;

@@ -30,7 +30,7 @@ const RESOURCES: &str = "resources:
 ";
 
 /// One request, the whole answer (the server closes after it).
-async fn request(addr: &str, raw: &[u8]) -> String {
+pub(crate) async fn request(addr: &str, raw: &[u8]) -> String {
     guard("an HTTP answer", async {
         let mut s = TcpStream::connect(addr).await.expect("connect");
         s.write_all(raw).await.expect("write request");
@@ -43,7 +43,7 @@ async fn request(addr: &str, raw: &[u8]) -> String {
     .await
 }
 
-fn body(resp: &str) -> &str {
+pub(crate) fn body(resp: &str) -> &str {
     resp.split_once("\r\n\r\n").map_or("", |(_, b)| b)
 }
 
@@ -178,7 +178,7 @@ async fn scrape_shows_values_probe_and_link_counters_in_valid_text_format() {
 }
 
 /// Start the daemon of `setup`; returns it and the metrics address it logged.
-async fn start(setup: &Setup) -> (AgentProc, String) {
+pub(crate) async fn start(setup: &Setup) -> (AgentProc, String) {
     let daemon = setup.spawn_agent();
     // The port was 0: the daemon logs the one it got.
     let listening = regex::Regex::new(r"metrics endpoint listening addr=(\S+)").expect("re");
@@ -295,7 +295,7 @@ fn an_uncontained_agent_says_so() {
 }
 
 /// SIGTERM, and the daemon exits cleanly.
-async fn stop(daemon: &mut AgentProc) {
+pub(crate) async fn stop(daemon: &mut AgentProc) {
     let status = daemon.terminate().await;
     assert!(status.success(), "{status}\n{}", daemon.log_text());
 }
