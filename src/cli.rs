@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
-pub const DEFAULT_CONFIG: &str = "/etc/xce/agent.yaml";
+use crate::config::{AGENT_YAML_ENV, DEFAULT_AGENT_YAML};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,13 +38,65 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+impl Cli {
+    /// The command line of this process, parsed; clap's error (and exit) for a bad one, and
+    /// for a daemon option given to a command that does not read it.
+    pub fn from_command_line() -> Cli {
+        let matches = Cli::command().get_matches();
+        let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        refuse_unread_options(&matches);
+        cli
+    }
+
+    /// The options the command runs with: those given before it, with its own winning
+    /// (`xce-agent -c A check -c B` reads B).
+    pub fn effective_common(&self) -> Common {
+        match &self.command {
+            Some(Command::Check { args } | Command::Probe { args, .. }) => self.common.with(args),
+            Some(Command::Status { config, .. }) => self.common.with_config(config),
+            Some(Command::Listen { log, .. }) => Common {
+                log_level: log.log_level.clone().or(self.common.log_level.clone()),
+                ..self.common.clone()
+            },
+            _ => self.common.clone(),
+        }
+    }
+
+    /// A command run by hand (everything but the daemon): it prints its results on stdout,
+    /// and logs only warnings, on stderr.
+    pub fn is_interactive(&self) -> bool {
+        self.once || self.command.is_some()
+    }
+}
+
+/// The daemon's options given before a subcommand that does not read them
+/// (`xce-agent -c F listen ...`) are an error, as clap says one: its `--help` does not list
+/// them, and an option that is silently ignored misleads.
+fn refuse_unread_options(matches: &clap::ArgMatches) {
+    let Some(sub) = matches.subcommand_name() else {
+        return;
+    };
+    for (id, flag, readers) in COMMON_OPTIONS {
+        if matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            && !readers.contains(&sub)
+        {
+            let mut cmd = Cli::command();
+            cmd.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("`{sub}` does not read {flag} (see `xce-agent {sub} --help`)"),
+            )
+            .exit();
+        }
+    }
+}
+
 /// The daemon's (and `--once`'s) files and logging. Given before a subcommand they also
 /// reach `check`, `probe` and `status` (`xce-agent -c FILE probe NAME`), which take them after
 /// their name too ([`ConfigArgs`]); the commands that read no configuration refuse them.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
     /// agent.yaml to use.
-    #[arg(long, short = 'c', env = "XCE_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
+    #[arg(long, short = 'c', env = AGENT_YAML_ENV, default_value = DEFAULT_AGENT_YAML)]
     pub config: PathBuf,
 
     /// resources.yaml to use instead of the one agent.yaml names.
@@ -119,7 +171,8 @@ pub struct ConfigArgs {
     pub log: LogArg,
 }
 
-/// The ids of [`Common`]'s options, and the subcommands that read each (see `main`).
+/// The ids of [`Common`]'s options, and the subcommands that read each (see
+/// [`Cli::from_command_line`]).
 pub const COMMON_OPTIONS: [(&str, &str, &[&str]); 4] = [
     ("config", "--config", &["check", "probe", "status"]),
     ("resources", "--resources", &["check", "probe"]),

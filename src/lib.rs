@@ -2,8 +2,8 @@
 //!
 //! Layers, each importing only those below it:
 //! `value`, `text` -> `output` (the parsers of what probes print) -> `config` -> `plan`, `reload` -> `store`, `stats` -> `probe` -> `schedule` -> `link` -> `receiver` ->
-//! `checks`, `trust`, `render`, `status`, `daemon`, `metrics`, `cluster_table` -> `cli` -> `cmd` (one
-//! module per command) -> the binary (parse, log, dispatch).
+//! `checks`, `trust`, `render`, `status`, `daemon`, `metrics`, `cluster_table` -> `cli`, `logging` -> `cmd`
+//! (one module per command, the runtime, the dispatch) -> the binary (parse, log, run).
 
 pub mod checks;
 pub mod cli;
@@ -12,6 +12,7 @@ pub mod cmd;
 pub mod config;
 pub mod daemon;
 pub mod link;
+pub mod logging;
 pub mod metrics;
 pub mod output;
 pub mod plan;

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod listen;
 pub mod once;
 pub mod probe;
+pub mod runtime;
 pub mod status;
 mod strict;
 pub mod tls;
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cli::Common;
+use crate::cli::{Cli, Command, Common};
 use crate::config::hostlist::{self, InvalidHostName};
 use crate::config::Config;
 use crate::plan::Plan;
@@ -91,6 +92,44 @@ impl CmdError {
     /// step is the config (a port, a path, a certificate) in each case.
     pub fn exit_code(&self) -> u8 {
         exit::CONFIG
+    }
+}
+
+/// Run the command `cli` names (the daemon without one), with `common`, its options merged
+/// ([`Cli::effective_common`]); the process's exit code, or why the command could not run.
+pub async fn dispatch(cli: &Cli, common: &Common) -> Result<u8, CmdError> {
+    match &cli.command {
+        Some(Command::Check { .. }) => check::run(common).await,
+        Some(Command::Probe { name, .. }) => probe::run(common, name).await,
+        Some(Command::Listen {
+            addr,
+            unix,
+            unix_uids,
+            format,
+            ack,
+            only,
+            refresh,
+            tls,
+            budget,
+            ..
+        }) => {
+            let doors = listen::Doors {
+                addr: addr.as_deref(),
+                unix: unix.as_deref(),
+                unix_uids,
+            };
+            listen::run(doors, *format, *ack, only, *refresh, tls, budget).await
+        }
+        Some(Command::Status {
+            format,
+            watch,
+            names,
+            ..
+        }) => Ok(status::run(common, *format, *watch, names).await),
+        Some(Command::Tls { command }) => tls::run(command),
+        Some(Command::GenerateAssets { dir }) => assets::run(dir),
+        None if cli.once => once::run(common, cli.format, &cli.only).await,
+        None => daemon::run(common).await,
     }
 }
 

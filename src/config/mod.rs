@@ -47,6 +47,12 @@ pub use probe_spec::{ProbeKind, ProbeSpec};
 pub use resources::{Instance, Location, Resource, Resources};
 pub use stdio::{StdinMode, StdoutMode};
 
+/// agent.yaml where none is named: where the packages install it. `xce-agent` reads it, and
+/// `status` looks for the daemon that runs with it.
+pub const DEFAULT_AGENT_YAML: &str = "/etc/xce/agent.yaml";
+/// The environment variable that names agent.yaml (`--config` wins over it).
+pub const AGENT_YAML_ENV: &str = "XCE_AGENT_CONFIG";
+
 /// Both files, validated together.
 #[derive(Debug, Clone)]
 pub struct Config {

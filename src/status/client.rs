@@ -114,15 +114,14 @@ fn daemon_config(dir: &Path) -> Option<PathBuf> {
     let from_env = || {
         let environ = std::fs::read(dir.join("environ")).ok()?;
         environ.split(|b| *b == 0).find_map(|v| {
-            v.strip_prefix(b"XCE_AGENT_CONFIG=")
+            v.strip_prefix(crate::config::AGENT_YAML_ENV.as_bytes())?
+                .strip_prefix(b"=")
                 .map(|p| String::from_utf8_lossy(p).into_owned())
         })
     };
-    Some(PathBuf::from(
-        given
-            .or_else(from_env)
-            .unwrap_or_else(|| crate::cli::DEFAULT_CONFIG.to_owned()),
-    ))
+    Some(PathBuf::from(given.or_else(from_env).unwrap_or_else(
+        || crate::config::DEFAULT_AGENT_YAML.to_owned(),
+    )))
 }
 
 /// Ask the daemon behind `path` for its state (only `names`, when not empty).
