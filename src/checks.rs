@@ -2,7 +2,7 @@
 //! program and user exist and would be allowed to run. `check`, `probe NAME` and a reload
 //! share these checks, so a reload refuses what `check` calls a problem.
 
-use crate::config::{Config, ProbeKind};
+use crate::config::Config;
 use crate::plan::Plan;
 use crate::probe::{exec, resolve, security};
 
@@ -57,10 +57,8 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     let root = security::enforced();
     let mut unenforced = 0;
     for t in &plan.tasks {
-        let spec = match &t.kind {
-            ProbeKind::Exec(e) => e,
-            ProbeKind::Stream(s) => &s.exec,
-            _ => continue,
+        let Some(spec) = t.kind.exec_spec() else {
+            continue;
         };
         let uid = match exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as) {
             Ok(c) => c.map(|c| c.uid),
@@ -127,10 +125,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     if let Some(text) = root_probes_text(config, plan) {
         notes.push(("-".to_owned(), text));
     }
-    let runs_programs = plan
-        .tasks
-        .iter()
-        .any(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)));
+    let runs_programs = plan.tasks.iter().any(|t| t.kind.exec_spec().is_some());
     if runs_programs {
         notes.push(("-".to_owned(), crate::probe::cgroup::check_text()));
         let limits = plan
@@ -184,10 +179,8 @@ pub fn root_probes(config: &Config, plan: &Plan) -> Vec<String> {
     plan.tasks
         .iter()
         .filter(|t| {
-            let spec = match &t.kind {
-                ProbeKind::Exec(e) => e,
-                ProbeKind::Stream(s) => &s.exec,
-                _ => return false,
+            let Some(spec) = t.kind.exec_spec() else {
+                return false;
             };
             match exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as) {
                 Ok(None) => true,
@@ -211,7 +204,7 @@ pub fn root_probes_text(config: &Config, plan: &Plan) -> Option<String> {
     let total = plan
         .tasks
         .iter()
-        .filter(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)))
+        .filter(|t| t.kind.exec_spec().is_some())
         .count();
     let mut listed = names
         .iter()

@@ -9,9 +9,6 @@ use crate::config::hostlist::same_host;
 use crate::config::{fnv1a, Location, ProbeKind, ProbeSpec, Resource, Resources};
 use crate::value::Valtype;
 
-/// Longest default timeout: a probe slower than this should say so with `timeout:`.
-pub const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(30);
-
 /// (resource, instance label): a shared instance the controller asked this host to report.
 pub type Assignment = (String, String);
 
@@ -254,23 +251,6 @@ pub fn splay(host: &str, name: &str, interval: Duration) -> Duration {
     Duration::from_millis(phase + slot * grid)
 }
 
-pub fn default_timeout(interval: Duration) -> Duration {
-    interval.min(DEFAULT_TIMEOUT_CAP)
-}
-
-/// A stream probe's `timeout` is how long `--once` and `probe NAME` wait for its first
-/// values. An elim may report only once per interval (IBM's elim.css prints `0` first and
-/// its value after 60 s), so the default waits one interval plus an exec probe's default
-/// timeout as grace: 60 s -> 90 s, 10 s -> 20 s, 5 m -> 5 m 30 s.
-pub fn default_stream_timeout(interval: Duration) -> Duration {
-    interval.saturating_add(default_timeout(interval))
-}
-
-/// Values of a failed or silent probe are trusted for two intervals plus one timeout.
-pub fn default_stale_after(interval: Duration, timeout: Duration) -> Duration {
-    interval.saturating_mul(2).saturating_add(timeout)
-}
-
 pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignment>) -> Plan {
     let mut plan = Plan {
         host: host.to_owned(),
@@ -338,15 +318,8 @@ fn task(
     instance: String,
     host: &str,
 ) -> ProbeTask {
-    let timeout = probe.timeout.unwrap_or_else(|| match probe.kind {
-        ProbeKind::Stream(_) => default_stream_timeout(interval),
-        _ => default_timeout(interval),
-    });
-    let stale_after = match (&probe.kind, probe.stale_after) {
-        (_, Some(s)) => s,
-        (ProbeKind::Stream(s), None) => s.silence.unwrap_or(interval.saturating_mul(3)),
-        _ => default_stale_after(interval, timeout),
-    };
+    let timeout = probe.timeout_at(interval);
+    let stale_after = probe.stale_after_at(interval, timeout);
     let feeds = probe
         .provides
         .iter()

@@ -35,6 +35,46 @@ pub struct ProbeSpec {
     pub stale_after: Option<Duration>,
 }
 
+impl ProbeSpec {
+    /// Its `timeout:`, else its kind's default at `interval`.
+    pub fn timeout_at(&self, interval: Duration) -> Duration {
+        self.timeout.unwrap_or_else(|| match self.kind {
+            ProbeKind::Stream(_) => default_stream_timeout(interval),
+            _ => default_timeout(interval),
+        })
+    }
+
+    /// Its `stale_after:`, else its kind's default at `interval` and `timeout`: a stream's
+    /// is its `silence:` (three intervals without one).
+    pub fn stale_after_at(&self, interval: Duration, timeout: Duration) -> Duration {
+        match (&self.kind, self.stale_after) {
+            (_, Some(s)) => s,
+            (ProbeKind::Stream(s), None) => s.silence.unwrap_or(interval.saturating_mul(3)),
+            _ => default_stale_after(interval, timeout),
+        }
+    }
+}
+
+/// Longest default timeout: a probe slower than this should say so with `timeout:`.
+pub const DEFAULT_TIMEOUT_CAP: Duration = Duration::from_secs(30);
+
+pub fn default_timeout(interval: Duration) -> Duration {
+    interval.min(DEFAULT_TIMEOUT_CAP)
+}
+
+/// A stream probe's `timeout` is how long `--once` and `probe NAME` wait for its first
+/// values. An elim may report only once per interval (IBM's elim.css prints `0` first and
+/// its value after 60 s), so the default waits one interval plus an exec probe's default
+/// timeout as grace: 60 s -> 90 s, 10 s -> 20 s, 5 m -> 5 m 30 s.
+pub fn default_stream_timeout(interval: Duration) -> Duration {
+    interval.saturating_add(default_timeout(interval))
+}
+
+/// Values of a failed or silent probe are trusted for two intervals plus one timeout.
+pub fn default_stale_after(interval: Duration, timeout: Duration) -> Duration {
+    interval.saturating_mul(2).saturating_add(timeout)
+}
+
 /// Which kinds a `probe:` field belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Takes {
@@ -217,7 +257,35 @@ probe_kinds! {
     Stream(StreamSpec) => "stream", stream;
 }
 
+/// How a probe's failed runs are logged (`probe::sink`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureLog {
+    /// Each bad update, under the malformed lines' rate limit: a stream may print a new bad
+    /// value every millisecond.
+    RateLimited,
+    /// A run's failure when it is not the one the resource already has: a broken probe
+    /// does not write the same line every interval.
+    WhenChanged,
+}
+
 impl ProbeKind {
+    /// How this kind's failed runs are logged.
+    pub fn failure_log(&self) -> FailureLog {
+        match self {
+            ProbeKind::Stream(_) => FailureLog::RateLimited,
+            _ => FailureLog::WhenChanged,
+        }
+    }
+
+    /// The bytes of state the probe may declare (a stream's `declared_state:`; the default
+    /// for the others).
+    pub fn declared_state_budget(&self) -> usize {
+        match self {
+            ProbeKind::Stream(spec) => spec.declared_state,
+            _ => crate::output::DECLARED_STATE_BYTES,
+        }
+    }
+
     /// The program and how its output is read, for the kinds that run one.
     pub fn exec_spec(&self) -> Option<&ExecSpec> {
         match self {

@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime};
 
 use super::output_log::OutputLog;
 use super::{Outcome, ProbeRun};
-use crate::config::ProbeKind;
+use crate::config::probe_spec::FailureLog;
 use crate::plan::ProbeTask;
 use crate::stats::{ProbeStats, Stats};
 use crate::store::Store;
@@ -27,15 +27,12 @@ pub struct Sink {
 impl Sink {
     pub fn new(task: Arc<ProbeTask>, store: Arc<Store>, stats: &Stats) -> Self {
         let stats = stats.probe(&task.name);
-        let declared = match &task.kind {
-            ProbeKind::Stream(spec) => spec.declared_state,
-            _ => crate::output::DECLARED_STATE_BYTES,
-        };
+        let log = OutputLog::with_declared_limit(task.kind.declared_state_budget());
         Self {
             task,
             store,
             stats,
-            log: OutputLog::with_declared_limit(declared),
+            log,
         }
     }
 
@@ -101,17 +98,14 @@ impl Sink {
         }
     }
 
-    /// Say why a run failed when it is news: a stream's update under the malformed lines'
-    /// limit (a stream may print a new bad value every millisecond); another run's failure
-    /// when the resource was not already failing with the same error, so a broken probe
-    /// does not write the same line every interval.
+    /// Say why a run failed when it is news, as its kind's [`FailureLog`] says.
     fn log_failure(&mut self, run: &ProbeRun) {
         let task = &self.task;
         let Some(err) = run.error() else {
             tracing::debug!(probe = %task.name, "ok");
             return;
         };
-        if matches!(task.kind, ProbeKind::Stream(_)) {
+        if task.kind.failure_log() == FailureLog::RateLimited {
             self.log.malformed(&task.name, &err, Instant::now());
             return;
         }

@@ -403,7 +403,7 @@ fn silence_text(task: &ProbeTask) -> String {
 /// until every fed resource has one or a line that is not `name = value` ends the set; for
 /// classad: the ads, each ended by `-`, until every fed resource has a value), or
 /// fail at the task timeout (for a stream, by default one interval plus grace:
-/// [`crate::plan::default_stream_timeout`]); then stop the group.
+/// [`crate::config::probe_spec::default_stream_timeout`]); then stop the group.
 pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
     let started = SystemTime::now();
     let t0 = Instant::now();
