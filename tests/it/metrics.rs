@@ -237,31 +237,35 @@ async fn runs_waiting_for_max_parallel_are_counted_and_their_delay_measured() {
 ",
         "run_as: root\nmetrics: 127.0.0.1:0\nmax_parallel: 1\n",
     );
-    let release = setup.file("release");
+    let (holding, release) = (setup.file("holding"), setup.file("release"));
     // `hold` takes the only place until the test releases it; `num` then waits.
     setup.script(
         "hold",
         &format!(
-            "#!/bin/sh\nuntil [ -e {} ]; do sleep 0.05; done\necho 1\n",
+            "#!/bin/sh\ntouch {}\nuntil [ -e {} ]; do sleep 0.05; done\necho 1\n",
+            holding.display(),
             release.display()
         ),
     );
     setup.script("num", "#!/bin/sh\necho 7\n");
     let (mut daemon, addr) = start(&setup).await;
     const GET: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    crate::support::wait_until("hold to take the only place", || holding.exists()).await;
+    // With `hold` running (its own ticks are skipped, not queued), the run waiting is
+    // `num`'s: due before this scrape, started only after the release. So its delay is at
+    // least the time from here to the release.
     scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
         text.contains("xce_schedule_runs_waiting 1\n")
     })
     .await;
-    // A run seen waiting here was due before this instant and starts after the release:
-    // its delay is at least the time between the two.
     let seen = std::time::Instant::now();
+    // Still waiting a scrape later.
     scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
         text.contains("xce_schedule_runs_waiting 1\n")
     })
     .await;
-    std::fs::write(&release, "").expect("release hold");
     let at_least = seen.elapsed().as_secs_f64();
+    std::fs::write(&release, "").expect("release hold");
     let sum = regex::Regex::new(r"(?m)^xce_schedule_start_delay_seconds_sum (\S+)$").expect("re");
     let text = scrape_until(&addr, GET, "text/plain; version=0.0.4", |text| {
         text.contains("xce_resource_value{name=\"num\",resource_instance=\"\"} 7.0\n")

@@ -373,7 +373,8 @@ async fn the_dashboard_and_rules_name_only_metrics_the_agent_exports() {
         let resp = crate::metrics::request(&addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
         let text = crate::metrics::body(&resp).to_owned();
         (text.contains("xce_link_last_error_timestamp_seconds ")
-            && text.contains("xce_probe_duration_seconds_count{probe=\"num\"} 1"))
+            && text.contains("xce_probe_duration_seconds_count{probe=\"num\"} ")
+            && !text.contains("xce_probe_duration_seconds_count{probe=\"num\"} 0\n"))
         .then_some(text)
     })
     .await;
