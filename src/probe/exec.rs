@@ -284,10 +284,10 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
-            let captured = o
-                .captured
-                .take()
-                .map(|c| Report::read(&c.bytes, c.overflowed, &ThisNode::new(&ctx.host)));
+            let captured = o.captured.take().map(|c| {
+                let node = ThisNode::new(&ctx.host);
+                Report::read(&c.bytes, c.overflowed, &node, &spec.capture)
+            });
             let failure = child_ended(&o, spec.format.def().exits).map(|(outcome, mut why)| {
                 why.hint = elim_hint(spec, &o);
                 (outcome, RunFailure::Ended(why))

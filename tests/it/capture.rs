@@ -113,6 +113,21 @@ fn a_resume_after_a_drain_is_ok() {
     assert_eq!(real_calls(&log), "");
 }
 
+/// NHC on a healthy node calls nothing and exits 0: up, and `reason` says nothing changed
+/// (so `--once`, strict about resources left out, passes).
+#[test]
+fn a_run_that_calls_nothing_left_its_node_up() {
+    let (s, log) = site(&health_check("nhc.sh", "nagios", "{env}"));
+    s.script("nhc.sh", "#!/bin/sh
+exit 0
+");
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(0), "{json:#}");
+    assert_eq!(ok_value(&json, "healthy"), Json::Bool(true), "{json:#}");
+    assert_eq!(ok_value(&json, "why"), "no state change");
+    assert_eq!(real_calls(&log), "");
+}
+
 #[test]
 fn pbsnodes_offline_with_a_comment_is_not_ok() {
     let (s, log) = site(&health_check("pbs_check.sh", "nagios", "{env}"));
@@ -323,4 +338,27 @@ fn a_drain_reaches_listen_through_the_daemon() {
     }
     agent.assert_alive();
     listen.assert_alive();
+}
+
+/// A script that took descriptor 7 for itself: the stand-in says so and fails (the script
+/// sees its scontrol fail), rather than write the record into the script's file.
+#[test]
+fn a_stand_in_refuses_a_descriptor_7_the_script_redirected() {
+    let (s, log) = site(&health_check("nhc.sh", "nagios", "{env}"));
+    s.script(
+        "nhc.sh",
+        "#!/bin/sh\nexec 7>/dev/null\nscontrol update NodeName=node001 State=DRAIN Reason=x || echo 'CRITICAL - cannot drain'\nexit 2\n",
+    );
+    let (code, text) = probe(&s, "healthy");
+    assert_eq!(code, Some(0), "{text}");
+    says(
+        &text,
+        &[
+            "scontrol: descriptor 7 is not xce-agent's capture pipe (did the script redirect it?); nothing was reported",
+            "captured (0 calls):",
+            "healthy = false",
+            "why = CRITICAL - cannot drain",
+        ],
+    );
+    assert_eq!(real_calls(&log), "");
 }

@@ -9,7 +9,11 @@
 //!   offline: `false`; a resume, idle, undrain or clear: `true`) and `reason` (the call's
 //!   reason, or what the call was). The format's own `ok` (a Nagios exit status) gives way:
 //!   the script's word on its node is the verdict, the exit status still says whether the
-//!   run itself worked.
+//!   run itself worked. A run without a state call left its node as it was, which for a
+//!   health check means up (NHC and Slurm's HealthCheckProgram call only to change it): `ok`
+//!   is the format's own, else `true`; `reason` the format's `text` where that `ok` is
+//!   `false`, else `no state change`. So every run gives both, and `--once` never reads a
+//!   healthy run as one that left `reason` out.
 //! - `gmetric`: each call a sample named by `-n`, the last of a name winning.
 //!
 //! Calls the agent does not understand, or that name another node, are listed by
@@ -19,6 +23,7 @@ pub mod stand_ins;
 
 use std::fmt;
 
+use crate::config::Capturer;
 use crate::output::{Parsed, Sample};
 
 /// One captured call: the command and its arguments.
@@ -78,7 +83,12 @@ pub struct Report {
     pub malformed: bool,
     /// More than the cap came; later calls were lost.
     pub overflowed: bool,
+    /// The probe captures `node_state`: every run gives `ok` and `reason`.
+    pub node_state: bool,
 }
+
+/// `reason` after a run that made no state call.
+pub const NO_STATE_CHANGE: &str = "no state change";
 
 /// Calls `probe NAME` lists; a run may make thousands (one gmetric per metric).
 pub const CALLS_LISTED: usize = 100;
@@ -149,12 +159,14 @@ pub fn decode(bytes: &[u8]) -> (Vec<Call>, bool) {
 }
 
 impl Report {
-    /// What the calls in `bytes` (the capture pipe's) mean for a probe on `node`.
-    pub fn read(bytes: &[u8], overflowed: bool, node: &ThisNode) -> Self {
+    /// What the calls in `bytes` (the capture pipe's) mean for a probe on `node` that
+    /// captures `capture`.
+    pub fn read(bytes: &[u8], overflowed: bool, node: &ThisNode, capture: &[Capturer]) -> Self {
         let (calls, malformed) = decode(bytes);
         let mut report = Report {
             malformed,
             overflowed,
+            node_state: capture.contains(&Capturer::NodeState),
             ..Report::default()
         };
         for call in calls {
@@ -197,16 +209,32 @@ impl Report {
 
     /// The run's samples: the format's, less those the captured calls name, then theirs.
     pub fn merge_into(&self, parsed: &mut Parsed) {
-        let mine = self.samples();
+        let mut mine = self.samples();
+        if self.node_state && self.state.is_none() {
+            let own = |name: &str| {
+                parsed
+                    .samples
+                    .iter()
+                    .find(|s| s.name == name && s.labels.is_empty())
+                    .map(|s| s.value.clone())
+            };
+            let ok = own("ok").unwrap_or_else(|| "true".to_owned());
+            let reason = match own("text") {
+                Some(text) if ok == "false" && !text.trim().is_empty() => text,
+                _ => NO_STATE_CHANGE.to_owned(),
+            };
+            mine.push(Sample::plain("ok", &ok));
+            mine.push(Sample::plain("reason", &reason));
+        }
         parsed
             .samples
             .retain(|s| !mine.iter().any(|m| m.name == s.name && s.labels.is_empty()));
         parsed.samples.extend(mine);
     }
 
-    /// Whether the calls gave any value (then an empty output is no failure).
+    /// Whether the run has values from its calls (then an empty output is no failure).
     pub fn gives_values(&self) -> bool {
-        self.state.is_some() || !self.samples.is_empty()
+        self.node_state || !self.samples.is_empty()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The calls as health checks and metric scripts make them.
 
 use super::*;
+use crate::config::Capturer;
 
 fn record(command: &str, args: &[&str]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -19,7 +20,7 @@ fn node() -> ThisNode {
 }
 
 fn read(records: &[Vec<u8>]) -> Report {
-    Report::read(&records.concat(), false, &node())
+    Report::read(&records.concat(), false, &node(), Capturer::ALL)
 }
 
 fn state(ok: bool, reason: &str) -> Option<NodeState> {
@@ -203,16 +204,16 @@ fn samples_from_calls_replace_the_formats_own() {
 fn bytes_that_are_not_records_are_said_malformed_and_stop_the_reading() {
     let mut bytes = record("gmetric", &["-n", "a", "-v", "1"]);
     bytes.extend_from_slice(b"garbage\0not a number\0");
-    let r = Report::read(&bytes, false, &node());
+    let r = Report::read(&bytes, false, &node(), Capturer::ALL);
     assert!(r.malformed);
     assert_eq!(r.samples.len(), 1);
     // A record cut short (the cap) is malformed too; an empty pipe is not.
     let cut = &record("gmetric", &["-n", "a", "-v", "1"])[..10];
-    assert!(Report::read(cut, true, &node()).malformed);
-    assert!(!Report::read(b"", false, &node()).malformed);
+    assert!(Report::read(cut, true, &node(), Capturer::ALL).malformed);
+    assert!(!Report::read(b"", false, &node(), Capturer::ALL).malformed);
     // A huge argument count does not allocate for it.
     let huge = [&b"gmetric\0"[..], b"18446744073709551615\0"].concat();
-    assert!(Report::read(&huge, false, &node()).malformed);
+    assert!(Report::read(&huge, false, &node(), Capturer::ALL).malformed);
 }
 
 #[test]
@@ -225,4 +226,38 @@ fn a_call_is_shown_as_a_shell_would_take_it() {
         call.to_string(),
         "scontrol update \"Reason=NHC: disk full\""
     );
+}
+
+#[test]
+fn a_run_without_a_state_call_left_its_node_up_or_as_the_format_says() {
+    let quiet = read(&[]);
+    let merged = |parsed: Vec<Sample>| {
+        let mut parsed = crate::output::Parsed::of(parsed);
+        quiet.merge_into(&mut parsed);
+        parsed
+            .samples
+            .into_iter()
+            .map(|s| (s.name, s.value))
+            .collect::<Vec<_>>()
+    };
+    let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+    assert_eq!(
+        merged(Vec::new()),
+        [pair("ok", "true"), pair("reason", NO_STATE_CHANGE)]
+    );
+    // A Nagios CRITICAL that called nothing: not ok, and its text says why.
+    assert_eq!(
+        merged(vec![
+            Sample::plain("ok", "false"),
+            Sample::plain("text", "CRITICAL - /scratch")
+        ]),
+        [
+            pair("text", "CRITICAL - /scratch"),
+            pair("ok", "false"),
+            pair("reason", "CRITICAL - /scratch")
+        ]
+    );
+    // Without node_state, a run gives only what its calls do.
+    let gmetric_only = Report::read(b"", false, &node(), &[Capturer::Gmetric]);
+    assert!(gmetric_only.samples().is_empty() && !gmetric_only.gives_values());
 }
