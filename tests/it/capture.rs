@@ -118,9 +118,12 @@ fn a_resume_after_a_drain_is_ok() {
 #[test]
 fn a_run_that_calls_nothing_left_its_node_up() {
     let (s, log) = site(&health_check("nhc.sh", "nagios", "{env}"));
-    s.script("nhc.sh", "#!/bin/sh
+    s.script(
+        "nhc.sh",
+        "#!/bin/sh
 exit 0
-");
+",
+    );
     let (code, json) = once(&s);
     assert_eq!(code, Some(0), "{json:#}");
     assert_eq!(ok_value(&json, "healthy"), Json::Bool(true), "{json:#}");
@@ -361,4 +364,25 @@ fn a_stand_in_refuses_a_descriptor_7_the_script_redirected() {
         ],
     );
     assert_eq!(real_calls(&log), "");
+}
+
+/// The plugin guide's `capture:` example is valid config, as pasted.
+#[test]
+fn the_plugin_guides_capture_example_is_valid_config() {
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("plugins/README.md"),
+    )
+    .unwrap();
+    let block = guide
+        .split("## Scripts that report by calling a command")
+        .nth(1)
+        .and_then(|section| section.split("```yaml\n").nth(1))
+        .and_then(|b| b.split("```").next())
+        .expect("a yaml block in the guide's capture section");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resources.yaml");
+    std::fs::write(&path, format!("resources:\n{block}")).unwrap();
+    let (resources, _) = xce_agent::config::load_resources(&path).unwrap_or_else(|e| panic!("{e}"));
+    let probe = format!("{:?}", resources.resources[0].probe);
+    assert!(probe.contains("NodeState"), "{probe}");
 }
