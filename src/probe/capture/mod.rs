@@ -169,6 +169,9 @@ impl Report {
             node_state: capture.contains(&Capturer::NodeState),
             ..Report::default()
         };
+        // A name's place in `samples`: thousands of gmetric calls fit in the cap, and each
+        // is one look-up, not a scan.
+        let mut place: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for call in calls {
             let effect = match call.command.as_str() {
                 "scontrol" => scontrol(&call.args, node),
@@ -177,12 +180,13 @@ impl Report {
             };
             match &effect {
                 Effect::State(s) => report.state = Some(s.clone()),
-                Effect::Sample { name, value } => {
-                    match report.samples.iter_mut().find(|(n, _)| n == name) {
-                        Some(kept) => kept.1 = value.clone(),
-                        None => report.samples.push((name.clone(), value.clone())),
+                Effect::Sample { name, value } => match place.get(name) {
+                    Some(&i) => report.samples[i].1.clone_from(value),
+                    None => {
+                        place.insert(name.clone(), report.samples.len());
+                        report.samples.push((name.clone(), value.clone()));
                     }
-                }
+                },
                 Effect::Ignored(_) => {}
             }
             if report.calls.len() < CALLS_LISTED {
@@ -287,7 +291,7 @@ fn scontrol(args: &[String], node: &ThisNode) -> Effect {
 
 /// `pbsnodes -o [-C comment | -N note] [node...]`, `pbsnodes -c|-r [node...]`.
 fn pbsnodes(args: &[String], node: &ThisNode) -> Effect {
-    let (mut offline, mut clear, mut note, mut nodes) = (false, false, None, Vec::new());
+    let (mut offline, mut clear, mut note, mut nodes) = (false, None, None, Vec::new());
     let mut words = args.iter();
     while let Some(a) = words.next() {
         let Some(flags) = a
@@ -300,7 +304,7 @@ fn pbsnodes(args: &[String], node: &ThisNode) -> Effect {
         for (i, c) in flags.char_indices() {
             match c {
                 'o' => offline = true,
-                'c' | 'r' => clear = true,
+                'c' | 'r' => clear = Some(c),
                 // Options with a value: the rest of the word, or the next word.
                 'C' | 'N' | 'A' | 's' | 'F' => {
                     let attached = &flags[i + 1..];
@@ -323,16 +327,16 @@ fn pbsnodes(args: &[String], node: &ThisNode) -> Effect {
     }
     let note = note.map(|n| n.trim().to_owned()).filter(|n| !n.is_empty());
     match (offline, clear) {
-        (true, false) => Effect::State(NodeState {
+        (true, None) => Effect::State(NodeState {
             ok: false,
             reason: note.unwrap_or_else(|| "pbsnodes -o (no note given)".into()),
         }),
-        (false, true) => Effect::State(NodeState {
+        (false, Some(flag)) => Effect::State(NodeState {
             ok: true,
-            reason: note.unwrap_or_else(|| "pbsnodes -c".into()),
+            reason: note.unwrap_or_else(|| format!("pbsnodes -{flag}")),
         }),
-        (true, true) => Effect::Ignored("both offline and clear".into()),
-        (false, false) => Effect::Ignored("a note alone leaves the node's state".into()),
+        (true, Some(_)) => Effect::Ignored("both offline and clear".into()),
+        (false, None) => Effect::Ignored("a note alone leaves the node's state".into()),
     }
 }
 

@@ -151,3 +151,65 @@ fn write_script(path: &Path, text: &str) -> io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn each_capturer_gets_its_commands_as_0755_scripts_rewritten_when_changed() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("capture");
+        let stand_ins = StandIns::at(dir.clone());
+        let node_state = stand_ins.dir_for(Capturer::NodeState).unwrap();
+        assert_eq!(node_state, dir.join("node_state"));
+        for (sub, command) in [
+            ("node_state", "scontrol"),
+            ("node_state", "pbsnodes"),
+            ("gmetric", "gmetric"),
+        ] {
+            let path = dir.join(sub).join(command);
+            assert_eq!(mode(&path), 0o755, "{}", path.display());
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                text.starts_with("#!/bin/sh\n") && text.contains(">&7"),
+                "{text}"
+            );
+            assert!(!text.contains("@FD@"));
+        }
+        assert_eq!(mode(&dir), 0o755);
+        // A changed script is put back by the next agent, and nothing else is left beside it.
+        let scontrol = dir.join("node_state/scontrol");
+        std::fs::write(&scontrol, "#!/bin/sh\nexec /usr/bin/scontrol \"$@\"\n").unwrap();
+        StandIns::at(dir.clone())
+            .dir_for(Capturer::Gmetric)
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&scontrol).unwrap(), script());
+        let names: Vec<_> = std::fs::read_dir(dir.join("node_state"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused_with_why() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("capture");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = StandIns::at(dir.clone())
+            .dir_for(Capturer::NodeState)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is writable by group or others (mode 777)"),
+            "{err}"
+        );
+        assert!(!dir.join("node_state").exists());
+    }
+}

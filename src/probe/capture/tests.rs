@@ -131,7 +131,7 @@ fn pbsnodes_offline_with_a_comment_or_note_and_clear() {
     ]);
     assert_eq!(cleared.state, state(true, "pbsnodes -c"));
     let reset = read(&[record("pbsnodes", &["-r", "node001"])]);
-    assert_eq!(reset.state, state(true, "pbsnodes -c"));
+    assert_eq!(reset.state, state(true, "pbsnodes -r"));
     let elsewhere = read(&[record("pbsnodes", &["-o", "node002"])]);
     assert_eq!(elsewhere.state, None);
 }

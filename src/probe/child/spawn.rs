@@ -75,7 +75,7 @@ impl Stage {
         match self {
             Stage::SetSid => "setsid",
             Stage::JoinCgroup => "joining the probe's cgroup",
-            Stage::Redirect => "redirecting stdin/stdout/stderr",
+            Stage::Redirect => "redirecting stdin/stdout/stderr (and the capture pipe)",
             Stage::Rlimit => "setting a resource limit",
             Stage::SetGroups => "setgroups",
             Stage::SetGid => "setresgid",
