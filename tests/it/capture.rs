@@ -386,3 +386,29 @@ fn the_plugin_guides_capture_example_is_valid_config() {
     let probe = format!("{:?}", resources.resources[0].probe);
     assert!(probe.contains("NodeState"), "{probe}");
 }
+
+/// Thousands of calls within the cap are read, each name once; `probe NAME` lists the first
+/// hundred and counts the rest.
+#[test]
+fn thousands_of_calls_are_read_and_listed_up_to_a_hundred() {
+    let s = Setup::new(&resource(
+        "m1999",
+        "{kind: exec, command: [many.sh], capture: [gmetric]}",
+    ));
+    s.script(
+        "many.sh",
+        "#!/bin/sh\ni=0\nwhile [ $i -lt 2000 ]; do printf '%s\\0' gmetric 4 -n m$i -v $i >&7; i=$((i+1)); done\n",
+    );
+    let (code, text) = probe(&s, "m1999");
+    assert_eq!(code, Some(0), "{text}");
+    says(
+        &text,
+        &[
+            "captured (2000 calls):",
+            "gmetric -n m99 -v 99  -> m99=99",
+            "… (1900 more)",
+            "m1999 = 1999",
+        ],
+    );
+    assert!(!text.contains("-> m100="), "{text}");
+}
