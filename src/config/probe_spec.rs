@@ -455,13 +455,19 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
         stdout: stdio::stdout(errs, raw.stdout.as_ref()),
         trusted: trusted(errs, raw.trusted.as_ref()),
-        capture: capture(errs, raw.capture.as_ref()),
+        capture: capture(errs, raw.capture.as_ref(), format, input.provides),
     })
 }
 
 /// `capture:`, a list of [`Capturer`] names; an unknown one is an error at its position,
-/// with the near miss.
-fn capture(errs: &mut Errors, given: Option<&Spanned<Vec<Spanned<String>>>>) -> Vec<Capturer> {
+/// with the near miss. `node_state` gives the samples `ok` and `reason`: a format without
+/// `select:` feeds them only to resources of those names, so it needs one.
+fn capture(
+    errs: &mut Errors,
+    given: Option<&Spanned<Vec<Spanned<String>>>>,
+    format: Format,
+    provides: &[String],
+) -> Vec<Capturer> {
     let mut out = Vec::new();
     for name in given.map_or(&[][..], |g| &g.value[..]) {
         match Capturer::from_name(&name.value) {
@@ -482,6 +488,20 @@ fn capture(errs: &mut Errors, given: Option<&Spanned<Vec<Spanned<String>>>>) -> 
         }
     }
     out.sort();
+    let by_name = ["ok", "reason"]
+        .iter()
+        .any(|n| provides.iter().any(|p| p == n));
+    if let (Some(given), true) = (given, out.contains(&Capturer::NodeState)) {
+        if !format.selectable() && !by_name {
+            errs.at(
+                Pos::of(given),
+                format!(
+                    "capture node_state gives the samples `ok` and `reason`, which format {} feeds only to resources of those names: use a format that takes `select:` (a health check that exits 0 when well: format: nagios, select: {{RESOURCE: ok}})",
+                    format.as_str()
+                ),
+            );
+        }
+    }
     out
 }
 

@@ -194,6 +194,7 @@ resources:
     probe:
       kind: exec
       command: [cores.sh]
+      format: nagios
       capture: [node_state]
 {env}
 "#,
@@ -203,7 +204,7 @@ resources:
         "cores.sh",
         "#!/bin/sh\nline=$(scontrol -o show node node001)\n\
          scontrol update NodeName=node001 State=RESUME\n\
-         echo \"$line\" | tr ' ' '\\n' | sed -n 's/^CoresPerSocket=//p'\n",
+         echo \"OK | cores=$(echo \"$line\" | tr ' ' '\\n' | sed -n 's/^CoresPerSocket=//p')\"\n",
     );
     let (code, json) = once(&s);
     assert_eq!(code, Some(0), "{json:#}");
@@ -215,7 +216,7 @@ resources:
 fn a_read_only_call_without_the_real_command_fails_with_a_clear_message() {
     let s = Setup::new(&resource(
         "cores",
-        "{kind: exec, command: [cores.sh], capture: [node_state], env: {PATH: /nonexistent}}",
+        "{kind: exec, command: [cores.sh], format: nagios, capture: [node_state], env: {PATH: /nonexistent}}",
     ));
     s.script("cores.sh", "#!/bin/sh\nscontrol show node node001\n");
     let (code, json) = once(&s);
@@ -289,6 +290,9 @@ resources:
   - name: b
     interval: 60
     probe: {kind: file, path: /x, capture: [gmetric]}
+  - name: c
+    interval: 60
+    probe: {kind: exec, command: [c.sh], capture: [node_state]}
 "#,
     );
     let (code, text) = crate::support::agent_output(&s.agent_yaml(), &["check"]);
@@ -307,7 +311,7 @@ resources:
 fn check_shows_what_a_probe_captures() {
     let s = Setup::new(&resource(
         "a",
-        "{kind: exec, command: [a.sh], capture: [gmetric, node_state]}",
+        "{kind: exec, command: [a.sh], format: nagios, capture: [gmetric, node_state]}",
     ));
     s.script("a.sh", "#!/bin/sh\necho 1\n");
     let (code, text) = crate::support::agent_output(&s.agent_yaml(), &["check"]);
