@@ -416,3 +416,24 @@ fn thousands_of_calls_are_read_and_listed_up_to_a_hundred() {
     );
     assert!(!text.contains("-> m100="), "{text}");
 }
+
+/// `scontrol` with no command reads its commands from stdin, where an update would reach the
+/// real scontrol unseen: refused. `--version` alone still reaches it.
+#[test]
+fn scontrol_reading_commands_from_stdin_is_refused() {
+    let (s, log) = site(&health_check("nhc.sh", "nagios", "{env}"));
+    s.script(
+        "nhc.sh",
+        "#!/bin/sh\nscontrol --version\necho 'update NodeName=node001 State=DRAIN Reason=x' | scontrol -o || echo 'CRITICAL - refused'\nexit 2\n",
+    );
+    let (code, text) = probe(&s, "healthy");
+    assert_eq!(code, Some(0), "{text}");
+    says(
+        &text,
+        &[
+            "scontrol: not passed on by xce-agent's capture: without a command scontrol reads commands from stdin",
+            "why = CRITICAL - refused",
+        ],
+    );
+    assert_eq!(real_calls(&log), "scontrol --version\n");
+}

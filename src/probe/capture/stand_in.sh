@@ -42,7 +42,7 @@ record() {
 }
 
 refuse() {
-    echo "$tool $1: not passed on by xce-agent's capture: $2" >&2
+    echo "$tool${1:+ $1}: not passed on by xce-agent's capture: $2" >&2
     exit 1
 }
 
@@ -63,7 +63,12 @@ scontrol)
         *) refuse "$a" "only update is captured, and show, ping, version, help, listpids and pidinfo reach scontrol" ;;
         esac
     done
-    real "$@"
+    case " $* " in
+    *" -V "* | *" --version "* | *" -h "* | *" --help "* | *" --usage "*) real "$@" ;;
+    esac
+    # Without a command scontrol reads its commands from stdin, where an update would reach
+    # the real node unseen.
+    refuse "" "without a command scontrol reads commands from stdin, which capture cannot see"
     ;;
 pbsnodes)
     # -o offline, -c and -r clear, -C/-N/-A set a comment or note: captured. The rest reads.
