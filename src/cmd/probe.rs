@@ -93,7 +93,14 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
                 Some(Exit::Code(c)) => Some(c),
                 _ => None,
             };
-            output::parse(spec.format, &d.stdout, code, &task.name).ok()
+            output::parse(spec.format, &d.stdout, code, &task.name)
+                .ok()
+                .map(|mut parsed| {
+                    if let Some(report) = &d.captured {
+                        report.merge_into(&mut parsed);
+                    }
+                    parsed
+                })
         }
         _ => None,
     };

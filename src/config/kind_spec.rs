@@ -30,6 +30,47 @@ pub struct ExecSpec {
     /// `trusted:`: the admin's reason for letting this probe's program text (which the
     /// script rule cannot prove safe) run as root; `None`: such a probe is refused as root.
     pub trusted: Option<String>,
+    /// `capture:`: the commands whose calls become this probe's values (empty: none).
+    pub capture: Vec<Capturer>,
+}
+
+/// What `capture:` can stand in for: each a family of commands a script reports through.
+/// The agent's stand-ins of these commands come first on the probe's PATH (`probe::capture`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Capturer {
+    /// The node's state as the scheduler is told it: Slurm's `scontrol update ...
+    /// State=DRAIN|DOWN|RESUME`, PBS/Torque's `pbsnodes -o|-c|-r`.
+    NodeState,
+    /// Ganglia's `gmetric -n NAME -v VALUE`: each call a sample.
+    Gmetric,
+}
+
+impl Capturer {
+    pub const ALL: &'static [Capturer] = &[Capturer::NodeState, Capturer::Gmetric];
+
+    /// The name `capture:` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Capturer::NodeState => "node_state",
+            Capturer::Gmetric => "gmetric",
+        }
+    }
+
+    /// The commands stood in for.
+    pub fn commands(self) -> &'static [&'static str] {
+        match self {
+            Capturer::NodeState => &["scontrol", "pbsnodes"],
+            Capturer::Gmetric => &["gmetric"],
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|c| c.name() == name)
+    }
+
+    pub fn names() -> Vec<&'static str> {
+        Self::ALL.iter().map(|c| c.name()).collect()
+    }
 }
 
 /// The shell that runs a `shell:` line.

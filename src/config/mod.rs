@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 pub use crate::output::Format;
 pub use agent::AgentConfig;
 pub use error::{ConfigError, ConfigErrors, Pos};
-pub use kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec};
+pub use kind_spec::{Capturer, ExecSpec, FileSpec, Limits, StreamSpec};
 pub use probe_spec::{ProbeKind, ProbeSpec};
 pub use resources::{Instance, Location, Resource, Resources};
 pub use stdio::{StdinMode, StdoutMode};

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::error::{Errors, Pos};
-use super::kind_spec::{ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
+use super::kind_spec::{Capturer, ExecSpec, FileSpec, Limits, StreamSpec, DEFAULT_FILE_MAX_BYTES};
 use super::limits::{
     check_duration, Between, Bound, DECLARED_STATE, FEW_INTERVALS, MAX_AGE, MAX_BYTES, MEMORY,
     OPEN_FILES, PROCESSES, RUN_TIME,
@@ -155,6 +155,7 @@ probe_fields! {
     limits: RawLimits => EXEC_STREAM, "Resource limits of each run (fields below).";
     no_new_privs: bool => EXEC_STREAM, "false: allow setuid helpers (PR_SET_NO_NEW_PRIVS is set by default).";
     stdout: String => EXEC_STREAM, "pipe (default) or pty: how the program's standard output is connected.";
+    capture: Vec<Spanned<String>> => Takes::Only(&["exec"]), "Commands whose calls become values instead of reaching the real command: node_state (scontrol update State=..., pbsnodes -o/-c/-r: the `ok` and `reason` samples), gmetric (a sample per gmetric -n NAME -v VALUE).";
     trusted: String => EXEC_STREAM, "Why this probe's program text (a `shell:` line; `sh -c`, `env -S`, awk, sed, `find -exec`, xargs in `command:`) may run as root: the script rule cannot prove text safe by reading it, and refuses it as root without this reason.";
     timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).", Bound::Duration(RUN_TIME);
     provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
@@ -365,6 +366,10 @@ fn describe_exec(e: &ExecSpec) -> String {
             out.push_str(&format!(" {resource}<-{sel}"));
         }
     }
+    if !e.capture.is_empty() {
+        let names: Vec<&str> = e.capture.iter().map(|c| c.name()).collect();
+        out.push_str(&format!(" capture {}", names.join(",")));
+    }
     out
 }
 
@@ -518,7 +523,54 @@ fn exec_spec(errs: &mut Errors, raw: &RawProbe, input: &KindInput) -> Option<Exe
         no_new_privs: raw.no_new_privs.as_ref().is_none_or(|b| b.value),
         stdout: stdio::stdout(errs, raw.stdout.as_ref()),
         trusted: trusted(errs, raw.trusted.as_ref()),
+        capture: capture(errs, raw.capture.as_ref(), format, input.provides),
     })
+}
+
+/// `capture:`, a list of [`Capturer`] names; an unknown one is an error at its position,
+/// with the near miss. `node_state` gives the samples `ok` and `reason`: a format without
+/// `select:` feeds them only to resources of those names, so it needs one.
+fn capture(
+    errs: &mut Errors,
+    given: Option<&Spanned<Vec<Spanned<String>>>>,
+    format: Format,
+    provides: &[String],
+) -> Vec<Capturer> {
+    let mut out = Vec::new();
+    for name in given.map_or(&[][..], |g| &g.value[..]) {
+        match Capturer::from_name(&name.value) {
+            Some(c) if !out.contains(&c) => out.push(c),
+            Some(_) => {}
+            None => {
+                let known = Capturer::names();
+                let mut message = format!(
+                    "unknown capture {:?}; expected {}",
+                    name.value,
+                    or_list(&known)
+                );
+                if let Some(near) = near_miss(&name.value, &known) {
+                    message.push_str(&format!("; did you mean `{near}`?"));
+                }
+                errs.at(Pos::of(name), message);
+            }
+        }
+    }
+    out.sort();
+    let by_name = ["ok", "reason"]
+        .iter()
+        .any(|n| provides.iter().any(|p| p == n));
+    if let (Some(given), true) = (given, out.contains(&Capturer::NodeState)) {
+        if !format.selectable() && !by_name {
+            errs.at(
+                Pos::of(given),
+                format!(
+                    "capture node_state gives the samples `ok` and `reason`, which format {} feeds only to resources of those names: use a format that takes `select:` (a health check that exits 0 when well: format: nagios, select: {{RESOURCE: ok}})",
+                    format.as_str()
+                ),
+            );
+        }
+    }
+    out
 }
 
 /// `trusted:`, the admin's reason for running program text as root: a reason is required,

@@ -6,8 +6,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use super::capture::{Report, ThisNode};
 use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::failure::{ChildEnded, ElimHint};
+use super::failure::{CaptureFailure, ChildEnded, ElimHint};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
@@ -23,6 +24,8 @@ pub struct ExecDetail {
     pub ending: Option<Ending>,
     pub stdout: Vec<u8>,
     pub stderr: String,
+    /// With `capture:`: the calls its stand-ins captured and what they did.
+    pub captured: Option<super::capture::Report>,
 }
 
 /// The user a probe runs as: only a root agent can switch, and it never runs a probe as root
@@ -54,11 +57,14 @@ pub fn current_user_name() -> String {
         .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
-/// The child's whole environment: fixed PATH, the XCE_* variables, then the probe's `env:`.
+/// The child's whole environment: fixed PATH, the XCE_* variables, then the probe's `env:`;
+/// with `capture:`, the stand-ins' directories first on PATH (whichever PATH that is) and
+/// `XCE_CAPTURE_FD`, the descriptor they report on.
 pub fn probe_env(
     task: &ProbeTask,
     host: &str,
     extra: &std::collections::BTreeMap<String, String>,
+    stand_ins: &[PathBuf],
 ) -> process::Env {
     let names: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut env = vec![
@@ -85,6 +91,20 @@ pub fn probe_env(
     for (k, v) in extra {
         env.retain(|(name, _)| name != k);
         env.push((k.clone(), v.clone()));
+    }
+    if !stand_ins.is_empty() {
+        let mut dirs: Vec<String> = stand_ins.iter().map(|d| d.display().to_string()).collect();
+        match env.iter_mut().find(|(name, _)| name == "PATH") {
+            Some((_, path)) => {
+                dirs.push(std::mem::take(path));
+                *path = dirs.join(":");
+            }
+            None => env.push(("PATH".to_owned(), dirs.join(":"))),
+        }
+        env.push((
+            "XCE_CAPTURE_FD".to_owned(),
+            process::spawn::CAPTURE_FD.to_string(),
+        ));
     }
     process::Env::new(env)
 }
@@ -183,6 +203,7 @@ pub fn child_spec(
     child.limits = spec.limits.clone();
     child.no_new_privs = spec.no_new_privs;
     child.stdout = spec.stdout;
+    child.capture = !spec.capture.is_empty();
     if let Some(tree) = supervisor.containment.tree() {
         let cg = tree
             .probe(&task.name, &spec.limits)
@@ -210,8 +231,17 @@ impl ExecDetail {
             ending: None,
             stdout: Vec::new(),
             stderr: String::new(),
+            captured: None,
         }
     }
+}
+
+/// The stand-ins' directories of a probe's `capture:`, written on first use.
+fn stand_in_dirs(spec: &ExecSpec, ctx: &ProbeContext) -> Result<Vec<PathBuf>, CaptureFailure> {
+    spec.capture
+        .iter()
+        .map(|c| ctx.supervisor.stand_ins.dir_for(*c).map_err(Into::into))
+        .collect()
 }
 
 pub async fn run(
@@ -222,8 +252,15 @@ pub async fn run(
     started: SystemTime,
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
+    let stand_ins = match stand_in_dirs(spec, ctx) {
+        Ok(dirs) => dirs,
+        Err(why) => {
+            let why = RunFailure::Capture(why);
+            return ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
+        }
+    };
     let env = env
-        .get_or_init(|| probe_env(task, &ctx.host, &spec.env))
+        .get_or_init(|| probe_env(task, &ctx.host, &spec.env, &stand_ins))
         .clone();
     let mut detail = ExecDetail::new(&spec.command, &env);
     let (child, user) = match child_spec(task, spec, ctx, env) {
@@ -247,23 +284,35 @@ pub async fn run(
             detail.exit = Some(o.exit);
             detail.ending = Some(o.ending.clone());
             detail.stderr = o.stderr_text();
+            let captured = o.captured.take().map(|c| {
+                let node = ThisNode::new(&ctx.host);
+                Report::read(&c.bytes, c.overflowed, &node, &spec.capture)
+            });
             let failure = child_ended(&o, spec.format.def().exits).map(|(outcome, mut why)| {
                 why.hint = elim_hint(spec, &o);
-                (outcome, why)
+                (outcome, RunFailure::Ended(why))
             });
+            // Calls lost past the cap: the script's last word on its node is not known.
+            let failure = failure.or_else(|| {
+                captured.as_ref().filter(|c| c.overflowed).map(|_| {
+                    let why = CaptureFailure::Overflow(process::CAPTURE_CAP);
+                    (Outcome::Failed, RunFailure::Capture(why))
+                })
+            });
+            detail.captured.clone_from(&captured);
             let exit = match o.exit {
                 Exit::Code(c) => Some(c),
                 _ => None,
             };
             let mut run = match failure {
                 Some((outcome, why)) => {
-                    let why = RunFailure::Ended(why);
                     ProbeRun::all_failed(task, started, o.duration, outcome, why)
                 }
                 // A small output is parsed here: the pool's hop would cost more.
                 None if o.stdout.len() <= super::INLINE_PARSE_BYTES => {
                     let (mut run, cpu) = super::in_place(|| {
-                        parse_output(task, spec, started, (o.duration, exit), &o.stdout)
+                        let how = (o.duration, exit, captured.as_ref());
+                        parse_output(task, spec, started, how, &o.stdout)
                     });
                     run.agent_cpu = cpu;
                     run
@@ -274,7 +323,8 @@ pub async fn run(
                     let (t, sp, duration) = (task.clone(), spec.clone(), o.duration);
                     let stdout = std::mem::take(&mut o.stdout);
                     let parsed = super::off_runtime(task.timeout, move || {
-                        let run = parse_output(&t, &sp, started, (duration, exit), &stdout);
+                        let how = (duration, exit, captured.as_ref());
+                        let run = parse_output(&t, &sp, started, how, &stdout);
                         (run, stdout)
                     })
                     .await;
@@ -299,16 +349,34 @@ pub async fn run(
     run
 }
 
-/// The hook from a finished child to its format's parser: stdout, exit status, and the
-/// probe's `select:` give one reading per fed resource.
+/// The hook from a finished child to its format's parser: stdout, exit status, what
+/// `capture:` captured, and the probe's `select:` give one reading per fed resource.
 fn parse_output(
     task: &ProbeTask,
     spec: &ExecSpec,
     started: SystemTime,
-    (duration, exit): (Duration, Option<i32>),
+    (duration, exit, captured): (Duration, Option<i32>, Option<&Report>),
     stdout: &[u8],
 ) -> ProbeRun {
-    match output::parse(spec.format, stdout, exit, &task.name) {
+    let parsed = match (
+        output::parse(spec.format, stdout, exit, &task.name),
+        captured,
+    ) {
+        (Ok(mut parsed), Some(report)) => {
+            report.merge_into(&mut parsed);
+            Ok(parsed)
+        }
+        // A script that reports only by its calls (a gmetric script) prints nothing.
+        (Err(_), Some(report))
+            if report.gives_values() && stdout.iter().all(u8::is_ascii_whitespace) =>
+        {
+            let mut parsed = output::Parsed::default();
+            report.merge_into(&mut parsed);
+            Ok(parsed)
+        }
+        (parsed, _) => parsed,
+    };
+    match parsed {
         Err(error) => ProbeRun::all_failed(
             task,
             started,

@@ -52,6 +52,20 @@ pub enum RunFailure {
     /// A stream gave no first values.
     #[error(transparent)]
     NoFirstValues(NoFirstValues),
+    /// `capture:` could not stand in, or its calls were lost.
+    #[error(transparent)]
+    Capture(CaptureFailure),
+}
+
+/// Why a probe with `capture:` has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureFailure {
+    #[error(transparent)]
+    StandIns(#[from] super::capture::stand_ins::StandInsError),
+    /// The stand-ins wrote more than the cap: the calls past it were lost, so what the
+    /// script last said of its node is not known.
+    #[error("the captured calls exceed {} bytes; the pipe was closed on the later ones, so the node's state is not known", .0)]
+    Overflow(usize),
 }
 
 /// How an exec probe's child ended badly (a timeout, the output cap, an exit status that is

@@ -4,6 +4,7 @@
 //! [`sink::Sink`] counts, logs and records for every kind.
 
 pub mod builtin;
+pub mod capture;
 pub mod cgroup;
 pub mod child;
 pub mod exec;

@@ -61,7 +61,7 @@ pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> process::E
     extra.insert("LSF_RESOURCES".to_owned(), provides.join(" "));
     extra.insert("ELIM_ABORT_VALUE".to_owned(), ELIM_ABORT_VALUE.to_string());
     extra.extend(spec.exec.env.clone());
-    exec::probe_env(task, host, &extra)
+    exec::probe_env(task, host, &extra, &[])
 }
 
 /// Splits a byte stream into lines of at most `max` bytes. A longer line is reported once as

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::capture::stand_ins::StandIns;
 use super::cgroup::{Containment, SetUpError};
 use super::child::{Credentials, UserError};
 use super::security::Verdicts;
@@ -26,6 +27,8 @@ pub struct Supervisor {
     pub users: Users,
     /// Passed verdicts of the script rule, reused while the files keep their identity.
     pub verdicts: Verdicts,
+    /// Where `capture:`'s stand-ins are, written on first use.
+    pub stand_ins: StandIns,
 }
 
 impl Supervisor {
@@ -45,6 +48,7 @@ impl Supervisor {
             containment,
             users: Users::default(),
             verdicts: Verdicts::default(),
+            stand_ins: StandIns::for_this_process(),
         })
     }
 

@@ -231,6 +231,9 @@ impl ProbeDebug<'_> {
             t.push_str(&shown(&d.stdout));
             let _ = writeln!(t, "  stderr (tail):");
             t.push_str(&shown(d.stderr.as_bytes()));
+            if let Some(report) = &d.captured {
+                t.push_str(&captured_calls(report));
+            }
         }
         if let Some(parsed) = &self.parsed {
             t.push_str(&parsed_samples(parsed));
@@ -283,6 +286,40 @@ fn verdict_text(verdict: &Verdict) -> String {
         Verdict::Refused(e) => format!("REFUSED: {e}"),
         Verdict::Unenforced(e) => format!("not enforced (the agent is not root); as root: {e}"),
     }
+}
+
+/// `capture:`'s calls, each with what it did.
+fn captured_calls(report: &crate::probe::capture::Report) -> String {
+    use crate::probe::capture::Effect;
+    let mut t = String::new();
+    let all = report.calls.len() + report.more_calls;
+    let _ = writeln!(t, "  captured ({all} calls):");
+    for (call, effect) in &report.calls {
+        let did = match effect {
+            Effect::State(s) => format!("ok={} reason={}", s.ok, s.reason),
+            Effect::Sample { name, value } => format!("{name}={value}"),
+            Effect::Ignored(why) => format!("ignored: {why}"),
+        };
+        let _ = writeln!(t, "    {}  -> {}", escape(&call.to_string()), escape(&did));
+    }
+    if report.more_calls > 0 {
+        let _ = writeln!(t, "    … ({} more)", report.more_calls);
+    }
+    if report.malformed {
+        let _ = writeln!(
+            t,
+            "    (the pipe also held bytes that are not a stand-in's record: did the script write on descriptor {}?)",
+            crate::probe::child::spawn::CAPTURE_FD
+        );
+    }
+    if report.overflowed {
+        let _ = writeln!(
+            t,
+            "    (more than {} bytes: the later calls were lost)",
+            crate::probe::child::CAPTURE_CAP
+        );
+    }
+    t
 }
 
 /// Most samples listed under `parsed:` (a node_exporter textfile can hold thousands).

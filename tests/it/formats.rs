@@ -65,7 +65,7 @@ pub(crate) fn row<'a>(json: &'a Json, name: &str) -> &'a Json {
         .unwrap_or_else(|| panic!("no row {name} in {json:#}"))
 }
 
-fn ok_value(json: &Json, name: &str) -> Json {
+pub(crate) fn ok_value(json: &Json, name: &str) -> Json {
     let r = row(json, name);
     assert_eq!(r["status"], "ok", "{name}: {r:#}");
     r["value"].clone()

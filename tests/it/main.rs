@@ -13,6 +13,7 @@ mod support;
 mod admission;
 mod builtin;
 mod capi;
+mod capture;
 mod cli;
 mod config_errors;
 mod config_limits;

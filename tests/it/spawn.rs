@@ -63,6 +63,30 @@ async fn only_descriptors_0_to_2_reach_the_child() {
     assert_eq!(fds, ["0", "1", "2"], "the child saw {fds:?}");
 }
 
+/// `capture:`'s pipe is the one more descriptor a probe gets, on 7 (what the stand-ins write
+/// to), and what is written there comes back with the outcome, apart from stdout.
+#[tokio::test]
+async fn a_capture_child_also_gets_its_pipe_on_descriptor_7_and_nothing_else() {
+    if !in_own_process!("a_capture_child_also_gets_its_pipe_on_descriptor_7_and_nothing_else") {
+        return;
+    }
+    let stray = std::fs::File::open("/etc/hostname").unwrap();
+    let _inheritable = nix::unistd::dup(&stray).unwrap();
+    let mut spec = sh("ls /proc/$$/fd; printf 'gmetric\\0000\\0' >&7");
+    spec.capture = true;
+    let (o, out) = output(&spec).await;
+    assert_eq!(o.exit, Exit::Code(0));
+    let fds: Vec<&str> = out.lines().collect();
+    assert_eq!(fds, ["0", "1", "2", "7"], "the child saw {fds:?}");
+    let captured = o.captured.expect("a capture pipe");
+    assert_eq!(captured.bytes, b"gmetric\x000\x00");
+    assert!(!captured.overflowed);
+    // Without `capture`, 7 is as closed as the rest.
+    let (o, _) = output(&sh("printf x >&7")).await;
+    assert_ne!(o.exit, Exit::Code(0));
+    assert!(o.captured.is_none());
+}
+
 #[tokio::test]
 async fn the_child_starts_with_an_empty_mask_and_default_dispositions() {
     use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};

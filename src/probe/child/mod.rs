@@ -7,6 +7,7 @@
 //! forever. The deadline ends the whole group (SIGTERM, a grace period during which output is
 //! still drained, then SIGKILL and `cgroup.kill`).
 
+pub mod capture;
 pub mod drive;
 pub mod output;
 pub mod pty;
@@ -28,6 +29,7 @@ use nix::unistd::{Gid, Pid, Uid};
 use tokio::io::unix::AsyncFd;
 use tokio::time::{sleep_until, Instant};
 
+pub use capture::{CaptureReader, Captured, CAPTURE_CAP};
 pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
 pub use stdin::{Tick, TickWriter};
@@ -151,6 +153,9 @@ pub struct ChildSpec {
     pub stdout: StdoutMode,
     /// A pipe the agent writes ticks to ([`Child::tick`]); else /dev/null.
     pub stdin_pipe: bool,
+    /// A capture pipe on [`spawn::CAPTURE_FD`] (`capture:`), read by [`run`] into
+    /// [`ChildOutcome::captured`].
+    pub capture: bool,
 }
 
 impl ChildSpec {
@@ -171,6 +176,7 @@ impl ChildSpec {
             stderr_tail: DEFAULT_STDERR_TAIL,
             stdout: StdoutMode::Pipe,
             stdin_pipe: false,
+            capture: false,
         }
     }
 }
@@ -260,6 +266,8 @@ pub struct ChildOutcome {
     pub stderr_tail: Vec<u8>,
     pub stderr_total: u64,
     pub duration: Duration,
+    /// What the stand-ins wrote on the capture pipe, with [`ChildSpec::capture`].
+    pub captured: Option<Captured>,
 }
 
 impl ChildOutcome {
@@ -341,6 +349,8 @@ pub struct Child {
     registered: Option<Registered>,
     /// The agent's end of the child's stdin, with `stdin_pipe`.
     stdin: Option<TickWriter>,
+    /// The agent's end of the capture pipe, with [`ChildSpec::capture`], until taken.
+    capture: Option<OwnedFd>,
 }
 
 /// The stdin of a child without a stdin pipe. Process-wide: one read-only descriptor of a
@@ -440,13 +450,19 @@ impl Child {
         // The checked program's descriptor (a binary's), on one above 0-2: the stdio the
         // child dup3s there must not land on it.
         let checked = spec.checked.as_ref().filter(|c| !c.script);
+        // Nor on the capture descriptor, which the child's dup3 would replace before the exec.
+        let in_the_way = |fd: i32| fd <= 2 || (spec.capture && fd == spawn::CAPTURE_FD);
         let moved_up = match checked {
-            Some(c) if std::os::fd::AsRawFd::as_raw_fd(&*c.fd) <= 2 => Some(
+            Some(c) if in_the_way(std::os::fd::AsRawFd::as_raw_fd(&*c.fd)) => Some(
                 c.fd.try_clone()
-                    .and_then(spawn::above_stdio)
+                    .and_then(|fd| spawn::above(fd, spawn::CAPTURE_FD + 1))
                     .map_err(io_fail)?,
             ),
             _ => None,
+        };
+        let capture = match spec.capture {
+            true => Some(spawn::pipe().map_err(io_fail)?),
+            false => None,
         };
         let exec_fd = checked.map(|c| moved_up.as_ref().unwrap_or(&c.fd));
         let child_stdin = stdin.as_ref().map_or(null, |(read, _)| read);
@@ -471,6 +487,7 @@ impl Child {
             stdio: [child_stdin, &out_write, &err_write],
             cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_fds),
             exec_fd,
+            capture: capture.as_ref().map(|(_, write)| write),
         });
         let (started, registered) = reaper::start_registered(|| {
             spawn::spawn(&mut prepared).map(|s| {
@@ -485,6 +502,10 @@ impl Child {
             writer
         });
         drop((out_write, err_write));
+        let capture = capture.map(|(read, write)| {
+            drop(write);
+            read
+        });
         let pid = Pid::from_raw(started.pid);
         let watch = match started.pidfd {
             Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
@@ -494,6 +515,10 @@ impl Child {
             let err = nonblocking(err_read)?;
             Ok(Reader::new(out, err, spec.stdout_cap, spec.stderr_tail))
         });
+        let (reader, capture) = match capture.map(nonblocking).transpose() {
+            Ok(capture) => (reader, capture),
+            Err(e) => (Err(e), None),
+        };
         match (watch, reader) {
             (Ok(watch), Ok(reader)) => Ok((
                 Child {
@@ -506,6 +531,7 @@ impl Child {
                     cgroup,
                     registered: Some(registered),
                     stdin,
+                    capture,
                 },
                 reader,
             )),
@@ -521,6 +547,11 @@ impl Child {
 
     pub fn exited(&self) -> bool {
         self.exit.is_some()
+    }
+
+    /// The agent's end of the capture pipe (once), with [`ChildSpec::capture`].
+    pub fn take_capture(&mut self) -> Option<OwnedFd> {
+        self.capture.take()
     }
 
     pub fn exit(&self) -> Option<Exit> {
@@ -658,7 +689,29 @@ pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
     let start = Instant::now();
     let (mut child, mut reader) = Child::start(spec)?;
     let watch = Watch::run_until(start + spec.timeout, spec.grace);
-    let driven = drive(&mut child, &mut reader, &watch, |_| Flow::Continue).await;
+    let mut capture = child
+        .take_capture()
+        .and_then(|fd| CaptureReader::new(fd, CAPTURE_CAP).ok());
+    let driven = {
+        let driving = drive(&mut child, &mut reader, &watch, |_| Flow::Continue);
+        match &mut capture {
+            None => driving.await,
+            // Read beside the run, so that a stand-in never waits on a full pipe.
+            Some(c) => {
+                tokio::pin!(driving);
+                loop {
+                    tokio::select! {
+                        driven = &mut driving => break driven,
+                        () = c.next(), if c.open() => {}
+                    }
+                }
+            }
+        }
+    };
+    let captured = capture.map(|mut c| {
+        c.drain_now();
+        c.finish()
+    });
     let ending = match driven.ended {
         Ended::Overflow => Ending::OutputOverflow {
             cap: spec.stdout_cap,
@@ -679,5 +732,6 @@ pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
         stderr_tail: std::mem::take(&mut reader.stderr.buf),
         stderr_total: reader.stderr.total,
         duration: start.elapsed(),
+        captured,
     })
 }

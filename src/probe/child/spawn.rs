@@ -22,7 +22,7 @@
 //!   controlling terminal, whoever started the agent from which terminal.
 //! - Everything the parent opened for the child is close-on-exec, and the child marks every
 //!   descriptor above 2 close-on-exec (`close_range`), so a probe sees only 0, 1 and 2 whatever
-//!   the agent inherited.
+//!   the agent inherited; and [`CAPTURE_FD`] for a probe with `capture:`.
 //! - A failure before `execve` succeeds is stored as (stage, errno) in [`Prepared`], the
 //!   memory the child shares with the agent, and the child exits 127; the parent reads it
 //!   after the clone returns (with `CLONE_VFORK` the child has then either exec'd or exited),
@@ -34,6 +34,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
+
+/// The descriptor a probe with `capture:` inherits: the write end of the pipe its stand-ins
+/// report on. A single digit, since dash redirects only those (`printf ... >&7`); not 3,
+/// which scripts juggle stdout with (`exec 3>&1`), nor 9, the usual `flock` descriptor.
+pub const CAPTURE_FD: c_int = 7;
 
 /// Where a child failed before its `execve` succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +75,7 @@ impl Stage {
         match self {
             Stage::SetSid => "setsid",
             Stage::JoinCgroup => "joining the probe's cgroup",
-            Stage::Redirect => "redirecting stdin/stdout/stderr",
+            Stage::Redirect => "redirecting stdin/stdout/stderr (and the capture pipe)",
             Stage::Rlimit => "setting a resource limit",
             Stage::SetGroups => "setgroups",
             Stage::SetGid => "setresgid",
@@ -113,6 +118,8 @@ pub struct Prepared {
     join_by_write: bool,
     /// See [`Plan::exec_fd`].
     exec_fd: Option<RawFd>,
+    /// See [`Plan::capture`].
+    capture: Option<RawFd>,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
     /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
@@ -141,6 +148,9 @@ pub struct Plan<'a> {
     /// `execveat(fd, "", AT_EMPTY_PATH)` instead of `path`. Binaries only, see
     /// [`super::super::security::CheckedProgram::script`].
     pub exec_fd: Option<&'a OwnedFd>,
+    /// The write end of a capture pipe (close-on-exec): the child gets it as [`CAPTURE_FD`].
+    /// `exec_fd` must not be [`CAPTURE_FD`] then.
+    pub capture: Option<&'a OwnedFd>,
 }
 
 impl Prepared {
@@ -184,6 +194,7 @@ impl Prepared {
             cgroup: plan.cgroup.map(|(d, p)| (d.as_raw_fd(), p.as_raw_fd())),
             join_by_write: false,
             exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
+            capture: plan.capture.map(AsRawFd::as_raw_fd),
             max_fd,
             failure: AtomicU64::new(0),
         }
@@ -208,7 +219,12 @@ pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }
-    let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))?;
+    above(fd, 3)
+}
+
+/// The same open file on a new descriptor >= `lowest`, close-on-exec.
+pub fn above(fd: OwnedFd, lowest: c_int) -> io::Result<OwnedFd> {
+    let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(lowest))?;
     // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
@@ -608,6 +624,18 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             // Before Linux 5.11: one fcntl per possible descriptor.
             for fd in 3..p.max_fd {
                 libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+        // After close_range, which would mark it close-on-exec again. Already there, it only
+        // loses its close-on-exec flag (dup3 onto itself is EINVAL).
+        if let Some(source) = p.capture {
+            let done = if source == CAPTURE_FD {
+                libc::syscall(libc::SYS_fcntl, source, libc::F_SETFD, 0)
+            } else {
+                libc::syscall(libc::SYS_dup3, source, CAPTURE_FD, 0)
+            };
+            if done < 0 {
+                fail(Stage::Redirect);
             }
         }
         libc::syscall(
