@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     // wake-ups, a spawned task or a readiness event landing on the other, idle, thread
     // (BENCHMARKS.md section 21: context switches and CPU per exec run).
     // Before any thread exists, so that every thread inherits it.
-    xce_agent::probe::child::hold_child_signals();
+    xce_agent::probe::reaper::hold_child_signals();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -151,6 +151,8 @@ pub struct ChildSpec {
     pub stdout: StdoutMode,
     /// A pipe the agent writes ticks to ([`Child::tick`]); else /dev/null.
     pub stdin_pipe: bool,
+    /// clone3 where the kernel has it (the default), or clone(2).
+    pub clone_call: spawn::CloneCall,
 }
 
 impl ChildSpec {
@@ -171,6 +173,7 @@ impl ChildSpec {
             stderr_tail: DEFAULT_STDERR_TAIL,
             stdout: StdoutMode::Pipe,
             stdin_pipe: false,
+            clone_call: spawn::CloneCall::default(),
         }
     }
 }
@@ -302,20 +305,6 @@ pub(crate) fn signal_group(pgid: Pid, sig: Signal) {
         // ESRCH: the group is already gone, which is what we wanted.
         let _ = killpg(pgid, sig);
     }
-}
-
-/// Make the agent the reaper of its probes' orphans: a probe's backgrounded grandchild whose
-/// parent exited is reparented to the agent (not to init), so it stays visible and is reaped
-/// here instead of piling up as a zombie under some other process. Call once, inside the
-/// tokio runtime, at daemon / `--once` / `probe` start. It also starts the orphan reaper task.
-pub fn become_subreaper() -> io::Result<()> {
-    reaper::become_subreaper()
-}
-
-/// Block SIGCHLD in this thread and every thread it starts: see
-/// [`reaper::hold_child_signals`]. Call in `main`, before the runtime is built.
-pub fn hold_child_signals() {
-    reaper::hold_child_signals();
 }
 
 /// How the exit of a child is noticed: its pidfd turns readable, or (kernels before 5.3)
@@ -471,6 +460,7 @@ impl Child {
             stdio: [child_stdin, &out_write, &err_write],
             cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_fds),
             exec_fd,
+            clone_call: spec.clone_call,
         });
         let (started, registered) = reaper::start_registered(|| {
             spawn::spawn(&mut prepared).map(|s| {

@@ -35,6 +35,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
 
+/// Which system call starts a child: a value of its spec, not a switch of the process, so that
+/// one child can take the clone(2) path while others beside it take clone3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CloneCall {
+    /// clone3 where the kernel takes it (learnt once per process), else clone(2).
+    #[default]
+    Newest,
+    /// clone(2), as on a kernel without clone3 (for the tests of that path).
+    Legacy,
+}
+
 /// Where a child failed before its `execve` succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -113,6 +124,7 @@ pub struct Prepared {
     join_by_write: bool,
     /// See [`Plan::exec_fd`].
     exec_fd: Option<RawFd>,
+    clone_call: CloneCall,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
     /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
@@ -141,6 +153,7 @@ pub struct Plan<'a> {
     /// `execveat(fd, "", AT_EMPTY_PATH)` instead of `path`. Binaries only, see
     /// [`super::super::security::CheckedProgram::script`].
     pub exec_fd: Option<&'a OwnedFd>,
+    pub clone_call: CloneCall,
 }
 
 impl Prepared {
@@ -184,6 +197,7 @@ impl Prepared {
             cgroup: plan.cgroup.map(|(d, p)| (d.as_raw_fd(), p.as_raw_fd())),
             join_by_write: false,
             exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
+            clone_call: plan.clone_call,
             max_fd,
             failure: AtomicU64::new(0),
         }
@@ -292,12 +306,6 @@ static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
 /// The kernel refused `CLONE_PIDFD` on clone: wait by SIGCHLD from then on.
 static PIDFD_MISSING: AtomicBool = AtomicBool::new(false);
 
-/// Start every later child with clone(2), as on a kernel without clone3 (for the tests of
-/// that path).
-pub fn use_legacy_clone() {
-    CLONE3_MISSING.store(true, Ordering::Relaxed);
-}
-
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
@@ -391,7 +399,7 @@ pub fn spawn(prepared: &mut Prepared) -> Result<Started, ChildFailed> {
 fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
     let cgroup_dir = prepared.cgroup.map(|(dir, _)| dir);
     #[cfg(target_arch = "x86_64")]
-    if !CLONE3_MISSING.load(Ordering::Relaxed) {
+    if prepared.clone_call == CloneCall::Newest && !CLONE3_MISSING.load(Ordering::Relaxed) {
         prepared.join_by_write = false;
         let arg = prepared as *mut Prepared as *mut c_void;
         match clone3_child(arg, stack, cgroup_dir) {
