@@ -9,7 +9,7 @@ use crate::config::ProbeKind;
 use crate::daemon::probe_context;
 use crate::output;
 use crate::plan::{make_plan, ProbeTask};
-use crate::probe::process::Exit;
+use crate::probe::child::Exit;
 use crate::probe::supervisor::Supervisor;
 use crate::probe::{exec, resolve, security, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};

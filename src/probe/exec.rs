@@ -1,4 +1,4 @@
-//! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
+//! The exec probe: run an admin's script (argv, no shell) under `child::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
 use std::collections::HashSet;
@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
+use super::child::{self, ChildSpec, Credentials, Ending, Exit, UserError};
 use super::failure::{ChildEnded, ElimHint};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
@@ -18,7 +18,7 @@ use crate::plan::ProbeTask;
 pub struct ExecDetail {
     pub argv: Vec<String>,
     pub user: String,
-    pub env: process::Env,
+    pub env: child::Env,
     pub exit: Option<Exit>,
     pub ending: Option<Ending>,
     pub stdout: Vec<u8>,
@@ -59,10 +59,10 @@ pub fn probe_env(
     task: &ProbeTask,
     host: &str,
     extra: &std::collections::BTreeMap<String, String>,
-) -> process::Env {
+) -> child::Env {
     let names: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut env = vec![
-        ("PATH".to_owned(), process::PROBE_PATH.to_owned()),
+        ("PATH".to_owned(), child::PROBE_PATH.to_owned()),
         ("XCE_HOST".to_owned(), host.to_owned()),
         ("XCE_RESOURCE".to_owned(), task.name.clone()),
         ("XCE_RESOURCES".to_owned(), names.join(" ")),
@@ -86,7 +86,7 @@ pub fn probe_env(
         env.retain(|(name, _)| name != k);
         env.push((k.clone(), v.clone()));
     }
-    process::Env::new(env)
+    child::Env::new(env)
 }
 
 /// What a format's peer arguments and environment are made of, for this probe.
@@ -116,7 +116,7 @@ pub fn child_spec(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
-    env: process::Env,
+    env: child::Env,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
     let supervisor = &ctx.supervisor;
     let creds = supervisor
@@ -201,7 +201,7 @@ pub fn argv_of(child: &ChildSpec) -> Vec<String> {
 
 impl ExecDetail {
     /// Before the child starts: what it will be run with, nothing it did yet.
-    pub fn new(argv: &[String], env: &process::Env) -> Self {
+    pub fn new(argv: &[String], env: &child::Env) -> Self {
         Self {
             argv: argv.to_vec(),
             user: String::new(),
@@ -218,7 +218,7 @@ pub async fn run(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
-    env: &std::sync::OnceLock<process::Env>,
+    env: &std::sync::OnceLock<child::Env>,
     started: SystemTime,
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
@@ -237,7 +237,7 @@ pub async fn run(
     };
     detail.argv = argv_of(&child);
     detail.user = user;
-    let result = process::run(&child).await;
+    let result = child::run(&child).await;
     let mut run = match result {
         Err(e) => {
             let why = RunFailure::Spawn(e.into());
@@ -331,7 +331,7 @@ fn parse_output(
 }
 
 /// Why a finished child is a failed run, or `None` when its output should be parsed.
-fn child_ended(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outcome, ChildEnded)> {
+fn child_ended(o: &child::ChildOutcome, exits: output::Exits) -> Option<(Outcome, ChildEnded)> {
     // An exit code the format reads as an answer (a Nagios WARNING, a health check's verdict
     // in ClassAd) is not a failure.
     if let (Ending::Finished, Exit::Code(c)) = (&o.ending, o.exit) {
@@ -414,7 +414,7 @@ fn log_path_fallback(
 
 /// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is
 /// lost with the run. Its timeout says what to declare instead.
-fn elim_hint(spec: &ExecSpec, o: &process::ChildOutcome) -> Option<ElimHint> {
+fn elim_hint(spec: &ExecSpec, o: &child::ChildOutcome) -> Option<ElimHint> {
     (spec.format == output::Format::Elim && o.ending.is_timeout()).then(|| ElimHint {
         printed_lines: o.stdout.contains(&b'\n'),
         on_a_pipe: matches!(spec.stdout, crate::config::StdoutMode::Pipe),
@@ -445,12 +445,6 @@ pub fn last_line(s: &str) -> &str {
     }
     lines().next().unwrap_or("")
 }
-
-pub use process::signal_name;
-
-pub use super::output_log::{
-    OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
-};
 
 #[cfg(test)]
 mod last_line_tests {

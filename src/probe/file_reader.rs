@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Semaphore;
 
-use super::process::Credentials;
+use super::child::Credentials;
 
 /// Reads that may run at once (not stuck). A read lasts at most its timeout, so this is
 /// throughput, not a limit on how many probes may read files.

@@ -20,8 +20,6 @@ pub mod sink;
 pub mod stream;
 pub mod supervisor;
 
-/// The child engine's former name, for callers not yet moved to `child`.
-pub use child as process;
 pub use failure::RunFailure;
 
 use std::collections::{HashMap, HashSet};

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::child::{self as process, drive, AfterExit, Child, Ended, Event, Exit, Flow};
+use super::child::{self, drive, AfterExit, Child, Ended, Event, Exit, Flow};
 use super::child::{Ticks, Watch};
 use super::exec::{self, ExecDetail};
 use super::sink::Sink;
@@ -55,7 +55,7 @@ pub const STREAM_BYTES_PER_SEC: usize = 1 << 20;
 
 /// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
 /// then the probe's `env:` (which may override them).
-pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> process::Env {
+pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> child::Env {
     let provides: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut extra = BTreeMap::new();
     extra.insert("LSF_RESOURCES".to_owned(), provides.join(" "));
@@ -210,8 +210,8 @@ fn stream_child_spec(
     task: &ProbeTask,
     spec: &StreamSpec,
     ctx: &ProbeContext,
-    env: process::Env,
-) -> Result<(process::ChildSpec, String), exec::SpawnRefused> {
+    env: child::Env,
+) -> Result<(child::ChildSpec, String), exec::SpawnRefused> {
     let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
     child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;
     Ok((child_spec, user))
