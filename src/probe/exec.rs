@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::failure::{ChildEnded, ElimHint};
+use super::failure::{ChildEnded, ElimHint, SpawnRefused};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
@@ -96,19 +96,6 @@ fn peer_run<'a>(task: &'a ProbeTask, host: &'a str) -> output::PeerRun<'a> {
         host,
         interval: task.interval,
     }
-}
-
-/// Why an exec or stream probe's child cannot be started; the run fails with this text.
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnRefused {
-    #[error(transparent)]
-    User(#[from] UserError),
-    #[error(transparent)]
-    NotRunnable(#[from] super::security::NotRunnable),
-    #[error(transparent)]
-    Insecure(#[from] super::security::InsecureProgram),
-    #[error("cannot make the probe's cgroup: {0}")]
-    Cgroup(super::cgroup::CgroupError),
 }
 
 /// Build the child spec for an exec or stream probe.

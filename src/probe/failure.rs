@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::child::{self, Ending, Exit};
-use super::exec::SpawnRefused;
 use super::file::FileFailure;
 use super::stream::ELIM_ABORT_VALUE;
 use crate::output;
@@ -52,6 +51,19 @@ pub enum RunFailure {
     /// A stream gave no first values.
     #[error(transparent)]
     NoFirstValues(NoFirstValues),
+}
+
+/// Why an exec or stream probe's child cannot be started; the run fails with this text.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnRefused {
+    #[error(transparent)]
+    User(#[from] child::UserError),
+    #[error(transparent)]
+    NotRunnable(#[from] super::security::NotRunnable),
+    #[error(transparent)]
+    Insecure(#[from] super::security::InsecureProgram),
+    #[error("cannot make the probe's cgroup: {0}")]
+    Cgroup(super::cgroup::CgroupError),
 }
 
 /// How an exec probe's child ended badly (a timeout, the output cap, an exit status that is

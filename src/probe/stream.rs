@@ -29,7 +29,7 @@ use super::exec::{self, ExecDetail};
 use super::sink::Sink;
 mod updates;
 
-use super::failure::{Exited, NoFirstValues, NoValues, Restarting, StreamStopped};
+use super::failure::{Exited, NoFirstValues, NoValues, Restarting, SpawnRefused, StreamStopped};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{StdinMode, StreamSpec};
 use crate::output::Streaming;
@@ -211,7 +211,7 @@ fn stream_child_spec(
     spec: &StreamSpec,
     ctx: &ProbeContext,
     env: child::Env,
-) -> Result<(child::ChildSpec, String), exec::SpawnRefused> {
+) -> Result<(child::ChildSpec, String), SpawnRefused> {
     let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
     child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;
     Ok((child_spec, user))

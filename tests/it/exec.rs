@@ -2,7 +2,7 @@
 
 use crate::support::{read_pid, script, task_from_yaml, wait_gone};
 use xce_agent::output::{Format, OutputError};
-use xce_agent::probe::exec::SpawnRefused;
+use xce_agent::probe::failure::SpawnRefused;
 use xce_agent::probe::{run_once, Outcome, RunFailure};
 use xce_agent::value::{Reading, Value};
 
