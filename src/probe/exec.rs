@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::child::{self, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::failure::{ChildEnded, ElimHint, SpawnRefused};
+use super::failure::{last_line, ChildEnded, ElimHint, SpawnRefused};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
@@ -406,51 +406,4 @@ fn elim_hint(spec: &ExecSpec, o: &child::ChildOutcome) -> Option<ElimHint> {
         printed_lines: o.stdout.contains(&b'\n'),
         on_a_pipe: matches!(spec.stdout, crate::config::StdoutMode::Pipe),
     })
-}
-
-/// The last informative line: the one a failing script's stderr usually explains itself
-/// in. Blank lines and decorations (a rule of `-` or `=`: no letter or digit) are passed
-/// over, and so is the source line a caret line underlines: Ruby's error_highlight ends an
-/// exception with the failing code and `^^^^^^^` under it, below the message. Output of
-/// nothing but decorations gives its last non-blank line.
-pub fn last_line(s: &str) -> &str {
-    let lines = || s.lines().rev().map(str::trim).filter(|l| !l.is_empty());
-    let decoration = |l: &str| !l.chars().any(char::is_alphanumeric);
-    let underline = |l: &str| l.chars().all(|c| matches!(c, '^' | '~' | ' ' | '\t'));
-    let mut underlined = false;
-    for line in lines() {
-        if underlined {
-            // The code the carets point into.
-            underlined = false;
-            continue;
-        }
-        if decoration(line) {
-            underlined = underline(line);
-            continue;
-        }
-        return line;
-    }
-    lines().next().unwrap_or("")
-}
-
-#[cfg(test)]
-mod last_line_tests {
-    use super::last_line;
-
-    #[test]
-    fn the_last_informative_line_passes_over_decorations_and_the_code_carets_point_into() {
-        // Ruby 3.4, error_highlight on (the default).
-        let ruby = "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)\n\nputs total / count\n           ^^^^^^^^\n";
-        assert_eq!(
-            last_line(ruby),
-            "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)"
-        );
-        assert_eq!(last_line("disk gone\n---------\n\n"), "disk gone");
-        assert_eq!(last_line("first\nsecond\n"), "second");
-        assert_eq!(last_line("^^^^\n"), "^^^^");
-        assert_eq!(last_line("  \n"), "");
-        // Python 3.11 underlines inside its traceback; its last line is the exception.
-        let python = "  File \"/x.py\", line 1, in <module>\n    1/0\n    ~^~\nZeroDivisionError: division by zero\n";
-        assert_eq!(last_line(python), "ZeroDivisionError: division by zero");
-    }
 }

@@ -144,7 +144,7 @@ pub struct NoFirstValues {
 impl NoFirstValues {
     /// With the last non-blank line of `stderr`, unless the reason already holds it.
     pub fn new(why: NoValues, stderr: &str) -> Self {
-        let last = Some(super::exec::last_line(stderr)).filter(|l| !l.is_empty());
+        let last = Some(last_line(stderr)).filter(|l| !l.is_empty());
         let said = last
             .filter(|last| !why.to_string().contains(last))
             .map(str::to_owned);
@@ -234,6 +234,31 @@ pub struct Restarting {
     #[source]
     pub why: StreamStopped,
     pub after: Duration,
+}
+
+/// The last informative line: the one a failing script's stderr usually explains itself
+/// in. Blank lines and decorations (a rule of `-` or `=`: no letter or digit) are passed
+/// over, and so is the source line a caret line underlines: Ruby's error_highlight ends an
+/// exception with the failing code and `^^^^^^^` under it, below the message. Output of
+/// nothing but decorations gives its last non-blank line.
+pub fn last_line(s: &str) -> &str {
+    let lines = || s.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let decoration = |l: &str| !l.chars().any(char::is_alphanumeric);
+    let underline = |l: &str| l.chars().all(|c| matches!(c, '^' | '~' | ' ' | '\t'));
+    let mut underlined = false;
+    for line in lines() {
+        if underlined {
+            // The code the carets point into.
+            underlined = false;
+            continue;
+        }
+        if decoration(line) {
+            underlined = underline(line);
+            continue;
+        }
+        return line;
+    }
+    lines().next().unwrap_or("")
 }
 
 #[cfg(test)]
@@ -374,5 +399,27 @@ mod tests {
             abort.to_string(),
             "elim aborted (exit 97, ELIM_ABORT_VALUE): exited with status 97"
         );
+    }
+}
+
+#[cfg(test)]
+mod last_line_tests {
+    use super::last_line;
+
+    #[test]
+    fn the_last_informative_line_passes_over_decorations_and_the_code_carets_point_into() {
+        // Ruby 3.4, error_highlight on (the default).
+        let ruby = "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)\n\nputs total / count\n           ^^^^^^^^\n";
+        assert_eq!(
+            last_line(ruby),
+            "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)"
+        );
+        assert_eq!(last_line("disk gone\n---------\n\n"), "disk gone");
+        assert_eq!(last_line("first\nsecond\n"), "second");
+        assert_eq!(last_line("^^^^\n"), "^^^^");
+        assert_eq!(last_line("  \n"), "");
+        // Python 3.11 underlines inside its traceback; its last line is the exception.
+        let python = "  File \"/x.py\", line 1, in <module>\n    1/0\n    ~^~\nZeroDivisionError: division by zero\n";
+        assert_eq!(last_line(python), "ZeroDivisionError: division by zero");
     }
 }

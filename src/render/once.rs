@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{columns, format_time, human_value};
 use crate::plan::ProbeTask;
-use crate::probe::exec::last_line;
+use crate::probe::failure::last_line;
 use crate::probe::ProbeRun;
 use crate::store::Store;
 use crate::text::escape;
