@@ -3,6 +3,9 @@
 use super::stream::{Lines, Streaming};
 use super::{clip, Exits, FormatDef, Input, LastWins, OutputError, Pair, Parsed};
 
+/// LSF's `ELIM_ABORT_VALUE`: an elim that exits with it has nothing to report on this host.
+pub const ELIM_ABORT_VALUE: i32 = 97;
+
 pub const DEF: FormatDef = FormatDef {
     name: "elim",
     title: "LSF ELIM lines",

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
 pub use declared::{DeclaredBudget, DECLARED_STATE_BYTES};
-pub use elim::{parse_elim, parse_elim_line};
+pub use elim::{parse_elim, parse_elim_line, ELIM_ABORT_VALUE};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
 pub use stream::Streaming;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::child::{self, Ending, Exit};
 use super::file::FileFailure;
-use super::stream::ELIM_ABORT_VALUE;
 use crate::output;
+use crate::output::ELIM_ABORT_VALUE;
 
 /// Why a run failed as a whole, with its source. One is shared (an `Arc`) by the run and by
 /// every resource it feeds ([`crate::value::Failure`]).

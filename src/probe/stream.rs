@@ -33,14 +33,13 @@ use super::failure::{Exited, NoFirstValues, NoValues, Restarting, SpawnRefused, 
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{StdinMode, StreamSpec};
 use crate::output::Streaming;
+use crate::output::ELIM_ABORT_VALUE;
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::{Failure, Reading};
 use updates::{FirstValues, Gathered, Updates};
 
-/// LSF's `ELIM_ABORT_VALUE`: the elim has nothing to report on this host.
-pub const ELIM_ABORT_VALUE: i32 = 97;
 /// Longest stdout line accepted; a longer one is an error and skipped.
 pub const MAX_LINE: usize = 64 * 1024;
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
