@@ -4,13 +4,15 @@
 //! caller that needs the facts matches on them or follows `source()` to the kernel's error.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::child::{self, Ending, Exit};
-use super::file::FileFailure;
+use super::read_error::ReadError;
 use crate::output;
 use crate::output::ELIM_ABORT_VALUE;
+use crate::value::ParseError;
 
 /// Why a run failed as a whole, with its source. One is shared (an `Arc`) by the run and by
 /// every resource it feeds ([`crate::value::Failure`]).
@@ -51,6 +53,27 @@ pub enum RunFailure {
     /// A stream gave no first values.
     #[error(transparent)]
     NoFirstValues(NoFirstValues),
+}
+
+/// Why a file probe gave no value: its read, its age, or what the file holds.
+#[derive(Debug, thiserror::Error)]
+pub enum FileFailure {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// Its mtime is older than `max_age` (the writer is dead).
+    #[error("{} not modified for {} (max_age {})", .path.display(), humantime::format_duration(Duration::from_secs(.age.as_secs())), humantime::format_duration(*.max_age))]
+    TooOld {
+        path: PathBuf,
+        age: Duration,
+        max_age: Duration,
+    },
+    #[error("regex {regex:?} does not match {}", .path.display())]
+    NoMatch { regex: String, path: PathBuf },
+    #[error("{} is empty", .path.display())]
+    Empty { path: PathBuf },
+    /// Its value does not parse as the resource's type.
+    #[error(transparent)]
+    Value(#[from] ParseError),
 }
 
 /// Why an exec or stream probe's child cannot be started; the run fails with this text.
@@ -264,7 +287,7 @@ pub fn last_line(s: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::read_error::{ReadError, Unreadable};
+    use crate::probe::read_error::Unreadable;
     use crate::value::Failure;
     use std::error::Error as _;
 
