@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::failure::FileFailure;
-use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
+use super::file_reader::{ReadOutcome, ReadRequest};
+use super::read_error::ReadError;
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{FileSpec, ProbeKind};
 use crate::plan::ProbeTask;
