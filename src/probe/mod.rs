@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod child;
 pub mod exec;
 pub mod failure;
+pub mod fd;
 pub mod file;
 pub mod file_reader;
 pub mod output_log;

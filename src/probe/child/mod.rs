@@ -33,6 +33,7 @@ pub use output::{Got, Reader, Tail};
 pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::{ProbeCgroup, RunCgroup};
+use super::fd;
 use super::reaper::{self, Registered};
 use crate::config::{Limits, StdoutMode};
 
@@ -344,7 +345,7 @@ fn dev_null() -> io::Result<&'static OwnedFd> {
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
-    let fd = spawn::above_stdio(fd)?;
+    let fd = fd::above_stdio(fd)?;
     Ok(NULL.get_or_init(|| fd))
 }
 
@@ -407,13 +408,13 @@ impl Child {
             (spec.env.envp.clone()).ok_or_else(|| io_fail(holds_nul("an environment variable")))?;
         let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
         let (out_read, out_write) = match spec.stdout {
-            StdoutMode::Pipe => spawn::pipe(),
+            StdoutMode::Pipe => fd::pipe(),
             StdoutMode::Pty => pty::open(),
         }
         .map_err(io_fail)?;
-        let (err_read, err_write) = spawn::pipe().map_err(io_fail)?;
+        let (err_read, err_write) = fd::pipe().map_err(io_fail)?;
         let stdin = if spec.stdin_pipe {
-            let (read, write) = spawn::pipe().map_err(io_fail)?;
+            let (read, write) = fd::pipe().map_err(io_fail)?;
             Some((read, TickWriter::new(write).map_err(io_fail)?))
         } else {
             None
@@ -432,7 +433,7 @@ impl Child {
         let moved_up = match checked {
             Some(c) if std::os::fd::AsRawFd::as_raw_fd(&*c.fd) <= 2 => Some(
                 c.fd.try_clone()
-                    .and_then(spawn::above_stdio)
+                    .and_then(fd::above_stdio)
                     .map_err(io_fail)?,
             ),
             _ => None,

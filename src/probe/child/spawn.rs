@@ -210,23 +210,6 @@ pub struct Started {
     pub pidfd: Option<OwnedFd>,
 }
 
-/// A pipe whose ends are both close-on-exec and not 0, 1 or 2 (so that `dup3` onto 0..2 in
-/// the child never meets its own source, even when the agent was started with 0..2 closed).
-pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    Ok((above_stdio(r)?, above_stdio(w)?))
-}
-
-/// The same open file on a descriptor >= 3, close-on-exec.
-pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))?;
-    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
 const CHILD_STACK: usize = 64 * 1024;
 const PAGE: usize = 4096;
 
