@@ -76,7 +76,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         {
             notes.push((t.name.clone(), note));
         }
-        let verdict = security::verdict(
+        let verdict = resolve::verdict(
             &spec.command,
             &spec.env,
             plugin_dir,

@@ -288,42 +288,6 @@ pub enum Verdict {
     Unenforced(String),
 }
 
-/// Check a probe's `command:` (argv, resolved by [`super::resolve::command`]): the program
-/// exists, is an executable regular file, and everything it will run (with `env`, the probe's
-/// `env:`) passes [`check_probe`] (only enforced when the agent is root). `run_as_uid`: the
-/// user the probe runs as (`None` with a root agent: root, where untrusted program text is
-/// refused, see [`check_text`]); `trusted`: the probe's `trusted:` reason.
-pub fn verdict(
-    command: &[String],
-    env: &BTreeMap<String, String>,
-    plugin_dir: &Path,
-    run_as_uid: Option<Uid>,
-    trusted: Option<&str>,
-) -> Verdict {
-    let resolved = match super::resolve::command(plugin_dir, command) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Problem(e.to_string()),
-    };
-    let program = &resolved.program;
-    if let Some(e) =
-        script_problem(program, false).or_else(|| shell_script_problem(program, &resolved.args))
-    {
-        return Verdict::Problem(e.to_string());
-    }
-    let checked =
-        check_probe(program, &resolved.args, env, run_as_uid).and_then(|()| {
-            match enforced() && run_as_uid.is_none_or(|u| u.is_root()) {
-                true => check_text(program, &resolved.args, env, trusted),
-                false => Ok(()),
-            }
-        });
-    match checked {
-        Ok(()) => Verdict::Ok,
-        Err(e) if enforced() => Verdict::Refused(e.to_string()),
-        Err(e) => Verdict::Unenforced(e.to_string()),
-    }
-}
-
 /// Why a program cannot run here, and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum NotRunnable {
@@ -483,8 +447,9 @@ pub fn why_exec_failed(program: &Path, error: &std::io::Error) -> Option<NotRunn
     }
 }
 
-/// The part of [`verdict`] every run checks, whoever the agent runs as: the program exists
-/// and is an executable regular file, or the error says where it was looked up and the fix.
+/// The part of [`super::resolve::verdict`] every run checks, whoever the agent runs as: the
+/// program exists and is an executable regular file, or the error says where it was looked up
+/// and the fix.
 pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), NotRunnable> {
     let meta = match std::fs::metadata(program) {
         Ok(m) => m,
