@@ -62,7 +62,7 @@ pub fn probe_env(
 ) -> child::Env {
     let names: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut env = vec![
-        ("PATH".to_owned(), child::PROBE_PATH.to_owned()),
+        ("PATH".to_owned(), super::path::PROBE_PATH.to_owned()),
         ("XCE_HOST".to_owned(), host.to_owned()),
         ("XCE_RESOURCE".to_owned(), task.name.clone()),
         ("XCE_RESOURCES".to_owned(), names.join(" ")),

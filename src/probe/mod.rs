@@ -12,6 +12,7 @@ pub mod fd;
 pub mod file;
 pub mod file_reader;
 pub mod output_log;
+pub mod path;
 pub mod read_error;
 pub mod reader_creds;
 pub mod reaper;

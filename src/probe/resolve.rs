@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::Uid;
 
-use super::child::PROBE_PATH;
+use super::path::PROBE_PATH;
 use super::security::{self, MissingScript, NotRunnable, Verdict};
 
 /// Where a probe's program was found.

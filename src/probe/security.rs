@@ -398,7 +398,7 @@ pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
     }
     if interp.file_name().is_some_and(|n| n == "env") {
         let name = words.find(|w| !w.starts_with('-'))?;
-        let found = super::child::PROBE_PATH
+        let found = super::path::PROBE_PATH
             .split(':')
             .any(|d| usable(&Path::new(d).join(name)).unwrap_or(false));
         if !found {
@@ -407,7 +407,7 @@ pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
                 interpreter: PathBuf::from(name),
                 via: format!(
                     " on the probes' PATH ({}), where {} looks",
-                    super::child::PROBE_PATH,
+                    super::path::PROBE_PATH,
                     interp.display()
                 ),
             });
@@ -460,7 +460,7 @@ pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Resul
                 format!(
                     " (`{command}` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
                     plugin_dir.display(),
-                    super::child::PROBE_PATH
+                    super::path::PROBE_PATH
                 )
             } else {
                 format!(
@@ -876,7 +876,7 @@ pub fn check_text(
     }
     let path_var = env
         .get("PATH")
-        .map_or(super::child::PROBE_PATH, String::as_str);
+        .map_or(super::path::PROBE_PATH, String::as_str);
     match program_text(program, args, path_var) {
         None => Ok(()),
         Some(what) => Err(InsecureProgram {
@@ -1005,7 +1005,7 @@ fn shebang_interpreters(file: &Path) -> Vec<PathBuf> {
     let mut found = vec![PathBuf::from(interp)];
     if Path::new(interp).file_name().is_some_and(|n| n == "env") {
         if let Some(name) = words.find(|w| !w.starts_with('-')) {
-            let on_path = super::child::PROBE_PATH
+            let on_path = super::path::PROBE_PATH
                 .split(':')
                 .map(|d| Path::new(d).join(name))
                 .find(|p| p.is_file());
@@ -1290,7 +1290,7 @@ impl Verdicts {
         }
         let path_var = env
             .get("PATH")
-            .map_or(super::child::PROBE_PATH, String::as_str);
+            .map_or(super::path::PROBE_PATH, String::as_str);
         let mut files = Vec::new();
         let mut env_entries: Vec<(String, String)> =
             env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();

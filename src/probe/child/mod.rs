@@ -34,11 +34,10 @@ pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::{ProbeCgroup, RunCgroup};
 use super::fd;
+use super::path::PROBE_PATH;
 use super::reaper::{self, Registered};
 use crate::config::{Limits, StdoutMode};
 
-/// The fixed PATH probes get: the environment is cleared, so nothing of the agent's leaks in.
-pub const PROBE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
 pub const DEFAULT_STDOUT_CAP: usize = 64 * 1024;
 pub const DEFAULT_STDERR_TAIL: usize = 4 * 1024;
