@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use xce_agent::probe::cgroup::Containment;
-use xce_agent::probe::child::{self, spawn::CloneCall, ChildSpec, Exit};
+use xce_agent::probe::child::{self, ChildSpec, CloneCall, Exit};
 
 /// A child of `program` started with clone(2).
 fn legacy(program: impl Into<PathBuf>, timeout: Duration) -> ChildSpec {

@@ -1,17 +1,18 @@
 //! The one child engine for exec and stream probes: start a child (own process group, its
 //! probe's cgroup, credentials, limits, cleared environment, stdin /dev/null or a pipe for
-//! [`stdin`] ticks, stdout a pipe or a [`pty`], stderr a pipe), read its output with one [`Reader`], end it with one termination routine, and say
-//! how it ended with one [`Ending`].
+//! [`Tick`]s (`stdin.rs`), stdout a pipe or a pty (`pty.rs`), stderr a pipe), read its output
+//! with one [`Reader`], end it with one termination routine, and say how it ended with one
+//! [`Ending`]. Each item has one name, `child::`'s: its submodules are private.
 //!
 //! Never waits on a pipe after the deadline: a backgrounded grandchild can hold it open
 //! forever. The deadline ends the whole group (SIGTERM, a grace period during which output is
 //! still drained, then SIGKILL and `cgroup.kill`).
 
-pub mod drive;
-pub mod output;
-pub mod pty;
-pub mod spawn;
-pub mod stdin;
+mod drive;
+mod output;
+mod pty;
+mod spawn;
+mod stdin;
 
 use std::ffi::{CString, OsString};
 use std::fmt;
@@ -30,6 +31,7 @@ use tokio::time::{sleep_until, Instant};
 
 pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
+pub use spawn::{CloneCall, Stage};
 pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::{ProbeCgroup, RunCgroup};
@@ -152,7 +154,7 @@ pub struct ChildSpec {
     /// A pipe the agent writes ticks to ([`Child::tick`]); else /dev/null.
     pub stdin_pipe: bool,
     /// clone3 where the kernel has it (the default), or clone(2).
-    pub clone_call: spawn::CloneCall,
+    pub clone_call: CloneCall,
 }
 
 impl ChildSpec {
@@ -173,7 +175,7 @@ impl ChildSpec {
             stderr_tail: DEFAULT_STDERR_TAIL,
             stdout: StdoutMode::Pipe,
             stdin_pipe: false,
-            clone_call: spawn::CloneCall::default(),
+            clone_call: CloneCall::default(),
         }
     }
 }
@@ -284,7 +286,7 @@ impl ChildOutcome {
 #[error("cannot start {program}: {}{}", stage_prefix(*.stage), why.as_ref().map_or_else(|| source.to_string(), |w| format!("{w} (the kernel said: {source})")))]
 pub struct SpawnError {
     pub program: String,
-    pub stage: Option<spawn::Stage>,
+    pub stage: Option<Stage>,
     #[source]
     pub source: io::Error,
     /// What the kernel's errno means for this file (a script with CRLF line endings, a `#!`
@@ -292,9 +294,9 @@ pub struct SpawnError {
     pub why: Option<super::security::NotRunnable>,
 }
 
-fn stage_prefix(stage: Option<spawn::Stage>) -> String {
+fn stage_prefix(stage: Option<Stage>) -> String {
     match stage {
-        None | Some(spawn::Stage::Exec) => String::new(),
+        None | Some(Stage::Exec) => String::new(),
         Some(s) => format!("{} failed: ", s.as_str()),
     }
 }
@@ -389,9 +391,9 @@ fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
 impl Child {
     /// Start `spec`'s child; its output is read through the returned [`Reader`].
     pub fn start(spec: &ChildSpec) -> Result<(Child, Reader), SpawnError> {
-        let fail = |stage: Option<spawn::Stage>, source: io::Error| SpawnError {
+        let fail = |stage: Option<Stage>, source: io::Error| SpawnError {
             program: spec.program.display().to_string(),
-            why: matches!(stage, Some(spawn::Stage::Exec))
+            why: matches!(stage, Some(Stage::Exec))
                 .then(|| super::security::why_exec_failed(&spec.program, &source))
                 .flatten(),
             stage,
@@ -425,7 +427,7 @@ impl Child {
             .as_ref()
             .map(ProbeCgroup::checkout)
             .transpose()
-            .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e.into()))?;
+            .map_err(|e| fail(Some(Stage::JoinCgroup), e.into()))?;
         // The checked program's descriptor (a binary's), on one above 0-2: the stdio the
         // child dup3s there must not land on it.
         let checked = spec.checked.as_ref().filter(|c| !c.script);
