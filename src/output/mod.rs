@@ -530,6 +530,29 @@ impl<'a> LastWins<'a> {
         }
         Ok(Parsed::of(self.samples))
     }
+
+    /// The batch parse of a line format (kv, ELIM), derived from its line parser `pairs`
+    /// (what its stream reads a line with): the pairs of each line in turn, a bad line an
+    /// error that names it; no pair at all is empty output.
+    pub fn of_lines<P>(
+        text: &'a str,
+        pairs: impl Fn(&'a str) -> Result<P, String>,
+    ) -> Result<Parsed, OutputError>
+    where
+        P: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let mut out = Self::new();
+        for (i, line) in text.lines().enumerate() {
+            let line_pairs = pairs(line).map_err(|reason| OutputError::Line {
+                line: i + 1,
+                reason,
+            })?;
+            for (name, value) in line_pairs {
+                out.set(name, value);
+            }
+        }
+        out.into_parsed()
+    }
 }
 
 /// Samples where a later one with the same name and labels replaces the earlier one in its
