@@ -405,7 +405,7 @@ async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
 async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
     if !in_own_process!(
         "a_delegated_subtree_is_cleared_of_the_previous_agents_probes",
-        "it moves the process into a cgroup (and makes it the child subreaper), as the agent"
+        "it moves the process into a unit's cgroup and sets INVOCATION_ID, as systemd does"
     ) {
         return;
     }
@@ -439,7 +439,7 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
 async fn nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent() {
     if !in_own_process!(
         "nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent",
-        "it moves the process into a cgroup (and makes it the child subreaper), as the agent"
+        "it moves the process into a unit's cgroup and sets INVOCATION_ID, as systemd does"
     ) {
         return;
     }
