@@ -22,7 +22,7 @@ fn unproven_line(
     let path_var = spec
         .env
         .get("PATH")
-        .map_or(crate::probe::child::PROBE_PATH, String::as_str);
+        .map_or(crate::probe::path::PROBE_PATH, String::as_str);
     let what = security::program_text(&resolved.program, &resolved.args, path_var)?;
     let line = if spec.shell {
         format!(
@@ -74,7 +74,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
         {
             notes.push((t.name.clone(), note));
         }
-        let verdict = security::verdict(
+        let verdict = resolve::verdict(
             &spec.command,
             &spec.env,
             plugin_dir,

@@ -9,9 +9,9 @@ use crate::config::ProbeKind;
 use crate::daemon::probe_context;
 use crate::output;
 use crate::plan::{make_plan, ProbeTask};
-use crate::probe::process::Exit;
+use crate::probe::child::Exit;
 use crate::probe::supervisor::Supervisor;
-use crate::probe::{exec, resolve, security, ProbeContext};
+use crate::probe::{exec, resolve, ProbeContext};
 use crate::render::probe::{Containment, ExecFacts, ProbeDebug, RunsAs};
 
 pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
@@ -58,7 +58,7 @@ async fn examine<'a>(task: &'a ProbeTask, ctx: &'a ProbeContext) -> ProbeDebug<'
             Ok(RunsAs::User(c)) => Some(c.uid),
             _ => None,
         };
-        let verdict = security::verdict(
+        let verdict = resolve::verdict(
             &spec.command,
             &spec.env,
             &ctx.plugin_dir,

@@ -10,7 +10,7 @@ use tokio::runtime::Runtime;
 /// (BENCHMARKS.md section 21: context switches and CPU per exec run).
 pub fn build() -> io::Result<Runtime> {
     // Before any thread exists, so that every thread inherits it.
-    crate::probe::child::hold_child_signals();
+    crate::probe::reaper::hold_child_signals();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

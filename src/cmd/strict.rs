@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::config::{near_miss, nearest, ProbeKind};
 use crate::output::{self, Format, Parsed, Pick, Sample};
 use crate::plan::ProbeTask;
-use crate::probe::process::Exit;
+use crate::probe::child::Exit;
 use crate::probe::{resolve, security, Outcome, ProbeRun};
 use crate::value::{Failure, Reading};
 

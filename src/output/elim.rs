@@ -3,6 +3,9 @@
 use super::stream::{Lines, Streaming};
 use super::{clip, Exits, FormatDef, Input, LastWins, OutputError, Pair, Parsed};
 
+/// LSF's `ELIM_ABORT_VALUE`: an elim that exits with it has nothing to report on this host.
+pub const ELIM_ABORT_VALUE: i32 = 97;
+
 pub const DEF: FormatDef = FormatDef {
     name: "elim",
     title: "LSF ELIM lines",
@@ -19,20 +22,7 @@ pub const DEF: FormatDef = FormatDef {
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
-    let mut out = LastWins::new();
-    for (i, line) in input.text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let words = elim_words(line).map_err(|e| OutputError::Line {
-            line: i + 1,
-            reason: e.to_string(),
-        })?;
-        for pair in words.chunks(2) {
-            out.set(pair[0], pair[1]);
-        }
-    }
-    out.into_parsed()
+    LastWins::of_lines(input.text, |line| elim_pairs(line).map_err(|e| e.to_string()))
 }
 
 /// A stream's line: the values it names (`0`: none this time).
@@ -61,9 +51,18 @@ pub enum ElimLineError {
 
 /// One ELIM line. `0` alone is valid: nothing to report this time.
 pub fn parse_elim_line(line: &str) -> Result<Vec<Pair>, ElimLineError> {
+    Ok(elim_pairs(line)?
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect())
+}
+
+/// One ELIM line's names and values, borrowed from it: the line parser both the batch parse
+/// and a stream's read a line with.
+fn elim_pairs(line: &str) -> Result<Vec<(&str, &str)>, ElimLineError> {
     Ok(elim_words(line)?
-        .chunks(2)
-        .map(|c| (c[0].to_owned(), c[1].to_owned()))
+        .chunks_exact(2)
+        .map(|c| (c[0], c[1]))
         .collect())
 }
 

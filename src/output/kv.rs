@@ -19,13 +19,7 @@ pub const DEF: FormatDef = FormatDef {
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
-    let mut out = LastWins::new();
-    for (i, line) in input.text.lines().enumerate() {
-        if let Some((k, v)) = kv_line(line, i + 1)? {
-            out.set(k, v);
-        }
-    }
-    out.into_parsed()
+    LastWins::of_lines(input.text, kv_line)
 }
 
 /// A stream's line: one `name = value`, or a `#` comment (nothing).
@@ -47,24 +41,19 @@ pub fn parse_kv(t: &str) -> Result<Vec<Pair>, OutputError> {
     .map(|p| p.pairs())
 }
 
-/// One line: `None` for a blank or comment line.
-fn kv_line(line: &str, number: usize) -> Result<Option<(&str, &str)>, OutputError> {
+/// One line: `None` for a blank or comment line. The line parser both the batch parse and
+/// (through [`parse_kv`]) a stream's read a line with.
+fn kv_line(line: &str) -> Result<Option<(&str, &str)>, String> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return Ok(None);
     }
     let Some((k, v)) = line.split_once('=') else {
-        return Err(OutputError::Line {
-            line: number,
-            reason: format!("expected `name = value`, got {:?}", clip(line)),
-        });
+        return Err(format!("expected `name = value`, got {:?}", clip(line)));
     };
     let (k, mut v) = (k.trim(), v.trim());
     if k.is_empty() || k.contains(char::is_whitespace) {
-        return Err(OutputError::Line {
-            line: number,
-            reason: format!("bad name {:?}", clip(k)),
-        });
+        return Err(format!("bad name {:?}", clip(k)));
     }
     if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
         v = &v[1..v.len() - 1];

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 pub use classad::{merge_ads, AdLine, AdStream, MergedAds, AD_LABEL, MAX_AD_BYTES};
 pub use declared::{DeclaredBudget, DECLARED_STATE_BYTES};
-pub use elim::{parse_elim, parse_elim_line};
+pub use elim::{parse_elim, parse_elim_line, ELIM_ABORT_VALUE};
 pub use kv::parse_kv;
 pub use select::{parse_selector, Aggregate, Pick, Selection, Selector};
 pub use stream::Streaming;
@@ -529,6 +529,29 @@ impl<'a> LastWins<'a> {
             return Err(OutputError::Empty);
         }
         Ok(Parsed::of(self.samples))
+    }
+
+    /// The batch parse of a line format (kv, ELIM), derived from its line parser `pairs`
+    /// (what its stream reads a line with): the pairs of each line in turn, a bad line an
+    /// error that names it; no pair at all is empty output.
+    pub fn of_lines<P>(
+        text: &'a str,
+        pairs: impl Fn(&'a str) -> Result<P, String>,
+    ) -> Result<Parsed, OutputError>
+    where
+        P: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let mut out = Self::new();
+        for (i, line) in text.lines().enumerate() {
+            let line_pairs = pairs(line).map_err(|reason| OutputError::Line {
+                line: i + 1,
+                reason,
+            })?;
+            for (name, value) in line_pairs {
+                out.set(name, value);
+            }
+        }
+        out.into_parsed()
     }
 }
 

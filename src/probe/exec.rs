@@ -1,4 +1,4 @@
-//! The exec probe: run an admin's script (argv, no shell) under `process::run`, parse its
+//! The exec probe: run an admin's script (argv, no shell) under `child::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
 use std::collections::HashSet;
@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use super::capture::{Report, ThisNode};
-use super::child::{self as process, ChildSpec, Credentials, Ending, Exit, UserError};
-use super::failure::{CaptureFailure, ChildEnded, ElimHint};
+use super::child::{self, ChildSpec, Credentials, Ending, Exit, UserError};
+use super::failure::{last_line, CaptureFailure, ChildEnded, ElimHint, SpawnRefused};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::ExecSpec;
 use crate::output;
@@ -19,7 +19,7 @@ use crate::plan::ProbeTask;
 pub struct ExecDetail {
     pub argv: Vec<String>,
     pub user: String,
-    pub env: process::Env,
+    pub env: child::Env,
     pub exit: Option<Exit>,
     pub ending: Option<Ending>,
     pub stdout: Vec<u8>,
@@ -65,10 +65,10 @@ pub fn probe_env(
     host: &str,
     extra: &std::collections::BTreeMap<String, String>,
     stand_ins: &[PathBuf],
-) -> process::Env {
+) -> child::Env {
     let names: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut env = vec![
-        ("PATH".to_owned(), process::PROBE_PATH.to_owned()),
+        ("PATH".to_owned(), super::path::PROBE_PATH.to_owned()),
         ("XCE_HOST".to_owned(), host.to_owned()),
         ("XCE_RESOURCE".to_owned(), task.name.clone()),
         ("XCE_RESOURCES".to_owned(), names.join(" ")),
@@ -101,12 +101,9 @@ pub fn probe_env(
             }
             None => env.push(("PATH".to_owned(), dirs.join(":"))),
         }
-        env.push((
-            "XCE_CAPTURE_FD".to_owned(),
-            process::spawn::CAPTURE_FD.to_string(),
-        ));
+        env.push(("XCE_CAPTURE_FD".to_owned(), child::CAPTURE_FD.to_string()));
     }
-    process::Env::new(env)
+    child::Env::new(env)
 }
 
 /// What a format's peer arguments and environment are made of, for this probe.
@@ -118,25 +115,12 @@ fn peer_run<'a>(task: &'a ProbeTask, host: &'a str) -> output::PeerRun<'a> {
     }
 }
 
-/// Why an exec or stream probe's child cannot be started; the run fails with this text.
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnRefused {
-    #[error(transparent)]
-    User(#[from] UserError),
-    #[error(transparent)]
-    NotRunnable(#[from] super::security::NotRunnable),
-    #[error(transparent)]
-    Insecure(#[from] super::security::InsecureProgram),
-    #[error("cannot make the probe's cgroup: {0}")]
-    Cgroup(super::cgroup::CgroupError),
-}
-
 /// Build the child spec for an exec or stream probe.
 pub fn child_spec(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
-    env: process::Env,
+    env: child::Env,
 ) -> Result<(ChildSpec, String), SpawnRefused> {
     let supervisor = &ctx.supervisor;
     let creds = supervisor
@@ -222,7 +206,7 @@ pub fn argv_of(child: &ChildSpec) -> Vec<String> {
 
 impl ExecDetail {
     /// Before the child starts: what it will be run with, nothing it did yet.
-    pub fn new(argv: &[String], env: &process::Env) -> Self {
+    pub fn new(argv: &[String], env: &child::Env) -> Self {
         Self {
             argv: argv.to_vec(),
             user: String::new(),
@@ -248,7 +232,7 @@ pub async fn run(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
-    env: &std::sync::OnceLock<process::Env>,
+    env: &std::sync::OnceLock<child::Env>,
     started: SystemTime,
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
@@ -274,7 +258,7 @@ pub async fn run(
     };
     detail.argv = argv_of(&child);
     detail.user = user;
-    let result = process::run(&child).await;
+    let result = child::run(&child).await;
     let mut run = match result {
         Err(e) => {
             let why = RunFailure::Spawn(e.into());
@@ -295,7 +279,7 @@ pub async fn run(
             // Calls lost past the cap: the script's last word on its node is not known.
             let failure = failure.or_else(|| {
                 captured.as_ref().filter(|c| c.overflowed).map(|_| {
-                    let why = CaptureFailure::Overflow(process::CAPTURE_CAP);
+                    let why = CaptureFailure::Overflow(child::CAPTURE_CAP);
                     (Outcome::Failed, RunFailure::Capture(why))
                 })
             });
@@ -399,7 +383,7 @@ fn parse_output(
 }
 
 /// Why a finished child is a failed run, or `None` when its output should be parsed.
-fn child_ended(o: &process::ChildOutcome, exits: output::Exits) -> Option<(Outcome, ChildEnded)> {
+fn child_ended(o: &child::ChildOutcome, exits: output::Exits) -> Option<(Outcome, ChildEnded)> {
     // An exit code the format reads as an answer (a Nagios WARNING, a health check's verdict
     // in ClassAd) is not a failure.
     if let (Ending::Finished, Exit::Code(c)) = (&o.ending, o.exit) {
@@ -482,62 +466,9 @@ fn log_path_fallback(
 
 /// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is
 /// lost with the run. Its timeout says what to declare instead.
-fn elim_hint(spec: &ExecSpec, o: &process::ChildOutcome) -> Option<ElimHint> {
+fn elim_hint(spec: &ExecSpec, o: &child::ChildOutcome) -> Option<ElimHint> {
     (spec.format == output::Format::Elim && o.ending.is_timeout()).then(|| ElimHint {
         printed_lines: o.stdout.contains(&b'\n'),
         on_a_pipe: matches!(spec.stdout, crate::config::StdoutMode::Pipe),
     })
-}
-
-/// The last informative line: the one a failing script's stderr usually explains itself
-/// in. Blank lines and decorations (a rule of `-` or `=`: no letter or digit) are passed
-/// over, and so is the source line a caret line underlines: Ruby's error_highlight ends an
-/// exception with the failing code and `^^^^^^^` under it, below the message. Output of
-/// nothing but decorations gives its last non-blank line.
-pub fn last_line(s: &str) -> &str {
-    let lines = || s.lines().rev().map(str::trim).filter(|l| !l.is_empty());
-    let decoration = |l: &str| !l.chars().any(char::is_alphanumeric);
-    let underline = |l: &str| l.chars().all(|c| matches!(c, '^' | '~' | ' ' | '\t'));
-    let mut underlined = false;
-    for line in lines() {
-        if underlined {
-            // The code the carets point into.
-            underlined = false;
-            continue;
-        }
-        if decoration(line) {
-            underlined = underline(line);
-            continue;
-        }
-        return line;
-    }
-    lines().next().unwrap_or("")
-}
-
-pub use process::signal_name;
-
-pub use super::output_log::{
-    OutputLog, Throttle, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED,
-};
-
-#[cfg(test)]
-mod last_line_tests {
-    use super::last_line;
-
-    #[test]
-    fn the_last_informative_line_passes_over_decorations_and_the_code_carets_point_into() {
-        // Ruby 3.4, error_highlight on (the default).
-        let ruby = "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)\n\nputs total / count\n           ^^^^^^^^\n";
-        assert_eq!(
-            last_line(ruby),
-            "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)"
-        );
-        assert_eq!(last_line("disk gone\n---------\n\n"), "disk gone");
-        assert_eq!(last_line("first\nsecond\n"), "second");
-        assert_eq!(last_line("^^^^\n"), "^^^^");
-        assert_eq!(last_line("  \n"), "");
-        // Python 3.11 underlines inside its traceback; its last line is the exception.
-        let python = "  File \"/x.py\", line 1, in <module>\n    1/0\n    ~^~\nZeroDivisionError: division by zero\n";
-        assert_eq!(last_line(python), "ZeroDivisionError: division by zero");
-    }
 }

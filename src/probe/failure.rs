@@ -4,14 +4,15 @@
 //! caller that needs the facts matches on them or follows `source()` to the kernel's error.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::child::{self, Ending, Exit};
-use super::exec::SpawnRefused;
-use super::file::FileFailure;
-use super::stream::ELIM_ABORT_VALUE;
+use super::read_error::ReadError;
 use crate::output;
+use crate::output::ELIM_ABORT_VALUE;
+use crate::value::ParseError;
 
 /// Why a run failed as a whole, with its source. One is shared (an `Arc`) by the run and by
 /// every resource it feeds ([`crate::value::Failure`]).
@@ -66,6 +67,40 @@ pub enum CaptureFailure {
     /// script last said of its node is not known.
     #[error("the captured calls exceed {} bytes; the pipe was closed on the later ones, so the node's state is not known", .0)]
     Overflow(usize),
+}
+
+/// Why a file probe gave no value: its read, its age, or what the file holds.
+#[derive(Debug, thiserror::Error)]
+pub enum FileFailure {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// Its mtime is older than `max_age` (the writer is dead).
+    #[error("{} not modified for {} (max_age {})", .path.display(), humantime::format_duration(Duration::from_secs(.age.as_secs())), humantime::format_duration(*.max_age))]
+    TooOld {
+        path: PathBuf,
+        age: Duration,
+        max_age: Duration,
+    },
+    #[error("regex {regex:?} does not match {}", .path.display())]
+    NoMatch { regex: String, path: PathBuf },
+    #[error("{} is empty", .path.display())]
+    Empty { path: PathBuf },
+    /// Its value does not parse as the resource's type.
+    #[error(transparent)]
+    Value(#[from] ParseError),
+}
+
+/// Why an exec or stream probe's child cannot be started; the run fails with this text.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnRefused {
+    #[error(transparent)]
+    User(#[from] child::UserError),
+    #[error(transparent)]
+    NotRunnable(#[from] super::security::NotRunnable),
+    #[error(transparent)]
+    Insecure(#[from] super::security::InsecureProgram),
+    #[error("cannot make the probe's cgroup: {0}")]
+    Cgroup(super::cgroup::CgroupError),
 }
 
 /// How an exec probe's child ended badly (a timeout, the output cap, an exit status that is
@@ -146,7 +181,7 @@ pub struct NoFirstValues {
 impl NoFirstValues {
     /// With the last non-blank line of `stderr`, unless the reason already holds it.
     pub fn new(why: NoValues, stderr: &str) -> Self {
-        let last = Some(super::exec::last_line(stderr)).filter(|l| !l.is_empty());
+        let last = Some(last_line(stderr)).filter(|l| !l.is_empty());
         let said = last
             .filter(|last| !why.to_string().contains(last))
             .map(str::to_owned);
@@ -238,10 +273,35 @@ pub struct Restarting {
     pub after: Duration,
 }
 
+/// The last informative line: the one a failing script's stderr usually explains itself
+/// in. Blank lines and decorations (a rule of `-` or `=`: no letter or digit) are passed
+/// over, and so is the source line a caret line underlines: Ruby's error_highlight ends an
+/// exception with the failing code and `^^^^^^^` under it, below the message. Output of
+/// nothing but decorations gives its last non-blank line.
+pub fn last_line(s: &str) -> &str {
+    let lines = || s.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let decoration = |l: &str| !l.chars().any(char::is_alphanumeric);
+    let underline = |l: &str| l.chars().all(|c| matches!(c, '^' | '~' | ' ' | '\t'));
+    let mut underlined = false;
+    for line in lines() {
+        if underlined {
+            // The code the carets point into.
+            underlined = false;
+            continue;
+        }
+        if decoration(line) {
+            underlined = underline(line);
+            continue;
+        }
+        return line;
+    }
+    lines().next().unwrap_or("")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::read_error::{ReadError, Unreadable};
+    use crate::probe::read_error::Unreadable;
     use crate::value::Failure;
     use std::error::Error as _;
 
@@ -376,5 +436,27 @@ mod tests {
             abort.to_string(),
             "elim aborted (exit 97, ELIM_ABORT_VALUE): exited with status 97"
         );
+    }
+}
+
+#[cfg(test)]
+mod last_line_tests {
+    use super::last_line;
+
+    #[test]
+    fn the_last_informative_line_passes_over_decorations_and_the_code_carets_point_into() {
+        // Ruby 3.4, error_highlight on (the default).
+        let ruby = "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)\n\nputs total / count\n           ^^^^^^^^\n";
+        assert_eq!(
+            last_line(ruby),
+            "/opt/check.rb:2:in 'Integer#/': divided by 0 (ZeroDivisionError)"
+        );
+        assert_eq!(last_line("disk gone\n---------\n\n"), "disk gone");
+        assert_eq!(last_line("first\nsecond\n"), "second");
+        assert_eq!(last_line("^^^^\n"), "^^^^");
+        assert_eq!(last_line("  \n"), "");
+        // Python 3.11 underlines inside its traceback; its last line is the exception.
+        let python = "  File \"/x.py\", line 1, in <module>\n    1/0\n    ~^~\nZeroDivisionError: division by zero\n";
+        assert_eq!(last_line(python), "ZeroDivisionError: division by zero");
     }
 }

@@ -6,32 +6,13 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use super::file_reader::{ReadError, ReadOutcome, ReadRequest};
+use super::failure::FileFailure;
+use super::file_reader::{ReadOutcome, ReadRequest};
+use super::read_error::ReadError;
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{FileSpec, ProbeKind};
 use crate::plan::ProbeTask;
-use crate::value::{ParseError, Reading};
-
-/// Why a file probe gave no value: its read, its age, or what the file holds.
-#[derive(Debug, thiserror::Error)]
-pub enum FileFailure {
-    #[error(transparent)]
-    Read(#[from] ReadError),
-    /// Its mtime is older than `max_age` (the writer is dead).
-    #[error("{} not modified for {} (max_age {})", .path.display(), humantime::format_duration(Duration::from_secs(.age.as_secs())), humantime::format_duration(*.max_age))]
-    TooOld {
-        path: PathBuf,
-        age: Duration,
-        max_age: Duration,
-    },
-    #[error("regex {regex:?} does not match {}", .path.display())]
-    NoMatch { regex: String, path: PathBuf },
-    #[error("{} is empty", .path.display())]
-    Empty { path: PathBuf },
-    /// Its value does not parse as the resource's type.
-    #[error(transparent)]
-    Value(#[from] ParseError),
-}
+use crate::value::Reading;
 
 /// The value's text: the regex's first group (or whole match), else the first non-blank line.
 fn extract(spec: &FileSpec, text: &str) -> Result<String, FileFailure> {
@@ -59,7 +40,7 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, FileFailure> {
 pub fn reader_credentials(
     spec: &FileSpec,
     ctx: &ProbeContext,
-) -> Result<Option<super::process::Credentials>, super::process::UserError> {
+) -> Result<Option<super::child::Credentials>, super::child::UserError> {
     ctx.supervisor
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)

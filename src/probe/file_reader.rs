@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Semaphore;
 
-use super::process::Credentials;
+use super::child::Credentials;
 
 /// Reads that may run at once (not stuck). A read lasts at most its timeout, so this is
 /// throughput, not a limit on how many probes may read files.
@@ -43,7 +43,7 @@ pub enum ReadOutcome {
     TooOld(PathBuf, Duration),
 }
 
-pub use super::read_error::{ReadError, Refusal, Unreadable};
+use super::read_error::{ReadError, Refusal, Unreadable};
 
 /// One read: the path and how to read it.
 #[derive(Debug, Clone)]
@@ -118,7 +118,13 @@ impl FileReads {
             match tokio::time::timeout_at(deadline, self.running.clone().acquire_owned()).await {
                 Ok(Ok(p)) => p,
                 Ok(Err(_)) => return Err(Unreadable::ShutDown.into()),
-                Err(_) => return Err(Refusal::Busy { path: req.path }.into()),
+                Err(_) => {
+                    return Err(Refusal::Busy {
+                        running: HEALTHY_READS,
+                        path: req.path,
+                    }
+                    .into())
+                }
             };
         // Checked again: a read of this mount may have got stuck while this one queued.
         if let Some(r) = self.refusal(&req.path) {

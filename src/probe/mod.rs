@@ -9,9 +9,11 @@ pub mod cgroup;
 pub mod child;
 pub mod exec;
 pub mod failure;
+pub mod fd;
 pub mod file;
 pub mod file_reader;
 pub mod output_log;
+pub mod path;
 pub mod read_error;
 pub mod reader_creds;
 pub mod reaper;
@@ -21,8 +23,6 @@ pub mod sink;
 pub mod stream;
 pub mod supervisor;
 
-/// The child engine's former name, for callers not yet moved to `child`.
-pub use child as process;
 pub use failure::RunFailure;
 
 use std::collections::{HashMap, HashSet};

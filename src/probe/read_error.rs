@@ -6,8 +6,6 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::file_reader::HEALTHY_READS;
-
 /// Why a read gave no text.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -25,8 +23,9 @@ pub enum ReadError {
 /// Why a read was not started.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    #[error("{} other file reads took the whole timeout (hung filesystem?); {} was not read", HEALTHY_READS, .path.display())]
-    Busy { path: PathBuf },
+    /// All `running` reads that may run at once took the whole timeout.
+    #[error("{running} other file reads took the whole timeout (hung filesystem?); {} was not read", .path.display())]
+    Busy { running: usize, path: PathBuf },
     #[error("an earlier read of {} is still blocked in the kernel (hung filesystem?); not starting another", .path.display())]
     PathStuck { path: PathBuf },
     #[error("{} is on {}, where a read of {} is stuck in the kernel (hung mount?); not reading it until that read returns", .path.display(), .mount.display(), .other.display())]

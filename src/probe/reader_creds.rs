@@ -16,7 +16,7 @@
 
 use std::io;
 
-use super::process::Credentials;
+use super::child::Credentials;
 
 /// The value that makes `setfsuid`/`setfsgid` change nothing and return the current id.
 const QUERY: libc::c_long = -1;

@@ -139,12 +139,8 @@ fn orphans(reg: &BTreeSet<i32>) -> Orphans {
     found
 }
 
-/// Reap every zombie child that is not a registered (tokio-owned) child. Returns how many.
-pub fn reap_orphans() -> usize {
-    reap().0
-}
-
-/// [`reap_orphans`], and whether an unregistered child of ours is still alive.
+/// Reap every zombie child that is not a registered (tokio-owned) child: how many, and
+/// whether an unregistered child of ours is still alive.
 fn reap() -> (usize, bool) {
     let reg = registry();
     let mut reaped = 0;
@@ -161,11 +157,6 @@ fn reap() -> (usize, bool) {
         reaped_counter().send_modify(|n| *n += reaped as u64);
     }
     (reaped, found.alive)
-}
-
-/// Total orphans reaped so far; changes whenever the reaper reaps one (tests wait on it).
-pub fn reaped() -> watch::Receiver<u64> {
-    reaped_counter().subscribe()
 }
 
 /// SIGCHLD ignored (`SIG_IGN`, inherited across exec from whoever started the agent) makes
@@ -219,8 +210,26 @@ fn sigchld() -> SigSet {
     set
 }
 
-/// See `process::become_subreaper`.
-pub fn become_subreaper() -> io::Result<()> {
+/// This process as the child subreaper, with its orphan reaper started: what
+/// [`become_subreaper`] returns, and the only way to what the reaper did. A process that is
+/// not the subreaper has no orphans of its probes to reap, only children that others wait
+/// for (a test's own `Command`s), which a scan of its own would steal.
+#[derive(Debug, Clone)]
+pub struct Subreaper(());
+
+impl Subreaper {
+    /// Total orphans reaped so far; changes whenever the reaper reaps one (tests wait on it).
+    pub fn reaped(&self) -> watch::Receiver<u64> {
+        reaped_counter().subscribe()
+    }
+}
+
+/// Make the agent the reaper of its probes' orphans: a probe's backgrounded grandchild whose
+/// parent exited is reparented to the agent (not to init), so it stays visible and is reaped
+/// here instead of piling up as a zombie under some other process. Call inside the tokio
+/// runtime, at daemon / `--once` / `probe` start ([`super::supervisor::Supervisor::start`]):
+/// the first call starts the orphan reaper task, in that runtime.
+pub fn become_subreaper() -> io::Result<Subreaper> {
     static STARTED: OnceLock<()> = OnceLock::new();
     // SAFETY: PR_SET_CHILD_SUBREAPER takes one integer argument and touches no memory.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
@@ -245,5 +254,5 @@ pub fn become_subreaper() -> io::Result<()> {
             }
         });
     }
-    Ok(())
+    Ok(Subreaper(()))
 }

@@ -4,10 +4,13 @@
 //! relative script under plugin_dir: the probe's working directory is `/`, where a relative
 //! script would never be found.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::child::PROBE_PATH;
-use super::security::{self, MissingScript, NotRunnable};
+use nix::unistd::Uid;
+
+use super::path::PROBE_PATH;
+use super::security::{self, MissingScript, NotRunnable, Verdict};
 
 /// Where a probe's program was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +110,41 @@ pub fn command(plugin_dir: &Path, command: &[String]) -> Result<Resolved, NotRun
         found,
         script,
     })
+}
+
+/// Check a probe's `command:` (argv, resolved by [`command`]): the program exists, is an
+/// executable regular file, and everything it will run (with `env`, the probe's `env:`)
+/// passes [`security::check_probe`] (only enforced when the agent is root). `run_as_uid`: the
+/// user the probe runs as (`None` with a root agent: root, where untrusted program text is
+/// refused, see [`security::check_text`]); `trusted`: the probe's `trusted:` reason.
+pub fn verdict(
+    command: &[String],
+    env: &BTreeMap<String, String>,
+    plugin_dir: &Path,
+    run_as_uid: Option<Uid>,
+    trusted: Option<&str>,
+) -> Verdict {
+    let resolved = match self::command(plugin_dir, command) {
+        Ok(r) => r,
+        Err(e) => return Verdict::Problem(e.to_string()),
+    };
+    let program = &resolved.program;
+    if let Some(e) = security::script_problem(program, false)
+        .or_else(|| security::shell_script_problem(program, &resolved.args))
+    {
+        return Verdict::Problem(e.to_string());
+    }
+    let checked = security::check_probe(program, &resolved.args, env, run_as_uid).and_then(|()| {
+        match security::enforced() && run_as_uid.is_none_or(|u| u.is_root()) {
+            true => security::check_text(program, &resolved.args, env, trusted),
+            false => Ok(()),
+        }
+    });
+    match checked {
+        Ok(()) => Verdict::Ok,
+        Err(e) if security::enforced() => Verdict::Refused(e.to_string()),
+        Err(e) => Verdict::Unenforced(e.to_string()),
+    }
 }
 
 #[cfg(test)]

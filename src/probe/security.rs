@@ -288,42 +288,6 @@ pub enum Verdict {
     Unenforced(String),
 }
 
-/// Check a probe's `command:` (argv, resolved by [`super::resolve::command`]): the program
-/// exists, is an executable regular file, and everything it will run (with `env`, the probe's
-/// `env:`) passes [`check_probe`] (only enforced when the agent is root). `run_as_uid`: the
-/// user the probe runs as (`None` with a root agent: root, where untrusted program text is
-/// refused, see [`check_text`]); `trusted`: the probe's `trusted:` reason.
-pub fn verdict(
-    command: &[String],
-    env: &BTreeMap<String, String>,
-    plugin_dir: &Path,
-    run_as_uid: Option<Uid>,
-    trusted: Option<&str>,
-) -> Verdict {
-    let resolved = match super::resolve::command(plugin_dir, command) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Problem(e.to_string()),
-    };
-    let program = &resolved.program;
-    if let Some(e) =
-        script_problem(program, false).or_else(|| shell_script_problem(program, &resolved.args))
-    {
-        return Verdict::Problem(e.to_string());
-    }
-    let checked =
-        check_probe(program, &resolved.args, env, run_as_uid).and_then(|()| {
-            match enforced() && run_as_uid.is_none_or(|u| u.is_root()) {
-                true => check_text(program, &resolved.args, env, trusted),
-                false => Ok(()),
-            }
-        });
-    match checked {
-        Ok(()) => Verdict::Ok,
-        Err(e) if enforced() => Verdict::Refused(e.to_string()),
-        Err(e) => Verdict::Unenforced(e.to_string()),
-    }
-}
-
 /// Why a program cannot run here, and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum NotRunnable {
@@ -434,7 +398,7 @@ pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
     }
     if interp.file_name().is_some_and(|n| n == "env") {
         let name = words.find(|w| !w.starts_with('-'))?;
-        let found = super::child::PROBE_PATH
+        let found = super::path::PROBE_PATH
             .split(':')
             .any(|d| usable(&Path::new(d).join(name)).unwrap_or(false));
         if !found {
@@ -443,7 +407,7 @@ pub fn script_problem(program: &Path, no_shebang: bool) -> Option<NotRunnable> {
                 interpreter: PathBuf::from(name),
                 via: format!(
                     " on the probes' PATH ({}), where {} looks",
-                    super::child::PROBE_PATH,
+                    super::path::PROBE_PATH,
                     interp.display()
                 ),
             });
@@ -483,8 +447,9 @@ pub fn why_exec_failed(program: &Path, error: &std::io::Error) -> Option<NotRunn
     }
 }
 
-/// The part of [`verdict`] every run checks, whoever the agent runs as: the program exists
-/// and is an executable regular file, or the error says where it was looked up and the fix.
+/// The part of [`super::resolve::verdict`] every run checks, whoever the agent runs as: the
+/// program exists and is an executable regular file, or the error says where it was looked up
+/// and the fix.
 pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), NotRunnable> {
     let meta = match std::fs::metadata(program) {
         Ok(m) => m,
@@ -495,7 +460,7 @@ pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Resul
                 format!(
                     " (`{command}` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
                     plugin_dir.display(),
-                    super::child::PROBE_PATH
+                    super::path::PROBE_PATH
                 )
             } else {
                 format!(
@@ -911,7 +876,7 @@ pub fn check_text(
     }
     let path_var = env
         .get("PATH")
-        .map_or(super::child::PROBE_PATH, String::as_str);
+        .map_or(super::path::PROBE_PATH, String::as_str);
     match program_text(program, args, path_var) {
         None => Ok(()),
         Some(what) => Err(InsecureProgram {
@@ -1040,7 +1005,7 @@ fn shebang_interpreters(file: &Path) -> Vec<PathBuf> {
     let mut found = vec![PathBuf::from(interp)];
     if Path::new(interp).file_name().is_some_and(|n| n == "env") {
         if let Some(name) = words.find(|w| !w.starts_with('-')) {
-            let on_path = super::child::PROBE_PATH
+            let on_path = super::path::PROBE_PATH
                 .split(':')
                 .map(|d| Path::new(d).join(name))
                 .find(|p| p.is_file());
@@ -1325,7 +1290,7 @@ impl Verdicts {
         }
         let path_var = env
             .get("PATH")
-            .map_or(super::child::PROBE_PATH, String::as_str);
+            .map_or(super::path::PROBE_PATH, String::as_str);
         let mut files = Vec::new();
         let mut env_entries: Vec<(String, String)> =
             env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();

@@ -23,24 +23,23 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::child::{self as process, drive, AfterExit, Child, Ended, Event, Exit, Flow};
+use super::child::{self, drive, AfterExit, Child, Ended, Event, Exit, Flow};
 use super::child::{Ticks, Watch};
 use super::exec::{self, ExecDetail};
 use super::sink::Sink;
 mod updates;
 
-use super::failure::{Exited, NoFirstValues, NoValues, Restarting, StreamStopped};
+use super::failure::{Exited, NoFirstValues, NoValues, Restarting, SpawnRefused, StreamStopped};
 use super::{Outcome, ProbeContext, ProbeRun, RunFailure};
 use crate::config::{StdinMode, StreamSpec};
 use crate::output::Streaming;
+use crate::output::ELIM_ABORT_VALUE;
 use crate::plan::ProbeTask;
 use crate::stats::Stats;
 use crate::store::Store;
 use crate::value::{Failure, Reading};
 use updates::{FirstValues, Gathered, Updates};
 
-/// LSF's `ELIM_ABORT_VALUE`: the elim has nothing to report on this host.
-pub const ELIM_ABORT_VALUE: i32 = 97;
 /// Longest stdout line accepted; a longer one is an error and skipped.
 pub const MAX_LINE: usize = 64 * 1024;
 pub const BACKOFF_START: Duration = Duration::from_secs(1);
@@ -55,7 +54,7 @@ pub const STREAM_BYTES_PER_SEC: usize = 1 << 20;
 
 /// The stream child's environment: the exec variables, `LSF_RESOURCES`, `ELIM_ABORT_VALUE`,
 /// then the probe's `env:` (which may override them).
-pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> process::Env {
+pub fn stream_env(task: &ProbeTask, spec: &StreamSpec, host: &str) -> child::Env {
     let provides: Vec<&str> = task.feeds.iter().map(|f| f.name.as_str()).collect();
     let mut extra = BTreeMap::new();
     extra.insert("LSF_RESOURCES".to_owned(), provides.join(" "));
@@ -210,8 +209,8 @@ fn stream_child_spec(
     task: &ProbeTask,
     spec: &StreamSpec,
     ctx: &ProbeContext,
-    env: process::Env,
-) -> Result<(process::ChildSpec, String), exec::SpawnRefused> {
+    env: child::Env,
+) -> Result<(child::ChildSpec, String), SpawnRefused> {
     let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
     child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;
     Ok((child_spec, user))

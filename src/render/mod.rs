@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::text::escape;
-use crate::value::Value;
+use crate::value::{Status, Value};
 
 pub fn format_time(ms: u64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms);
@@ -122,6 +122,65 @@ pub fn columns(rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A table as `status`, `--once` and `check` show one: a header, then a row per resource or
+/// probe, laid out by [`columns`]. Its second column is INSTANCE, `-` in a row without one;
+/// a table of resources leaves it out where no row has one.
+pub struct Table {
+    rows: Vec<Vec<String>>,
+    /// Some row has an instance.
+    instances: bool,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Self {
+        Self {
+            rows: vec![header.iter().map(|s| (*s).to_owned()).collect()],
+            instances: false,
+        }
+    }
+
+    /// A row: `name`, its `instance` (`-` for none), then `rest`.
+    pub fn row(&mut self, name: String, instance: &str, rest: impl IntoIterator<Item = String>) {
+        self.instances |= !instance.is_empty();
+        let instance = if instance.is_empty() { "-" } else { instance };
+        let mut row = vec![name, instance.to_owned()];
+        row.extend(rest);
+        self.rows.push(row);
+    }
+
+    /// A resource's row: its name, instance, value and status, then `rest`.
+    pub fn resource(
+        &mut self,
+        name: &str,
+        instance: &str,
+        value: &Value,
+        status: Status,
+        rest: impl IntoIterator<Item = String>,
+    ) {
+        let shown = [human_value(name, value), status.to_string()];
+        self.row(name.to_owned(), instance, shown.into_iter().chain(rest));
+    }
+
+    /// A row as it is (a line that continues the one above, a table without INSTANCE).
+    pub fn push(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    pub fn text(&self) -> String {
+        columns(&self.rows)
+    }
+
+    /// [`Table::text`] without the INSTANCE column where no row has an instance.
+    pub fn text_without_empty_instances(mut self) -> String {
+        if !self.instances {
+            for row in &mut self.rows {
+                row.remove(1);
+            }
+        }
+        self.text()
+    }
 }
 
 #[cfg(test)]

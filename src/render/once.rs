@@ -4,9 +4,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{columns, format_time, human_value};
+use super::{format_time, Table};
 use crate::plan::ProbeTask;
-use crate::probe::exec::last_line;
+use crate::probe::failure::last_line;
 use crate::probe::ProbeRun;
 use crate::store::Store;
 use crate::text::escape;
@@ -80,8 +80,7 @@ impl OnceReport {
     }
 
     pub fn table(&self) -> String {
-        let with_instance = self.resources.iter().any(|r| !r.instance.is_empty());
-        let mut cells: Vec<Vec<String>> = vec![[
+        let mut table = Table::new(&[
             "RESOURCE",
             "INSTANCE",
             "VALUE",
@@ -90,37 +89,27 @@ impl OnceReport {
             "DURATION",
             "KIND",
             "ERROR",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()];
+        ]);
         for r in &self.resources {
             let mut error = r.error.clone().unwrap_or_default();
             if !r.stderr.is_empty() && !error.contains(last_line(&r.stderr)) {
                 let _ = write!(error, " [stderr: {}]", last_line(&r.stderr));
             }
-            cells.push(vec![
-                r.name.clone(),
-                if r.instance.is_empty() {
-                    "-".into()
-                } else {
-                    r.instance.clone()
-                },
-                human_value(&r.name, &r.value),
-                r.status.to_string(),
-                r.last_report_ms.map_or_else(|| "-".into(), format_time),
-                format_ms(r.duration_ms),
-                r.kind.to_owned(),
-                error,
-            ]);
-        }
-        if !with_instance {
-            for row in &mut cells {
-                row.remove(1);
-            }
+            table.resource(
+                &r.name,
+                &r.instance,
+                &r.value,
+                r.status,
+                [
+                    r.last_report_ms.map_or_else(|| "-".into(), format_time),
+                    format_ms(r.duration_ms),
+                    r.kind.to_owned(),
+                    error,
+                ],
+            );
         }
         let mut out = format!("HOST {}\n", escape(&self.host));
-        out.push_str(&columns(&cells));
+        out.push_str(&table.text_without_empty_instances());
         out
     }
 }

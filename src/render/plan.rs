@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::columns;
+use super::{columns, Table};
 use crate::config::{Config, ProbeKind};
 use crate::link::tls;
 use crate::plan::Plan;
@@ -64,43 +64,38 @@ pub fn plan_text(
         "\nPROBES ({}, feeding {probed} resources)",
         plan.tasks.len()
     );
-    let mut rows = vec![[
+    let mut table = Table::new(&[
         "NAME", "INSTANCE", "INTERVAL", "TIMEOUT", "SPLAY", "FEEDS", "PROBE",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect::<Vec<_>>()];
+    ]);
     for t in &plan.tasks {
-        rows.push(vec![
+        table.row(
             t.name.clone(),
-            if t.instance.is_empty() {
-                "-".into()
-            } else {
-                t.instance.clone()
-            },
-            secs(t.interval),
-            match t.kind {
-                ProbeKind::Builtin { .. } => "-".into(),
-                // A stream runs on; its timeout bounds the wait for its first values.
-                ProbeKind::Stream(_) => format!("{} (first values)", secs(t.timeout)),
-                _ => secs(t.timeout),
-            },
-            secs(t.splay),
-            t.feeds
-                .iter()
-                .map(|f| f.name.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            t.kind.summary(),
-        ]);
+            &t.instance,
+            [
+                secs(t.interval),
+                match t.kind {
+                    ProbeKind::Builtin { .. } => "-".into(),
+                    // A stream runs on; its timeout bounds the wait for its first values.
+                    ProbeKind::Stream(_) => format!("{} (first values)", secs(t.timeout)),
+                    _ => secs(t.timeout),
+                },
+                secs(t.splay),
+                t.feeds
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                t.kind.summary(),
+            ],
+        );
         for f in t.feeds.iter().skip(1) {
             let mut row = vec![String::new(); 7];
             row[0] = format!("  {}", f.name);
             row[6] = format!("fed by {} (provides:)", t.name);
-            rows.push(row);
+            table.push(row);
         }
     }
-    out.push_str(&columns(&rows));
+    out.push_str(&table.text());
     if !plan.tasks.is_empty() {
         out.push_str(SPLAY_LEGEND);
     }

@@ -12,8 +12,8 @@ use crate::config::{ExecSpec, ProbeKind};
 use crate::output::Parsed;
 use crate::plan::ProbeTask;
 use crate::probe::cgroup::Usage;
+use crate::probe::child::{Credentials, Ending, Exit, UserError, DEFAULT_STDOUT_CAP};
 use crate::probe::exec::ExecDetail;
-use crate::probe::process::{Credentials, Ending, Exit, UserError, DEFAULT_STDOUT_CAP};
 use crate::probe::security::Verdict;
 use crate::probe::ProbeRun;
 use crate::text::escape;
@@ -309,7 +309,7 @@ fn captured_calls(report: &crate::probe::capture::Report) -> String {
         let _ = writeln!(
             t,
             "    (the pipe also held bytes that are not a stand-in's record: did the script write on descriptor {}?)",
-            crate::probe::child::spawn::CAPTURE_FD
+            crate::probe::child::CAPTURE_FD
         );
     }
     if report.overflowed {

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use super::{columns, format_time, human_value};
+use super::{format_time, Table};
 use crate::status::{LinkInfo, StatusReport};
 use crate::text::escape;
 
@@ -89,10 +89,6 @@ fn link_line(link: &LinkInfo, now_ms: u64) -> String {
     line
 }
 
-fn cells(header: &[&str]) -> Vec<Vec<String>> {
-    vec![header.iter().map(|s| s.to_string()).collect()]
-}
-
 /// The whole table.
 pub fn render(report: &StatusReport) -> String {
     let now = report.now_ms;
@@ -116,39 +112,31 @@ pub fn render(report: &StatusReport) -> String {
     }
     out.push_str(&link_line(&report.link, now));
     out.push_str("\n\n");
-    let with_instance = report.resources.iter().any(|r| !r.instance.is_empty());
-    let mut rows = cells(&[
+    let mut table = Table::new(&[
         "RESOURCE", "INSTANCE", "VALUE", "STATUS", "AGE", "NEXT", "PROBE", "ERROR",
     ]);
     for r in &report.resources {
-        rows.push(vec![
-            r.name.clone(),
-            if r.instance.is_empty() {
-                "-".into()
-            } else {
-                r.instance.clone()
-            },
-            human_value(&r.name, &r.value),
-            r.status.to_string(),
-            r.last_report_ms
-                .map_or_else(|| "-".into(), |t| age(now.saturating_sub(t))),
-            r.next_run_ms.map_or_else(
-                || "-".into(),
-                |t| format!("in {}", age(t.saturating_sub(now))),
-            ),
-            format!("{} ({})", r.probe, r.kind),
-            r.error.clone().unwrap_or_default(),
-        ]);
+        table.resource(
+            &r.name,
+            &r.instance,
+            &r.value,
+            r.status,
+            [
+                r.last_report_ms
+                    .map_or_else(|| "-".into(), |t| age(now.saturating_sub(t))),
+                r.next_run_ms.map_or_else(
+                    || "-".into(),
+                    |t| format!("in {}", age(t.saturating_sub(now))),
+                ),
+                format!("{} ({})", r.probe, r.kind),
+                r.error.clone().unwrap_or_default(),
+            ],
+        );
     }
-    if !with_instance {
-        for row in &mut rows {
-            row.remove(1);
-        }
-    }
-    out.push_str(&columns(&rows));
+    out.push_str(&table.text_without_empty_instances());
     if !report.probes.is_empty() {
         out.push('\n');
-        let mut rows = cells(&[
+        let mut table = Table::new(&[
             "PROBE",
             "OK",
             "FAILED",
@@ -161,7 +149,7 @@ pub fn render(report: &StatusReport) -> String {
             "LAST_OK",
         ]);
         for p in &report.probes {
-            rows.push(vec![
+            table.push(vec![
                 p.name.clone(),
                 p.runs_ok.to_string(),
                 p.runs_failed.to_string(),
@@ -176,7 +164,7 @@ pub fn render(report: &StatusReport) -> String {
                     .map_or_else(|| "-".into(), |t| ago(now, t)),
             ]);
         }
-        out.push_str(&columns(&rows));
+        out.push_str(&table.text());
     }
     out
 }

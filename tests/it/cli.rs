@@ -221,7 +221,7 @@ fn check_flags_a_missing_script() {
         "words: {} not found (`words.sh` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
         s.path().join("words.sh").display(),
         s.path().display(),
-        xce_agent::probe::child::PROBE_PATH
+        xce_agent::probe::path::PROBE_PATH
     );
     assert!(stdout.contains(&wanted), "{stdout}");
 }

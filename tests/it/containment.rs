@@ -30,7 +30,7 @@ fn contained() -> Option<Contained> {
 /// As the agent does it: this process moves into the tree's `agent/` (and is the child
 /// subreaper); for a test in a process of its own.
 fn contained_as_the_agent() -> Option<Contained> {
-    xce_agent::probe::child::become_subreaper().unwrap();
+    xce_agent::probe::reaper::become_subreaper().unwrap();
     contain(Containment::for_this_process())
 }
 
@@ -317,7 +317,10 @@ fn v2_host() -> Option<cgroup::Host> {
 /// and removed, and this process is contained in a subtree of its own all the same.
 #[tokio::test]
 async fn subtrees_left_under_this_pid_are_removed_and_this_process_is_contained() {
-    if !in_own_process!("subtrees_left_under_this_pid_are_removed_and_this_process_is_contained") {
+    if !in_own_process!(
+        "subtrees_left_under_this_pid_are_removed_and_this_process_is_contained",
+        "it moves the process into a cgroup (and makes it the child subreaper), as the agent"
+    ) {
         return;
     }
     let Some(host) = v2_host() else {
@@ -400,7 +403,10 @@ async fn a_sibling_with_a_process_in_its_agent_cgroup_is_left_alone() {
 /// their processes are killed and the cgroups removed before this agent's first run.
 #[tokio::test]
 async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
-    if !in_own_process!("a_delegated_subtree_is_cleared_of_the_previous_agents_probes") {
+    if !in_own_process!(
+        "a_delegated_subtree_is_cleared_of_the_previous_agents_probes",
+        "it moves the process into a unit's cgroup and sets INVOCATION_ID, as systemd does"
+    ) {
         return;
     }
     let Some(host) = v2_host() else {
@@ -431,7 +437,10 @@ async fn a_delegated_subtree_is_cleared_of_the_previous_agents_probes() {
 /// before it left, and contains its own.
 #[tokio::test]
 async fn nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent() {
-    if !in_own_process!("nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent") {
+    if !in_own_process!(
+        "nobody_flocking_a_units_cgroup_changes_nothing_for_its_agent",
+        "it moves the process into a unit's cgroup and sets INVOCATION_ID, as systemd does"
+    ) {
         return;
     }
     let Some(host) = v2_host() else {

@@ -2,7 +2,7 @@
 
 use crate::support::{read_pid, script, task_from_yaml, wait_gone};
 use xce_agent::output::{Format, OutputError};
-use xce_agent::probe::exec::SpawnRefused;
+use xce_agent::probe::failure::SpawnRefused;
 use xce_agent::probe::{run_once, Outcome, RunFailure};
 use xce_agent::value::{Reading, Value};
 
@@ -121,7 +121,7 @@ async fn missing_program() {
         "{} not found (`nope.sh` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
         dir.path().join("nope.sh").display(),
         dir.path().display(),
-        xce_agent::probe::child::PROBE_PATH
+        xce_agent::probe::path::PROBE_PATH
     );
     assert_eq!(e, wanted);
     assert!(

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use xce_agent::probe::exec::{OutputLog, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED};
+use xce_agent::probe::output_log::{OutputLog, LOG_BURST, STDERR_LOG_EVERY, UNEXPECTED_REMEMBERED};
 
 #[test]
 fn unexpected_names_are_logged_once_per_name() {

@@ -6,14 +6,17 @@ use crate::support::{in_own_process, load_task, our_zombie, read_pid, resource, 
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 use xce_agent::probe::child::{self, ChildSpec, Exit};
-use xce_agent::probe::{process, reaper, run_once, Outcome};
+use xce_agent::probe::{reaper, run_once, Outcome};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reparented_orphans_are_reaped_by_the_reaper_task() {
-    if !in_own_process!("reparented_orphans_are_reaped_by_the_reaper_task") {
+    if !in_own_process!(
+        "reparented_orphans_are_reaped_by_the_reaper_task",
+        "it makes the process the child subreaper, whose reaper reaps any child of it"
+    ) {
         return;
     }
-    process::become_subreaper().unwrap();
+    let subreaper = reaper::become_subreaper().unwrap();
     let s = Setup::new("resources: []\n");
     let pids = s.path().join("pids");
     std::fs::create_dir(&pids).unwrap();
@@ -37,7 +40,7 @@ async fn reparented_orphans_are_reaped_by_the_reaper_task() {
         "#!/bin/sh\nsleep 1000 >/dev/null 2>&1 &\necho $! > \"$D/orphan.pid\"\necho 1\n",
     );
     let (task, ctx) = load_task(&s, "orphan");
-    let mut reaped = reaper::reaped();
+    let mut reaped = subreaper.reaped();
     // Several runs: tokio's own children are never stolen (each run still sees exit 0).
     for _ in 0..3 {
         let run = run_once(&task, &ctx).await;
@@ -69,11 +72,13 @@ fn catches_sigchld() -> bool {
 /// And on a kernel with pidfds the agent catches no SIGCHLD at all (its cost per run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_that_dies_later_is_reaped_by_a_rescan_without_sigchld() {
-    if !in_own_process!("an_orphan_that_dies_later_is_reaped_by_a_rescan_without_sigchld") {
+    if !in_own_process!(
+        "an_orphan_that_dies_later_is_reaped_by_a_rescan_without_sigchld",
+        "it makes the process the child subreaper, whose reaper reaps any child of it"
+    ) {
         return;
     }
-    process::become_subreaper().unwrap();
-    let mut reaped = reaper::reaped();
+    let mut reaped = reaper::become_subreaper().unwrap().reaped();
     // Not registered, as a run's escapee reparented to the agent is not; alive at the scan.
     let late = std::process::Command::new("/bin/sleep")
         .arg("2")
@@ -106,12 +111,15 @@ async fn an_orphan_that_dies_later_is_reaped_by_a_rescan_without_sigchld() {
 /// reaped by the kernel, their exit statuses lost: the reaper restores the default.
 #[tokio::test]
 async fn an_inherited_ignored_sigchld_does_not_lose_exit_statuses() {
-    if !in_own_process!("an_inherited_ignored_sigchld_does_not_lose_exit_statuses") {
+    if !in_own_process!(
+        "an_inherited_ignored_sigchld_does_not_lose_exit_statuses",
+        "it sets the process's SIGCHLD disposition, and makes it the child subreaper"
+    ) {
         return;
     }
     // SAFETY: SIG_IGN installs no handler; as a parent that ignores SIGCHLD passes it on.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-    process::become_subreaper().unwrap();
+    reaper::become_subreaper().unwrap();
     let mut spec = ChildSpec::new("/bin/sh", Duration::from_secs(30));
     spec.args = vec!["-c".into(), "exit 3".into()];
     let run = child::run(&spec).await.unwrap();

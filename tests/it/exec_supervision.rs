@@ -4,8 +4,8 @@
 
 use crate::support as common;
 
-use crate::support::{in_own_process, load_task, our_zombie, read_pid, resource, wait_gone, Setup};
-use xce_agent::probe::{reaper, run_once, Outcome};
+use crate::support::{load_task, our_zombie, read_pid, resource, wait_gone, Setup};
+use xce_agent::probe::{run_once, Outcome};
 use xce_agent::value::{Reading, Value};
 
 fn setup(name: &str, probe: &str, body: &str) -> Setup {
@@ -14,12 +14,12 @@ fn setup(name: &str, probe: &str, body: &str) -> Setup {
     s
 }
 
-/// Every pid written to `files` is gone and, once orphans are reaped, not our zombie.
+/// Every pid written to `files` is gone and not our zombie. (This process is not the child
+/// subreaper: the probe's orphans are init's, and `exec_reaper` tests the reaping of ours.)
 fn assert_tree_gone(s: &Setup, files: &[&str]) {
     for f in files {
         let pid = read_pid(&s.path().join("pids").join(f));
         wait_gone(pid);
-        reaper::reap_orphans();
         assert!(!our_zombie(pid), "{f} ({pid}) left as our zombie");
         assert!(!common::alive(pid), "{f} ({pid}) still running");
     }
@@ -27,10 +27,6 @@ fn assert_tree_gone(s: &Setup, files: &[&str]) {
 
 #[tokio::test]
 async fn background_child_is_killed_with_the_group() {
-    if !in_own_process!("background_child_is_killed_with_the_group") {
-        return;
-    }
-    xce_agent::probe::process::become_subreaper().unwrap();
     let s = setup(
         "bg",
         "{kind: exec, command: [bg]}",
@@ -59,10 +55,6 @@ fn with_env(s: Setup, name: &str, probe: &str) -> Setup {
 
 #[tokio::test]
 async fn background_child_holding_stdout_does_not_hold_the_run() {
-    if !in_own_process!("background_child_holding_stdout_does_not_hold_the_run") {
-        return;
-    }
-    xce_agent::probe::process::become_subreaper().unwrap();
     let s = setup(
         "holder",
         "",
@@ -86,10 +78,6 @@ async fn background_child_holding_stdout_does_not_hold_the_run() {
 
 #[tokio::test]
 async fn a_tree_that_ignores_sigterm_is_killed() {
-    if !in_own_process!("a_tree_that_ignores_sigterm_is_killed") {
-        return;
-    }
-    xce_agent::probe::process::become_subreaper().unwrap();
     let s = setup(
         "deaf",
         "",
@@ -110,10 +98,6 @@ async fn a_tree_that_ignores_sigterm_is_killed() {
 
 #[tokio::test]
 async fn a_tree_several_levels_deep_is_killed() {
-    if !in_own_process!("a_tree_several_levels_deep_is_killed") {
-        return;
-    }
-    xce_agent::probe::process::become_subreaper().unwrap();
     // Level 1 starts level 2 in the background, which starts level 3; level 1 then reports
     // and exits, leaving 2 and 3 behind (their output goes to /dev/null).
     let body = r#"#!/bin/sh
@@ -132,10 +116,6 @@ echo 3
 
 #[tokio::test]
 async fn exit_by_signal_is_a_failure_without_a_core() {
-    if !in_own_process!("exit_by_signal_is_a_failure_without_a_core") {
-        return;
-    }
-    xce_agent::probe::process::become_subreaper().unwrap();
     let s = setup(
         "segv",
         "",

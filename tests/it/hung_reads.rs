@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::support::{agent_bin, wait_until, Site, View};
 use crate::support::{guard, Controller};
-use xce_agent::probe::file_reader::{FileReads, ReadError, ReadOutcome, ReadRequest};
+use xce_agent::probe::file_reader::{FileReads, ReadOutcome, ReadRequest};
+use xce_agent::probe::read_error::ReadError;
 use xce_agent::receiver::session::{EventKind, ListenOpts};
 use xce_agent::value::{Status, Value};
 

@@ -2,9 +2,9 @@
 //! `cargo test --test it exec::`). One module per file, and `support` for what they share.
 //!
 //! One process runs them all, so what a process has once is handled here, not per file:
-//! a test that makes the process a child subreaper, moves it into a cgroup, switches the
-//! spawn path, sets an environment variable or leaves an inheritable descriptor open runs in
-//! a copy of this binary of its own (`support::in_own_process!`); `fuzz_wire`'s counting
+//! a test that makes the process the child subreaper, sets its SIGCHLD disposition or moves
+//! it into a cgroup runs in a copy of this binary of its own (`support::in_own_process!`,
+//! with a line saying why; what a child's spec or a handle carries needs none); `fuzz_wire`'s counting
 //! allocator is the binary's global allocator, and counts per thread, so each test sees only
 //! its own allocations.
 

@@ -119,7 +119,7 @@ fn a_script_without_the_exec_bit_gets_the_same_verdict_as_check() {
         "script check: PROBLEM: {} not found (`w.sh` is not an absolute path, so it is looked up in plugin_dir {}, then on the probes' PATH {}, and is in neither)",
         p.display(),
         s.path().display(),
-        xce_agent::probe::child::PROBE_PATH
+        xce_agent::probe::path::PROBE_PATH
     );
     assert!(out.contains(&wanted), "{out}");
 }

@@ -2,29 +2,28 @@
 //! the same child as clone3 gives — descriptors 0-2 only, errors with their errno, and, with
 //! containment, the child joining its probe's cgroup by writing to `cgroup.procs`.
 
-use crate::support::in_own_process;
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use xce_agent::probe::cgroup::Containment;
-use xce_agent::probe::child::{self, spawn, ChildSpec, Exit};
+use xce_agent::probe::child::{self, ChildSpec, CloneCall, Exit};
 
-fn legacy() {
-    spawn::use_legacy_clone();
+/// A child of `program` started with clone(2).
+fn legacy(program: impl Into<PathBuf>, timeout: Duration) -> ChildSpec {
+    let mut spec = ChildSpec::new(program, timeout);
+    spec.clone_call = CloneCall::Legacy;
+    spec
 }
 
 #[tokio::test]
 async fn clone2_children_see_only_0_to_2_and_report_exec_errors() {
-    if !in_own_process!("clone2_children_see_only_0_to_2_and_report_exec_errors") {
-        return;
-    }
-    legacy();
-    let mut spec = ChildSpec::new("/bin/sh", Duration::from_secs(30));
+    let mut spec = legacy("/bin/sh", Duration::from_secs(30));
     spec.args = vec![OsString::from("-c"), OsString::from("ls /proc/$$/fd")];
     let o = child::run(&spec).await.unwrap();
     assert_eq!(o.exit, Exit::Code(0));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n1\n2\n");
-    let missing = ChildSpec::new("/nonexistent/xce", Duration::from_secs(5));
+    let missing = legacy("/nonexistent/xce", Duration::from_secs(5));
     let e = child::run(&missing).await.unwrap_err().to_string();
     assert_eq!(
         e,
@@ -34,19 +33,15 @@ async fn clone2_children_see_only_0_to_2_and_report_exec_errors() {
 
 #[tokio::test]
 async fn clone2_children_join_their_cgroup() {
-    if !in_own_process!("clone2_children_join_their_cgroup") {
-        return;
-    }
-    legacy();
-    xce_agent::probe::child::become_subreaper().unwrap();
-    let containment = Containment::for_this_process();
+    // A tree of this test's own; this process stays where it is.
+    let containment = Containment::under_own_cgroup(false);
     let Some(tree) = containment.tree() else {
         eprintln!(
             "skipped: no writable cgroup v2 hierarchy here; CI runs as root on a host with one"
         );
         return;
     };
-    let mut spec = ChildSpec::new("/bin/cat", Duration::from_secs(30));
+    let mut spec = legacy("/bin/cat", Duration::from_secs(30));
     spec.args = vec![OsString::from("/proc/self/cgroup")];
     spec.cgroup = Some(
         tree.probe("legacy", &xce_agent::config::Limits::default())

@@ -336,7 +336,7 @@ async fn first_values_takes_the_first_line_then_stops_the_group() {
     );
     // TERM trap: elim.example exits 0 when stopped.
     let exit = run.exec.unwrap().exit;
-    assert_eq!(exit, Some(xce_agent::probe::process::Exit::Code(0)));
+    assert_eq!(exit, Some(xce_agent::probe::child::Exit::Code(0)));
 }
 
 /// IBM's elim.uptime.pl in miniature: a Perl elim that prints without flushing. Perl
@@ -719,7 +719,7 @@ async fn an_ad_that_never_ends_is_dropped_at_its_bound_and_the_next_ad_applies()
 /// a bounded set of names.
 #[tokio::test]
 async fn a_hostile_stream_costs_the_log_a_bounded_number_of_lines() {
-    use xce_agent::probe::exec::{LOG_BURST, UNEXPECTED_REMEMBERED};
+    use xce_agent::probe::output_log::{LOG_BURST, UNEXPECTED_REMEMBERED};
     let site = common::Site::new(
         &[],
         "resources:\n  - {name: a, valtype: numeric, interval: 60s, resourcemap: [{location: [default]}], probe: {kind: stream, command: [hostile], format: kv}}\n",

@@ -23,7 +23,7 @@ use std::time::Instant;
 use procfs::FromReadSI;
 
 use super::smoothing::{Ewma, TAU_1M};
-use super::{read_file, Ix, ReadError, Roots, Slots};
+use super::{read_file, Ix, ReadError, Slots, Tick};
 
 pub(crate) struct Cpu {
     last: Option<(u64, u64)>,
@@ -46,24 +46,18 @@ impl Cpu {
         }
     }
 
-    pub(crate) fn sample(
-        &mut self,
-        roots: &Roots,
-        buf: &mut Vec<u8>,
-        now: Instant,
-        slots: &mut Slots,
-    ) {
-        let stat_path = roots.proc.join("stat");
-        let stat = read_file(&stat_path, buf).and_then(|()| {
-            procfs::KernelStats::from_read(&buf[..], &SYSTEM_INFO)
-                .map_err(|e| ReadError::parse(&stat_path, e))
+    pub(crate) fn sample(&mut self, tick: &mut Tick<'_>) {
+        let stat = tick.proc("stat", |path, bytes| {
+            procfs::KernelStats::from_read(bytes, &SYSTEM_INFO)
+                .map_err(|e| ReadError::parse(path, e))
         });
+        let slots = &mut *tick.slots;
         match &stat {
-            Ok(stat) => self.update_ut(&stat.total, now, slots),
+            Ok(stat) => self.update_ut(&stat.total, tick.now, slots),
             Err(e) => slots.fail(&[Ix::Ut], e.to_string()),
         }
-        let online_path = roots.sys.join("devices/system/cpu/online");
-        match online_cpus(&online_path, buf) {
+        let online_path = tick.roots.sys.join("devices/system/cpu/online");
+        match online_cpus(&online_path, tick.buf) {
             Ok(n) => slots.ok(Ix::Ncpus, n as f64),
             Err(online_err) => match &stat {
                 Ok(stat) => slots.ok(Ix::Ncpus, stat.cpu_time.len() as f64),

@@ -18,10 +18,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use procfs::FromRead;
-
 use super::smoothing::{Ewma, TAU_1M};
-use super::{read_file, Ix, ReadError, Roots, Slots};
+use super::{Ix, Roots, Tick};
 
 pub(crate) struct DiskIo {
     last: Option<(HashMap<String, u64>, Instant)>,
@@ -43,17 +41,9 @@ impl DiskIo {
         self.kinds.clear();
     }
 
-    pub(crate) fn sample(
-        &mut self,
-        roots: &Roots,
-        buf: &mut Vec<u8>,
-        now: Instant,
-        slots: &mut Slots,
-    ) {
-        let path = roots.proc.join("diskstats");
-        let stats = read_file(&path, buf).and_then(|()| {
-            procfs::DiskStats::from_read(&buf[..]).map_err(|e| ReadError::parse(&path, e))
-        });
+    pub(crate) fn sample(&mut self, tick: &mut Tick<'_>) {
+        let stats = tick.procfs::<procfs::DiskStats>("diskstats");
+        let (roots, now, slots) = (tick.roots, tick.now, &mut *tick.slots);
         let stats = match stats {
             Ok(s) => s,
             Err(e) => return slots.fail(&[Ix::Io], crate::value::Failure::new(e)),

@@ -10,12 +10,8 @@
 //! Every 5 s: `v = v*f + x*(1-f)` with f = e^-1/3 (r15s), e^-1/12 (r1m), e^-1/180 (r15m); the
 //! first sample seeds `v = x`. See `smoothing.rs` for late ticks.
 
-use std::time::Instant;
-
-use procfs::FromRead;
-
 use super::smoothing::{Ewma, TAU_15M, TAU_15S, TAU_1M};
-use super::{read_file, Ix, ReadError, Roots, Slots};
+use super::{Ix, ReadError, Tick};
 
 pub(crate) struct RunQueue {
     r15s: Ewma,
@@ -32,14 +28,10 @@ impl RunQueue {
         }
     }
 
-    pub(crate) fn sample(
-        &mut self,
-        roots: &Roots,
-        buf: &mut Vec<u8>,
-        now: Instant,
-        slots: &mut Slots,
-    ) {
-        match running_tasks(roots, buf) {
+    pub(crate) fn sample(&mut self, tick: &mut Tick<'_>) {
+        let tasks = running_tasks(tick);
+        let (now, slots) = (tick.now, &mut *tick.slots);
+        match tasks {
             Ok(x) => {
                 slots.ok(Ix::R15s, self.r15s.update(x, now));
                 slots.ok(Ix::R1m, self.r1m.update(x, now));
@@ -53,9 +45,7 @@ impl RunQueue {
     }
 }
 
-fn running_tasks(roots: &Roots, buf: &mut Vec<u8>) -> Result<f64, ReadError> {
-    let path = roots.proc.join("loadavg");
-    read_file(&path, buf)?;
-    let load = procfs::LoadAverage::from_read(&buf[..]).map_err(|e| ReadError::parse(&path, e))?;
+fn running_tasks(tick: &mut Tick<'_>) -> Result<f64, ReadError> {
+    let load: procfs::LoadAverage = tick.procfs("loadavg")?;
     Ok(f64::from(load.cur.saturating_sub(1)))
 }

@@ -223,6 +223,36 @@ impl Slots {
     }
 }
 
+/// One tick of a source's sampling: where its files are, the buffer they are read into, the
+/// tick's time, and the slots its values go to. Every `/proc` source starts the same way,
+/// [`Tick::proc`].
+pub(crate) struct Tick<'a> {
+    pub(crate) roots: &'a Roots,
+    pub(crate) buf: &'a mut Vec<u8>,
+    pub(crate) now: Instant,
+    pub(crate) slots: &'a mut Slots,
+}
+
+impl Tick<'_> {
+    /// `/proc/<file>` read into the buffer and given to `parse` with its path (for its errors).
+    pub(crate) fn proc<T>(
+        &mut self,
+        file: &str,
+        parse: impl FnOnce(&Path, &[u8]) -> Result<T, ReadError>,
+    ) -> Result<T, ReadError> {
+        let path = self.roots.proc.join(file);
+        read_file(&path, self.buf)?;
+        parse(&path, self.buf)
+    }
+
+    /// `/proc/<file>` as procfs parses it.
+    pub(crate) fn procfs<T: procfs::FromRead>(&mut self, file: &str) -> Result<T, ReadError> {
+        self.proc(file, |path, bytes| {
+            T::from_read(bytes).map_err(|e| ReadError::parse(path, e))
+        })
+    }
+}
+
 /// Reads a whole file into a reused buffer; the error names the file.
 pub(crate) fn read_file(path: &Path, buf: &mut Vec<u8>) -> Result<(), ReadError> {
     use std::io::Read;
@@ -327,23 +357,38 @@ impl Sampler {
 
     /// The 5 s work: the run queue.
     pub fn fast_tick(&mut self, now: Instant) {
-        self.runqueue
-            .sample(&self.roots, &mut self.buf, now, &mut self.slots);
+        self.runqueue.sample(&mut Tick {
+            roots: &self.roots,
+            buf: &mut self.buf,
+            now,
+            slots: &mut self.slots,
+        });
     }
 
     /// The 15 s work: everything but the run queue.
     pub fn slow_tick(&mut self, now: Instant) {
-        let (roots, buf, slots) = (&self.roots, &mut self.buf, &mut self.slots);
-        self.cpu.sample(roots, buf, now, slots);
-        self.paging.sample(roots, buf, now, slots);
-        self.disk_io.sample(roots, buf, now, slots);
-        space::sample_memory(roots, buf, slots);
-        space::sample_tmp(roots, slots);
+        let mut tick = Tick {
+            roots: &self.roots,
+            buf: &mut self.buf,
+            now,
+            slots: &mut self.slots,
+        };
+        self.cpu.sample(&mut tick);
+        self.paging.sample(&mut tick);
+        self.disk_io.sample(&mut tick);
+        space::sample_memory(&mut tick);
+        space::sample_tmp(tick.roots, tick.slots);
         // One read of logind/utmp: `ls` and the login terminals `it` stats.
-        let login_ttys = users::sample(roots, buf, slots);
-        idle::sample(roots, &login_ttys, buf, self.clock.wall(now), slots);
-        self.psi.sample(roots, buf, slots);
-        self.gpu.sample(slots);
+        let login_ttys = users::sample(tick.roots, tick.buf, tick.slots);
+        idle::sample(
+            tick.roots,
+            &login_ttys,
+            tick.buf,
+            self.clock.wall(now),
+            tick.slots,
+        );
+        self.psi.sample(&mut tick);
+        self.gpu.sample(tick.slots);
     }
 
     /// `None`: no such index on this host (or not an index at all).

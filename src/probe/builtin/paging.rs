@@ -9,10 +9,9 @@
 //! building procfs's `VmStat` map of all of them.
 
 use std::path::Path;
-use std::time::Instant;
 
 use super::smoothing::{Counter, Delta, Ewma, TAU_1M};
-use super::{read_file, Ix, ReadError, Roots, Slots};
+use super::{Ix, ReadError, Tick};
 
 pub(crate) struct Paging {
     swapped: Counter,
@@ -27,15 +26,9 @@ impl Paging {
         }
     }
 
-    pub(crate) fn sample(
-        &mut self,
-        roots: &Roots,
-        buf: &mut Vec<u8>,
-        now: Instant,
-        slots: &mut Slots,
-    ) {
-        let path = roots.proc.join("vmstat");
-        let total = read_file(&path, buf).and_then(|()| swapped_pages(&path, buf));
+    pub(crate) fn sample(&mut self, tick: &mut Tick<'_>) {
+        let total = tick.proc("vmstat", swapped_pages);
+        let (now, slots) = (tick.now, &mut *tick.slots);
         match total {
             Err(e) => slots.fail(&[Ix::Pg], crate::value::Failure::new(e)),
             Ok(total) => match self.swapped.observe(total, now) {

@@ -8,7 +8,7 @@
 //! cpu file has no `full` line, which it requires, and it keeps avg10 as an f32 (1.23 would
 //! read 1.2300000190734863).
 
-use super::{read_file, Ix, ReadError, Roots, Slots};
+use super::{Ix, ReadError, Roots, Slots, Tick};
 
 const FILES: [(Ix, &str); 3] = [
     (Ix::CpuPsi, "cpu"),
@@ -36,13 +36,14 @@ impl Psi {
         Self { available }
     }
 
-    pub(crate) fn sample(&mut self, roots: &Roots, buf: &mut Vec<u8>, slots: &mut Slots) {
+    pub(crate) fn sample(&mut self, tick: &mut Tick<'_>) {
         if !self.available {
             return;
         }
         for (ix, file) in FILES {
-            let path = roots.proc.join("pressure").join(file);
-            match read_file(&path, buf).and_then(|()| some_avg10(&path, buf)) {
+            let read = tick.proc(&format!("pressure/{file}"), some_avg10);
+            let slots = &mut *tick.slots;
+            match read {
                 Ok(v) => slots.ok(ix, v),
                 Err(ReadError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::EOPNOTSUPP) =>

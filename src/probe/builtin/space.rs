@@ -9,9 +9,7 @@
 //!
 //! Instantaneous values, no smoothing (LSF does not smooth them either).
 
-use procfs::FromRead;
-
-use super::{read_file, Ix, ReadError, Roots, Slots, MEMINFO, MIB};
+use super::{Ix, Roots, Slots, Tick, MEMINFO, MIB};
 
 /// `mem`: MemAvailable, or where the kernel has none (before 3.14) its old approximation.
 pub(super) fn available(m: &procfs::Meminfo) -> u64 {
@@ -19,11 +17,9 @@ pub(super) fn available(m: &procfs::Meminfo) -> u64 {
 }
 
 /// Every index of the table's `meminfo:` column, from one read of /proc/meminfo.
-pub(crate) fn sample_memory(roots: &Roots, buf: &mut Vec<u8>, slots: &mut Slots) {
-    let path = roots.proc.join("meminfo");
-    let info = read_file(&path, buf).and_then(|()| {
-        procfs::Meminfo::from_read(&buf[..]).map_err(|e| ReadError::parse(&path, e))
-    });
+pub(crate) fn sample_memory(tick: &mut Tick<'_>) {
+    let info = tick.procfs::<procfs::Meminfo>("meminfo");
+    let slots = &mut *tick.slots;
     match info {
         Ok(m) => {
             for (ix, field) in MEMINFO {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::config::Capturer;
-use crate::probe::child::spawn::CAPTURE_FD;
+use crate::probe::child::CAPTURE_FD;
 
 /// The stand-in's text, with the capture descriptor written in.
 fn script() -> String {

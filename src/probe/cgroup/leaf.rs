@@ -264,8 +264,8 @@ impl Leaf {
         };
         Ok(Self {
             path: path.to_owned(),
-            dir: crate::probe::child::spawn::above_stdio(dir)?,
-            procs: crate::probe::child::spawn::above_stdio(procs)?,
+            dir: crate::probe::fd::above_stdio(dir)?,
+            procs: crate::probe::fd::above_stdio(procs)?,
             listed,
             events: fs::File::open(path.join("cgroup.events")).ok(),
             kill_file,

@@ -1,18 +1,19 @@
 //! The one child engine for exec and stream probes: start a child (own process group, its
 //! probe's cgroup, credentials, limits, cleared environment, stdin /dev/null or a pipe for
-//! [`stdin`] ticks, stdout a pipe or a [`pty`], stderr a pipe), read its output with one [`Reader`], end it with one termination routine, and say
-//! how it ended with one [`Ending`].
+//! [`Tick`]s (`stdin.rs`), stdout a pipe or a pty (`pty.rs`), stderr a pipe), read its output
+//! with one [`Reader`], end it with one termination routine, and say how it ended with one
+//! [`Ending`]. Each item has one name, `child::`'s: its submodules are private.
 //!
 //! Never waits on a pipe after the deadline: a backgrounded grandchild can hold it open
 //! forever. The deadline ends the whole group (SIGTERM, a grace period during which output is
 //! still drained, then SIGKILL and `cgroup.kill`).
 
-pub mod capture;
-pub mod drive;
-pub mod output;
-pub mod pty;
-pub mod spawn;
-pub mod stdin;
+mod capture;
+mod drive;
+mod output;
+mod pty;
+mod spawn;
+mod stdin;
 
 use std::ffi::{CString, OsString};
 use std::fmt;
@@ -32,14 +33,15 @@ use tokio::time::{sleep_until, Instant};
 pub use capture::{CaptureReader, Captured, CAPTURE_CAP};
 pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
+pub use spawn::{CloneCall, Stage, CAPTURE_FD};
 pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::{ProbeCgroup, RunCgroup};
+use super::fd;
+use super::path::PROBE_PATH;
 use super::reaper::{self, Registered};
 use crate::config::{Limits, StdoutMode};
 
-/// The fixed PATH probes get: the environment is cleared, so nothing of the agent's leaks in.
-pub const PROBE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
 pub const DEFAULT_STDOUT_CAP: usize = 64 * 1024;
 pub const DEFAULT_STDERR_TAIL: usize = 4 * 1024;
@@ -156,6 +158,8 @@ pub struct ChildSpec {
     /// A capture pipe on [`spawn::CAPTURE_FD`] (`capture:`), read by [`run`] into
     /// [`ChildOutcome::captured`].
     pub capture: bool,
+    /// clone3 where the kernel has it (the default), or clone(2).
+    pub clone_call: CloneCall,
 }
 
 impl ChildSpec {
@@ -177,6 +181,7 @@ impl ChildSpec {
             stdout: StdoutMode::Pipe,
             stdin_pipe: false,
             capture: false,
+            clone_call: CloneCall::default(),
         }
     }
 }
@@ -289,7 +294,7 @@ impl ChildOutcome {
 #[error("cannot start {program}: {}{}", stage_prefix(*.stage), why.as_ref().map_or_else(|| source.to_string(), |w| format!("{w} (the kernel said: {source})")))]
 pub struct SpawnError {
     pub program: String,
-    pub stage: Option<spawn::Stage>,
+    pub stage: Option<Stage>,
     #[source]
     pub source: io::Error,
     /// What the kernel's errno means for this file (a script with CRLF line endings, a `#!`
@@ -297,9 +302,9 @@ pub struct SpawnError {
     pub why: Option<super::security::NotRunnable>,
 }
 
-fn stage_prefix(stage: Option<spawn::Stage>) -> String {
+fn stage_prefix(stage: Option<Stage>) -> String {
     match stage {
-        None | Some(spawn::Stage::Exec) => String::new(),
+        None | Some(Stage::Exec) => String::new(),
         Some(s) => format!("{} failed: ", s.as_str()),
     }
 }
@@ -310,20 +315,6 @@ pub(crate) fn signal_group(pgid: Pid, sig: Signal) {
         // ESRCH: the group is already gone, which is what we wanted.
         let _ = killpg(pgid, sig);
     }
-}
-
-/// Make the agent the reaper of its probes' orphans: a probe's backgrounded grandchild whose
-/// parent exited is reparented to the agent (not to init), so it stays visible and is reaped
-/// here instead of piling up as a zombie under some other process. Call once, inside the
-/// tokio runtime, at daemon / `--once` / `probe` start. It also starts the orphan reaper task.
-pub fn become_subreaper() -> io::Result<()> {
-    reaper::become_subreaper()
-}
-
-/// Block SIGCHLD in this thread and every thread it starts: see
-/// [`reaper::hold_child_signals`]. Call in `main`, before the runtime is built.
-pub fn hold_child_signals() {
-    reaper::hold_child_signals();
 }
 
 /// How the exit of a child is noticed: its pidfd turns readable, or (kernels before 5.3)
@@ -365,7 +356,7 @@ fn dev_null() -> io::Result<&'static OwnedFd> {
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
-    let fd = spawn::above_stdio(fd)?;
+    let fd = fd::above_stdio(fd)?;
     Ok(NULL.get_or_init(|| fd))
 }
 
@@ -410,9 +401,9 @@ fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
 impl Child {
     /// Start `spec`'s child; its output is read through the returned [`Reader`].
     pub fn start(spec: &ChildSpec) -> Result<(Child, Reader), SpawnError> {
-        let fail = |stage: Option<spawn::Stage>, source: io::Error| SpawnError {
+        let fail = |stage: Option<Stage>, source: io::Error| SpawnError {
             program: spec.program.display().to_string(),
-            why: matches!(stage, Some(spawn::Stage::Exec))
+            why: matches!(stage, Some(Stage::Exec))
                 .then(|| super::security::why_exec_failed(&spec.program, &source))
                 .flatten(),
             stage,
@@ -428,13 +419,13 @@ impl Child {
             (spec.env.envp.clone()).ok_or_else(|| io_fail(holds_nul("an environment variable")))?;
         let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
         let (out_read, out_write) = match spec.stdout {
-            StdoutMode::Pipe => spawn::pipe(),
+            StdoutMode::Pipe => fd::pipe(),
             StdoutMode::Pty => pty::open(),
         }
         .map_err(io_fail)?;
-        let (err_read, err_write) = spawn::pipe().map_err(io_fail)?;
+        let (err_read, err_write) = fd::pipe().map_err(io_fail)?;
         let stdin = if spec.stdin_pipe {
-            let (read, write) = spawn::pipe().map_err(io_fail)?;
+            let (read, write) = fd::pipe().map_err(io_fail)?;
             Some((read, TickWriter::new(write).map_err(io_fail)?))
         } else {
             None
@@ -446,7 +437,7 @@ impl Child {
             .as_ref()
             .map(ProbeCgroup::checkout)
             .transpose()
-            .map_err(|e| fail(Some(spawn::Stage::JoinCgroup), e.into()))?;
+            .map_err(|e| fail(Some(Stage::JoinCgroup), e.into()))?;
         // The checked program's descriptor (a binary's), on one above 0-2: the stdio the
         // child dup3s there must not land on it.
         let checked = spec.checked.as_ref().filter(|c| !c.script);
@@ -455,13 +446,13 @@ impl Child {
         let moved_up = match checked {
             Some(c) if in_the_way(std::os::fd::AsRawFd::as_raw_fd(&*c.fd)) => Some(
                 c.fd.try_clone()
-                    .and_then(|fd| spawn::above(fd, spawn::CAPTURE_FD + 1))
+                    .and_then(|fd| fd::above(fd, spawn::CAPTURE_FD + 1))
                     .map_err(io_fail)?,
             ),
             _ => None,
         };
         let capture = match spec.capture {
-            true => Some(spawn::pipe().map_err(io_fail)?),
+            true => Some(fd::pipe().map_err(io_fail)?),
             false => None,
         };
         let exec_fd = checked.map(|c| moved_up.as_ref().unwrap_or(&c.fd));
@@ -488,6 +479,7 @@ impl Child {
             cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_fds),
             exec_fd,
             capture: capture.as_ref().map(|(_, write)| write),
+            clone_call: spec.clone_call,
         });
         let (started, registered) = reaper::start_registered(|| {
             spawn::spawn(&mut prepared).map(|s| {

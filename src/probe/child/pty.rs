@@ -29,7 +29,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use nix::sys::termios::{self, OutputFlags, SetArg};
 
-use super::spawn::above_stdio;
+use crate::probe::fd::above_stdio;
 
 /// `(master, slave)`: the agent reads the master; the slave becomes the child's stdout.
 pub fn open() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -39,6 +39,16 @@ use std::sync::OnceLock;
 /// report on. A single digit, since dash redirects only those (`printf ... >&7`); not 3,
 /// which scripts juggle stdout with (`exec 3>&1`), nor 9, the usual `flock` descriptor.
 pub const CAPTURE_FD: c_int = 7;
+/// Which system call starts a child: a value of its spec, not a switch of the process, so that
+/// one child can take the clone(2) path while others beside it take clone3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CloneCall {
+    /// clone3 where the kernel takes it (learnt once per process), else clone(2).
+    #[default]
+    Newest,
+    /// clone(2), as on a kernel without clone3 (for the tests of that path).
+    Legacy,
+}
 
 /// Where a child failed before its `execve` succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +130,7 @@ pub struct Prepared {
     exec_fd: Option<RawFd>,
     /// See [`Plan::capture`].
     capture: Option<RawFd>,
+    clone_call: CloneCall,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
     /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
@@ -151,6 +162,7 @@ pub struct Plan<'a> {
     /// The write end of a capture pipe (close-on-exec): the child gets it as [`CAPTURE_FD`].
     /// `exec_fd` must not be [`CAPTURE_FD`] then.
     pub capture: Option<&'a OwnedFd>,
+    pub clone_call: CloneCall,
 }
 
 impl Prepared {
@@ -195,6 +207,7 @@ impl Prepared {
             join_by_write: false,
             exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
             capture: plan.capture.map(AsRawFd::as_raw_fd),
+            clone_call: plan.clone_call,
             max_fd,
             failure: AtomicU64::new(0),
         }
@@ -205,28 +218,6 @@ impl Prepared {
 pub struct Started {
     pub pid: libc::pid_t,
     pub pidfd: Option<OwnedFd>,
-}
-
-/// A pipe whose ends are both close-on-exec and not 0, 1 or 2 (so that `dup3` onto 0..2 in
-/// the child never meets its own source, even when the agent was started with 0..2 closed).
-pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    Ok((above_stdio(r)?, above_stdio(w)?))
-}
-
-/// The same open file on a descriptor >= 3, close-on-exec.
-pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
-    }
-    above(fd, 3)
-}
-
-/// The same open file on a new descriptor >= `lowest`, close-on-exec.
-pub fn above(fd: OwnedFd, lowest: c_int) -> io::Result<OwnedFd> {
-    let raw = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(lowest))?;
-    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 const CHILD_STACK: usize = 64 * 1024;
@@ -307,12 +298,6 @@ fn with_stack<T>(f: impl FnOnce(&Stack) -> io::Result<T>) -> io::Result<T> {
 static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
 /// The kernel refused `CLONE_PIDFD` on clone: wait by SIGCHLD from then on.
 static PIDFD_MISSING: AtomicBool = AtomicBool::new(false);
-
-/// Start every later child with clone(2), as on a kernel without clone3 (for the tests of
-/// that path).
-pub fn use_legacy_clone() {
-    CLONE3_MISSING.store(true, Ordering::Relaxed);
-}
 
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
@@ -407,7 +392,7 @@ pub fn spawn(prepared: &mut Prepared) -> Result<Started, ChildFailed> {
 fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
     let cgroup_dir = prepared.cgroup.map(|(dir, _)| dir);
     #[cfg(target_arch = "x86_64")]
-    if !CLONE3_MISSING.load(Ordering::Relaxed) {
+    if prepared.clone_call == CloneCall::Newest && !CLONE3_MISSING.load(Ordering::Relaxed) {
         prepared.join_by_write = false;
         let arg = prepared as *mut Prepared as *mut c_void;
         match clone3_child(arg, stack, cgroup_dir) {

@@ -377,22 +377,24 @@ pub fn require_tool(program: &str, args: &[&str], install: &str) {
 /// Names the one test a copy of this binary started by [`in_own_process!`] runs.
 const OWN_PROCESS: &str = "XCE_IT_OWN_PROCESS";
 
-/// For a test that changes what a process has only once — it makes the process a child
-/// subreaper whose reaper would reap other tests' children, moves it into a cgroup, switches
-/// the spawn path, sets an environment variable, or leaves an inheritable descriptor open.
-/// All tests share this process, so such a test runs alone in a fresh copy of the test
-/// binary: `if !in_own_process!("fn_name") { return; }` as its first line. The macro is true
+/// For a test that changes what a process has only once and for all — it makes the process
+/// the child subreaper, whose reaper would reap other tests' children, sets its SIGCHLD
+/// disposition, or moves it into a cgroup. All tests share this process, so such a test runs
+/// alone in a fresh copy of the test binary, saying why in one line:
+/// `if !in_own_process!("fn_name", "why") { return; }` as its first line. The macro is true
 /// in that copy (run the test); in the caller it runs the copy, fails if the test failed there
-/// or did not run, and is false (the test is done).
+/// or did not run, and is false (the test is done). What a spec or a handle can carry (the
+/// clone call, the subreaper's count) is a value, and needs no process of its own.
 macro_rules! in_own_process {
-    ($test:literal) => {
-        $crate::support::run_in_own_process(module_path!(), $test)
+    ($test:literal, $why:literal) => {
+        $crate::support::run_in_own_process(module_path!(), $test, $why)
     };
 }
 pub(crate) use in_own_process;
 
-/// See [`in_own_process!`]: `module` is the test's `module_path!()`, `test` its fn name.
-pub fn run_in_own_process(module: &str, test: &str) -> bool {
+/// See [`in_own_process!`]: `module` is the test's `module_path!()`, `test` its fn name, `why`
+/// what of the process it changes.
+pub fn run_in_own_process(module: &str, test: &str, why: &str) -> bool {
     // module_path!() starts with the crate (`it::`); libtest names tests without it.
     let module = module.split_once("::").map_or("", |(_, m)| m);
     let name = format!("{module}::{test}");
@@ -424,7 +426,7 @@ pub fn run_in_own_process(module: &str, test: &str) -> bool {
         .collect();
     assert!(
         out.status.success(),
-        "{name} failed in its own process ({}): {}",
+        "{name} failed in its own process (as {why}) ({}): {}",
         out.status,
         failure.join("\n")
     );
