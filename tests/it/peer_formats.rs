@@ -628,8 +628,10 @@ resources:
       command: [sensor.sh]
       format: sge
       provides: [licenses_free]
+  # The `global:` line's value is the cluster's: a shared instance, reported by node001.
   - name: licenses_free
     interval: 60
+    resourcemap: [{location: [node001]}]
 "#,
     );
     s.script("sensor.sh", SENSOR);
