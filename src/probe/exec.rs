@@ -91,10 +91,17 @@ pub fn probe_env(
 
 /// What a format's peer arguments and environment are made of, for this probe.
 fn peer_run<'a>(task: &'a ProbeTask, host: &'a str) -> output::PeerRun<'a> {
+    let gives_state = task
+        .kind
+        .exec_spec()
+        .is_some_and(|s| s.format.def().peer.state_dir);
     output::PeerRun {
         probe: &task.name,
         host,
         interval: task.interval,
+        state_dir: gives_state
+            .then(|| super::plugin_state::probe_dir(&task.name))
+            .flatten(),
     }
 }
 
@@ -109,6 +116,8 @@ pub enum SpawnRefused {
     Insecure(#[from] super::security::InsecureProgram),
     #[error("cannot make the probe's cgroup: {0}")]
     Cgroup(super::cgroup::CgroupError),
+    #[error(transparent)]
+    StateDir(#[from] super::plugin_state::StateDirError),
 }
 
 /// Build the child spec for an exec or stream probe.
@@ -152,6 +161,11 @@ pub fn child_spec(
                 spec.trusted.as_deref(),
             )?;
         }
+    }
+    if spec.format.def().peer.state_dir {
+        // Made at the first run that needs it, for the user the probe runs as; checked at
+        // every run (a few system calls, on a format whose plugins run every few minutes).
+        super::plugin_state::ensure(&task.name, creds.as_ref().map(|c| (c.uid, c.gid)))?;
     }
     let user = creds.as_ref().map_or_else(
         || supervisor.users.agent_name().to_owned(),

@@ -11,6 +11,7 @@ pub mod failure;
 pub mod file;
 pub mod file_reader;
 pub mod output_log;
+pub mod plugin_state;
 pub mod read_error;
 pub mod reader_creds;
 pub mod reaper;
