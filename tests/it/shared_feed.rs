@@ -108,6 +108,10 @@ fn another_host_of_the_instance_drops_the_shared_value_and_check_says_so() {
     let (_, text) = agent_output(&s.agent_yaml(), &["probe", "scratch_io"]);
     assert!(text.contains("LSF_RESOURCES=scratch_io\n"), "{text}");
     assert!(
+        text.contains("drops:     matlab_lic (reported by another host)"),
+        "{text}"
+    );
+    assert!(
         !text.contains("outside"),
         "a dropped name was taken as unknown: {text}"
     );
