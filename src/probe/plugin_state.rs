@@ -140,6 +140,26 @@ pub fn ensure_at(dir: &Path, owner: Option<(Uid, Gid)>) -> Result<PathBuf, State
     Ok(dir.to_owned())
 }
 
+/// What [`ensure`] would refuse, for `check`, which makes nothing: each of the probe's
+/// state directory and the two above it that exists, checked as a run would check it.
+pub fn inspect(probe: &str, owner: Option<Uid>) -> Result<(), StateDirError> {
+    let dir = probe_dir(probe).ok_or(StateDirError::NoRoot)?;
+    let agent = Uid::effective();
+    let plugin_state = dir.parent().unwrap_or(&dir);
+    let root = plugin_state.parent().unwrap_or(plugin_state);
+    let wants = [
+        (root, agent),
+        (plugin_state, agent),
+        (dir.as_path(), owner.unwrap_or(agent)),
+    ];
+    for (path, owner) in wants {
+        if std::fs::symlink_metadata(path).is_ok() {
+            check(path, owner)?;
+        }
+    }
+    Ok(())
+}
+
 /// Make `dir` with `mode` where it is missing (not its parents, but for the state root's):
 /// whether this call made it.
 fn make(dir: &Path, mode: u32) -> std::io::Result<bool> {

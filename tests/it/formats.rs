@@ -36,7 +36,7 @@ fn nagios_plugin(name: &str) -> Option<PathBuf> {
 
 /// The agent on the site's config; its state directory (Munin plugins' state) is the
 /// site's `state`, as systemd's `StateDirectory=` would name one.
-fn agent(s: &Setup) -> Command {
+pub(crate) fn agent(s: &Setup) -> Command {
     let mut c = Command::cargo_bin("xce-agent").unwrap();
     c.arg("--config")
         .arg(s.agent_yaml())

@@ -655,6 +655,13 @@ fn a_munin_plugin_keeps_its_state_in_the_probes_own_directory() {
         .unwrap_or_default()
         .to_owned();
     assert!(error.contains("is a symbolic link"), "{json:#}");
+    // `check` says so before any run, and makes nothing.
+    let out = crate::formats::agent(&s).arg("check").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("disk_util: ") && text.contains("is a symbolic link"),
+        "{text}"
+    );
 }
 
 #[test]
