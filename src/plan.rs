@@ -98,9 +98,13 @@ pub enum SkipReason {
     Unassigned { instance: String },
     /// Dynamic, but nothing here can measure it.
     NoProbe,
-    /// Fed by a probe that runs here (its `provides:`), but this host is not the one that
-    /// reports the resource's instance: the probe's value for it is dropped.
-    Dropped { probe: String, why: Box<SkipReason> },
+    /// Fed by a probe that runs here for the other resources it feeds, but this host does
+    /// not report the resource's instance: the probe's value for it is dropped. `probe` is
+    /// the resource the probe is declared on, `None` when that is this one.
+    Dropped {
+        probe: Option<String>,
+        why: Box<SkipReason>,
+    },
 }
 
 impl fmt::Display for SkipReason {
@@ -118,9 +122,16 @@ impl fmt::Display for SkipReason {
                 "shared instance [{instance}] is reported only by the host the controller assigns"
             ),
             SkipReason::NoProbe => f.write_str("dynamic but has no probe"),
-            SkipReason::Dropped { probe, why } => write!(
+            SkipReason::Dropped {
+                probe: Some(probe),
+                why,
+            } => write!(
                 f,
                 "{why}; the probe of {probe} (provides:) runs here too, and this host drops its value"
+            ),
+            SkipReason::Dropped { probe: None, why } => write!(
+                f,
+                "{why}; its probe runs here for the other resources it feeds (provides:), and this host drops its value"
             ),
         }
     }
@@ -375,7 +386,7 @@ pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignme
             plan.skipped.push(Skipped {
                 name: name.clone(),
                 reason: SkipReason::Dropped {
-                    probe: res.name.clone(),
+                    probe: (*name != res.name).then(|| res.name.clone()),
                     why: Box::new(why.clone()),
                 },
             });
