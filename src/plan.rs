@@ -344,7 +344,7 @@ pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignme
             continue;
         };
         if provided.contains(res.name.as_str()) {
-            // Reported through the probe that provides it, with that probe's instance.
+            // Reported through the probe that provides it, at its own instance (see below).
             continue;
         }
         let here = reported_here(res, host, assigned);
