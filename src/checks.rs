@@ -99,6 +99,12 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 notes.push((t.name.clone(), format!("would be refused as root: {e}")));
             }
         }
+        if spec.format.def().peer.state_dir {
+            // A run would refuse the plugin's state directory as it is now.
+            if let Err(e) = crate::probe::plugin_state::inspect(&t.name, uid) {
+                problems.push((t.name.clone(), e.to_string()));
+            }
+        }
         if !spec.no_new_privs {
             notes.push((
                 t.name.clone(),

@@ -49,7 +49,7 @@ pub fn declared(plan: &Plan) -> Vec<Declared> {
         .flat_map(|t| {
             t.feeds.iter().map(move |f| Declared {
                 name: f.name.clone(),
-                instance: t.instance.clone(),
+                instance: f.instance.clone(),
                 valtype: f.valtype,
                 stale_after: t.stale_after,
             })
@@ -65,10 +65,10 @@ pub fn hello(config: &Config, plan: &Plan, boot_id: &str) -> wire::Hello {
         .flat_map(|t| {
             t.feeds.iter().map(move |f| wire::Declared {
                 name: f.name.clone(),
-                instance: t.instance.clone(),
+                instance: f.instance.clone(),
                 valtype: f.valtype,
                 interval_ms: t.interval.as_millis() as u64,
-                shared: !t.instance.is_empty(),
+                shared: f.is_shared(),
             })
         })
         .collect();
@@ -398,7 +398,8 @@ impl Agent {
                 .plan
                 .tasks
                 .iter()
-                .filter(|t| !t.instance.is_empty())
+                .flat_map(|t| &t.feeds)
+                .filter(|f| f.is_shared())
                 .count(),
             kept = changes.keep.len(),
             stopped = changes.stop.len(),

@@ -24,7 +24,9 @@ pub struct Plan {
 pub struct ProbeTask {
     /// The resource the probe is declared on; also the probe's name (`probe NAME`).
     pub name: String,
-    /// Empty for this host's own instance, else the shared instance's label.
+    /// The instance of the probe's first feed (the resource it is declared on, when this
+    /// host reports that one): empty for this host's own instance, else a shared instance's
+    /// label. Each feed says its own ([`Feed::instance`]).
     pub instance: String,
     pub kind: ProbeKind,
     pub interval: Duration,
@@ -32,19 +34,46 @@ pub struct ProbeTask {
     /// Offset within the interval, from hash(host, name): hosts of a cluster spread out.
     pub splay: Duration,
     pub stale_after: Duration,
-    /// Every resource this probe's output feeds, the declaring one first.
+    /// Every resource this probe's output feeds on this host, the declaring one first when
+    /// it is one of them.
     pub feeds: Vec<Feed>,
+    /// Resources in the probe's `provides:` that this host does not report (a shared
+    /// instance another host reports): the output may name them, and their values are
+    /// dropped, neither recorded nor counted as names outside `provides:`.
+    pub dropped: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Feed {
     pub name: String,
     pub valtype: Valtype,
+    /// Which instance of the resource the values go to: empty for this host's own, else the
+    /// shared instance's label. One probe may feed both (an ELIM reports host and shared
+    /// values together).
+    pub instance: String,
+}
+
+impl Feed {
+    /// Whether the values go to a shared instance: samples for Grid Engine's `global` host
+    /// (`host="global"`) feed it, and never a host's own instance.
+    pub fn is_shared(&self) -> bool {
+        !self.instance.is_empty()
+    }
 }
 
 impl ProbeTask {
     pub fn feed(&self, name: &str) -> Option<&Feed> {
         self.feeds.iter().find(|f| f.name == name)
+    }
+
+    /// The instance the `i`th reading of a run, named `name`, goes to. Readings come in the
+    /// feeds' order, so the `i`th feed is looked at first (no scan of the feeds per reading);
+    /// a subset (a stream's line) falls back to a look-up.
+    pub fn instance_of(&self, i: usize, name: &str) -> &str {
+        match self.feeds.get(i) {
+            Some(f) if f.name == name => &f.instance,
+            _ => self.feed(name).map_or(&self.instance, |f| &f.instance),
+        }
     }
 }
 
@@ -66,6 +95,13 @@ pub enum SkipReason {
     Unassigned { instance: String },
     /// Dynamic, but nothing here can measure it.
     NoProbe,
+    /// Fed by a probe that runs here for the other resources it feeds, but this host does
+    /// not report the resource's instance: the probe's value for it is dropped. `probe` is
+    /// the resource the probe is declared on, `None` when that is this one.
+    Dropped {
+        probe: Option<String>,
+        why: Box<SkipReason>,
+    },
 }
 
 impl fmt::Display for SkipReason {
@@ -83,15 +119,24 @@ impl fmt::Display for SkipReason {
                 "shared instance [{instance}] is reported only by the host the controller assigns"
             ),
             SkipReason::NoProbe => f.write_str("dynamic but has no probe"),
+            SkipReason::Dropped {
+                probe: Some(probe),
+                why,
+            } => write!(
+                f,
+                "{why}; the probe of {probe} (provides:) runs here too, and this host drops its value"
+            ),
+            SkipReason::Dropped { probe: None, why } => write!(
+                f,
+                "{why}; its probe runs here for the other resources it feeds (provides:), and this host drops its value"
+            ),
         }
     }
 }
 
 /// Whether `name` is probed here, directly or through the `provides:` of a probe.
 pub fn is_probed(plan: &Plan, name: &str) -> bool {
-    plan.tasks
-        .iter()
-        .any(|t| t.name == name || t.feed(name).is_some())
+    plan.tasks.iter().any(|t| t.feed(name).is_some())
 }
 
 /// The probe that feeds `name` through its `provides:`, if another resource's probe does.
@@ -279,64 +324,93 @@ pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignme
             continue;
         };
         if provided.contains(res.name.as_str()) {
-            // Reported through the probe that provides it, with that probe's instance.
+            // Reported through the probe that provides it, at its own instance (see below).
             continue;
         }
-        let instance = match membership(res, host, assigned) {
-            Membership::None => {
-                plan.skipped.push(skip(SkipReason::NotHere));
-                continue;
-            }
-            Membership::Shared {
-                reports: Err(reason),
-                ..
-            } => {
-                plan.skipped.push(skip(reason));
-                continue;
-            }
-            Membership::Own => String::new(),
-            Membership::Shared {
-                label,
-                reports: Ok(()),
-            } => label,
-        };
+        let here = reported_here(res, host, assigned);
         let Some(probe) = &res.probe else {
-            plan.skipped.push(skip(SkipReason::NoProbe));
+            plan.skipped
+                .push(skip(here.err().unwrap_or(SkipReason::NoProbe)));
             continue;
         };
+        // Each fed resource goes to its own instance here, or is dropped where another host
+        // reports it: one probe may feed host and shared resources (an ELIM does).
+        let (mut feeds, mut dropped) = (Vec::new(), Vec::new());
+        for fed in probe
+            .provides
+            .iter()
+            .filter_map(|n| by_name.get(n.as_str()))
+        {
+            let reach = if fed.name == res.name {
+                here.clone()
+            } else {
+                reported_here(fed, host, assigned)
+            };
+            match reach {
+                Ok(instance) => feeds.push(Feed {
+                    name: fed.name.clone(),
+                    valtype: fed.valtype,
+                    instance,
+                }),
+                Err(why) => dropped.push((fed.name.clone(), why)),
+            }
+        }
+        if feeds.is_empty() {
+            // Nothing this probe measures is reported here: it does not run.
+            if let Err(why) = here {
+                plan.skipped.push(skip(why));
+            }
+            continue;
+        }
+        for (name, why) in &dropped {
+            plan.skipped.push(Skipped {
+                name: name.clone(),
+                reason: SkipReason::Dropped {
+                    probe: (*name != res.name).then(|| res.name.clone()),
+                    why: Box::new(why.clone()),
+                },
+            });
+        }
+        let dropped = dropped.into_iter().map(|(name, _)| name).collect();
         plan.tasks
-            .push(task(&by_name, res, probe, interval, instance, host));
+            .push(task(res, probe, interval, (feeds, dropped), host));
     }
     plan
 }
 
+/// Which instance of `res` this host reports (empty: its own), or why it reports none.
+fn reported_here(
+    res: &Resource,
+    host: &str,
+    assigned: &BTreeSet<Assignment>,
+) -> Result<String, SkipReason> {
+    match membership(res, host, assigned) {
+        Membership::Own => Ok(String::new()),
+        Membership::Shared { label, reports } => reports.map(|()| label),
+        Membership::None => Err(SkipReason::NotHere),
+    }
+}
+
 fn task(
-    by_name: &std::collections::HashMap<&str, &Resource>,
     res: &Resource,
     probe: &ProbeSpec,
     interval: Duration,
-    instance: String,
+    (feeds, dropped): (Vec<Feed>, Vec<String>),
     host: &str,
 ) -> ProbeTask {
     let timeout = probe.timeout_at(interval);
     let stale_after = probe.stale_after_at(interval, timeout);
-    let feeds = probe
-        .provides
-        .iter()
-        .filter_map(|n| by_name.get(n.as_str()))
-        .map(|r| Feed {
-            name: r.name.clone(),
-            valtype: r.valtype,
-        })
-        .collect();
     ProbeTask {
         name: res.name.clone(),
-        instance,
+        instance: feeds
+            .first()
+            .map_or_else(String::new, |f| f.instance.clone()),
         kind: probe.kind.clone(),
         interval,
         timeout,
         splay: splay(host, &res.name, interval),
         stale_after,
         feeds,
+        dropped,
     }
 }

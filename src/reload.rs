@@ -88,6 +88,7 @@ pub fn changed_fields(old: &ProbeTask, new: &ProbeTask) -> Vec<TaskField> {
         splay,
         stale_after,
         feeds,
+        dropped,
     } = new;
     let same_kind = old.kind.name() == kind.name();
     [
@@ -97,7 +98,10 @@ pub fn changed_fields(old: &ProbeTask, new: &ProbeTask) -> Vec<TaskField> {
         (old.timeout != *timeout, TaskField::Timeout),
         (old.splay != *splay, TaskField::Splay),
         (old.stale_after != *stale_after, TaskField::StaleAfter),
-        (old.feeds != *feeds, TaskField::Feeds),
+        (
+            old.feeds != *feeds || old.dropped != *dropped,
+            TaskField::Feeds,
+        ),
     ]
     .into_iter()
     .filter_map(|(changed, field)| changed.then_some(field))

@@ -38,8 +38,8 @@ pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Durati
 /// Record a run's readings (a one-shot pass, which counts and logs nothing: it prints).
 pub fn record_run(store: &Store, task: &ProbeTask, run: &ProbeRun) {
     let at = run.started + run.duration;
-    for (name, reading) in &run.readings {
-        store.record(name, &task.instance, reading.clone(), at);
+    for (i, (name, reading)) in run.readings.iter().enumerate() {
+        store.record(name, task.instance_of(i, name), reading.clone(), at);
     }
 }
 

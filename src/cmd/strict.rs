@@ -45,7 +45,9 @@ pub fn unreported_fails(task: &ProbeTask, run: &mut ProbeRun) {
         .iter()
         .map(|(name, reading)| match (&output, reading) {
             (Some((format, select, stdout, parsed)), Reading::Pending(_)) => {
-                held(*format, &select.pick(name), stdout, parsed.as_ref(), name)
+                let shared = task.feed(name).is_some_and(|f| f.is_shared());
+                let pick = select.pick_for(name, shared);
+                held(*format, &pick, stdout, parsed.as_ref(), name)
             }
             _ => String::new(),
         })

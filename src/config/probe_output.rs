@@ -313,6 +313,8 @@ pub fn selection(
                     Scalar::Text(t) => t.clone(),
                     other => other.to_string(),
                 }),
+                // The plan says, per host (`Selection::pick_for`).
+                shared: false,
             },
         );
     }

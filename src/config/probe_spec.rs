@@ -158,7 +158,7 @@ probe_fields! {
     capture: Vec<Spanned<String>> => Takes::Only(&["exec"]), "Commands whose calls become values instead of reaching the real command: node_state (scontrol update State=..., pbsnodes -o/-c/-r: the `ok` and `reason` samples), gmetric (a sample per gmetric -n NAME -v VALUE).";
     trusted: String => EXEC_STREAM, "Why this probe's program text (a `shell:` line; `sh -c`, `env -S`, awk, sed, `find -exec`, xargs in `command:`) may run as root: the script rule cannot prove text safe by reading it, and refuses it as root without this reason.";
     timeout: Scalar => Takes::Every, "How long a run may take, a duration (default: min(interval, 30s)).", Bound::Duration(RUN_TIME);
-    provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, declared with the same resourcemap.";
+    provides: Vec<Spanned<String>> => EXEC_FILE_STREAM, "Other resources this probe's output feeds, each declared with its own resourcemap: a shared one is reported only by the host its resourcemap designates (the others drop its value).";
     path: String => Takes::Only(&["file"]), "The absolute path of the file to read.";
     regex: String => Takes::Only(&["file"]), "A regular expression whose first group is the value.";
     max_age: Scalar => Takes::Only(&["file"]), "A file not modified for this long is a failure, a duration.", Bound::Duration(MAX_AGE);

@@ -451,7 +451,8 @@ fn instances(errs: &mut Errors, raw: &RawResource, name: &str, pos: Pos) -> Vec<
 }
 
 /// Multi-value probes: each provided name must be a declared dynamic resource without a probe
-/// of its own, fed by one probe only, and the file's locations must agree.
+/// of its own, fed by one probe only. Its resourcemap is its own: one probe may feed host and
+/// shared resources (an LSF ELIM reports both), and the plan sends each to its instance.
 fn check_provides(errs: &mut Errors, resources: &[Resource], raw: &[Option<&Spanned<RawProbe>>]) {
     let by_name: BTreeMap<&str, &Resource> =
         resources.iter().map(|r| (r.name.as_str(), r)).collect();
@@ -489,22 +490,6 @@ fn check_provides(errs: &mut Errors, resources: &[Resource], raw: &[Option<&Span
                         errs.at(
                             list_pos,
                             format!("`provides` names {name:?}, which has its own probe"),
-                        );
-                        continue;
-                    }
-                    Some(other)
-                        if !other
-                            .instances
-                            .iter()
-                            .map(|i| &i.location)
-                            .eq(res.instances.iter().map(|i| &i.location)) =>
-                    {
-                        errs.at(
-                            list_pos,
-                            format!(
-                                "`provides` names {name:?}, whose resourcemap differs from {:?}'s; fix: give {name:?} the same resourcemap as {:?} (copy it)",
-                                res.name, res.name
-                            ),
                         );
                         continue;
                     }

@@ -307,6 +307,7 @@ mod tests {
             probe: "p",
             host: "node7.example",
             interval: Duration::from_millis(2500),
+            state_dir: None,
         });
         assert_eq!(
             env,

@@ -144,6 +144,9 @@ pub struct Peer {
     /// one present (a Netdata dimension id, a collectd type instance): `provides: [load1]`
     /// finds `system.load.load1`.
     pub short_names: &'static [&'static str],
+    /// The system gives each plugin a directory for its state between runs (munin-node's
+    /// `MUNIN_PLUGSTATE`): the agent makes the probe's own ([`PeerRun::state_dir`]).
+    pub state_dir: bool,
 }
 
 /// What a peer's arguments and environment are made of.
@@ -152,6 +155,9 @@ pub struct PeerRun<'a> {
     pub probe: &'a str,
     pub host: &'a str,
     pub interval: std::time::Duration,
+    /// The probe's state directory, for a system that gives one ([`Peer::state_dir`]);
+    /// `None` where the agent has none (a user's agent without `$HOME`).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// A format that no other system runs scripts for in its own way.
@@ -159,6 +165,7 @@ pub const NO_PEER: Peer = Peer {
     args: |_| Vec::new(),
     env: |_| Vec::new(),
     short_names: &[],
+    state_dir: false,
 };
 
 impl Peer {
@@ -171,6 +178,7 @@ impl Peer {
             args: |_| Vec::new(),
             env,
             short_names,
+            state_dir: false,
         }
     }
 

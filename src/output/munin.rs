@@ -23,24 +23,27 @@ pub const DEF: FormatDef = FormatDef::of_a_peer("munin", "Munin plugin output", 
 
 /// munin-node's defaults on Debian (`/etc/munin/munin-node.conf`, `munin-run`).
 pub const LIBDIR: &str = "/usr/share/munin";
-pub const PLUGSTATE: &str = "/var/lib/munin-node/plugin-state/nobody";
 
-const PEER: Peer = Peer::environment(env, &["field"]);
+/// A plugin's state goes in the probe's own directory (`crate::probe::plugin_state`),
+/// made for the user it runs as, where munin-node has one per user.
+const PEER: Peer = Peer {
+    state_dir: true,
+    ..Peer::environment(env, &["field"])
+};
 
 fn env(run: &PeerRun) -> Vec<(String, String)> {
-    [
+    let mut env = vec![
         ("MUNIN_LIBDIR", LIBDIR.to_owned()),
         ("MUNIN_CONFDIR", "/etc/munin".to_owned()),
-        ("MUNIN_PLUGSTATE", PLUGSTATE.to_owned()),
-        (
-            "MUNIN_STATEFILE",
-            format!("{PLUGSTATE}/{}-{}", run.probe, run.host),
-        ),
         ("MUNIN_CAP_MULTIGRAPH", "1".to_owned()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
+    ];
+    if let Some(dir) = &run.state_dir {
+        // munin-node names the file `<plugin>-<master>`; the agent's master is its host.
+        let file = dir.join(format!("{}-{}", run.probe, run.host));
+        env.push(("MUNIN_PLUGSTATE", dir.display().to_string()));
+        env.push(("MUNIN_STATEFILE", file.display().to_string()));
+    }
+    env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
@@ -203,15 +206,25 @@ mod tests {
 
     #[test]
     fn munin_node_environment_names_the_state_file_per_probe() {
-        let env = env(&PeerRun {
-            probe: "cpu",
-            host: "n1",
-            interval: std::time::Duration::from_secs(300),
-        });
+        let run = |state_dir: Option<&str>| {
+            env(&PeerRun {
+                probe: "cpu",
+                host: "n1",
+                interval: std::time::Duration::from_secs(300),
+                state_dir: state_dir.map(Into::into),
+            })
+        };
+        let env = run(Some("/var/lib/xce-agent/plugin-state/cpu"));
         assert!(env.contains(&("MUNIN_LIBDIR".into(), LIBDIR.into())));
         assert!(env.contains(&(
-            "MUNIN_STATEFILE".into(),
-            format!("{PLUGSTATE}/cpu-n1")
+            "MUNIN_PLUGSTATE".into(),
+            "/var/lib/xce-agent/plugin-state/cpu".into()
         )));
+        assert!(env.contains(&(
+            "MUNIN_STATEFILE".into(),
+            "/var/lib/xce-agent/plugin-state/cpu/cpu-n1".into()
+        )));
+        // No state directory: no promise of one.
+        assert!(!run(None).iter().any(|(k, _)| k.contains("STATE")));
     }
 }

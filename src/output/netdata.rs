@@ -79,6 +79,7 @@ const PEER: Peer = Peer {
     args: |run| vec![update_every(run)],
     env: |run| vec![("NETDATA_UPDATE_EVERY".to_owned(), update_every(run))],
     short_names: &["dimension"],
+    state_dir: false,
 };
 
 /// Netdata's update-every: whole seconds, at least 1.

@@ -59,6 +59,11 @@ pub struct Pick {
     pub aggregate: Option<Aggregate>,
     /// The value when the output has no matching sample.
     pub default: Option<String>,
+    /// The resource's values go to a shared instance on this host (not from `select:`, from
+    /// the plan): without a selector, a sample for the global host (`host="global"`, as a
+    /// Grid Engine load sensor's `global:` line) feeds it before any other, and never a
+    /// host's own instance.
+    pub shared: bool,
 }
 
 /// A probe's `select:` and `aggregate:`.
@@ -75,6 +80,26 @@ impl Selection {
         p.aggregate = p.aggregate.or(self.aggregate);
         p
     }
+
+    /// [`Selection::pick`] for a resource whose values go to a shared instance or not.
+    pub fn pick_for(&self, resource: &str, shared: bool) -> Pick {
+        Pick {
+            shared,
+            ..self.pick(resource)
+        }
+    }
+}
+
+/// The label a sample for the cluster as a whole carries (`host="global"`): Grid Engine's
+/// `global:name:value`, or a Prometheus or influx sample labelled so.
+pub const HOST_LABEL: &str = "host";
+
+/// Whether `sample` is a value for the global host rather than this one.
+pub fn is_global(sample: &Sample) -> bool {
+    sample
+        .labels
+        .iter()
+        .any(|(k, v)| k == HOST_LABEL && v.eq_ignore_ascii_case(super::sge::GLOBAL))
 }
 
 /// A `select:` selector that does not parse: the selector as written and what is wrong.
@@ -228,11 +253,12 @@ fn matches_selector(format: Format, sample: &Sample, sel: &Selector) -> bool {
     name_ok && sel.labels.iter().all(|l| sample.labels.contains(l))
 }
 
-/// Whether `sample` is one `pick` takes for `resource`.
+/// Whether `sample` is one `pick` takes for `resource`. Without a selector, a global
+/// sample never feeds a host's own instance.
 pub fn matches(format: Format, pick: &Pick, sample: &Sample, resource: &str) -> bool {
     match &pick.selector {
         Some(sel) => matches_selector(format, sample, sel),
-        None => matches_directly(format, sample, resource),
+        None => (pick.shared || !is_global(sample)) && matches_directly(format, sample, resource),
     }
 }
 
@@ -249,7 +275,7 @@ pub fn reading(
     resource: &str,
     valtype: Valtype,
 ) -> Option<Reading> {
-    let found: Vec<&Sample> = match &pick.selector {
+    let mut found: Vec<&Sample> = match &pick.selector {
         // A JSON record is picked by its keys' values, not by its place in an array.
         Some(sel) if format == Format::Json && !sel.labels.is_empty() => {
             super::json::in_records(&parsed.samples, sel)
@@ -260,6 +286,10 @@ pub fn reading(
             .filter(|s| matches(format, pick, s, resource))
             .collect(),
     };
+    if pick.selector.is_none() && pick.shared && found.iter().any(|s| is_global(s)) {
+        // The global value is the shared instance's; this host's own is not.
+        found.retain(|s| is_global(s));
+    }
     let typed = |s: &Sample| match valtype.parse(&s.value) {
         Ok(v) => Reading::Ok(v),
         Err(e) if s.line > 0 => Reading::Failed(format!("{e} (output line {})", s.line).into()),
@@ -332,6 +362,17 @@ pub fn absent_reason(
         Some(sel) => format!("{resource}: no sample matches `{sel}` in the output"),
         None => format!("{resource:?} is not in the probe's output"),
     };
+    let global_only = pick.selector.is_none()
+        && !pick.shared
+        && parsed
+            .samples
+            .iter()
+            .any(|s| is_global(s) && matches_directly(format, s, resource));
+    if global_only {
+        why = format!(
+            "{resource:?} is in the probe's output only for the global host (host=\"global\"), which feeds a shared instance, not this host's own; give {resource} a shared resourcemap (location: [all]), or `select:` it"
+        );
+    }
     if let Some(first) = parsed.bad_lines.first() {
         why.push_str(&format!(
             "; {} line(s) did not parse, the first: {first}",
@@ -440,5 +481,45 @@ mod tests {
         let mut dflt = sel("nothing");
         dflt.default = Some("0".into());
         assert_eq!(get(&dflt, "x"), Some(Reading::Ok(Value::Numeric(0.0))));
+    }
+
+    /// Grid Engine's `global:` line, a Prometheus or influx sample labelled `host="global"`:
+    /// a shared instance takes it before this host's own sample of the same name, and a
+    /// host's own instance never takes it (and says what would).
+    #[test]
+    fn a_global_sample_feeds_the_shared_instance_and_never_a_hosts_own() {
+        let p = parsed(&[
+            ("matlab_lic", &[("host", "global")], "12"),
+            ("matlab_lic", &[], "3"),
+            ("only_global", &[("host", "GLOBAL")], "7"),
+        ]);
+        let f = Format::Prometheus;
+        let shared = Pick {
+            shared: true,
+            ..Pick::default()
+        };
+        let own = Pick::default();
+        let get = |pick: &Pick, r: &str| reading(f, pick, &p, r, Valtype::Numeric);
+        assert_eq!(
+            get(&shared, "matlab_lic"),
+            Some(Reading::Ok(Value::Numeric(12.0)))
+        );
+        assert_eq!(
+            get(&own, "matlab_lic"),
+            Some(Reading::Ok(Value::Numeric(3.0)))
+        );
+        assert_eq!(
+            get(&shared, "only_global"),
+            Some(Reading::Ok(Value::Numeric(7.0)))
+        );
+        assert_eq!(get(&own, "only_global"), None);
+        let why = absent_reason(f, &own, &p, "", "only_global");
+        assert!(why.contains("only for the global host"), "{why}");
+        // A selector says exactly what it takes, whichever instance the resource has.
+        let sel = Pick {
+            selector: Some(parse_selector("matlab_lic{host=\"global\"}").unwrap()),
+            ..Pick::default()
+        };
+        assert_eq!(get(&sel, "x"), Some(Reading::Ok(Value::Numeric(12.0))));
     }
 }

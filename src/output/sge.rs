@@ -138,7 +138,7 @@ pub fn parse_block(lines: &[(usize, &str)], this_host: &str) -> Parsed {
             continue;
         }
         let labels = if host.eq_ignore_ascii_case(GLOBAL) {
-            vec![("host".to_owned(), GLOBAL.to_owned())]
+            vec![(super::select::HOST_LABEL.to_owned(), GLOBAL.to_owned())]
         } else if same_host(host, this_host) {
             Vec::new()
         } else {

@@ -108,10 +108,17 @@ pub fn probe_env(
 
 /// What a format's peer arguments and environment are made of, for this probe.
 fn peer_run<'a>(task: &'a ProbeTask, host: &'a str) -> output::PeerRun<'a> {
+    let gives_state = task
+        .kind
+        .exec_spec()
+        .is_some_and(|s| s.format.def().peer.state_dir);
     output::PeerRun {
         probe: &task.name,
         host,
         interval: task.interval,
+        state_dir: gives_state
+            .then(|| super::plugin_state::probe_dir(&task.name))
+            .flatten(),
     }
 }
 
@@ -156,6 +163,11 @@ pub fn child_spec(
                 spec.trusted.as_deref(),
             )?;
         }
+    }
+    if spec.format.def().peer.state_dir {
+        // Made at the first run that needs it, for the user the probe runs as; checked at
+        // every run (a few system calls, on a format whose plugins run every few minutes).
+        super::plugin_state::ensure(&task.name, creds.as_ref().map(|c| (c.uid, c.gid)))?;
     }
     let user = creds.as_ref().map_or_else(
         || supervisor.users.agent_name().to_owned(),

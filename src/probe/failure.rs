@@ -101,6 +101,8 @@ pub enum SpawnRefused {
     Insecure(#[from] super::security::InsecureProgram),
     #[error("cannot make the probe's cgroup: {0}")]
     Cgroup(super::cgroup::CgroupError),
+    #[error(transparent)]
+    StateDir(#[from] super::plugin_state::StateDirError),
 }
 
 /// How an exec probe's child ended badly (a timeout, the output cap, an exit status that is

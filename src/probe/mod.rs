@@ -14,6 +14,7 @@ pub mod file;
 pub mod file_reader;
 pub mod output_log;
 pub mod path;
+pub mod plugin_state;
 pub mod read_error;
 pub mod reader_creds;
 pub mod reaper;
@@ -209,7 +210,7 @@ impl ProbeRun {
         let mut readings: Vec<(String, Reading)> = Vec::with_capacity(task.feeds.len());
         let mut absent = Vec::new();
         for feed in &task.feeds {
-            let pick = selection.pick(&feed.name);
+            let pick = selection.pick_for(&feed.name, feed.is_shared());
             match output::select::reading(format, &pick, parsed, &feed.name, feed.valtype) {
                 Some(r) => readings.push((feed.name.clone(), r)),
                 None => {
@@ -313,9 +314,16 @@ pub fn readings_from_pairs(
     (readings, unexpected)
 }
 
-/// The names a task feeds, for look-ups per output name that cost no scan of the feeds.
+/// The names a task feeds, and those of its `provides:` this host drops (another host reports
+/// them): none is a name outside `provides:`. A set, for look-ups per output name that cost
+/// no scan of the feeds.
 fn feed_names(task: &ProbeTask) -> HashSet<&str> {
-    task.feeds.iter().map(|f| f.name.as_str()).collect()
+    let dropped = task.dropped.iter().map(String::as_str);
+    task.feeds
+        .iter()
+        .map(|f| f.name.as_str())
+        .chain(dropped)
+        .collect()
 }
 
 /// Output up to this size is parsed where the run is, on the runtime's thread: it takes

@@ -61,8 +61,9 @@ impl Sink {
         self.say_declared_budget();
         self.log_failure(&run);
         let at = run.started + run.duration;
-        for (name, reading) in run.readings {
-            self.store.record(&name, &self.task.instance, reading, at);
+        for (i, (name, reading)) in run.readings.into_iter().enumerate() {
+            let instance = self.task.instance_of(i, &name);
+            self.store.record(&name, instance, reading, at);
         }
     }
 
@@ -94,7 +95,7 @@ impl Sink {
         let now = SystemTime::now();
         for f in &self.task.feeds {
             self.store
-                .record(&f.name, &self.task.instance, reading.clone(), now);
+                .record(&f.name, &f.instance, reading.clone(), now);
         }
     }
 
@@ -109,9 +110,10 @@ impl Sink {
             self.log.malformed(&task.name, &err, Instant::now());
             return;
         }
-        let previous = self
-            .store
-            .get(&task.name, &task.instance)
+        let previous = task
+            .feeds
+            .first()
+            .and_then(|f| self.store.get(&f.name, &f.instance))
             .and_then(|r| r.error);
         if previous.map(|p| p.to_string()).as_ref() != Some(&err) {
             let stderr = run.exec.as_ref().map_or("", |e| e.stderr.as_str());

@@ -42,13 +42,14 @@ impl OnceReport {
     pub fn new(host: &str, runs: &[(ProbeTask, ProbeRun)], store: &Store) -> Self {
         let mut rows = Vec::new();
         for (task, run) in runs {
-            for (name, _) in &run.readings {
-                let Some(rv) = store.get(name, &task.instance) else {
+            for (i, (name, _)) in run.readings.iter().enumerate() {
+                let instance = task.instance_of(i, name);
+                let Some(rv) = store.get(name, instance) else {
                     continue;
                 };
                 rows.push(Row {
                     name: name.clone(),
-                    instance: task.instance.clone(),
+                    instance: instance.to_owned(),
                     probe: task.name.clone(),
                     kind: task.kind.name(),
                     value: rv.value,

@@ -26,10 +26,12 @@ pub fn plan_text(
 ) -> String {
     let mut out = String::new();
     // Resources fed through `provides:` are listed under the probe that feeds them, so every
-    // resource of the file appears once, under PROBES or under SKIPPED.
+    // resource of the file appears once, under PROBES or under SKIPPED (a resource whose
+    // probe runs here for the others it feeds is under SKIPPED, and they under PROBES).
     let provided_by_skipped: Vec<(&str, &[String])> = plan
         .skipped
         .iter()
+        .filter(|s| !plan.tasks.iter().any(|t| t.name == s.name))
         .filter_map(|s| {
             let probe = config.resources.get(&s.name)?.probe.as_ref()?;
             Some((s.name.as_str(), probe.provides.get(1..).unwrap_or_default()))
@@ -88,9 +90,16 @@ pub fn plan_text(
                 t.kind.summary(),
             ],
         );
-        for f in t.feeds.iter().skip(1) {
+        for f in t.feeds.iter().filter(|f| f.name != t.name) {
             let mut row = vec![String::new(); 7];
             row[0] = format!("  {}", f.name);
+            if f.instance != t.instance {
+                row[1] = if f.is_shared() {
+                    f.instance.clone()
+                } else {
+                    "-".into()
+                };
+            }
             row[6] = format!("fed by {} (provides:)", t.name);
             table.push(row);
         }

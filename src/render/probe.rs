@@ -172,9 +172,23 @@ impl ProbeDebug<'_> {
         let feeds: Vec<String> = task
             .feeds
             .iter()
-            .map(|f| format!("{} ({})", f.name, f.valtype.as_str()))
+            .map(|f| match f.instance.as_str() {
+                // A feed of another instance than the probe's says which.
+                i if i != task.instance && !i.is_empty() => {
+                    format!("{} ({}) [{}]", f.name, f.valtype.as_str(), escape(i))
+                }
+                _ => format!("{} ({})", f.name, f.valtype.as_str()),
+            })
             .collect();
         let _ = writeln!(t, "  feeds:     {}", feeds.join(", "));
+        if !task.dropped.is_empty() {
+            // Another host reports their instance (`check` says which).
+            let _ = writeln!(
+                t,
+                "  drops:     {} (reported by another host)",
+                task.dropped.join(", ")
+            );
+        }
         let timeout_is = match task.kind {
             ProbeKind::Stream(_) => "first values within",
             _ => "timeout",

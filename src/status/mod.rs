@@ -275,7 +275,7 @@ pub fn snapshot(src: &Sources, names: &[String]) -> StatusReport {
         .flat_map(|t| {
             t.feeds
                 .iter()
-                .map(move |f| ((f.name.as_str(), t.instance.as_str()), t))
+                .map(move |f| ((f.name.as_str(), f.instance.as_str()), t))
         })
         .collect();
     let mut resources = Vec::new();

@@ -34,9 +34,14 @@ fn nagios_plugin(name: &str) -> Option<PathBuf> {
     .then_some(p)
 }
 
-fn agent(s: &Setup) -> Command {
+/// The agent on the site's config; its state directory (Munin plugins' state) is the
+/// site's `state`, as systemd's `StateDirectory=` would name one.
+pub(crate) fn agent(s: &Setup) -> Command {
     let mut c = Command::cargo_bin("xce-agent").unwrap();
-    c.arg("--config").arg(s.agent_yaml()).env_remove("RUST_LOG");
+    c.arg("--config")
+        .arg(s.agent_yaml())
+        .env_remove("RUST_LOG")
+        .env("STATE_DIRECTORY", s.file("state"));
     c
 }
 

@@ -56,6 +56,7 @@ mod receiver_core;
 mod schedule;
 mod script_rule;
 mod security_checks;
+mod shared_feed;
 mod spawn;
 mod spawn_legacy;
 mod status;

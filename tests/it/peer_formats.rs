@@ -583,6 +583,87 @@ resources:
     assert_eq!(number(&json, "psu_temp"), 40.0);
 }
 
+/// Debian's `diskstats` plugin keeps its last counters between runs with Munin::Plugin's
+/// `save_state` in `$MUNIN_STATEFILE`: its first run prints nothing and saves them, the next
+/// prints rates. The probe's own state directory is made for the user it runs as (`nobody`
+/// when the tests run as root), private; one that is a link elsewhere is refused.
+#[test]
+fn a_munin_plugin_keeps_its_state_in_the_probes_own_directory() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let Some(diskstats) = installed("/usr/share/munin/plugins/diskstats", "munin-plugins-core")
+    else {
+        return;
+    };
+    let config = |select: &str| {
+        format!(
+            "resources:\n  - name: disk_util\n    interval: 60\n    probe: {{kind: exec, command: [{}], format: munin, select: {{disk_util: '{select}'}}}}\n",
+            diskstats.display()
+        )
+    };
+    let s = Setup::new(&config("unknown_yet"));
+    // The first run saves the counters and prints no value.
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let dir = s.file("state/plugin-state/disk_util");
+    let meta = std::fs::symlink_metadata(&dir).expect("the probe's state directory");
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    let run_as = if nix::unistd::geteuid().is_root() {
+        nix::unistd::User::from_name("nobody").unwrap().unwrap().uid
+    } else {
+        nix::unistd::geteuid()
+    };
+    assert_eq!(meta.uid(), run_as.as_raw());
+    assert!(
+        dir.join("disk_util-node001").exists(),
+        "no state file in {dir:?}"
+    );
+    // The next run has the counters: it prints a multigraph of each disk's utilization. The
+    // plugin divides by the whole seconds since the saved counters: the next one must begin.
+    let since_epoch = || std::time::UNIX_EPOCH.elapsed().unwrap();
+    let saved_at = since_epoch().as_secs();
+    std::thread::sleep(std::time::Duration::from_secs(saved_at + 1) - since_epoch());
+    let (code, text) = probe(&s, "disk_util");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("MUNIN_PLUGSTATE="), "{text}");
+    let field = text
+        .split("multigraph diskstats_utilization\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        // `probe NAME` shows stdout indented behind a bar.
+        .map(|l| l.trim_start().trim_start_matches('|').trim())
+        .and_then(|l| l.split_once(".value"))
+        .map(|(f, _)| f.to_owned())
+        .unwrap_or_else(|| panic!("no utilization graph in {text}"));
+    std::fs::write(
+        s.file("resources.yaml"),
+        config(&format!("diskstats_utilization.{field}")),
+    )
+    .unwrap();
+    let json = answered(&s);
+    let util = number(&json, "disk_util");
+    assert!((0.0..=100.0).contains(&util), "{json:#}");
+    // A state directory that is a link to another directory is not handed to the plugin.
+    let elsewhere = s.file("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+    let (code, json) = once(&s);
+    assert_eq!(code, Some(1), "{json:#}");
+    let error = row(&json, "disk_util")["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(error.contains("is a symbolic link"), "{json:#}");
+    // `check` says so before any run, and makes nothing.
+    let out = crate::formats::agent(&s).arg("check").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("disk_util: ") && text.contains("is a symbolic link"),
+        "{text}"
+    );
+}
+
 #[test]
 fn the_probes_own_env_wins_over_the_peers() {
     let s = Setup::new(
@@ -628,8 +709,10 @@ resources:
       command: [sensor.sh]
       format: sge
       provides: [licenses_free]
+  # The `global:` line's value is the cluster's: a shared instance, reported by node001.
   - name: licenses_free
     interval: 60
+    resourcemap: [{location: [node001]}]
 "#,
     );
     s.script("sensor.sh", SENSOR);

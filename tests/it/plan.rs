@@ -48,7 +48,11 @@ resources:
 "#;
 
 fn plan(host: &str, assigned: &[(&str, &str)]) -> Plan {
-    let r = resources::parse(Path::new("resources.yaml"), RESOURCES).unwrap();
+    plan_of(RESOURCES, host, assigned)
+}
+
+fn plan_of(yaml: &str, host: &str, assigned: &[(&str, &str)]) -> Plan {
+    let r = resources::parse(Path::new("resources.yaml"), yaml).unwrap();
     let assigned: BTreeSet<Assignment> = assigned
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -174,6 +178,97 @@ fn provided_resources_are_fed_by_their_provider() {
     assert_eq!(t.feeds[1].valtype, xce_agent::value::Valtype::String);
     assert!(task(&p, "multi_b").is_none());
     assert!(skip(&p, "multi_b").is_none());
+}
+
+/// An ELIM on every host reports a host value and two shared ones (LSF's master ELIM
+/// decides which): each goes to its own instance where this host reports it, and is dropped
+/// (with the reason, for `check`) where another host does.
+const MIXED: &str = r#"
+resources:
+  - name: scratch_io
+    interval: 30
+    probe: {kind: stream, command: [elim], format: elim, provides: [lic_free, lic_pool]}
+  - name: lic_free
+    interval: 30
+    resourcemap: [{location: ["node[001-004]"]}]
+  - name: lic_pool
+    interval: 30
+    resourcemap: [{location: [all]}]
+  - name: pool_probe
+    interval: 30
+    resourcemap: [{location: [all]}]
+    probe: {kind: exec, command: [x], format: kv, provides: [pool_host]}
+  - name: pool_host
+    interval: 30
+"#;
+
+fn mixed(host: &str, assigned: &[(&str, &str)]) -> Plan {
+    plan_of(MIXED, host, assigned)
+}
+
+fn feeds(t: &xce_agent::plan::ProbeTask) -> Vec<(&str, &str)> {
+    t.feeds
+        .iter()
+        .map(|f| (f.name.as_str(), f.instance.as_str()))
+        .collect()
+}
+
+#[test]
+fn one_probe_feeds_host_and_shared_instances_each_where_reported() {
+    // node001 is the first host of lic_free's instance; lic_pool is assigned to it.
+    let p = mixed("node001", &[("lic_pool", "all")]);
+    let t = task(&p, "scratch_io").unwrap();
+    assert_eq!(
+        feeds(t),
+        [
+            ("scratch_io", ""),
+            ("lic_free", "node[001-004]"),
+            ("lic_pool", "all")
+        ]
+    );
+    assert!(t.dropped.is_empty());
+    assert_eq!(t.instance, "");
+    // node002 shares lic_free's instance but does not report it; nobody assigned lic_pool.
+    let p = mixed("node002", &[]);
+    let t = task(&p, "scratch_io").unwrap();
+    assert_eq!(feeds(t), [("scratch_io", "")]);
+    assert_eq!(t.dropped, ["lic_free", "lic_pool"]);
+    let Some(SkipReason::Dropped { probe, why }) = skip(&p, "lic_free") else {
+        panic!("{:?}", p.skipped)
+    };
+    assert_eq!(probe.as_deref(), Some("scratch_io"));
+    assert_eq!(
+        *why,
+        SkipReason::ReportedBy {
+            instance: "node[001-004]".into(),
+            host: "node001".into()
+        }
+    );
+    let text = skip(&p, "lic_free").unwrap().to_string();
+    assert_eq!(
+        text,
+        "shared instance [node[001-004]] is reported by node001; the probe of scratch_io (provides:) runs here too, and this host drops its value"
+    );
+    assert!(!xce_agent::plan::is_probed(&p, "lic_free"));
+    assert!(xce_agent::plan::is_probed(&p, "scratch_io"));
+}
+
+#[test]
+fn a_probe_declared_on_a_shared_resource_runs_for_the_host_ones_it_feeds() {
+    let p = mixed("node009", &[]);
+    let t = task(&p, "pool_probe").unwrap();
+    assert_eq!(feeds(t), [("pool_host", "")]);
+    assert_eq!(t.dropped, ["pool_probe"]);
+    assert!(!xce_agent::plan::is_probed(&p, "pool_probe"));
+    let text = skip(&p, "pool_probe").unwrap().to_string();
+    assert_eq!(
+        text,
+        "shared instance [all] is reported only by the host the controller assigns; its probe runs here for the other resources it feeds (provides:), and this host drops its value"
+    );
+    let p = mixed("node009", &[("pool_probe", "all")]);
+    let t = task(&p, "pool_probe").unwrap();
+    assert_eq!(feeds(t), [("pool_probe", "all"), ("pool_host", "")]);
+    assert_eq!(t.instance, "all");
 }
 
 #[test]

@@ -243,7 +243,7 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
             log_bad_lines(sink, format, &parsed);
             let mut readings = Vec::with_capacity(sink.task().feeds.len());
             for feed in &sink.task().feeds {
-                let pick = spec.exec.select.pick(&feed.name);
+                let pick = spec.exec.select.pick_for(&feed.name, feed.is_shared());
                 if selects_another_block(&pick, &name) {
                     continue;
                 }
@@ -266,7 +266,7 @@ pub(super) fn apply(sink: &mut Sink, spec: &StreamSpec, update: Update, began: I
                 .feeds
                 .iter()
                 .filter_map(|feed| {
-                    let pick = spec.exec.select.pick(&feed.name);
+                    let pick = spec.exec.select.pick_for(&feed.name, feed.is_shared());
                     output::select::reading(format, &pick, &parsed, &feed.name, feed.valtype)
                         .map(|r| (feed.name.clone(), r))
                 })
@@ -403,7 +403,7 @@ impl Gathered {
         let malformed = !block.bad_lines.is_empty();
         answered.resize(task.feeds.len(), false);
         for (f, done) in task.feeds.iter().zip(answered.iter_mut()) {
-            let pick = spec.exec.select.pick(&f.name);
+            let pick = spec.exec.select.pick_for(&f.name, f.is_shared());
             *done = *done
                 || output::select::always_answers(&pick)
                 || block
