@@ -608,7 +608,7 @@ fn the_installed_library_links_by_pkg_config_and_its_soname() {
     );
     let libdir = root.path().join("usr/lib");
     for f in [
-        "libxce_receiver.so.0.1.0",
+        "libxce_receiver.so.0.2.0",
         "libxce_receiver.so.0",
         "libxce_receiver.so",
         "libxce_receiver.a",

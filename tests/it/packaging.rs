@@ -504,8 +504,8 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
     let contents = |deb: &Path| run_ok(Command::new("dpkg-deb").arg("-c").arg(deb));
     let (rt_files, dev_files, dbg_files) = (contents(&runtime), contents(&dev), contents(&dbgsym));
     for f in [
-        format!("{lib}/libxce_receiver.so.0.1.0"),
-        "libxce_receiver.so.0 -> libxce_receiver.so.0.1.0".to_owned(),
+        format!("{lib}/libxce_receiver.so.0.2.0"),
+        "libxce_receiver.so.0 -> libxce_receiver.so.0.2.0".to_owned(),
         "/usr/share/doc/libxce-receiver0/copyright".to_owned(),
     ] {
         assert!(
@@ -551,7 +551,7 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
         run_ok(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&root));
     }
     let libdir = root.join("usr/lib/x86_64-linux-gnu");
-    let so = libdir.join("libxce_receiver.so.0.1.0");
+    let so = libdir.join("libxce_receiver.so.0.2.0");
     let dynamic = run_ok(Command::new("readelf").arg("-d").arg(&so));
     assert!(
         dynamic.contains("Library soname: [libxce_receiver.so.0]"),
@@ -580,11 +580,11 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
 
     // The rpms: the same split.
     let rpms = |name: &str| run_ok(Command::new("rpm").arg("-qlp").arg(find(name)));
-    let rpm_rt = rpms("xce-receiver-0.1.0");
+    let rpm_rt = rpms("xce-receiver-0.2.0");
     let rpm_devel = rpms("xce-receiver-devel-");
     let rpm_debug = rpms("xce-receiver-debuginfo-");
     assert!(
-        rpm_rt.contains("/usr/lib64/libxce_receiver.so.0.1.0"),
+        rpm_rt.contains("/usr/lib64/libxce_receiver.so.0.2.0"),
         "{rpm_rt}"
     );
     assert!(
@@ -610,7 +610,7 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
         Command::new("rpm")
             .arg("-qp")
             .arg("--scripts")
-            .arg(find("xce-receiver-0.1.0")),
+            .arg(find("xce-receiver-0.2.0")),
     );
     assert!(scripts.contains("/sbin/ldconfig"), "{scripts}");
 
