@@ -206,6 +206,11 @@ const PACKAGED: &[&str] = &[
     "/usr/share/zsh/vendor-completions/_xce-agent",
     "/usr/share/fish/vendor_completions.d/xce-agent.fish",
     "/usr/share/doc/xce-agent/PLUGINS.md",
+    // The monitoring mixin (monitoring/), for Prometheus's rule_files and Grafana's import.
+    "/usr/share/xce-agent/monitoring/README.md",
+    "/usr/share/xce-agent/monitoring/prometheus/alerts.yaml",
+    "/usr/share/xce-agent/monitoring/prometheus/rules.yaml",
+    "/usr/share/xce-agent/monitoring/grafana/xce-agent.json",
 ];
 
 /// Files in the .deb only: cargo-deb writes the copyright file Debian policy requires; an
@@ -375,6 +380,22 @@ fn deb_and_rpm_from_the_release_build_hold_the_same_files_and_their_check_passes
             root.display()
         );
         check_passes_in(root, work.path());
+        // The monitoring mixin as the checkout has it (tests/it/monitoring.rs checks that).
+        for file in [
+            "README.md",
+            "prometheus/alerts.yaml",
+            "prometheus/rules.yaml",
+            "grafana/xce-agent.json",
+        ] {
+            let packaged = std::fs::read(root.join("usr/share/xce-agent/monitoring").join(file))
+                .unwrap_or_else(|e| panic!("{} lacks monitoring/{file}: {e}", root.display()));
+            let checkout = std::fs::read(repo.join("monitoring").join(file)).expect("checkout");
+            assert!(
+                packaged == checkout,
+                "monitoring/{file} differs in {}",
+                root.display()
+            );
+        }
         // The unit starts the binary the package installs, with the config it installs.
         let unit = std::fs::read_to_string(root.join(unit)).expect("unit");
         assert!(unit.contains("ExecStart=/usr/bin/xce-agent --config /etc/xce/agent.yaml"));
