@@ -8,6 +8,7 @@
  *
  * Use:
  *   xce_receiver_config_new, _add_listen, _set_tls (or _set_insecure_plaintext),
+ *   _set_log (the library's log lines to a callback of yours),
  *   xce_receiver_start, xce_receiver_config_free;
  *   xce_receiver_fd -> poll()/epoll for POLLIN, then xce_receiver_pop until XCE_EMPTY,
  *   xce_event_free each event;
@@ -15,8 +16,9 @@
  *   xce_receiver_stop, xce_receiver_free.
  *   xce_receiver_version at any time (which library was loaded).
  *
- * Threads: the library runs its own threads (named xce-receiver) and never calls back into
- * the caller. Every function may be called from any thread, and the receiver's functions
+ * Threads: the library runs its own threads (named xce-receiver). The one callback is the
+ * log's (xce_receiver_config_set_log): called from those threads, one call at a time per
+ * receiver, it must return quickly and must not call any xce_* function. Every function may be called from any thread, and the receiver's functions
  * from several threads at once (they are synchronised inside; xce_receiver_stop makes
  * concurrent calls on the same receiver wait until it is done). Exceptions: an object's
  * *_free is the last call on it, with no other thread using it; a configuration must not be
@@ -59,6 +61,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The longest line handed to the callback, in bytes (without its NUL).
+#define LINE_MAX 1024
+
+// Lines one receiver may log at once before the rate limit holds it to [`PER_SECOND`].
+#define BURST 100
+
+// Lines a second one receiver may log, on average, after its burst.
+#define PER_SECOND 10
+
 // What a function did.
 typedef enum xce_result {
   XCE_OK = 0,
@@ -87,6 +98,18 @@ typedef enum xce_result {
   // A bug in the library (a panic, caught at the boundary).
   XCE_PANIC = 11,
 } xce_result;
+
+// How much a log line matters (the tracing levels).
+typedef enum xce_log_level {
+  // Something failed: a connection dropped for a fault, an accept failure.
+  XCE_LOG_ERROR = 1,
+  // Worth an operator's look: an eviction, a host connecting again, a low fd limit.
+  XCE_LOG_WARN = 2,
+  // The ordinary life of connections: an agent connected or disconnected.
+  XCE_LOG_INFO = 3,
+  XCE_LOG_DEBUG = 4,
+  XCE_LOG_TRACE = 5,
+} xce_log_level;
 
 // What an event reports.
 typedef enum xce_event_kind {
@@ -174,6 +197,18 @@ typedef struct xce_receiver xce_receiver;
 
 // Options for `xce_receiver_start`. Opaque.
 typedef struct xce_receiver_config xce_receiver_config;
+
+// A log callback (`xce_receiver_config_set_log`): `userdata` as given there, the line's
+// `level`, and the line itself: `message` is one NUL-terminated UTF-8 line of `len` bytes
+// (NUL not counted, at most 1024), the message then its fields as `key=value`, control
+// characters written out (`\n`, `\u{1b}`), e.g.
+// `dropping agent connection: over its memory budget peer=10.0.0.7:41000 host="node001"
+// used=8388608 total=2147483648 share=8388608 error=...`. It is the library's, valid only
+// during the call: copy what you keep.
+typedef void (*xce_log_callback)(void *userdata,
+                                 enum xce_log_level level,
+                                 const char *message,
+                                 size_t len);
 
 // What the receiver holds and has done, for the controller's own monitoring.
 typedef struct xce_stats {
@@ -336,6 +371,30 @@ enum xce_result xce_receiver_config_add_domain(struct xce_receiver_config *cfg, 
 // Send `ack(seq)` to the agent after each batch (default: no).
 enum xce_result xce_receiver_config_set_ack(struct xce_receiver_config *cfg, bool ack);
 
+// Send the receiver's log to `callback` (NULL: no log, the default): why a connection was
+// dropped or refused, a host cut off over its memory share, pending connections evicted,
+// TLS failures and revocations, a low open-file limit. Lines at `min_level` (an
+// xce_log_level) or more severe are passed; XCE_LOG_WARN suits an operator's log,
+// XCE_LOG_INFO adds every connect and disconnect. Each receiver started from this
+// configuration logs through it, each with a log of its own.
+//
+// Threads: the callback is called from the library's own threads (named xce-receiver), and
+// during xce_receiver_start and xce_receiver_reload_tls from the calling thread; one call
+// at a time per receiver (receivers sharing a callback may call it at once). It must return
+// quickly (the receiver's connections wait on it), must not call any xce_* function (it may
+// run while the library holds its locks), and must not unwind or longjmp out. `userdata`
+// must stay valid until xce_receiver_stop or xce_receiver_free of every such receiver has
+// returned: after that no call comes.
+//
+// Bounds, whatever the agents or a hostile peer send: a line is at most 1024 bytes (longer
+// ones are cut and end in "..."); a receiver passes at most 100 lines at once and 10 a
+// second on average after that (a token bucket). Lines over that are dropped and counted,
+// and the next line that passes ends in ` suppressed=N` (the lines dropped before it).
+enum xce_result xce_receiver_config_set_log(struct xce_receiver_config *cfg,
+                                            xce_log_callback callback,
+                                            void *userdata,
+                                            int min_level);
+
 // Read the key material, bind every address and start receiving on the library's own
 // threads. Raises the process's open-file soft limit to its hard limit (a descriptor per
 // agent). `*out` receives the receiver; free it with `xce_receiver_free`. On error
@@ -405,8 +464,8 @@ enum xce_result xce_events_free(struct xce_event **events, size_t n);
 
 // Stop: close every agent connection (TLS close_notify), stop the library's threads.
 // Waits at most a few seconds. Events already queued can still be popped; no new ones
-// come. Calling it again does nothing. Not from a callback of another library running on
-// the receiver's threads (there are none: it has no callbacks).
+// come, and no log callback once it returns. Calling it again does nothing. Never from the
+// log callback (it runs on the threads this stops).
 enum xce_result xce_receiver_stop(const struct xce_receiver *rx);
 
 // Stop (if not yet stopped) and free the receiver and every event still queued. The last

@@ -38,6 +38,8 @@ use xce_agent::receiver::identity::canonical_host;
 use xce_agent::receiver::queue::{EventQueue, NotPushed, Pushed, DEFAULT_QUEUE_BYTES};
 use xce_agent::receiver::session::{self, Control, Event, ListenOpts};
 
+use crate::log::{LogConfig, ReceiverLog};
+
 /// Events held for the controller before the library stops reading sockets.
 pub const DEFAULT_QUEUE_CAPACITY: usize = xce_agent::receiver::queue::DEFAULT_QUEUE_EVENTS;
 /// Core events in flight between the connections and the dispatcher (each at most a frame).
@@ -59,6 +61,8 @@ pub struct Config {
     pub host_share: usize,
     /// The worker's doors: unix sockets and the uids allowed on each.
     pub unix: Vec<UnixConfig>,
+    /// Where the receiver's log lines go (none: to the process's tracing default, if any).
+    pub log: Option<LogConfig>,
 }
 
 /// One unix socket of the worker's door.
@@ -81,6 +85,7 @@ impl Default for Config {
             memory_budget: DEFAULT_TOTAL,
             host_share: DEFAULT_HOST_SHARE,
             unix: Vec::new(),
+            log: None,
         }
     }
 }
@@ -212,10 +217,24 @@ pub struct Receiver {
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     addrs: Vec<SocketAddr>,
+    log: Option<Arc<ReceiverLog>>,
 }
 
 impl Receiver {
+    /// Start receiving; what the core logs while starting (a low open-file limit) goes to
+    /// the receiver's log too.
     pub fn start(cfg: &Config) -> Result<Self, StartError> {
+        let log = cfg.log.as_ref().map(|l| Arc::new(ReceiverLog::new(l)));
+        let started = crate::log::with_log(log.as_deref(), || Self::start_logged(cfg, &log));
+        if started.is_err() {
+            if let Some(l) = &log {
+                l.close();
+            }
+        }
+        started
+    }
+
+    fn start_logged(cfg: &Config, log: &Option<Arc<ReceiverLog>>) -> Result<Self, StartError> {
         if cfg.listen.is_empty() && cfg.unix.is_empty() {
             return Err(StartError::Config(
                 "no listen address (xce_receiver_config_add_listen) and no unix socket \
@@ -252,17 +271,24 @@ impl Receiver {
         // A descriptor per agent: this process's soft limit up to its hard one (documented in
         // xce_receiver_start: the one process-wide change the library makes).
         session::raise_fd_limit();
+        let thread_log = log.as_ref().map(|l| l.dispatch().clone());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("xce-receiver")
             // A write to an agent that is gone must be EPIPE, not a SIGPIPE that kills the
             // C program (a Rust binary ignores SIGPIPE; a C one that links us need not). The
             // signal is blocked on the library's threads only, where all socket I/O runs.
-            .on_thread_start(|| {
+            // The thread's events go to this receiver's log (tracing's global default is
+            // the process's, set once at most: not ours to take).
+            .on_thread_start(move || {
                 let mut pipe = nix::sys::signal::SigSet::empty();
                 pipe.add(nix::sys::signal::Signal::SIGPIPE);
                 let _ = pipe.thread_block();
+                if let Some(d) = &thread_log {
+                    crate::log::enter_thread(d);
+                }
             })
+            .on_thread_stop(crate::log::leave_thread)
             .enable_all()
             .build()
             .map_err(|e| StartError::Runtime(format!("cannot start the runtime: {e}")))?;
@@ -340,6 +366,7 @@ impl Receiver {
             shutdown,
             tasks: vec![server, dispatcher],
             addrs,
+            log: log.clone(),
         })
     }
 
@@ -395,11 +422,13 @@ impl Receiver {
                 "the receiver was started in plaintext: TLS cannot be reloaded into it".into(),
             ));
         }
-        let material = xce_agent::link::tls::Material::load(paths)
-            .map_err(|e| StartError::Tls(e.to_string()))?;
-        self.control
-            .reload_tls(&material)
-            .map_err(|e| StartError::Tls(e.to_string()))
+        crate::log::with_log(self.log.as_deref(), || {
+            let material = xce_agent::link::tls::Material::load(paths)
+                .map_err(|e| StartError::Tls(e.to_string()))?;
+            self.control
+                .reload_tls(&material)
+                .map_err(|e| StartError::Tls(e.to_string()))
+        })
     }
 
     /// What the library counts now.
@@ -433,6 +462,11 @@ impl Receiver {
             }
         });
         runtime.shutdown_timeout(Duration::from_secs(1));
+        // A thread the timeout left behind logs nothing more: the callback's userdata may be
+        // freed once stop returns.
+        if let Some(l) = &self.log {
+            l.close();
+        }
     }
 }
 
@@ -579,6 +613,111 @@ mod tests {
             }
         }
         assert!(popped >= 4, "popped {popped}");
+    }
+
+    /// A plaintext receiver whose log (warnings and errors) comes out on a channel.
+    fn logging_receiver() -> (Receiver, std::sync::mpsc::Receiver<String>) {
+        use crate::log::xce_log_level;
+        let (tx, lines) = std::sync::mpsc::channel();
+        let tx = Mutex::new(tx);
+        let cfg = Config {
+            listen: vec!["127.0.0.1:0".into()],
+            insecure_plaintext: true,
+            log: Some(LogConfig {
+                sink: Arc::new(move |level, line: &std::ffi::CStr| {
+                    let _ = lock(&tx).send(format!("{level:?} {}", line.to_string_lossy()));
+                }),
+                min_level: xce_log_level::XCE_LOG_WARN,
+            }),
+            ..Config::default()
+        };
+        (Receiver::start(&cfg).expect("start"), lines)
+    }
+
+    /// A peer that sends an HTTP request instead of a hello, and waits for the receiver to
+    /// hang up (the receiver logs before it closes).
+    fn garbage_peer(addr: SocketAddr) {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(HANG_GUARD)).expect("timeout");
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("write");
+        let mut sink = Vec::new();
+        // EOF or a reset: either way the receiver is done with it.
+        if let Err(e) = s.read_to_end(&mut sink) {
+            assert_ne!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock,
+                "no hang-up within the guard"
+            );
+        }
+    }
+
+    const HANG_GUARD: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_peer_sending_garbage_reaches_the_controllers_log_callback_as_one_line() {
+        let (mut rx, lines) = logging_receiver();
+        garbage_peer(rx.local_addrs()[0]);
+        let line = lines.recv_timeout(HANG_GUARD).expect("a log line");
+        assert!(
+            line.starts_with("XCE_LOG_ERROR dropping agent connection")
+                && line.contains(" peer=127.0.0.1:"),
+            "{line}"
+        );
+        rx.stop();
+    }
+
+    /// A flood of bad peers costs the controller at most the limiter's lines; every line
+    /// dropped is counted in the next line that passes.
+    #[test]
+    fn a_flood_of_bad_peers_is_rate_limited_and_the_dropped_lines_are_counted() {
+        use crate::log::{BURST, PER_SECOND};
+        let (rx, lines) = logging_receiver();
+        // What starting said (a low open-file limit here) took tokens too.
+        let at_start = lines.try_iter().count();
+        let addr = rx.local_addrs()[0];
+        let flood = BURST as usize + 50;
+        let began = std::time::Instant::now();
+        for _ in 0..flood {
+            garbage_peer(addr);
+        }
+        let elapsed = began.elapsed();
+        let during: Vec<String> = lines.try_iter().collect();
+        let earned = (elapsed.as_millis() as usize * PER_SECOND as usize).div_ceil(1000);
+        assert!(
+            at_start + during.len() <= BURST as usize + earned,
+            "{} lines in {elapsed:?} from {flood} peers",
+            during.len()
+        );
+        // Every one of them logs one line: a peer more at a time until the bucket has a
+        // token again, whose line reports the lines dropped before it.
+        let mut peers = flood;
+        let last = loop {
+            garbage_peer(addr);
+            peers += 1;
+            if let Ok(l) = lines.try_recv() {
+                break l;
+            }
+        };
+        let suppressed: usize = during
+            .iter()
+            .chain([&last])
+            .filter_map(|l| l.rsplit_once(" suppressed="))
+            .map(|(_, n)| n.parse::<usize>().expect("a count"))
+            .sum();
+        let all_lines = || during.iter().chain([&last]);
+        assert!(
+            all_lines().all(|l| l.contains("dropping agent connection")),
+            "{during:?}"
+        );
+        assert_eq!(during.len() + 1 + suppressed, peers, "{last}");
+        if elapsed < Duration::from_secs(50 / u64::from(PER_SECOND)) {
+            assert!(
+                suppressed > 0,
+                "nothing dropped from {flood} peers in {elapsed:?}"
+            );
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -32,6 +32,7 @@ use xce_agent::config::agent::TlsPaths;
 
 use crate::core::{Config, Receiver, StartError};
 use crate::event::{xce_event, xce_reason, EventBox};
+use crate::log::{xce_log_level, LogConfig};
 
 /// What a function did.
 #[repr(C)]
@@ -423,6 +424,91 @@ pub unsafe extern "C" fn xce_receiver_config_set_ack(
     })
 }
 
+/// A log callback (`xce_receiver_config_set_log`): `userdata` as given there, the line's
+/// `level`, and the line itself: `message` is one NUL-terminated UTF-8 line of `len` bytes
+/// (NUL not counted, at most 1024), the message then its fields as `key=value`, control
+/// characters written out (`\n`, `\u{1b}`), e.g.
+/// `dropping agent connection: over its memory budget peer=10.0.0.7:41000 host="node001"
+/// used=8388608 total=2147483648 share=8388608 error=...`. It is the library's, valid only
+/// during the call: copy what you keep.
+pub type xce_log_callback = Option<
+    unsafe extern "C" fn(
+        userdata: *mut c_void,
+        level: xce_log_level,
+        message: *const c_char,
+        len: usize,
+    ),
+>;
+
+/// The C callback and its userdata, called from the library's threads.
+struct CallbackLog {
+    callback: unsafe extern "C" fn(*mut c_void, xce_log_level, *const c_char, usize),
+    userdata: *mut c_void,
+}
+
+// SAFETY: the library only passes `userdata` back to the callback; the header tells the
+// caller that the callback runs on the library's threads (one call at a time per receiver),
+// so whatever `userdata` points to is the caller's to make safe to use from there.
+unsafe impl Send for CallbackLog {}
+// SAFETY: as for Send: the pointer is never dereferenced by the library.
+unsafe impl Sync for CallbackLog {}
+
+impl CallbackLog {
+    fn call(&self, level: xce_log_level, line: &CStr) {
+        // SAFETY: the callback is the caller's function of this signature, and `userdata`
+        // what the caller gave with it, valid until the receiver is stopped (the header's
+        // rules); `line` is a NUL-terminated string live for the call, `len` its length.
+        unsafe { (self.callback)(self.userdata, level, line.as_ptr(), line.to_bytes().len()) }
+    }
+}
+
+/// Send the receiver's log to `callback` (NULL: no log, the default): why a connection was
+/// dropped or refused, a host cut off over its memory share, pending connections evicted,
+/// TLS failures and revocations, a low open-file limit. Lines at `min_level` (an
+/// xce_log_level) or more severe are passed; XCE_LOG_WARN suits an operator's log,
+/// XCE_LOG_INFO adds every connect and disconnect. Each receiver started from this
+/// configuration logs through it, each with a log of its own.
+///
+/// Threads: the callback is called from the library's own threads (named xce-receiver), and
+/// during xce_receiver_start and xce_receiver_reload_tls from the calling thread; one call
+/// at a time per receiver (receivers sharing a callback may call it at once). It must return
+/// quickly (the receiver's connections wait on it), must not call any xce_* function (it may
+/// run while the library holds its locks), and must not unwind or longjmp out. `userdata`
+/// must stay valid until xce_receiver_stop or xce_receiver_free of every such receiver has
+/// returned: after that no call comes.
+///
+/// Bounds, whatever the agents or a hostile peer send: a line is at most 1024 bytes (longer
+/// ones are cut and end in "..."); a receiver passes at most 100 lines at once and 10 a
+/// second on average after that (a token bucket). Lines over that are dropped and counted,
+/// and the next line that passes ends in ` suppressed=N` (the lines dropped before it).
+#[no_mangle]
+pub unsafe extern "C" fn xce_receiver_config_set_log(
+    cfg: *mut xce_receiver_config,
+    callback: xce_log_callback,
+    userdata: *mut c_void,
+    min_level: c_int,
+) -> xce_result {
+    guard("xce_receiver_config_set_log", || {
+        not_null!(cfg);
+        let Some(min_level) = xce_log_level::from_code(min_level) else {
+            return fail(
+                XCE_INVALID_ARGUMENT,
+                format!("min_level {min_level} is not an xce_log_level (1..=5)"),
+            );
+        };
+        let log = callback.map(|callback| {
+            let c = CallbackLog { callback, userdata };
+            LogConfig {
+                sink: std::sync::Arc::new(move |level, line: &CStr| c.call(level, line)),
+                min_level,
+            }
+        });
+        // SAFETY: `cfg` is not NULL and a live configuration.
+        unsafe { config(cfg) }.log = log;
+        XCE_OK
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // The receiver
 
@@ -752,8 +838,8 @@ pub unsafe extern "C" fn xce_events_free(events: *mut *mut xce_event, n: usize) 
 
 /// Stop: close every agent connection (TLS close_notify), stop the library's threads.
 /// Waits at most a few seconds. Events already queued can still be popped; no new ones
-/// come. Calling it again does nothing. Not from a callback of another library running on
-/// the receiver's threads (there are none: it has no callbacks).
+/// come, and no log callback once it returns. Calling it again does nothing. Never from the
+/// log callback (it runs on the threads this stops).
 #[no_mangle]
 pub unsafe extern "C" fn xce_receiver_stop(rx: *const xce_receiver) -> xce_result {
     guard("xce_receiver_stop", || {

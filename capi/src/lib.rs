@@ -9,6 +9,7 @@
 //!
 //! - [`core`]: the receiver, its event queue and host table (safe Rust).
 //! - [`event`]: controller events as C structs that own their strings (safe Rust).
+//! - [`log`]: the receiver's tracing events as lines for the controller's callback.
 //! - [`ffi`]: the `extern "C"` functions: the only module with `unsafe`.
 //! - [`version`]: `xce_receiver_version()` (constants only; no `unsafe`).
 
@@ -18,4 +19,5 @@ pub mod core;
 pub mod event;
 #[allow(unsafe_code)]
 pub mod ffi;
+pub mod log;
 pub mod version;

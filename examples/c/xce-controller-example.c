@@ -12,6 +12,8 @@
  *   stale HOST grace_ms=N unknown=K
  *   gone HOST REASON peer=P text="..."
  *   refused PEER REASON text="..."
+ * The library's log (why a connection was dropped or refused, a host cut off over its memory
+ * share, evictions) on stderr, one line each: "xce-controller-example: log LEVEL: LINE".
  * SIGUSR1 prints the table ("table HOST NAME[@INSTANCE] VALUE STATUS") and the library's
  * snapshot ("snapshot ..."); SIGTERM/SIGINT stop the receiver, free everything and exit 0.
  *
@@ -332,6 +334,15 @@ static void on_signal(int sig) {
     errno = saved;
 }
 
+/* The library's log lines. Called on the library's threads (one call at a time per
+ * receiver): it does nothing but write the line, and calls no xce_* function. */
+static void on_log(void *userdata, xce_log_level level, const char *message, size_t len) {
+    static const char *const names[] = {"?", "error", "warn", "info", "debug", "trace"};
+    (void)userdata;
+    const char *name = level >= XCE_LOG_ERROR && level <= XCE_LOG_TRACE ? names[level] : names[0];
+    fprintf(stderr, "xce-controller-example: log %s: %.*s\n", name, (int)len, message);
+}
+
 static void die_lib(const char *what, xce_result r) {
     char msg[1024];
     xce_last_error(msg, sizeof msg, NULL);
@@ -402,6 +413,9 @@ int main(int argc, char **argv) {
         die_lib("--agent-heartbeat-ms", r);
     if (queue && (r = xce_receiver_config_set_queue_capacity(cfg, queue)) != XCE_OK)
         die_lib("--queue", r);
+    /* Warnings and errors: what an operator needs to know why a host was cut off. */
+    if ((r = xce_receiver_config_set_log(cfg, on_log, NULL, XCE_LOG_WARN)) != XCE_OK)
+        die_lib("log", r);
 
     xce_receiver *rx = NULL;
     r = xce_receiver_start(cfg, &rx);

@@ -307,6 +307,18 @@ impl ExampleProc {
         }
     }
 
+    /// The next stderr line that contains every one of `parts`, within the hang guard.
+    fn expect_stderr(&mut self, parts: &[&str]) -> String {
+        let mut seen = Vec::new();
+        loop {
+            match self.stderr.recv_timeout(HANG_GUARD) {
+                Ok(l) if parts.iter().all(|p| l.contains(p)) => return l,
+                Ok(l) => seen.push(l),
+                Err(e) => panic!("no stderr line with {parts:?} ({e}); it printed:\n{seen:?}"),
+            }
+        }
+    }
+
     fn signal(&self, sig: Signal) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, sig).unwrap_or_else(|e| panic!("{sig}: {e}"));
@@ -456,6 +468,11 @@ async fn controller_life(
     // Plaintext against TLS.
     let _plain = plaintext_client(ctl.addr).await;
     ctl.expect("refused 127.0.0.1:", &[" not_tls "]);
+    // ...and the library's log says so through the example's callback (xce_receiver_config_set_log).
+    ctl.expect_stderr(&[
+        "xce-controller-example: log error: TLS handshake failed",
+        "reason=\"not_tls\"",
+    ]);
 
     // kill -9: the connection ends (gone) and the host goes stale within the grace; the
     // table has its values unknown.
@@ -608,7 +625,7 @@ fn the_installed_library_links_by_pkg_config_and_its_soname() {
     );
     let libdir = root.path().join("usr/lib");
     for f in [
-        "libxce_receiver.so.0.1.0",
+        "libxce_receiver.so.0.2.0",
         "libxce_receiver.so.0",
         "libxce_receiver.so",
         "libxce_receiver.a",

@@ -206,6 +206,11 @@ const PACKAGED: &[&str] = &[
     "/usr/share/zsh/vendor-completions/_xce-agent",
     "/usr/share/fish/vendor_completions.d/xce-agent.fish",
     "/usr/share/doc/xce-agent/PLUGINS.md",
+    // The monitoring mixin (monitoring/), for Prometheus's rule_files and Grafana's import.
+    "/usr/share/xce-agent/monitoring/README.md",
+    "/usr/share/xce-agent/monitoring/prometheus/alerts.yaml",
+    "/usr/share/xce-agent/monitoring/prometheus/rules.yaml",
+    "/usr/share/xce-agent/monitoring/grafana/xce-agent.json",
 ];
 
 /// Files in the .deb only: cargo-deb writes the copyright file Debian policy requires; an
@@ -375,6 +380,22 @@ fn deb_and_rpm_from_the_release_build_hold_the_same_files_and_their_check_passes
             root.display()
         );
         check_passes_in(root, work.path());
+        // The monitoring mixin as the checkout has it (tests/it/monitoring.rs checks that).
+        for file in [
+            "README.md",
+            "prometheus/alerts.yaml",
+            "prometheus/rules.yaml",
+            "grafana/xce-agent.json",
+        ] {
+            let packaged = std::fs::read(root.join("usr/share/xce-agent/monitoring").join(file))
+                .unwrap_or_else(|e| panic!("{} lacks monitoring/{file}: {e}", root.display()));
+            let checkout = std::fs::read(repo.join("monitoring").join(file)).expect("checkout");
+            assert!(
+                packaged == checkout,
+                "monitoring/{file} differs in {}",
+                root.display()
+            );
+        }
         // The unit starts the binary the package installs, with the config it installs.
         let unit = std::fs::read_to_string(root.join(unit)).expect("unit");
         assert!(unit.contains("ExecStart=/usr/bin/xce-agent --config /etc/xce/agent.yaml"));
@@ -504,8 +525,8 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
     let contents = |deb: &Path| run_ok(Command::new("dpkg-deb").arg("-c").arg(deb));
     let (rt_files, dev_files, dbg_files) = (contents(&runtime), contents(&dev), contents(&dbgsym));
     for f in [
-        format!("{lib}/libxce_receiver.so.0.1.0"),
-        "libxce_receiver.so.0 -> libxce_receiver.so.0.1.0".to_owned(),
+        format!("{lib}/libxce_receiver.so.0.2.0"),
+        "libxce_receiver.so.0 -> libxce_receiver.so.0.2.0".to_owned(),
         "/usr/share/doc/libxce-receiver0/copyright".to_owned(),
     ] {
         assert!(
@@ -551,7 +572,7 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
         run_ok(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&root));
     }
     let libdir = root.join("usr/lib/x86_64-linux-gnu");
-    let so = libdir.join("libxce_receiver.so.0.1.0");
+    let so = libdir.join("libxce_receiver.so.0.2.0");
     let dynamic = run_ok(Command::new("readelf").arg("-d").arg(&so));
     assert!(
         dynamic.contains("Library soname: [libxce_receiver.so.0]"),
@@ -580,11 +601,11 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
 
     // The rpms: the same split.
     let rpms = |name: &str| run_ok(Command::new("rpm").arg("-qlp").arg(find(name)));
-    let rpm_rt = rpms("xce-receiver-0.1.0");
+    let rpm_rt = rpms("xce-receiver-0.2.0");
     let rpm_devel = rpms("xce-receiver-devel-");
     let rpm_debug = rpms("xce-receiver-debuginfo-");
     assert!(
-        rpm_rt.contains("/usr/lib64/libxce_receiver.so.0.1.0"),
+        rpm_rt.contains("/usr/lib64/libxce_receiver.so.0.2.0"),
         "{rpm_rt}"
     );
     assert!(
@@ -610,7 +631,7 @@ async fn the_receiver_library_packages_pass_lintian_and_their_example_runs_valgr
         Command::new("rpm")
             .arg("-qp")
             .arg("--scripts")
-            .arg(find("xce-receiver-0.1.0")),
+            .arg(find("xce-receiver-0.2.0")),
     );
     assert!(scripts.contains("/sbin/ldconfig"), "{scripts}");
 
