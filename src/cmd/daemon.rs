@@ -73,12 +73,16 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     let started = std::time::SystemTime::now();
     let sampler_stop = CancellationToken::new();
     let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());
+    let link = LinkConfig {
+        coalesce: config.agent.coalesce,
+        ..LinkConfig::default()
+    };
     let mut agent = Agent::start(
         config,
         host,
         Arc::new(builtin::Live(sampler)),
         supervisor.clone(),
-        LinkConfig::default(),
+        link,
     );
     if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
         tracing::warn!("{text}");
