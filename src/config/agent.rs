@@ -410,42 +410,31 @@ pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
 
 /// `tls.expiry_warning`: a duration of at most a year.
 fn tls_expiry_warning(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
-    let Some(w) = raw else {
-        return DEFAULT_TLS_EXPIRY_WARNING;
-    };
-    match w
-        .value
-        .to_duration()
-        .map_err(|e| e.to_string())
-        .and_then(|d| {
-            check_duration("tls.expiry_warning", d, TLS_EXPIRY_WARNING.max)
-                .map_err(|e| e.to_string())
-        }) {
-        Ok(d) => d,
-        Err(e) => {
-            errs.at(Pos::of(w), e);
-            DEFAULT_TLS_EXPIRY_WARNING
-        }
-    }
+    let read = |s: &Scalar| s.to_duration();
+    bounded_duration(errs, raw, "tls.expiry_warning", read, TLS_EXPIRY_WARNING)
+        .unwrap_or(DEFAULT_TLS_EXPIRY_WARNING)
 }
 
 /// `coalesce`: a duration or milliseconds, up to [`COALESCE`]'s bound.
 fn coalesce(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
-    let Some(c) = raw else {
-        return DEFAULT_COALESCE;
-    };
-    match c
-        .value
-        .to_duration_or_ms()
+    let read = |s: &Scalar| s.to_duration_or_ms();
+    bounded_duration(errs, raw, "coalesce", read, COALESCE).unwrap_or(DEFAULT_COALESCE)
+}
+
+/// A duration field read with `read` and checked against `bound`'s largest; `None` when
+/// absent or refused (the error is in `errs`).
+fn bounded_duration(
+    errs: &mut Errors,
+    raw: Option<&Spanned<Scalar>>,
+    field: &str,
+    read: impl Fn(&Scalar) -> Result<std::time::Duration, super::scalar::ScalarError>,
+    bound: Between<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    let w = raw?;
+    let checked = read(&w.value)
         .map_err(|e| e.to_string())
-        .and_then(|d| check_duration("coalesce", d, COALESCE.max).map_err(|e| e.to_string()))
-    {
-        Ok(d) => d,
-        Err(e) => {
-            errs.at(Pos::of(c), e);
-            DEFAULT_COALESCE
-        }
-    }
+        .and_then(|d| check_duration(field, d, bound.max).map_err(|e| e.to_string()));
+    checked.map_err(|e| errs.at(Pos::of(w), e)).ok()
 }
 
 /// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.
