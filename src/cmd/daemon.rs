@@ -47,6 +47,10 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
         tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
     }
+    // One kernel timer for the probes' long waits: fewer wake-ups than tokio's wheel.
+    if let Err(e) = crate::timer::use_kernel_timer() {
+        tracing::warn!("no timerfd ({e}): waits use tokio's timer, which wakes more often");
+    }
     let supervisor = Supervisor::start();
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
     // not kill the process with the default action).

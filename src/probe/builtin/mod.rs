@@ -442,13 +442,14 @@ pub fn spawn(roots: Roots, shutdown: CancellationToken) -> watch::Receiver<Arc<S
             tracing::error!("builtin sampler failed to start");
             return;
         };
-        let mut ticker = tokio::time::interval(FAST_TICK);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Ticks FAST_TICK apart, the first at once; a late tick moves the later ones.
+        let mut next = tokio::time::Instant::now();
         for n in 0u64.. {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
+                _ = crate::timer::sleep_until(next) => {}
             }
+            next = (next + FAST_TICK).max(tokio::time::Instant::now());
             let ticked = if n % SLOW_EVERY == 0 {
                 tick_blocking(sampler, Instant::now(), true).await
             } else {
