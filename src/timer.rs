@@ -68,6 +68,10 @@ impl std::os::fd::AsRawFd for Fd {
 }
 
 struct Timer {
+    /// Deadlines are rounded up to whole milliseconds from here, as tokio's wheel rounds
+    /// them: the runs of one grid slot, whose deadlines each loop computes a few µs apart,
+    /// then fall due at one instant and share a wake-up (never earlier than asked).
+    epoch: Instant,
     fd: AsyncFd<Fd>,
     state: Mutex<State>,
 }
@@ -94,9 +98,18 @@ impl Timer {
         let fd = unsafe { AsyncFd::register_with_interest(Fd(fd), Interest::READABLE) }
             .map_err(std::io::Error::from)?;
         Ok(Self {
+            epoch: Instant::now(),
             fd,
             state: Mutex::new(State::default()),
         })
+    }
+
+    /// `at` rounded up to the next whole millisecond since `epoch`.
+    fn round_up(&self, at: Instant) -> Instant {
+        let since = at.saturating_duration_since(self.epoch);
+        let ms = since.as_nanos().div_ceil(1_000_000);
+        let rounded = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+        self.epoch.checked_add(rounded).unwrap_or(at)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -159,6 +172,7 @@ struct Sleep {
 
 impl Sleep {
     fn new(timer: Arc<Timer>, at: Instant) -> Self {
+        let at = timer.round_up(at);
         Self {
             timer,
             at,
@@ -241,6 +255,11 @@ mod tests {
             w.await.expect("a wait panicked");
         }
         assert_eq!(*order.lock().unwrap(), [10, 10, 20, 30]);
+        // Deadlines within one millisecond fall due together; none is moved earlier.
+        let a = timer.round_up(timer.epoch + Duration::from_micros(10_100));
+        let b = timer.round_up(timer.epoch + Duration::from_micros(10_900));
+        assert_eq!(a, b);
+        assert_eq!(a, timer.epoch + Duration::from_millis(11));
         assert!(timer.lock().waiting.is_empty(), "every wait withdrawn");
     }
 }
