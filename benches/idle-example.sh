@@ -15,6 +15,8 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 RUST_LOG=warn "$BIN" --config configs/agent.yaml >"$WORK/log" 2>&1 &
 PID=$!
+# Whatever ends this script ends the daemon too (it holds the default status socket).
+trap 'kill "$PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 sleep "${SETTLE:-10}"
 snap() {
     for t in /proc/$PID/task/*; do
