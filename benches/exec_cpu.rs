@@ -27,132 +27,19 @@
 //! measured binary is this build's `xce-agent`, or `XCE_AGENT_BIN`).
 
 mod support {
+    pub mod daemon;
     pub mod env;
     pub mod proc_stats;
 }
 
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::daemon::{agent_bin, Daemon};
 use support::env::env_or;
 use support::proc_stats::{proc_cpu, proc_rss_kib};
-
-/// The binary under measurement.
-fn agent_bin() -> String {
-    std::env::var("XCE_AGENT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_xce-agent").to_owned())
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// A daemon on `resources` (a resources.yaml body) in `dir`, with /metrics on loopback.
-struct Daemon {
-    child: Child,
-    port: u16,
-}
-
-impl Daemon {
-    fn start(dir: &Path, resources: &str) -> Self {
-        let port = free_port();
-        std::fs::write(
-            dir.join("agent.yaml"),
-            format!(
-                "host: node001\ncontrollers: []\nresources: resources.yaml\nplugin_dir: {d}\n\
-                 run_as: nobody\nmetrics: 127.0.0.1:{port}\nstatus_socket: {d}/status.sock\n",
-                d = dir.display()
-            ),
-        )
-        .expect("write agent.yaml");
-        std::fs::write(dir.join("resources.yaml"), resources).expect("write resources.yaml");
-        let child = Command::new(agent_bin())
-            .arg("--config")
-            .arg(dir.join("agent.yaml"))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start xce-agent");
-        let me = Self { child, port };
-        let t0 = Instant::now();
-        while me.scrape().is_none() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "the daemon serves no /metrics"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        me
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn scrape(&self) -> Option<String> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-            .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        body.contains("xce_").then_some(body)
-    }
-
-    /// Runs so far (every outcome but a skipped tick), and how many of them did not succeed.
-    fn runs(&self) -> (u64, u64) {
-        let body = self.scrape().expect("scrape /metrics");
-        let (mut all, mut bad) = (0, 0);
-        for line in body
-            .lines()
-            .filter(|l| l.starts_with("xce_probe_runs_total{"))
-        {
-            let n: u64 = line
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0) as u64;
-            if line.contains("outcome=\"ok\"") {
-                all += n;
-            } else if !line.contains("skipped_overlap") {
-                all += n;
-                bad += n;
-            }
-        }
-        (all, bad)
-    }
-
-    /// Voluntary + involuntary context switches of every thread now, and the thread count.
-    fn switches(&self) -> (u64, usize) {
-        let mut sum = 0;
-        let mut threads = 0;
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).expect("tasks");
-        for t in tasks.flatten() {
-            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            threads += 1;
-            sum += status
-                .lines()
-                .filter(|l| l.contains("ctxt_switches:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .sum::<u64>();
-        }
-        (sum, threads)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SIGTERM: it removes its cgroups on the way out.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-}
 
 fn resources(probes: usize, interval: &str, script: &Path) -> String {
     let mut y = String::from("resources:\n");
@@ -307,7 +194,7 @@ fn main() {
          script `#!/bin/sh\\necho 1`, window {secs} s",
         agent_bin()
     );
-    let daemon = Daemon::start(dir.path(), &resources(probes, "1s", &script));
+    let daemon = Daemon::start(dir.path(), &resources(probes, "1s", &script), "");
     // Past the startup spread, every probe on its slot.
     std::thread::sleep(Duration::from_secs(3));
     let floor_runs = rate * secs;
@@ -374,7 +261,7 @@ fn main() {
     println!("## idle wake-ups of the daemon, over {idle_secs} s");
     println!("| configuration | context switches / s | CPU (ms/s) | threads |");
     println!("|---|---|---|---|");
-    let daemon = Daemon::start(dir.path(), &resources(probes, "1h", &script));
+    let daemon = Daemon::start(dir.path(), &resources(probes, "1h", &script), "");
     // Every probe's first run falls in the startup spread (at most 15 s).
     let t0 = Instant::now();
     while daemon.runs().0 < probes as u64 {
@@ -385,7 +272,7 @@ fn main() {
     let (per_s, cpu_ms, threads) = idle_wakeups(&daemon, idle_secs);
     println!("| {probes} exec probes at interval 1h, between runs | {per_s:.2} | {cpu_ms:.3} | {threads} |");
     drop(daemon);
-    let daemon = Daemon::start(dir.path(), "resources: []\n");
+    let daemon = Daemon::start(dir.path(), "resources: []\n", "");
     std::thread::sleep(Duration::from_secs(2));
     let (per_s, cpu_ms, threads) = idle_wakeups(&daemon, idle_secs);
     println!("| no resource configured | {per_s:.2} | {cpu_ms:.3} | {threads} |");

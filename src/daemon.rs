@@ -490,6 +490,9 @@ impl Agent {
             self.stop_link(Duration::from_secs(3)).await;
             self.config.agent.controllers = config.agent.controllers.clone();
             self.config.agent.tls = config.agent.tls.clone();
+            if self.config.agent.coalesce != config.agent.coalesce {
+                self.link_cfg.coalesce = config.agent.coalesce;
+            }
             self.tls = tls;
             self.start_link();
         }

@@ -25,6 +25,7 @@ pub mod stats;
 pub mod status;
 pub mod store;
 pub mod text;
+pub mod timer;
 pub mod tls_ca;
 pub mod trust;
 pub mod value;

@@ -127,6 +127,7 @@ pub enum Setting {
     TrustConfigFiles,
     ProbePidsMax,
     TlsExpiryWarning,
+    Coalesce,
 }
 
 /// What a changed setting takes to be in effect.
@@ -161,13 +162,17 @@ impl Setting {
             Setting::TrustConfigFiles => "trust_config_files_of_any_owner",
             Setting::ProbePidsMax => "probe_pids_max",
             Setting::TlsExpiryWarning => "tls.expiry_warning",
+            Setting::Coalesce => "coalesce",
         }
     }
 
     pub fn effect(self) -> Effect {
         match self {
             Setting::PluginDir | Setting::RunAs | Setting::MaxParallel => Effect::RestartProbes,
-            Setting::Controllers | Setting::Tls | Setting::InsecurePlaintext => Effect::Reconnect,
+            Setting::Controllers
+            | Setting::Tls
+            | Setting::InsecurePlaintext
+            | Setting::Coalesce => Effect::Reconnect,
             // Bounds resources.yaml is loaded with: a probe whose limits change restarts.
             Setting::Resources
             | Setting::MaxInterval
@@ -206,6 +211,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         trust_config_files_of_any_owner,
         probe_pids_max,
         tls_expiry_warning,
+        coalesce,
     } = new.agent;
     let was = old.agent;
     [
@@ -236,6 +242,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             was.tls_expiry_warning != *tls_expiry_warning,
             Setting::TlsExpiryWarning,
         ),
+        (was.coalesce != *coalesce, Setting::Coalesce),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))

@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::timer::sleep_until;
 use futures::FutureExt as _;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProbeKind;
@@ -190,7 +191,7 @@ async fn sweep_loop(store: Arc<Store>, shutdown: CancellationToken) {
         let sleep = async {
             match wait {
                 // Just past the time: a value exactly `stale_after` old is still fresh.
-                Some(wait) => tokio::time::sleep(wait + Duration::from_millis(1)).await,
+                Some(wait) => crate::timer::sleep(wait + Duration::from_millis(1)).await,
                 None => std::future::pending().await,
             }
         };

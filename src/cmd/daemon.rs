@@ -47,6 +47,10 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     } else if config.agent.insecure_plaintext && !config.agent.controllers.is_empty() {
         tracing::warn!("insecure_plaintext: values go to the controllers unauthenticated and readable by anyone on the network");
     }
+    // One kernel timer for the probes' long waits: fewer wake-ups than tokio's wheel.
+    if let Err(e) = crate::timer::use_kernel_timer() {
+        tracing::warn!("no timerfd ({e}): waits use tokio's timer, which wakes more often");
+    }
     let supervisor = Supervisor::start();
     // Handlers first: a SIGHUP/SIGTERM that arrives while starting is not lost (and does
     // not kill the process with the default action).
@@ -73,12 +77,16 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     let started = std::time::SystemTime::now();
     let sampler_stop = CancellationToken::new();
     let sampler = builtin::spawn(builtin::Roots::host(), sampler_stop.clone());
+    let link = LinkConfig {
+        coalesce: config.agent.coalesce,
+        ..LinkConfig::default()
+    };
     let mut agent = Agent::start(
         config,
         host,
         Arc::new(builtin::Live(sampler)),
         supervisor.clone(),
-        LinkConfig::default(),
+        link,
     );
     if let Some(text) = crate::checks::root_probes_text(&agent.config, agent.plan()) {
         tracing::warn!("{text}");

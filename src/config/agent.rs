@@ -8,9 +8,9 @@ use serde_saphyr::Spanned;
 use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 use super::limits::{
-    check_duration, Between, Bound, Bounds, DEFAULT_MAX_INTERVAL, DEFAULT_MAX_STUCK_READS,
-    DEFAULT_PROBE_PIDS_MAX, MAX_INTERVAL, MAX_PARALLEL, MAX_STUCK_READS, PROCESSES,
-    TLS_EXPIRY_WARNING,
+    check_duration, Between, Bound, Bounds, COALESCE, DEFAULT_COALESCE, DEFAULT_MAX_INTERVAL,
+    DEFAULT_MAX_STUCK_READS, DEFAULT_PROBE_PIDS_MAX, MAX_INTERVAL, MAX_PARALLEL, MAX_STUCK_READS,
+    PROCESSES, TLS_EXPIRY_WARNING,
 };
 use super::names::{field_names, Field};
 use super::recover::{self, Items};
@@ -104,6 +104,7 @@ pub const FIELD_DOCS: &[Field] = &[
     Field::new("max_interval", "The longest `interval` resources.yaml may give, a duration (default 1d).").bounded(Bound::Duration(MAX_INTERVAL)),
     Field::new("trust_config_files_of_any_owner", "true: a root agent believes resources.yaml, the CA bundle and the CRL whoever owns them (shared storage); never agent.yaml."),
     Field::new("probe_pids_max", "pids.max of each exec and stream probe's cgroup unless its `limits:` say otherwise; 0: none (default 128).").bounded(Bound::Count(PROCESSES)),
+    Field::new("coalesce", "After a value changes, how long the link waits for more changes before it sends them in one batch, a duration or milliseconds (`200ms`, the default); 0: each change is sent at once, at more CPU and more frames.").bounded(Bound::Duration(COALESCE)),
 ];
 
 /// `tls:`'s fields, in [`RawTls`]'s order.
@@ -152,6 +153,7 @@ struct RawAgent {
     max_interval: Option<Spanned<Scalar>>,
     trust_config_files_of_any_owner: Option<Spanned<bool>>,
     probe_pids_max: Option<Spanned<Scalar>>,
+    coalesce: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +215,9 @@ pub struct AgentConfig {
     /// `tls.expiry_warning`: how long before this host's certificate expires the agent
     /// starts warning (at start, at each reload, and in `check`).
     pub tls_expiry_warning: std::time::Duration,
+    /// `coalesce`: after a change, how long the link waits for more before sending (zero:
+    /// at once).
+    pub coalesce: std::time::Duration,
 }
 
 impl AgentConfig {
@@ -302,6 +307,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     .unwrap_or(DEFAULT_MAX_PARALLEL);
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
     let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
+    let coalesce = coalesce(&mut errs, raw.coalesce.as_ref());
     let tls_expiry_warning = tls_expiry_warning(
         &mut errs,
         raw.tls
@@ -394,6 +400,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             .is_some_and(|t| t.value),
         probe_pids_max,
         tls_expiry_warning,
+        coalesce,
     })
 }
 
@@ -403,23 +410,31 @@ pub const DEFAULT_TLS_EXPIRY_WARNING: std::time::Duration =
 
 /// `tls.expiry_warning`: a duration of at most a year.
 fn tls_expiry_warning(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
-    let Some(w) = raw else {
-        return DEFAULT_TLS_EXPIRY_WARNING;
-    };
-    match w
-        .value
-        .to_duration()
+    let read = |s: &Scalar| s.to_duration();
+    bounded_duration(errs, raw, "tls.expiry_warning", read, TLS_EXPIRY_WARNING)
+        .unwrap_or(DEFAULT_TLS_EXPIRY_WARNING)
+}
+
+/// `coalesce`: a duration or milliseconds, up to [`COALESCE`]'s bound.
+fn coalesce(errs: &mut Errors, raw: Option<&Spanned<Scalar>>) -> std::time::Duration {
+    let read = |s: &Scalar| s.to_duration_or_ms();
+    bounded_duration(errs, raw, "coalesce", read, COALESCE).unwrap_or(DEFAULT_COALESCE)
+}
+
+/// A duration field read with `read` and checked against `bound`'s largest; `None` when
+/// absent or refused (the error is in `errs`).
+fn bounded_duration(
+    errs: &mut Errors,
+    raw: Option<&Spanned<Scalar>>,
+    field: &str,
+    read: impl Fn(&Scalar) -> Result<std::time::Duration, super::scalar::ScalarError>,
+    bound: Between<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    let w = raw?;
+    let checked = read(&w.value)
         .map_err(|e| e.to_string())
-        .and_then(|d| {
-            check_duration("tls.expiry_warning", d, TLS_EXPIRY_WARNING.max)
-                .map_err(|e| e.to_string())
-        }) {
-        Ok(d) => d,
-        Err(e) => {
-            errs.at(Pos::of(w), e);
-            DEFAULT_TLS_EXPIRY_WARNING
-        }
-    }
+        .and_then(|d| check_duration(field, d, bound.max).map_err(|e| e.to_string()));
+    checked.map_err(|e| errs.at(Pos::of(w), e)).ok()
 }
 
 /// `probe_pids_max`: a count up to the pid ceiling, or 0 for no default limit.

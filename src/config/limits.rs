@@ -79,6 +79,13 @@ pub const RUN_TIME: Between<Duration> = Between::new(SECOND, DAY);
 pub const FEW_INTERVALS: Between<Duration> = Between::new(SECOND, MONTH);
 /// `max_age`: a file written weekly by a cron job may legitimately be weeks old.
 pub const MAX_AGE: Between<Duration> = Between::new(SECOND, YEAR);
+/// agent.yaml's `coalesce`: how long the link waits after a change for more before sending.
+/// 0 sends at once; past a few seconds a value is late for scheduling and the heartbeat
+/// (10 s) would come first.
+pub const COALESCE: Between<Duration> = Between::new(Duration::ZERO, Duration::from_secs(10));
+/// Default of `coalesce`: a probe's burst of values (a kv probe's several lines, a grid
+/// slot's runs) goes out as one batch.
+pub const DEFAULT_COALESCE: Duration = Duration::from_millis(200);
 /// `tls.expiry_warning`.
 pub const TLS_EXPIRY_WARNING: Between<Duration> = Between::new(Duration::ZERO, YEAR);
 /// A stream probe's `declared_state`: what it may make the agent keep of what it declares

@@ -109,6 +109,22 @@ impl Scalar {
         }
     }
 
+    /// A duration in [`DURATION_GRAMMAR`], or a whole number of milliseconds (`200ms`): for
+    /// the few fields whose useful values are below a second (the link's `coalesce`).
+    pub fn to_duration_or_ms(&self) -> Result<Duration, ScalarError> {
+        if let Scalar::Text(s) = self {
+            if let Some(ms) = s.trim().strip_suffix("ms") {
+                if !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) {
+                    return ms
+                        .parse::<u64>()
+                        .map(Duration::from_millis)
+                        .map_err(|_| ScalarError::DurationTooLarge(format!("{s:?}")));
+                }
+            }
+        }
+        self.to_duration()
+    }
+
     /// A byte size: `1048576`, `512KiB`, `64MiB`, `1GiB` (also KB/MB/GB as powers of 1024,
     /// which is what every admin means for limits).
     pub fn to_bytes(&self) -> Result<u64, ScalarError> {
@@ -158,10 +174,14 @@ impl Scalar {
 
 /// A duration as [`DURATION_GRAMMAR`] writes it, in the largest unit that holds it whole
 /// (`30s`, `5m`, `36h`, `365d`); what a message says is what the admin can write back.
-/// A fraction of a second (never from a config file) shows as humantime does.
+/// A fraction of a second shows in whole milliseconds where it is whole (`coalesce` reads
+/// them back), else as humantime does.
 pub fn format_duration(d: Duration) -> String {
-    if d.subsec_nanos() != 0 {
+    if d.subsec_nanos() % 1_000_000 != 0 {
         return humantime::format_duration(d).to_string();
+    }
+    if d.subsec_nanos() != 0 {
+        return format!("{}ms", d.as_millis());
     }
     let s = d.as_secs();
     match [(86_400, "d"), (3600, "h"), (60, "m")]

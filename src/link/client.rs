@@ -38,7 +38,8 @@ use tokio::net::UnixStream;
 pub struct LinkConfig {
     /// "host:port", "host" (port 6870), "[v6]:port"; tried in order each round.
     pub controllers: Vec<String>,
-    /// After a change, wait this long for more before sending the delta.
+    /// After a change, wait this long for more before sending the delta (agent.yaml's
+    /// `coalesce`); zero sends at once.
     pub coalesce: Duration,
     /// Send a heartbeat after this long without any message.
     pub heartbeat: Duration,
@@ -72,7 +73,7 @@ impl Default for LinkConfig {
     fn default() -> Self {
         Self {
             controllers: Vec::new(),
-            coalesce: Duration::from_millis(200),
+            coalesce: crate::config::limits::DEFAULT_COALESCE,
             heartbeat: Duration::from_secs(10),
             write_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
@@ -1027,10 +1028,13 @@ impl<'a> Session<'a> {
                 }
             }
             // Something changed: give related changes a moment to land in the same batch.
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return Err(SessionError::Shutdown),
-                r = &mut self.reader => return Err(r.unwrap_or(SessionError::Closed)),
-                _ = tokio::time::sleep(self.cfg.coalesce) => {}
+            // A zero window sends at once, with no timer (and no wake-up for one).
+            if !self.cfg.coalesce.is_zero() {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => return Err(SessionError::Shutdown),
+                    r = &mut self.reader => return Err(r.unwrap_or(SessionError::Closed)),
+                    _ = tokio::time::sleep(self.cfg.coalesce) => {}
+                }
             }
             let reload = hello_dirty
                 || hello.has_changed().unwrap_or(false)

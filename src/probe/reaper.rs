@@ -244,12 +244,12 @@ pub fn become_subreaper() -> io::Result<Subreaper> {
                 if alive {
                     tokio::select! {
                         () = run_ended().notified() => {}
-                        () = tokio::time::sleep(RESCAN_EVERY) => {}
+                        () = crate::timer::sleep(RESCAN_EVERY) => {}
                     }
                 } else {
                     run_ended().notified().await;
                 }
-                tokio::time::sleep(REAP_AFTER).await;
+                crate::timer::sleep(REAP_AFTER).await;
                 (_, alive) = reap();
             }
         });

@@ -44,6 +44,39 @@ fn an_interval_over_a_day_is_refused_with_the_bound_and_the_fix() {
     }
 }
 
+/// `coalesce` (issue 40): the link's window, in milliseconds or the duration grammar, 0 for
+/// at once, at most 10s; the default 200ms.
+#[test]
+fn coalesce_takes_milliseconds_or_a_duration_and_zero_sends_at_once() {
+    let window = |text: &str| agent::parse(Path::new("agent.yaml"), text).map(|a| a.coalesce);
+    assert_eq!(window("").unwrap(), Duration::from_millis(200));
+    assert_eq!(window("coalesce: 0\n").unwrap(), Duration::ZERO);
+    assert_eq!(
+        window("coalesce: 50ms\n").unwrap(),
+        Duration::from_millis(50)
+    );
+    assert_eq!(window("coalesce: 2s\n").unwrap(), Duration::from_secs(2));
+    for (bad, says) in [
+        (
+            "11s",
+            "agent.yaml:1:11: coalesce 11s is longer than the limit of 10s",
+        ),
+        (
+            "10001ms",
+            "coalesce 10001ms is longer than the limit of 10s",
+        ),
+        ("1.5ms", "agent.yaml:1:11: expected a duration"),
+        ("-5ms", "agent.yaml:1:11: expected a duration"),
+        ("ms", "agent.yaml:1:11: expected a duration"),
+        ("99999999999999999999ms", "agent.yaml:1:11:"),
+    ] {
+        let e = window(&format!("coalesce: {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
 #[test]
 fn max_interval_in_agent_yaml_moves_the_bound_up_to_a_year() {
     let site = common::Setup::with_agent(&with_probe("2d", ""), "max_interval: 3d\n");
@@ -442,7 +475,7 @@ fn every_bounded_field_is_checked_at_its_table_bound_and_the_man_page_shows_it()
         let range = format!("Range: {}.", bound.describe()).replace('-', "\\-");
         assert!(line.contains(&range), "{prefix}{name}: {line}");
     }
-    assert_eq!(checked, 18, "the bounded fields");
+    assert_eq!(checked, 19, "the bounded fields");
 }
 
 /// A stream's `declared_state` (issue 36): its budget for what it declares, 2 MiB unless

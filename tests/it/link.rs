@@ -66,6 +66,43 @@ async fn first_snapshot_has_every_resval_then_deltas_carry_only_changes() {
     ctl.stop().await;
 }
 
+/// `coalesce: 0` (issue 40): a change goes out at once, with no window. On the paused clock
+/// (after the connection is up: loopback I/O is ready before the runtime parks, so the clock
+/// moves only when every task waits on a timer), the delta arrives at the instant the value
+/// was recorded; with a window it arrives that window later.
+#[tokio::test]
+async fn coalesce_zero_sends_a_change_at_once_and_a_window_waits_its_length() {
+    for window in [Duration::ZERO, Duration::from_millis(200)] {
+        let store = store_with(&three());
+        let mut ctl = Controller::bind(ListenOpts::default()).await;
+        let mut cfg = fast_config(vec![ctl.addr.to_string()]);
+        cfg.coalesce = window;
+        let agent = Agent::start(cfg, Arc::clone(&store));
+        ctl.next_hello_and_snapshot().await;
+        tokio::time::pause();
+        let recorded = tokio::time::Instant::now();
+        record(&store, "scratch", Value::Numeric(7.0));
+        let delta = ctl.next_batch().await;
+        let waited = recorded.elapsed();
+        tokio::time::resume();
+        assert_eq!(delta.resvals[0].value, Value::Numeric(7.0));
+        // The timer wheel rounds a window up to its next millisecond.
+        if window.is_zero() {
+            assert_eq!(
+                waited, window,
+                "coalesce 0, yet the delta waited {waited:?}"
+            );
+        } else {
+            assert!(
+                waited >= window && waited <= window + Duration::from_millis(1),
+                "the delta waited {waited:?} with coalesce {window:?}"
+            );
+        }
+        agent.stop().await;
+        ctl.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn heartbeat_when_idle_names_the_last_batch() {
     let store = store_with(&three());

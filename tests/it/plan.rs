@@ -330,3 +330,32 @@ fn a_hosts_probes_share_its_run_grid_and_spread_over_the_interval() {
     // An interval shorter than the grid: still within it.
     assert!(splay("node001", "fast", Duration::from_millis(40)) < Duration::from_millis(40));
 }
+
+/// Builtin probes read the sampler's snapshot: nothing to spread, so every builtin probe of
+/// an interval shares one slot of the host's run grid (one wake-up, issue 40); exec probes
+/// of the same interval still spread.
+#[test]
+fn builtin_probes_of_one_interval_share_a_slot_and_exec_probes_spread() {
+    let mut text = String::from("resources:\n");
+    for name in ["r1m", "r15m", "ut", "mem", "swp", "tmp"] {
+        text.push_str(&format!(
+            "  - name: {name}\n    interval: 15s\n    probe: {{kind: builtin}}\n"
+        ));
+    }
+    for n in 0..6 {
+        text.push_str(&format!(
+            "  - name: e{n}\n    interval: 15s\n    probe: {{kind: exec, command: [x]}}\n"
+        ));
+    }
+    let r = resources::parse(Path::new("resources.yaml"), &text).unwrap();
+    let plan = make_plan(&r, "node001", &BTreeSet::new());
+    let splays = |prefix: bool| {
+        plan.tasks
+            .iter()
+            .filter(|t| t.name.starts_with('e') == prefix)
+            .map(|t| t.splay)
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(splays(false).len(), 1, "builtins: {:?}", splays(false));
+    assert!(splays(true).len() > 1, "exec probes: {:?}", splays(true));
+}

@@ -444,11 +444,7 @@ impl Snapshot {
 }
 
 /// Runs one tick off the async runtime: a hung NFS /tmp or a slow GPU driver must not block it.
-async fn tick_blocking(
-    mut sampler: Sampler,
-    now: Instant,
-    slow: bool,
-) -> Result<Sampler, tokio::task::JoinError> {
+async fn tick_blocking(mut sampler: Sampler, now: Instant, slow: bool) -> Result<Sampler, String> {
     tokio::task::spawn_blocking(move || {
         sampler.fast_tick(now);
         if slow {
@@ -457,6 +453,23 @@ async fn tick_blocking(
         sampler
     })
     .await
+    .map_err(|e| e.to_string())
+}
+
+/// The fast tick (the run queue, from /proc/loadavg: procfs, which no hung mount can block)
+/// where the sampler's task runs: two of every three ticks then cost one wake-up of the
+/// runtime instead of three (a blocking-pool thread woken, and the runtime woken back by it;
+/// BENCHMARKS.md section 23). A panic is reported as the blocking pool reports one.
+fn fast_tick_here(mut sampler: Sampler, now: Instant) -> Result<Sampler, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        sampler.fast_tick(now);
+        sampler
+    }))
+    .map_err(|panic| {
+        let text = panic.downcast_ref::<&str>().map(|s| s.to_string());
+        text.or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into())
+    })
 }
 
 /// The shared sampler as a tokio task: one read of /proc per tick for all builtin resources.
@@ -474,14 +487,20 @@ pub fn spawn(roots: Roots, shutdown: CancellationToken) -> watch::Receiver<Arc<S
             tracing::error!("builtin sampler failed to start");
             return;
         };
-        let mut ticker = tokio::time::interval(FAST_TICK);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Ticks FAST_TICK apart, the first at once; a late tick moves the later ones.
+        let mut next = tokio::time::Instant::now();
         for n in 0u64.. {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
+                _ = crate::timer::sleep_until(next) => {}
             }
-            sampler = match tick_blocking(sampler, Instant::now(), n % SLOW_EVERY == 0).await {
+            next = (next + FAST_TICK).max(tokio::time::Instant::now());
+            let ticked = if n % SLOW_EVERY == 0 {
+                tick_blocking(sampler, Instant::now(), true).await
+            } else {
+                fast_tick_here(sampler, Instant::now())
+            };
+            sampler = match ticked {
                 Ok(s) => s,
                 Err(e) => {
                     // A panic in one tick loses the series history, not the sampler.
