@@ -15,6 +15,7 @@ pub mod link;
 pub mod logging;
 pub mod metrics;
 pub mod output;
+pub mod own_pages;
 pub mod plan;
 pub mod probe;
 pub mod receiver;

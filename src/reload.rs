@@ -128,6 +128,7 @@ pub enum Setting {
     ProbePidsMax,
     TlsExpiryWarning,
     Coalesce,
+    ReleaseCodeAfter,
 }
 
 /// What a changed setting takes to be in effect.
@@ -163,6 +164,7 @@ impl Setting {
             Setting::ProbePidsMax => "probe_pids_max",
             Setting::TlsExpiryWarning => "tls.expiry_warning",
             Setting::Coalesce => "coalesce",
+            Setting::ReleaseCodeAfter => "release_code_after",
         }
     }
 
@@ -178,7 +180,9 @@ impl Setting {
             | Setting::MaxInterval
             | Setting::ProbePidsMax
             | Setting::TrustConfigFiles
-            | Setting::TlsExpiryWarning => Effect::Loaded,
+            | Setting::TlsExpiryWarning
+            // The next page-out is timed from the reload that read it.
+            | Setting::ReleaseCodeAfter => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
             Setting::Metrics
             | Setting::StatusSocket
@@ -212,6 +216,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         probe_pids_max,
         tls_expiry_warning,
         coalesce,
+        release_code_after,
     } = new.agent;
     let was = old.agent;
     [
@@ -243,6 +248,10 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
             Setting::TlsExpiryWarning,
         ),
         (was.coalesce != *coalesce, Setting::Coalesce),
+        (
+            was.release_code_after != *release_code_after,
+            Setting::ReleaseCodeAfter,
+        ),
     ]
     .into_iter()
     .filter_map(|(changed, setting)| changed.then_some(setting))

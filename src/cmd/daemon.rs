@@ -130,6 +130,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         t
     });
     let mut link_state = agent.link_stats.subscribe();
+    let mut release_code = release_deadline(&agent.config);
     loop {
         tokio::select! {
             _ = term.recv() => break,
@@ -138,6 +139,8 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
                 systemd::reloading();
                 reload(common, &mut agent).await;
                 systemd::notify(&[NotifyState::Ready, NotifyState::Status(&agent.status_line())]);
+                // The reload ran the YAML parser and the checks again.
+                release_code = release_deadline(&agent.config);
             }
             _ = agent.assignment_changed() => {
                 agent.apply_assignment();
@@ -158,6 +161,15 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
                     tracing::error!("the controller link task died; withholding the watchdog ping");
                 }
             }
+            _ = async {
+                match release_code {
+                    Some(at) => crate::timer::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                release_code = None;
+                release_own_code();
+            }
         }
     }
     tracing::info!("stopping");
@@ -172,6 +184,26 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
     sampler_stop.cancel();
     tracing::info!("stopped");
     Ok(exit::OK)
+}
+
+/// When the start-up's code is paged out (`release_code_after`; none when 0).
+fn release_deadline(config: &crate::config::Config) -> Option<tokio::time::Instant> {
+    let after = config.agent.release_code_after;
+    (!after.is_zero()).then(|| tokio::time::Instant::now() + after)
+}
+
+/// Page out the agent's own binary (`own_pages`), saying what it gave back: an idle agent's
+/// RSS is mostly its code, and most of that ran once, at the start (BENCHMARKS.md 23c).
+fn release_own_code() {
+    let before = crate::own_pages::rss_file_kib();
+    match crate::own_pages::page_out() {
+        Ok(_) => tracing::info!(
+            rss_file_kib_before = before,
+            rss_file_kib_after = crate::own_pages::rss_file_kib(),
+            "released the start-up code"
+        ),
+        Err(e) => tracing::warn!("cannot page out the agent's own code: {e}"),
+    }
 }
 
 /// SIGHUP: load both files again and move the agent to them. Any error keeps the running

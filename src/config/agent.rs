@@ -9,8 +9,8 @@ use super::error::{ConfigErrors, Errors, Pos};
 use super::hostlist;
 use super::limits::{
     check_duration, Between, Bound, Bounds, COALESCE, DEFAULT_COALESCE, DEFAULT_MAX_INTERVAL,
-    DEFAULT_MAX_STUCK_READS, DEFAULT_PROBE_PIDS_MAX, MAX_INTERVAL, MAX_PARALLEL, MAX_STUCK_READS,
-    PROCESSES, TLS_EXPIRY_WARNING,
+    DEFAULT_MAX_STUCK_READS, DEFAULT_PROBE_PIDS_MAX, DEFAULT_RELEASE_CODE_AFTER, MAX_INTERVAL,
+    MAX_PARALLEL, MAX_STUCK_READS, PROCESSES, RELEASE_CODE_AFTER, TLS_EXPIRY_WARNING,
 };
 use super::names::{field_names, Field};
 use super::recover::{self, Items};
@@ -105,6 +105,7 @@ pub const FIELD_DOCS: &[Field] = &[
     Field::new("trust_config_files_of_any_owner", "true: a root agent believes resources.yaml, the CA bundle and the CRL whoever owns them (shared storage); never agent.yaml."),
     Field::new("probe_pids_max", "pids.max of each exec and stream probe's cgroup unless its `limits:` say otherwise; 0: none (default 128).").bounded(Bound::Count(PROCESSES)),
     Field::new("coalesce", "After a value changes, how long the link waits for more changes before it sends them in one batch, a duration or milliseconds (`200ms`, the default); 0: each change is sent at once, at more CPU and more frames.").bounded(Bound::Duration(COALESCE)),
+    Field::new("release_code_after", "How long after the start, and after each reload, the agent hands the pages of its own binary back to the kernel, a duration or milliseconds (`30s`, the default): what the start-up ran (the command line, the YAML parser, the checks) stops counting in its RSS, and the code it keeps running comes back at its next use; 0: never.").bounded(Bound::Duration(RELEASE_CODE_AFTER)),
 ];
 
 /// `tls:`'s fields, in [`RawTls`]'s order.
@@ -154,6 +155,7 @@ struct RawAgent {
     trust_config_files_of_any_owner: Option<Spanned<bool>>,
     probe_pids_max: Option<Spanned<Scalar>>,
     coalesce: Option<Spanned<Scalar>>,
+    release_code_after: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,6 +220,9 @@ pub struct AgentConfig {
     /// `coalesce`: after a change, how long the link waits for more before sending (zero:
     /// at once).
     pub coalesce: std::time::Duration,
+    /// `release_code_after`: when the daemon pages out its own binary after the start and
+    /// after each reload (zero: never; `own_pages`).
+    pub release_code_after: std::time::Duration,
 }
 
 impl AgentConfig {
@@ -308,6 +313,14 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
     let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
     let coalesce = coalesce(&mut errs, raw.coalesce.as_ref());
+    let release_code_after = bounded_duration(
+        &mut errs,
+        raw.release_code_after.as_ref(),
+        "release_code_after",
+        Scalar::to_duration_or_ms,
+        RELEASE_CODE_AFTER,
+    )
+    .unwrap_or(DEFAULT_RELEASE_CODE_AFTER);
     let tls_expiry_warning = tls_expiry_warning(
         &mut errs,
         raw.tls
@@ -401,6 +414,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         probe_pids_max,
         tls_expiry_warning,
         coalesce,
+        release_code_after,
     })
 }
 

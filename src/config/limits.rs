@@ -86,6 +86,12 @@ pub const COALESCE: Between<Duration> = Between::new(Duration::ZERO, Duration::f
 /// Default of `coalesce`: a probe's burst of values (a kv probe's several lines, a grid
 /// slot's runs) goes out as one batch.
 pub const DEFAULT_COALESCE: Duration = Duration::from_millis(200);
+/// agent.yaml's `release_code_after`: 0 never; past a day the start-up code has long been
+/// resident for nothing.
+pub const RELEASE_CODE_AFTER: Between<Duration> = Between::new(Duration::ZERO, DAY);
+/// Default of `release_code_after`: the start-up's first runs of the probes, the sampler's
+/// first ticks and the link's connect are done by then (BENCHMARKS.md section 23c).
+pub const DEFAULT_RELEASE_CODE_AFTER: Duration = Duration::from_secs(30);
 /// `tls.expiry_warning`.
 pub const TLS_EXPIRY_WARNING: Between<Duration> = Between::new(Duration::ZERO, YEAR);
 /// A stream probe's `declared_state`: what it may make the agent keep of what it declares

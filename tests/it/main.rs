@@ -22,6 +22,7 @@ mod containment;
 mod daemon;
 mod daemon_flush;
 mod daemon_link;
+mod daemon_own_pages;
 mod daemon_welcome;
 mod declared_state;
 mod disk_full;
