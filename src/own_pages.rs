@@ -1,5 +1,5 @@
-//! The agent's own executable pages: advice to the kernel about the mappings of this
-//! process's own binary (never the shared libraries: their pages serve every process).
+//! The agent's own pages: paging out the mappings of this process's own binary (never the
+//! shared libraries: their pages serve every process).
 //!
 //! Why: an idle agent's resident memory is mostly file pages of its own binary (BENCHMARKS.md
 //! section 23c): the start-up path (command line, YAML, config checks) leaves code resident
@@ -63,13 +63,19 @@ pub fn mappings_of_file_holding(maps: &str, address: usize) -> Vec<Mapping> {
         .collect()
 }
 
-/// madvise(2) over one mapping.
-pub fn advise(mapping: &Mapping, advice: libc::c_int) -> io::Result<()> {
+/// MADV_PAGEOUT over one mapping.
+fn page_out_mapping(mapping: &Mapping) -> io::Result<()> {
     // SAFETY: the range is a whole mapping of this process's binary, read from
-    // /proc/self/maps; the advice this module gives (MADV_RANDOM, MADV_COLD, MADV_PAGEOUT) only
-    // changes the kernel's read-ahead or reclaim of those pages, never their contents: a page
-    // paged out is read back from the file (or swap) when next touched.
-    let rc = unsafe { libc::madvise(mapping.start as *mut libc::c_void, mapping.len, advice) };
+    // /proc/self/maps, and MADV_PAGEOUT never changes the contents of memory: it asks the
+    // kernel to reclaim the pages, and a page reclaimed is read back from the file (or
+    // swap) when next touched. No pointer into the range is created or used here.
+    let rc = unsafe {
+        libc::madvise(
+            mapping.start as *mut libc::c_void,
+            mapping.len,
+            libc::MADV_PAGEOUT,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {
@@ -85,11 +91,13 @@ pub fn advise(mapping: &Mapping, advice: libc::c_int) -> io::Result<()> {
 /// mappings were advised.
 ///
 /// MADV_PAGEOUT of file pages is done only for a process that owns the file or may write
-/// it (root, as shipped); for another it succeeds and does nothing.
+/// it (root, as shipped); for another it succeeds and does nothing. The relocated read-only
+/// data (RELRO: anonymous copies the loader wrote) goes to swap where there is swap, as any
+/// idle anonymous page would, and stays where there is none.
 pub fn page_out() -> io::Result<usize> {
     let mut advised = 0;
     for mapping in own_mappings()?.iter().filter(|m| !m.writable) {
-        advise(mapping, libc::MADV_PAGEOUT)?;
+        page_out_mapping(mapping)?;
         advised += 1;
     }
     Ok(advised)
