@@ -85,10 +85,10 @@ fn page_out_mapping(mapping: &Mapping) -> io::Result<()> {
 
 /// Page out this process's own binary: every mapping of it that is not writable (its code
 /// and read-only data; the writable data is left alone), with MADV_PAGEOUT. The kernel
-/// reclaims the pages no other process maps (a page another process maps is skipped, so
-/// the shared libraries are never touched: they are not ours) and the code the agent runs
-/// again comes back at its next use, from the page cache or the file. Returns how many
-/// mappings were advised.
+/// unmaps the pages no other process maps (a page another process maps is skipped, and the
+/// shared libraries are not advised: they are not ours), and may drop them from the page
+/// cache (on Linux 6.18 it kept them: BENCHMARKS.md 23c); the code the agent runs again
+/// comes back at its next use. Returns how many mappings were advised.
 ///
 /// MADV_PAGEOUT of file pages is done only for a process that owns the file or may write
 /// it (root, as shipped); for another it succeeds and does nothing. The relocated read-only
