@@ -218,25 +218,8 @@ impl Future for Sleep {
 }
 
 impl Drop for Sleep {
-    /// A wait given up before its deadline (an exec run's quick-exit wait, ended by the
-    /// exit): withdrawn, and if the timerfd was armed for it and no other wait of that
-    /// instant is left, armed for the next one instead, else it would wake the runtime for
-    /// nothing. One `timerfd_settime` when the last wait of an instant goes.
     fn drop(&mut self) {
-        let Some(key) = self.key.take() else { return };
-        let mut state = self.timer.lock();
-        state.waiting.remove(&key);
-        if state.armed != Some(key.0) {
-            return;
-        }
-        match state.waiting.keys().next() {
-            Some(&(next, _)) if next > key.0 => self.timer.arm(&mut state, next),
-            Some(_) => {}
-            None => {
-                let _ = self.timer.fd.get_ref().0.unset();
-                state.armed = None;
-            }
-        }
+        self.withdraw();
     }
 }
 
@@ -278,32 +261,5 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a, timer.epoch + Duration::from_millis(11));
         assert!(timer.lock().waiting.is_empty(), "every wait withdrawn");
-    }
-
-    /// A wait dropped before its deadline does not leave the timerfd armed for it: armed
-    /// for the next wait, or for none (no wake-up for nothing).
-    #[tokio::test]
-    async fn a_dropped_earliest_wait_rearms_the_timer_for_the_next() {
-        let timer = Arc::new(Timer::new().expect("timerfd"));
-        let start = Instant::now();
-        let mut later = Box::pin(Sleep::new(timer.clone(), start + Duration::from_secs(60)));
-        assert!(futures::poll!(later.as_mut()).is_pending());
-        let mut soon = Box::pin(Sleep::new(timer.clone(), start + Duration::from_secs(30)));
-        assert!(futures::poll!(soon.as_mut()).is_pending());
-        let mut also_soon = Box::pin(Sleep::new(timer.clone(), start + Duration::from_secs(30)));
-        assert!(futures::poll!(also_soon.as_mut()).is_pending());
-        let soon_at = timer.round_up(start + Duration::from_secs(30));
-        assert_eq!(timer.lock().armed, Some(soon_at));
-        drop(soon);
-        assert_eq!(
-            timer.lock().armed,
-            Some(soon_at),
-            "another wait of that instant is left"
-        );
-        drop(also_soon);
-        let later_at = timer.round_up(start + Duration::from_secs(60));
-        assert_eq!(timer.lock().armed, Some(later_at));
-        drop(later);
-        assert_eq!(timer.lock().armed, None);
     }
 }

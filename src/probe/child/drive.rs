@@ -158,15 +158,12 @@ pub async fn drive(
     let mut exited_before_end = false;
     if let Some(quick) = watch.quick_exit {
         let until = (Instant::now() + quick).min(deadline);
-        // On the agent's one timerfd, not tokio's timer: a tokio sleep earlier than its
-        // driver's next wake-up unparks the driver (an eventfd write and an empty turn of the
-        // reactor) on every run, where the runs of one grid slot share this one's arming.
         tokio::select! {
             _ = child.wait() => {
                 exited_before_end = true;
                 drain_until = after_exit(child, watch);
             }
-            _ = crate::timer::sleep_until(until) => {}
+            _ = sleep_until(until) => {}
         }
     }
     let ended = loop {
