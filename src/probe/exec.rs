@@ -42,7 +42,7 @@ pub fn credentials_for(
 
 /// The user a root agent switches to for a probe; `None`: it runs with the agent's rights.
 pub fn switched_to<'a>(spec_run_as: Option<&'a str>, default: &'a str) -> Option<&'a str> {
-    if !nix::unistd::geteuid().is_root() {
+    if !super::security::agent_is_root() {
         return None;
     }
     Some(spec_run_as.unwrap_or(default)).filter(|user| *user != "root")

@@ -273,7 +273,14 @@ fn walk(path: &Path, run_as_uid: Option<Uid>, last: Last) -> Result<(), Insecure
 
 /// Whether the agent enforces the checks: only a root agent runs scripts as other users.
 pub fn enforced() -> bool {
-    nix::unistd::geteuid().is_root()
+    agent_is_root()
+}
+
+/// Whether the agent runs as root. Its effective uid never changes (the agent switches
+/// credentials only in its children), so it is asked once, not twice a run.
+pub fn agent_is_root() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| nix::unistd::geteuid().is_root())
 }
 
 /// The one verdict on a probe's program that `check`, `probe NAME` and a reload all give.

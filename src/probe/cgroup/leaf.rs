@@ -49,17 +49,16 @@ struct Leaves {
 #[derive(Debug)]
 struct Leaf {
     path: PathBuf,
-    /// `O_PATH` directory, for clone3's `CLONE_INTO_CGROUP`.
+    /// `O_PATH` directory, for clone3's `CLONE_INTO_CGROUP`, and the one its other files
+    /// are opened through when needed (`cgroup.kill`, `cgroup.procs`): relative to the
+    /// directory held, never by path, as a removed leaf's name may be taken again and a
+    /// kill must never reach another run (a removed leaf's files are gone: ENOENT).
     dir: OwnedFd,
-    /// `cgroup.procs` open for writing, for the clone(2) fallback.
-    procs: OwnedFd,
-    /// `cgroup.procs` open for reading, for killing each process before Linux 5.14.
-    listed: Option<fs::File>,
-    /// `cgroup.events` and `cgroup.kill` (Linux 5.14+), held open: ending a run costs one
-    /// read, and one write when something is left. Held, not opened by path: a removed
-    /// leaf's name may be taken again, and a kill must never reach another run.
+    /// `cgroup.events`, held open: ending a run costs one read. The only other descriptor a
+    /// leaf holds: every descriptor the agent holds is copied into each child's table by
+    /// the clone (`dup_fd`, on the agent's time) and closed again by its exec, so the
+    /// files a run seldom needs are not held (BENCHMARKS.md section 23a).
     events: Option<fs::File>,
-    kill_file: Option<fs::File>,
 }
 
 /// The leaf one run is in, from [`ProbeCgroup::checkout`]; back to its probe when dropped
@@ -249,27 +248,16 @@ impl Leaf {
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )?;
-        let procs = open(
-            &path.join("cgroup.procs"),
-            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        let kill_file = fs::OpenOptions::new()
-            .write(true)
-            .open(path.join("cgroup.kill"))
-            .ok();
-        let listed = match kill_file {
-            Some(_) => None,
-            None => fs::File::open(path.join("cgroup.procs")).ok(),
-        };
         Ok(Self {
             path: path.to_owned(),
             dir: crate::probe::fd::above_stdio(dir)?,
-            procs: crate::probe::fd::above_stdio(procs)?,
-            listed,
             events: fs::File::open(path.join("cgroup.events")).ok(),
-            kill_file,
         })
+    }
+
+    /// One of the leaf's files, opened through the directory held (close-on-exec).
+    fn open_file(&self, name: &std::ffi::CStr, how: OFlag) -> nix::Result<OwnedFd> {
+        nix::fcntl::openat(&self.dir, name, how | OFlag::O_CLOEXEC, Mode::empty())
     }
 
     /// Whether any process is in the leaf (`cgroup.events`; unknown counts as yes).
@@ -288,17 +276,18 @@ impl Leaf {
     }
 
     /// SIGKILL to everything in the leaf: `cgroup.kill`, or before Linux 5.14 each process
-    /// listed until none is left. Only through the descriptors held: a removed leaf gets
-    /// ENODEV, never a kill by its (maybe reused) path.
+    /// listed until none is left. Only through the directory held: a removed leaf's files
+    /// are gone (and a removed leaf was empty), never a kill by its (maybe reused) path.
     fn kill(&self) {
         use std::io::Write;
-        if let Some(f) = &self.kill_file {
-            let _ = (&*f).write_all(b"1");
+        if let Ok(kill_file) = self.open_file(c"cgroup.kill", OFlag::O_WRONLY) {
+            let _ = fs::File::from(kill_file).write_all(b"1");
             return;
         }
-        let Some(listed) = &self.listed else {
+        let Ok(listed) = self.open_file(c"cgroup.procs", OFlag::O_RDONLY) else {
             return;
         };
+        let listed = fs::File::from(listed);
         for _ in 0..100 {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; 64 * 1024];
@@ -322,9 +311,10 @@ impl Leaf {
 }
 
 impl RunCgroup {
-    /// `(directory, cgroup.procs)` of the leaf, for the spawn.
-    pub fn spawn_fds(&self) -> Option<(&OwnedFd, &OwnedFd)> {
-        self.leaf.as_ref().map(|l| (&l.dir, &l.procs))
+    /// The leaf's directory, for the spawn (clone3 clones into it; the clone(2) fallback
+    /// opens its `cgroup.procs` through it).
+    pub fn spawn_dir(&self) -> Option<&OwnedFd> {
+        self.leaf.as_ref().map(|l| &l.dir)
     }
 
     /// End everything left in the run's leaf; the leaf is retired, never cloned into again.

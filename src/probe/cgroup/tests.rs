@@ -136,7 +136,7 @@ fn a_leaf_left_empty_is_reused_and_one_left_populated_is_killed_and_retired() {
     let run = cg.checkout().unwrap();
     let first = run.path().unwrap().to_owned();
     assert_eq!(first, cg.path.join("run-1"));
-    assert!(run.spawn_fds().is_some());
+    assert!(run.spawn_dir().is_some());
     drop(run);
     let mut run = cg.checkout().unwrap();
     assert_eq!(

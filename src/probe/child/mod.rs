@@ -476,7 +476,7 @@ impl Child {
             rlimits: rlimits(&spec.limits),
             no_new_privs: spec.no_new_privs,
             stdio: [child_stdin, &out_write, &err_write],
-            cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_fds),
+            cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_dir),
             exec_fd,
             capture: capture.as_ref().map(|(_, write)| write),
             clone_call: spec.clone_call,
@@ -550,39 +550,40 @@ impl Child {
         self.exit
     }
 
-    /// Look at the exit status without reaping (the zombie keeps the pid and group ours).
-    fn peek(&mut self) -> Option<Exit> {
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-        let exit = match waitid(Id::Pid(self.pgid), flags) {
-            Ok(WaitStatus::Exited(_, code)) => Exit::Code(code),
-            Ok(WaitStatus::Signaled(_, sig, _)) => Exit::Signal(sig as i32),
-            Ok(_) => return None,
-            Err(nix::errno::Errno::EINTR) => return None,
-            // Nobody else may reap it; if it is gone all the same, nothing more is known.
-            Err(_) => {
-                self.reaped = true;
-                Exit::Code(-1)
-            }
-        };
-        self.exit = Some(exit);
-        Some(exit)
-    }
-
-    /// Wait until the child exits (cancel-safe).
+    /// Wait until the child exits (cancel-safe). With a pidfd the status is looked at only
+    /// once the pidfd says the child has exited, not also before: a run's first look would
+    /// almost always find it still running (one `waitid` a run saved).
     pub async fn wait(&mut self) -> Exit {
         loop {
             if let Some(e) = self.exit {
                 return e;
             }
-            if let Some(e) = self.peek() {
-                return e;
-            }
-            match &mut self.watch {
+            let Child {
+                watch,
+                pgid,
+                reaped,
+                exit,
+                ..
+            } = self;
+            match watch {
                 ExitWatch::Pidfd(fd) => match fd.readable().await {
-                    Ok(mut ready) => ready.clear_ready(),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Ok(mut ready) => {
+                        if let Some(e) = peek_exit(*pgid, reaped, exit) {
+                            return e;
+                        }
+                        ready.clear_ready();
+                    }
+                    Err(_) => {
+                        if let Some(e) = peek_exit(*pgid, reaped, exit) {
+                            return e;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                 },
                 ExitWatch::Sigchld(s) => {
+                    if let Some(e) = peek_exit(*pgid, reaped, exit) {
+                        return e;
+                    }
                     s.recv().await;
                 }
             }
@@ -673,6 +674,25 @@ impl Drop for Child {
         }
         // Without a runtime the registration goes now and the orphan reaper reaps it.
     }
+}
+
+/// The leader's exit status without reaping it (the zombie keeps the pid and group the
+/// agent's); `None` while it runs.
+fn peek_exit(pgid: Pid, reaped: &mut bool, exit: &mut Option<Exit>) -> Option<Exit> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    let found = match waitid(Id::Pid(pgid), flags) {
+        Ok(WaitStatus::Exited(_, code)) => Exit::Code(code),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Exit::Signal(sig as i32),
+        Ok(_) => return None,
+        Err(nix::errno::Errno::EINTR) => return None,
+        // Nobody else may reap it; if it is gone all the same, nothing more is known.
+        Err(_) => {
+            *reaped = true;
+            Exit::Code(-1)
+        }
+    };
+    *exit = Some(found);
+    Some(found)
 }
 
 /// Run the child to completion or to its deadline. Never waits on a pipe past

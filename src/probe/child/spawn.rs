@@ -120,12 +120,11 @@ pub struct Prepared {
     no_new_privs: bool,
     /// Descriptors that become 0, 1, 2 (all >= 3, all close-on-exec in the parent).
     stdio: [RawFd; 3],
-    /// The probe's cgroup: its directory (for clone3's CLONE_INTO_CGROUP) and its open
-    /// `cgroup.procs` (the clone(2) fallback: the child writes "0" there, which moves the
-    /// writer).
-    cgroup: Option<(RawFd, RawFd)>,
-    /// Set for the clone(2) fallback only.
-    join_by_write: bool,
+    /// The run's cgroup directory (for clone3's CLONE_INTO_CGROUP).
+    cgroup: Option<RawFd>,
+    /// For the clone(2) fallback only: the cgroup's `cgroup.procs`, opened through its
+    /// directory just before the clone; the child writes "0" there, which moves the writer.
+    join_by_write: Option<OwnedFd>,
     /// See [`Plan::exec_fd`].
     exec_fd: Option<RawFd>,
     /// See [`Plan::capture`].
@@ -153,8 +152,8 @@ pub struct Plan<'a> {
     pub rlimits: Vec<(c_int, u64)>,
     pub no_new_privs: bool,
     pub stdio: [&'a OwnedFd; 3],
-    /// `(directory, cgroup.procs)` of the probe's cgroup, both open.
-    pub cgroup: Option<(&'a OwnedFd, &'a OwnedFd)>,
+    /// The run's cgroup directory, open (`O_PATH` will do).
+    pub cgroup: Option<&'a OwnedFd>,
     /// The program the script rule checked, open (>= 3, close-on-exec): executed with
     /// `execveat(fd, "", AT_EMPTY_PATH)` instead of `path`. Binaries only, see
     /// [`super::super::security::CheckedProgram::script`].
@@ -203,8 +202,8 @@ impl Prepared {
                 .collect(),
             no_new_privs: plan.no_new_privs,
             stdio: plan.stdio.map(|f| f.as_raw_fd()),
-            cgroup: plan.cgroup.map(|(d, p)| (d.as_raw_fd(), p.as_raw_fd())),
-            join_by_write: false,
+            cgroup: plan.cgroup.map(AsRawFd::as_raw_fd),
+            join_by_write: None,
             exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
             capture: plan.capture.map(AsRawFd::as_raw_fd),
             clone_call: plan.clone_call,
@@ -390,10 +389,10 @@ pub fn spawn(prepared: &mut Prepared) -> Result<Started, ChildFailed> {
 }
 
 fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
-    let cgroup_dir = prepared.cgroup.map(|(dir, _)| dir);
+    let cgroup_dir = prepared.cgroup;
     #[cfg(target_arch = "x86_64")]
     if prepared.clone_call == CloneCall::Newest && !CLONE3_MISSING.load(Ordering::Relaxed) {
-        prepared.join_by_write = false;
+        prepared.join_by_write = None;
         let arg = prepared as *mut Prepared as *mut c_void;
         match clone3_child(arg, stack, cgroup_dir) {
             Ok(s) => return Ok(s),
@@ -410,9 +409,26 @@ fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
             Err(e) => return Err(e),
         }
     }
-    prepared.join_by_write = cgroup_dir.is_some();
+    prepared.join_by_write = match cgroup_dir {
+        Some(dir) => Some(open_procs(dir)?),
+        None => None,
+    };
     let arg = prepared as *mut Prepared as *mut c_void;
     legacy_clone_child(arg, stack)
+}
+
+/// The `cgroup.procs` of the cgroup whose directory is `dir`, for writing, opened through
+/// `dir` (never by path).
+fn open_procs(dir: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: `dir` is open for the whole spawn (the caller's plan borrows its owner).
+    let dir = unsafe { std::os::fd::BorrowedFd::borrow_raw(dir) };
+    let how = nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::openat(
+        dir,
+        c"cgroup.procs",
+        how,
+        nix::sys::stat::Mode::empty(),
+    )?)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -555,8 +571,8 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         if libc::syscall(libc::SYS_setsid) < 0 {
             fail(Stage::SetSid);
         }
-        if let (true, Some((_, procs))) = (p.join_by_write, p.cgroup) {
-            if libc::syscall(libc::SYS_write, procs, c"0".as_ptr(), 1) != 1 {
+        if let Some(procs) = &p.join_by_write {
+            if libc::syscall(libc::SYS_write, procs.as_raw_fd(), c"0".as_ptr(), 1) != 1 {
                 fail(Stage::JoinCgroup);
             }
         }
