@@ -1,7 +1,6 @@
 //! The exec probe: run an admin's script (argv, no shell) under `child::run`, parse its
 //! stdout in the probe's format, type each value by its resource's valtype.
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -134,7 +133,7 @@ pub fn child_spec(
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
-    log_path_fallback(task, &resolved, &spec.command, &ctx.plugin_dir);
+    log_path_fallback(task, &resolved, &spec.command, ctx);
     let program = resolved.program;
     let mut checked = None;
     if super::security::enforced() {
@@ -449,35 +448,29 @@ fn child_ended(o: &child::ChildOutcome, exits: output::Exits) -> Option<(Outcome
 
 /// A bare name not in plugin_dir runs what the probes' PATH has under that name: said in the
 /// log, once per probe and program, so the program a run used is on record (`check` and
-/// `probe NAME` say it too).
+/// `probe NAME` say it too). A run whose program was noted before pays one lookup.
 fn log_path_fallback(
     task: &ProbeTask,
     resolved: &super::resolve::Resolved,
     command: &[String],
-    plugin_dir: &std::path::Path,
+    ctx: &ProbeContext,
 ) {
-    static LOGGED: std::sync::Mutex<Option<HashSet<(String, PathBuf)>>> =
-        std::sync::Mutex::new(None);
-    let Some(note) = command
-        .first()
-        .and_then(|name| resolved.note(name, plugin_dir))
-    else {
+    if resolved.found != super::resolve::Found::ProbePath
+        || !ctx
+            .supervisor
+            .path_notes
+            .first(&task.name, &resolved.program)
+    {
         return;
-    };
-    let first = LOGGED
-        .lock()
-        .map(|mut seen| {
-            seen.get_or_insert_with(HashSet::new)
-                .insert((task.name.clone(), resolved.program.clone()))
-        })
-        .unwrap_or(true);
-    if first {
+    }
+    if let Some(note) = command
+        .first()
+        .and_then(|name| resolved.note(name, &ctx.plugin_dir))
+    {
         tracing::info!(probe = %task.name, "{note}");
     }
 }
 
-/// An LSF elim never exits: run as `kind: exec` it always times out, and what it printed is
-/// lost with the run. Its timeout says what to declare instead.
 fn elim_hint(spec: &ExecSpec, o: &child::ChildOutcome) -> Option<ElimHint> {
     (spec.format == output::Format::Elim && o.ending.is_timeout()).then(|| ElimHint {
         printed_lines: o.stdout.contains(&b'\n'),

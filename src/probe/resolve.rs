@@ -4,8 +4,9 @@
 //! relative script under plugin_dir: the probe's working directory is `/`, where a relative
 //! script would never be found.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use nix::unistd::Uid;
 
@@ -51,6 +52,27 @@ impl Resolved {
             )),
             Found::Absolute | Found::PluginDir => None,
         }
+    }
+}
+
+/// The programs found on [`PROBE_PATH`] that the log has named, by probe: each is named once
+/// per probe (and again when the name comes to mean another file).
+#[derive(Debug, Default)]
+pub struct PathNotes(Mutex<HashMap<String, HashSet<PathBuf>>>);
+
+impl PathNotes {
+    /// Whether `probe` running `program` is new here (and now noted). Looks up without
+    /// allocating: only a new pair is copied in.
+    pub fn first(&self, probe: &str, program: &Path) -> bool {
+        let Ok(mut seen) = self.0.lock() else {
+            return true;
+        };
+        if seen.get(probe).is_some_and(|p| p.contains(program)) {
+            return false;
+        }
+        seen.entry(probe.to_owned())
+            .or_default()
+            .insert(program.to_owned())
     }
 }
 
@@ -153,6 +175,16 @@ mod tests {
 
     fn words(w: &[&str]) -> Vec<String> {
         w.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_program_on_the_path_is_noted_once_per_probe_and_again_when_it_changes() {
+        let notes = PathNotes::default();
+        assert!(notes.first("a", Path::new("/usr/bin/echo")));
+        assert!(!notes.first("a", Path::new("/usr/bin/echo")));
+        assert!(notes.first("b", Path::new("/usr/bin/echo")));
+        assert!(notes.first("a", Path::new("/bin/echo")));
+        assert!(!notes.first("a", Path::new("/bin/echo")));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::capture::stand_ins::StandIns;
 use super::cgroup::{Containment, SetUpError};
 use super::child::{Credentials, UserError};
+use super::resolve::PathNotes;
 use super::security::Verdicts;
 
 /// See the module's doc.
@@ -29,6 +30,8 @@ pub struct Supervisor {
     pub verdicts: Verdicts,
     /// Where `capture:`'s stand-ins are, written on first use.
     pub stand_ins: StandIns,
+    /// Which programs found on the probes' PATH the log has named.
+    pub path_notes: PathNotes,
 }
 
 impl Supervisor {
@@ -49,6 +52,7 @@ impl Supervisor {
             users: Users::default(),
             verdicts: Verdicts::default(),
             stand_ins: StandIns::for_this_process(),
+            path_notes: PathNotes::default(),
         })
     }
 
