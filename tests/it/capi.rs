@@ -874,18 +874,8 @@ async fn the_worker_example_takes_an_agents_values_over_the_unix_socket() {
         }
     };
     // The agent, with only the unix controller: no tls: section needed.
-    let site = Site::new(&[], COUNTER);
+    let site = Site::reporting_to_unix(&sock, COUNTER);
     site.counter_script("level");
-    std::fs::write(
-        site.agent_yaml(),
-        format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\n\
-             controllers: [\"unix:{}\"]\n",
-            site.path().display(),
-            sock.display()
-        ),
-    )
-    .expect("write agent.yaml");
     let mut agent = site.spawn_agent();
     expect("register level");
     expect("value level ");

@@ -140,22 +140,12 @@ async fn listen_on_a_unix_socket_prints_what_the_agent_sends_as_this_host() {
         &uid,
     ]);
     listen.next_err_matching("for uids");
-    let site = Site::new(
-        &[],
+    let site = Site::reporting_to_unix(
+        &sock,
         "resources:\n  - name: level\n    valtype: numeric\n    interval: 1\n    \
          probe: {kind: exec, command: [level.sh]}\n",
     );
     site.counter_script("level");
-    std::fs::write(
-        site.agent_yaml(),
-        format!(
-            "host: node001\nresources: resources.yaml\nplugin_dir: {}\nrun_as: root\n\
-             controllers: [\"unix:{}\"]\n",
-            site.path().display(),
-            sock.display()
-        ),
-    )
-    .expect("write agent.yaml");
     let _agent = site.spawn_agent();
     let own = nix::unistd::gethostname()
         .expect("hostname")

@@ -47,6 +47,15 @@ impl Site {
         )
     }
 
+    /// Probes as root, reporting only to the local worker's door at `sock` (no tls: section
+    /// needed: the socket's owner is the peer's identity).
+    pub fn reporting_to_unix(sock: &Path, resources: &str) -> Self {
+        Self::write(
+            resources,
+            &format!("run_as: root\ncontrollers: [\"unix:{}\"]\n", sock.display()),
+        )
+    }
+
     /// agent.yaml ends with `agent_extra`.
     fn write(resources: &str, agent_extra: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
