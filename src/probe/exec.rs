@@ -231,7 +231,7 @@ impl ExecDetail {
     }
 }
 
-/// The stand-ins' directories of a probe's `capture:`, written on first use.
+/// The stand-ins' directories of a probe's `capture:`, written on first use (by any probe).
 fn stand_in_dirs(spec: &ExecSpec, ctx: &ProbeContext) -> Result<Vec<PathBuf>, CaptureFailure> {
     spec.capture
         .iter()
@@ -247,16 +247,20 @@ pub async fn run(
     started: SystemTime,
 ) -> ProbeRun {
     let t0 = std::time::Instant::now();
-    let stand_ins = match stand_in_dirs(spec, ctx) {
-        Ok(dirs) => dirs,
-        Err(why) => {
-            let why = RunFailure::Capture(why);
-            return ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
-        }
+    // The environment is made at the first run (the stand-ins' directories with it: once
+    // written they stay, so a later run has nothing to ask).
+    let env = match env.get() {
+        Some(env) => env.clone(),
+        None => match stand_in_dirs(spec, ctx) {
+            Ok(dirs) => env
+                .get_or_init(|| probe_env(task, &ctx.host, &spec.env, &dirs))
+                .clone(),
+            Err(why) => {
+                let why = RunFailure::Capture(why);
+                return ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
+            }
+        },
     };
-    let env = env
-        .get_or_init(|| probe_env(task, &ctx.host, &spec.env, &stand_ins))
-        .clone();
     let mut detail = ExecDetail::new(&spec.command, &env);
     let (child, user) = match child_spec(task, spec, ctx, env) {
         Ok(c) => c,
