@@ -2,7 +2,8 @@
 //! stdout in the probe's format, type each value by its resource's valtype.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::capture::{Report, ThisNode};
@@ -16,8 +17,9 @@ use crate::plan::ProbeTask;
 /// What the child did, for `--once`, `probe NAME` and the logs.
 #[derive(Debug, Clone)]
 pub struct ExecDetail {
-    pub argv: Vec<String>,
-    pub user: String,
+    /// Shared with the probe's later runs (made once per probe: [`Launch`]).
+    pub argv: Arc<[String]>,
+    pub user: Arc<str>,
     pub env: child::Env,
     pub exit: Option<Exit>,
     pub ending: Option<Ending>,
@@ -121,95 +123,190 @@ fn peer_run<'a>(task: &'a ProbeTask, host: &'a str) -> output::PeerRun<'a> {
     }
 }
 
-/// Build the child spec for an exec or stream probe.
+/// Build the child spec for an exec or stream probe (afresh: a stream's start, `--once`).
 pub fn child_spec(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
     env: child::Env,
-) -> Result<(ChildSpec, String), SpawnRefused> {
-    let supervisor = &ctx.supervisor;
-    let creds = supervisor
+) -> Result<(ChildSpec, Arc<str>), SpawnRefused> {
+    let creds = ctx
+        .supervisor
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
     log_path_fallback(task, &resolved, &spec.command, ctx);
-    let program = resolved.program;
-    let mut checked = None;
-    if super::security::enforced() {
-        checked = supervisor
-            .verdicts
-            .check_and_open(
-                &program,
-                &resolved.args,
-                &spec.env,
-                creds.as_ref().map(|c| c.uid),
-            )
-            // The rule cannot check an interpreter that is not there: say that plainly (read
-            // only on this failure path, never per good run).
-            .map(Some)
-            .map_err(|e| match super::security::script_problem(&program, false) {
-                Some(why) => SpawnRefused::NotRunnable(why),
-                None => e.into(),
-            })?;
-        // Program text as root (or as a user whose uid is 0) runs only where the admin said
-        // why (`trusted:`).
-        if creds.as_ref().is_none_or(|c| c.uid.is_root()) {
-            super::security::check_text(
-                &program,
-                &resolved.args,
-                &spec.env,
-                spec.trusted.as_deref(),
-            )?;
+    let launch = Launch::new(task, spec, ctx, env, resolved, creds.as_deref());
+    let child = launch.for_run(task, spec, ctx, creds)?;
+    Ok((child, launch.user))
+}
+
+/// What an exec probe's runs start from, made at its first run and kept by its loop
+/// ([`super::RunCache`]; a reload starts a new loop, which makes a new one): the resolved
+/// command, the child's spec with its argv and environment prepared as the exec takes
+/// them, and what the run's record shows. Each run still resolves what the file system
+/// decides (a bare name's lookup, an interpreter's relative script), checks the program is
+/// there and runnable, and runs the script rule ([`Launch::for_run`]); only the strings and
+/// arrays built from the same answer are not built again.
+#[derive(Debug)]
+pub struct Launch {
+    resolved: super::resolve::Resolved,
+    /// `resolved` depends on nothing but the config: an absolute program, or one under
+    /// plugin_dir by a path with a `/`, without an interpreter's relative script (whose
+    /// presence under plugin_dir is looked up at each run).
+    fixed: bool,
+    /// Without the per-run parts (the checked program, credentials, the cgroup); prepared.
+    child: ChildSpec,
+    argv: Arc<[String]>,
+    user: Arc<str>,
+}
+
+impl Launch {
+    fn new(
+        task: &ProbeTask,
+        spec: &ExecSpec,
+        ctx: &ProbeContext,
+        env: child::Env,
+        resolved: super::resolve::Resolved,
+        creds: Option<&Credentials>,
+    ) -> Self {
+        let user: Arc<str> = match creds {
+            Some(c) => c.user.as_str().into(),
+            None => ctx.supervisor.users.agent_name().into(),
+        };
+        let mut child = ChildSpec::new(&resolved.program, task.timeout);
+        // The arguments the format's own system passes (netdata's update-every) come first;
+        // a `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`:
+        // "$1"...), never in front of `-c`.
+        let peer_args = (spec.format.def().peer.args)(&peer_run(task, &ctx.host));
+        child.args = if spec.shell && !peer_args.is_empty() {
+            resolved
+                .args
+                .iter()
+                .chain(std::iter::once(&crate::config::kind_spec::SHELL.to_owned()))
+                .chain(&peer_args)
+                .map(OsString::from)
+                .collect()
+        } else {
+            peer_args
+                .iter()
+                .chain(&resolved.args)
+                .map(OsString::from)
+                .collect()
+        };
+        child.env = env;
+        child.limits = spec.limits.clone();
+        child.no_new_privs = spec.no_new_privs;
+        child.stdout = spec.stdout;
+        child.capture = !spec.capture.is_empty();
+        // A NUL byte in an argument or the environment: the start says so, at each run.
+        let _ = child.prepare();
+        let fixed = resolved.script.is_none()
+            && spec
+                .command
+                .first()
+                .is_some_and(|name| Path::new(name).is_absolute() || name.contains('/'));
+        Self {
+            argv: argv_of(&child),
+            resolved,
+            fixed,
+            child,
+            user,
         }
     }
-    if spec.format.def().peer.state_dir {
-        // Made at the first run that needs it, for the user the probe runs as; checked at
-        // every run (a few system calls, on a format whose plugins run every few minutes).
-        super::plugin_state::ensure(&task.name, creds.as_ref().map(|c| (c.uid, c.gid)))?;
+
+    /// The child spec of one run: the script rule's checks (at every run: they see the file
+    /// system as it is now), the program's state directory, the probe's cgroup.
+    fn for_run(
+        &self,
+        task: &ProbeTask,
+        spec: &ExecSpec,
+        ctx: &ProbeContext,
+        creds: Option<Arc<Credentials>>,
+    ) -> Result<ChildSpec, SpawnRefused> {
+        let supervisor = &ctx.supervisor;
+        let program = &self.resolved.program;
+        let args = &self.resolved.args;
+        let mut checked = None;
+        if super::security::enforced() {
+            checked = supervisor
+                .verdicts
+                .check_and_open(program, args, &spec.env, creds.as_ref().map(|c| c.uid))
+                // The rule cannot check an interpreter that is not there: say that plainly
+                // (read only on this failure path, never per good run).
+                .map(Some)
+                .map_err(|e| match super::security::script_problem(program, false) {
+                    Some(why) => SpawnRefused::NotRunnable(why),
+                    None => e.into(),
+                })?;
+            // Program text as root (or as a user whose uid is 0) runs only where the admin
+            // said why (`trusted:`).
+            if creds.as_ref().is_none_or(|c| c.uid.is_root()) {
+                super::security::check_text(program, args, &spec.env, spec.trusted.as_deref())?;
+            }
+        }
+        if spec.format.def().peer.state_dir {
+            // Made at the first run that needs it, for the user the probe runs as; checked
+            // at every run (a few system calls, on a format whose plugins run every few
+            // minutes).
+            super::plugin_state::ensure(&task.name, creds.as_ref().map(|c| (c.uid, c.gid)))?;
+        }
+        let mut child = self.child.clone();
+        child.checked = checked;
+        child.credentials = creds;
+        if let Some(tree) = supervisor.containment.tree() {
+            let cg = tree
+                .probe(&task.name, &spec.limits)
+                .map_err(SpawnRefused::Cgroup)?;
+            child.cgroup = Some(cg);
+        }
+        Ok(child)
     }
-    let user = creds.as_ref().map_or_else(
-        || supervisor.users.agent_name().to_owned(),
-        |c| c.user.clone(),
-    );
-    let mut child = ChildSpec::new(program, task.timeout);
-    child.checked = checked;
-    // The arguments the format's own system passes (netdata's update-every) come first; a
-    // `shell:` line gets them as its positional parameters (`sh -c LINE sh ARGS`: "$1"...),
-    // never in front of `-c`.
-    let peer_args = (spec.format.def().peer.args)(&peer_run(task, &ctx.host));
-    if spec.shell && !peer_args.is_empty() {
-        child.args = resolved
-            .args
-            .iter()
-            .chain(std::iter::once(&crate::config::kind_spec::SHELL.to_owned()))
-            .chain(&peer_args)
-            .map(OsString::from)
-            .collect();
-    } else {
-        child.args = peer_args
-            .iter()
-            .chain(&resolved.args)
-            .map(OsString::from)
-            .collect();
-    }
-    child.env = env;
-    child.credentials = creds;
-    child.limits = spec.limits.clone();
-    child.no_new_privs = spec.no_new_privs;
-    child.stdout = spec.stdout;
-    child.capture = !spec.capture.is_empty();
-    if let Some(tree) = supervisor.containment.tree() {
-        let cg = tree
-            .probe(&task.name, &spec.limits)
-            .map_err(SpawnRefused::Cgroup)?;
-        child.cgroup = Some(cg);
-    }
-    Ok((child, user))
+}
+
+/// The child spec of one run of an exec probe, and the launch it was made from: the
+/// probe's launch reused while the command resolves as it did (see [`Launch`]).
+fn child_spec_reusing(
+    task: &ProbeTask,
+    spec: &ExecSpec,
+    ctx: &ProbeContext,
+    env: &child::Env,
+    cache: &Mutex<Option<Arc<Launch>>>,
+) -> Result<(ChildSpec, Arc<Launch>), SpawnRefused> {
+    let creds = ctx
+        .supervisor
+        .users
+        .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
+    let kept = cache.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let launch = match kept {
+        // Resolved from the config alone: only whether the program is there and runnable
+        // is asked again (`resolve::command` asks the same).
+        Some(launch) if launch.fixed => {
+            let name = spec.command.first().map_or("", String::as_str);
+            super::security::check_runnable(&launch.resolved.program, name, &ctx.plugin_dir)?;
+            launch
+        }
+        kept => {
+            let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
+            log_path_fallback(task, &resolved, &spec.command, ctx);
+            match kept {
+                Some(launch) if launch.resolved == resolved => launch,
+                _ => {
+                    let made =
+                        Launch::new(task, spec, ctx, env.clone(), resolved, creds.as_deref());
+                    let made = Arc::new(made);
+                    *cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(made.clone());
+                    made
+                }
+            }
+        }
+    };
+    let child = launch.for_run(task, spec, ctx, creds)?;
+    Ok((child, launch))
 }
 
 /// The argv a child gets: its program and arguments as resolved, for `probe NAME`.
-pub fn argv_of(child: &ChildSpec) -> Vec<String> {
+pub fn argv_of(child: &ChildSpec) -> Arc<[String]> {
     std::iter::once(child.program.display().to_string())
         .chain(child.args.iter().map(|a| a.to_string_lossy().into_owned()))
         .collect()
@@ -217,10 +314,10 @@ pub fn argv_of(child: &ChildSpec) -> Vec<String> {
 
 impl ExecDetail {
     /// Before the child starts: what it will be run with, nothing it did yet.
-    pub fn new(argv: &[String], env: &child::Env) -> Self {
+    pub fn new(argv: Arc<[String]>, env: &child::Env) -> Self {
         Self {
-            argv: argv.to_vec(),
-            user: String::new(),
+            argv,
+            user: "".into(),
             env: env.clone(),
             exit: None,
             ending: None,
@@ -243,36 +340,34 @@ pub async fn run(
     task: &ProbeTask,
     spec: &ExecSpec,
     ctx: &ProbeContext,
-    env: &std::sync::OnceLock<child::Env>,
+    cache: &super::RunCache,
     started: SystemTime,
 ) -> ProbeRun {
+    let env = &cache.env;
     let t0 = std::time::Instant::now();
     // The environment is made at the first run (the stand-ins' directories with it: once
     // written they stay, so a later run has nothing to ask).
     let env = match env.get() {
-        Some(env) => env.clone(),
+        Some(env) => env,
         None => match stand_in_dirs(spec, ctx) {
-            Ok(dirs) => env
-                .get_or_init(|| probe_env(task, &ctx.host, &spec.env, &dirs))
-                .clone(),
+            Ok(dirs) => env.get_or_init(|| probe_env(task, &ctx.host, &spec.env, &dirs)),
             Err(why) => {
                 let why = RunFailure::Capture(why);
                 return ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
             }
         },
     };
-    let mut detail = ExecDetail::new(&spec.command, &env);
-    let (child, user) = match child_spec(task, spec, ctx, env) {
+    let (child, launch) = match child_spec_reusing(task, spec, ctx, env, &cache.launch) {
         Ok(c) => c,
         Err(e) => {
             let why = RunFailure::Refused(e.into());
             let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
-            run.exec = Some(detail);
+            run.exec = Some(ExecDetail::new(spec.command.as_slice().into(), env));
             return run;
         }
     };
-    detail.argv = argv_of(&child);
-    detail.user = user;
+    let mut detail = ExecDetail::new(launch.argv.clone(), env);
+    detail.user = launch.user.clone();
     let result = child::run(&child).await;
     let mut run = match result {
         Err(e) => {

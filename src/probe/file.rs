@@ -40,7 +40,7 @@ fn extract(spec: &FileSpec, text: &str) -> Result<String, FileFailure> {
 pub fn reader_credentials(
     spec: &FileSpec,
     ctx: &ProbeContext,
-) -> Result<Option<super::child::Credentials>, super::child::UserError> {
+) -> Result<Option<std::sync::Arc<super::child::Credentials>>, super::child::UserError> {
     ctx.supervisor
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)

@@ -53,7 +53,7 @@ pub struct ReadRequest {
     pub max_age: Option<Duration>,
     pub timeout: Duration,
     /// `None`: read with the agent's own rights.
-    pub creds: Option<Credentials>,
+    pub creds: Option<std::sync::Arc<Credentials>>,
     /// A directory is read as a node_exporter textfile directory: its `*.prom` files.
     pub textfiles: bool,
 }

@@ -362,6 +362,8 @@ pub struct RunCache {
     /// An exec probe's environment and the strings its exec takes (20-odd allocations a run
     /// otherwise: BENCHMARKS.md section 21d).
     env: std::sync::OnceLock<child::Env>,
+    /// An exec probe's resolved command and prepared child spec ([`exec::Launch`]).
+    launch: std::sync::Mutex<Option<Arc<exec::Launch>>>,
 }
 
 /// Run one probe once; a stream: until its first values (`--once`, `probe NAME`).
@@ -382,7 +384,7 @@ pub async fn run_reusing(task: &ProbeTask, ctx: &ProbeContext, cache: &RunCache)
             });
             ProbeRun::single(task, started, t0.elapsed(), reading)
         }
-        ProbeKind::Exec(spec) => exec::run(task, spec, ctx, &cache.env, started).await,
+        ProbeKind::Exec(spec) => exec::run(task, spec, ctx, cache, started).await,
         ProbeKind::File(spec) => file::run(task, spec, ctx, started).await,
         ProbeKind::Stream(_) => stream::first_values(task, ctx).await,
     }

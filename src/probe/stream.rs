@@ -210,7 +210,7 @@ fn stream_child_spec(
     spec: &StreamSpec,
     ctx: &ProbeContext,
     env: child::Env,
-) -> Result<(child::ChildSpec, String), SpawnRefused> {
+) -> Result<(child::ChildSpec, std::sync::Arc<str>), SpawnRefused> {
     let (mut child_spec, user) = exec::child_spec(task, &spec.exec, ctx, env)?;
     child_spec.stdin_pipe = spec.stdin == StdinMode::Signal;
     Ok((child_spec, user))
@@ -416,7 +416,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         );
     };
     let env = stream_env(task, spec, &ctx.host);
-    let mut detail = ExecDetail::new(&spec.exec.command, &env);
+    let mut detail = ExecDetail::new(spec.exec.command.as_slice().into(), &env);
     let failed = |detail: ExecDetail, outcome, why: RunFailure| {
         let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
         run.exec = Some(detail);

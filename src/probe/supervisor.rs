@@ -72,7 +72,8 @@ const CREDENTIALS_TTL: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct Users {
     agent: String,
-    cache: Mutex<HashMap<String, (Instant, Credentials)>>,
+    /// Shared with each run that uses them: a run takes no copy.
+    cache: Mutex<HashMap<String, (Instant, Arc<Credentials>)>>,
 }
 
 impl Default for Users {
@@ -95,13 +96,13 @@ impl Users {
         &self,
         spec_run_as: Option<&str>,
         default: &str,
-    ) -> Result<Option<Credentials>, UserError> {
+    ) -> Result<Option<Arc<Credentials>>, UserError> {
         super::exec::switched_to(spec_run_as, default)
             .map(|user| self.resolve(user))
             .transpose()
     }
 
-    fn resolve(&self, user: &str) -> Result<Credentials, UserError> {
+    fn resolve(&self, user: &str) -> Result<Arc<Credentials>, UserError> {
         let cache = || self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if let Some((at, c)) = cache().get(user) {
@@ -109,7 +110,7 @@ impl Users {
                 return Ok(c.clone());
             }
         }
-        let c = Credentials::resolve(user)?;
+        let c = Arc::new(Credentials::resolve(user)?);
         cache().insert(user.to_owned(), (now, c.clone()));
         Ok(c)
     }

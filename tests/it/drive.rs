@@ -128,7 +128,7 @@ async fn each_way_a_driven_run_ends() {
     ];
     for case in cases {
         let mut spec = ChildSpec::new("/bin/sh", case.deadline);
-        spec.args = vec![OsString::from("-c"), OsString::from(case.script)];
+        spec.args = vec![OsString::from("-c"), OsString::from(case.script)].into();
         spec.stdout_cap = case.stdout_cap;
         spec.stdin_pipe = case.stdin_pipe;
         spec.grace = Duration::from_millis(300);

@@ -98,7 +98,7 @@ async fn probe_run_as_gets_supplementary_groups_from_getgrouplist() {
     let pw = nix::unistd::User::from_name(user).unwrap().unwrap();
     assert_eq!(line(&out, "uid"), pw.uid.to_string());
     assert_eq!(sorted_words(line(&out, "groups")), groups_of(user));
-    assert_eq!(r.exec.unwrap().user, user);
+    assert_eq!(&*r.exec.unwrap().user, user);
 }
 
 #[tokio::test]

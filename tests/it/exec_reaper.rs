@@ -121,7 +121,7 @@ async fn an_inherited_ignored_sigchld_does_not_lose_exit_statuses() {
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
     reaper::become_subreaper().unwrap();
     let mut spec = ChildSpec::new("/bin/sh", Duration::from_secs(30));
-    spec.args = vec!["-c".into(), "exit 3".into()];
+    spec.args = vec!["-c".into(), "exit 3".into()].into();
     let run = child::run(&spec).await.unwrap();
     assert_eq!(run.exit, Exit::Code(3));
 }

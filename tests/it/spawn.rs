@@ -13,7 +13,7 @@ use xce_agent::probe::child::{self, ChildSpec, Exit};
 
 fn sh(script: &str) -> ChildSpec {
     let mut spec = ChildSpec::new("/bin/sh", Duration::from_secs(30));
-    spec.args = vec![OsString::from("-c"), OsString::from(script)];
+    spec.args = vec![OsString::from("-c"), OsString::from(script)].into();
     spec
 }
 
@@ -157,12 +157,12 @@ async fn a_failed_credential_switch_names_its_stage() {
         return;
     }
     let mut spec = sh("true");
-    spec.credentials = Some(child::Credentials {
+    spec.credentials = Some(std::sync::Arc::new(child::Credentials {
         user: "root".into(),
         uid: nix::unistd::Uid::from_raw(0),
         gid: nix::unistd::Gid::from_raw(0),
         groups: vec![],
-    });
+    }));
     let e = child::run(&spec).await.unwrap_err().to_string();
     assert!(
         e.contains("setgroups failed: Operation not permitted"),

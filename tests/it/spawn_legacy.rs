@@ -3,14 +3,14 @@
 //! containment, the child joining its probe's cgroup by writing to `cgroup.procs`.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use xce_agent::probe::cgroup::Containment;
 use xce_agent::probe::child::{self, ChildSpec, CloneCall, Exit};
 
 /// A child of `program` started with clone(2).
-fn legacy(program: impl Into<PathBuf>, timeout: Duration) -> ChildSpec {
+fn legacy(program: impl AsRef<Path>, timeout: Duration) -> ChildSpec {
     let mut spec = ChildSpec::new(program, timeout);
     spec.clone_call = CloneCall::Legacy;
     spec
@@ -19,7 +19,7 @@ fn legacy(program: impl Into<PathBuf>, timeout: Duration) -> ChildSpec {
 #[tokio::test]
 async fn clone2_children_see_only_0_to_2_and_report_exec_errors() {
     let mut spec = legacy("/bin/sh", Duration::from_secs(30));
-    spec.args = vec![OsString::from("-c"), OsString::from("ls /proc/$$/fd")];
+    spec.args = vec![OsString::from("-c"), OsString::from("ls /proc/$$/fd")].into();
     let o = child::run(&spec).await.unwrap();
     assert_eq!(o.exit, Exit::Code(0));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n1\n2\n");
@@ -42,7 +42,7 @@ async fn clone2_children_join_their_cgroup() {
         return;
     };
     let mut spec = legacy("/bin/cat", Duration::from_secs(30));
-    spec.args = vec![OsString::from("/proc/self/cgroup")];
+    spec.args = vec![OsString::from("/proc/self/cgroup")].into();
     spec.cgroup = Some(
         tree.probe("legacy", &xce_agent::config::Limits::default())
             .unwrap(),

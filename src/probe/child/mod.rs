@@ -20,7 +20,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -73,6 +73,13 @@ impl Credentials {
             gid: pw.gid,
             groups,
         })
+    }
+}
+
+impl Credentials {
+    /// The supplementary groups as setgroups(2) takes them.
+    fn raw_groups(&self) -> Arc<[libc::gid_t]> {
+        self.groups.iter().map(|g| g.as_raw()).collect()
     }
 }
 
@@ -130,18 +137,20 @@ impl Env {
     }
 }
 
+/// What a child is started with. Cheap to clone (its strings are shared), so a probe can keep
+/// one made at its first run and start each run from a copy.
 #[derive(Debug, Clone)]
 pub struct ChildSpec {
-    pub program: PathBuf,
+    pub program: Arc<Path>,
     /// `program` as the script rule passed it, held open: the child executes this descriptor,
     /// not the path (`None`: the path, where the rule is not enforced).
     pub checked: Option<super::security::CheckedProgram>,
-    pub args: Vec<OsString>,
+    pub args: Arc<[OsString]>,
     /// The whole environment (`NAME`, `value`), shared with the run's record.
     pub env: Env,
-    pub cwd: PathBuf,
+    pub cwd: Arc<Path>,
     /// `None`: run as the agent's own user.
-    pub credentials: Option<Credentials>,
+    pub credentials: Option<Arc<Credentials>>,
     pub limits: Limits,
     /// `PR_SET_NO_NEW_PRIVS`: setuid binaries do not raise the probe's privileges.
     pub no_new_privs: bool,
@@ -160,16 +169,19 @@ pub struct ChildSpec {
     pub capture: bool,
     /// clone3 where the kernel has it (the default), or clone(2).
     pub clone_call: CloneCall,
+    /// `program`, `args`, `env` and `cwd` as the exec takes them, made by
+    /// [`ChildSpec::prepare`]; `None`: made at each start.
+    exec_args: Option<Arc<spawn::ExecArgs>>,
 }
 
 impl ChildSpec {
-    pub fn new(program: impl Into<PathBuf>, timeout: Duration) -> Self {
+    pub fn new(program: impl AsRef<Path>, timeout: Duration) -> Self {
         Self {
-            program: program.into(),
+            program: program.as_ref().into(),
             checked: None,
-            args: Vec::new(),
+            args: Arc::new([]),
             env: Env::path_only(),
-            cwd: PathBuf::from("/"),
+            cwd: Path::new("/").into(),
             credentials: None,
             limits: Limits::default(),
             no_new_privs: true,
@@ -182,7 +194,30 @@ impl ChildSpec {
             stdin_pipe: false,
             capture: false,
             clone_call: CloneCall::default(),
+            exec_args: None,
         }
+    }
+
+    /// Make the strings and pointer arrays the exec takes now, once, for every child
+    /// started from this spec or a clone of it (a probe's runs): `program`, `args`, `env`
+    /// and `cwd` must not change after this (a spec that needs others is made anew).
+    pub fn prepare(&mut self) -> io::Result<()> {
+        self.exec_args = Some(Arc::new(self.exec_args()?));
+        Ok(())
+    }
+
+    fn exec_args(&self) -> io::Result<spawn::ExecArgs> {
+        let path = c_string(self.program.as_os_str().as_bytes(), "the program")?;
+        let argv = std::iter::once(Ok(path.clone()))
+            .chain(
+                self.args
+                    .iter()
+                    .map(|a| c_string(a.as_bytes(), "an argument")),
+            )
+            .collect::<io::Result<Vec<_>>>()?;
+        let envp = (self.env.envp.clone()).ok_or_else(|| holds_nul("an environment variable"))?;
+        let cwd = c_string(self.cwd.as_os_str().as_bytes(), "the directory")?;
+        Ok(spawn::ExecArgs::new(path, argv, envp, cwd))
     }
 }
 
@@ -372,22 +407,31 @@ fn holds_nul(what: &str) -> io::Error {
     )
 }
 
-fn rlimits(limits: &Limits) -> Vec<(libc::c_int, u64)> {
+fn rlimits(limits: &Limits) -> spawn::Rlimits {
     // A crashing probe must not fill the disk with cores.
-    let mut r = vec![(libc::RLIMIT_CORE as libc::c_int, 0)];
-    if let Some(cpu) = limits.cpu {
-        r.push((libc::RLIMIT_CPU as libc::c_int, cpu.as_secs().max(1)));
+    let core = Some((libc::RLIMIT_CORE as libc::c_int, 0));
+    let set = [
+        core,
+        limits
+            .cpu
+            .map(|cpu| (libc::RLIMIT_CPU as libc::c_int, cpu.as_secs().max(1))),
+        limits
+            .address_space
+            .map(|bytes| (libc::RLIMIT_AS as libc::c_int, bytes)),
+        limits
+            .open_files
+            .map(|n| (libc::RLIMIT_NOFILE as libc::c_int, n)),
+        limits
+            .processes
+            .map(|n| (libc::RLIMIT_NPROC as libc::c_int, n)),
+    ];
+    let mut given = [(0, 0); spawn::Rlimits::MAX];
+    let mut len = 0;
+    for limit in set.into_iter().flatten() {
+        given[len] = limit;
+        len += 1;
     }
-    if let Some(bytes) = limits.address_space {
-        r.push((libc::RLIMIT_AS as libc::c_int, bytes));
-    }
-    if let Some(n) = limits.open_files {
-        r.push((libc::RLIMIT_NOFILE as libc::c_int, n));
-    }
-    if let Some(n) = limits.processes {
-        r.push((libc::RLIMIT_NPROC as libc::c_int, n));
-    }
-    r
+    spawn::Rlimits::new(&given[..len])
 }
 
 /// The agent's read end of a pipe, non-blocking (the reader registers it with the reactor
@@ -410,14 +454,10 @@ impl Child {
             source,
         };
         let io_fail = |e: io::Error| fail(None, e);
-        let path = c_string(spec.program.as_os_str().as_bytes(), "the program").map_err(io_fail)?;
-        let mut argv = vec![path.clone()];
-        for a in &spec.args {
-            argv.push(c_string(a.as_bytes(), "an argument").map_err(io_fail)?);
-        }
-        let envp =
-            (spec.env.envp.clone()).ok_or_else(|| io_fail(holds_nul("an environment variable")))?;
-        let cwd = c_string(spec.cwd.as_os_str().as_bytes(), "the directory").map_err(io_fail)?;
+        let exec = match &spec.exec_args {
+            Some(made) => made.clone(),
+            None => Arc::new(spec.exec_args().map_err(io_fail)?),
+        };
         let (out_read, out_write) = match spec.stdout {
             StdoutMode::Pipe => fd::pipe(),
             StdoutMode::Pty => pty::open(),
@@ -462,17 +502,11 @@ impl Child {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         };
         let mut prepared = spawn::Prepared::new(spawn::Plan {
-            path,
-            argv,
-            envp,
-            cwd,
-            credentials: spec.credentials.as_ref().map(|c| {
-                (
-                    c.uid.as_raw(),
-                    c.gid.as_raw(),
-                    c.groups.iter().map(|g| g.as_raw()).collect(),
-                )
-            }),
+            exec,
+            credentials: spec
+                .credentials
+                .as_ref()
+                .map(|c| (c.uid.as_raw(), c.gid.as_raw(), c.raw_groups())),
             rlimits: rlimits(&spec.limits),
             no_new_privs: spec.no_new_privs,
             stdio: [child_stdin, &out_write, &err_write],

@@ -105,18 +105,102 @@ pub struct ChildFailed {
     pub error: io::Error,
 }
 
-/// Everything the child reads, built before the clone. The child only reads it.
-pub struct Prepared {
-    pub path: CString,
+/// A program's path, argv and environment as `execve` takes them: NUL-terminated strings and
+/// the NULL-terminated pointer arrays into them, built once and shared (a probe's runs reuse
+/// one: [`super::ChildSpec::prepare`]), never changed once built.
+pub struct ExecArgs {
+    path: CString,
     /// Kept alive for `argv_ptrs`.
     _argv: Vec<CString>,
-    argv_ptrs: Vec<*const c_char>,
+    argv_ptrs: Box<[*const c_char]>,
     _envp: Arc<[CString]>,
-    envp_ptrs: Vec<*const c_char>,
+    envp_ptrs: Box<[*const c_char]>,
     cwd: CString,
+}
+
+// SAFETY: the raw pointers point into the CStrings owned by the same struct (the argv, and
+// the environment's `Arc`, which it holds), which are never mutated or freed while it lives;
+// nothing is ever written through them, so sharing and sending it between threads is sharing
+// and sending immutable strings.
+unsafe impl Send for ExecArgs {}
+unsafe impl Sync for ExecArgs {}
+
+impl std::fmt::Debug for ExecArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecArgs")
+            .field("path", &self.path)
+            .field("argv", &self._argv)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecArgs {
+    pub fn new(path: CString, argv: Vec<CString>, envp: Arc<[CString]>, cwd: CString) -> Self {
+        let ptrs = |v: &[CString]| {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect::<Box<[*const c_char]>>()
+        };
+        Self {
+            argv_ptrs: ptrs(&argv),
+            envp_ptrs: ptrs(&envp),
+            path,
+            _argv: argv,
+            _envp: envp,
+            cwd,
+        }
+    }
+}
+
+/// Resource limits a child sets, `(RLIMIT_*, limit)`: at most one of each kind there is
+/// (core, cpu, address space, open files, processes), held in place, not allocated per run.
+#[derive(Clone, Copy)]
+pub struct Rlimits {
+    set: [(c_int, libc::rlimit64); Rlimits::MAX],
+    len: usize,
+}
+
+impl Rlimits {
+    pub const MAX: usize = 5;
+
+    /// `limits`: `(RLIMIT_*, value)`, soft and hard limit alike; those past [`Self::MAX`]
+    /// are dropped (callers give one of each kind).
+    pub fn new(limits: &[(c_int, u64)]) -> Self {
+        let none = libc::rlimit64 {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let mut set = [(0, none); Self::MAX];
+        let len = limits.len().min(Self::MAX);
+        for (slot, &(resource, v)) in set.iter_mut().zip(limits) {
+            *slot = (
+                resource,
+                libc::rlimit64 {
+                    rlim_cur: v,
+                    rlim_max: v,
+                },
+            );
+        }
+        Self { set, len }
+    }
+}
+
+impl<'a> IntoIterator for &'a Rlimits {
+    type Item = &'a (c_int, libc::rlimit64);
+    type IntoIter = std::slice::Iter<'a, (c_int, libc::rlimit64)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.set[..self.len].iter()
+    }
+}
+
+/// Everything the child reads, built before the clone. The child only reads it.
+pub struct Prepared {
+    /// The path, argv, environment and working directory (shared, prebuilt).
+    exec: Arc<ExecArgs>,
     /// `(uid, gid, supplementary groups)`; `None`: keep the agent's.
-    credentials: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
-    rlimits: Vec<(c_int, libc::rlimit64)>,
+    credentials: Option<(libc::uid_t, libc::gid_t, Arc<[libc::gid_t]>)>,
+    rlimits: Rlimits,
     no_new_privs: bool,
     /// Descriptors that become 0, 1, 2 (all >= 3, all close-on-exec in the parent).
     stdio: [RawFd; 3],
@@ -137,19 +221,12 @@ pub struct Prepared {
     failure: AtomicU64,
 }
 
-// SAFETY: the raw pointers point into the CStrings owned by the same struct, which are never
-// mutated after construction; moving the struct between threads moves their owners with them.
-unsafe impl Send for Prepared {}
-
-/// What a [`Prepared`] is built from.
+/// What a [`Prepared`] is built from: nothing in it is allocated per run but what the caller
+/// chose to make per run.
 pub struct Plan<'a> {
-    pub path: CString,
-    pub argv: Vec<CString>,
-    pub envp: Arc<[CString]>,
-    pub cwd: CString,
-    pub credentials: Option<(u32, u32, Vec<u32>)>,
-    /// `(RLIMIT_*, value)`: soft and hard limit alike.
-    pub rlimits: Vec<(c_int, u64)>,
+    pub exec: Arc<ExecArgs>,
+    pub credentials: Option<(u32, u32, Arc<[u32]>)>,
+    pub rlimits: Rlimits,
     pub no_new_privs: bool,
     pub stdio: [&'a OwnedFd; 3],
     /// The run's cgroup directory, open (`O_PATH` will do).
@@ -166,13 +243,6 @@ pub struct Plan<'a> {
 
 impl Prepared {
     pub fn new(plan: Plan<'_>) -> Self {
-        let ptrs = |v: &[CString]| {
-            let mut p: Vec<*const c_char> = v.iter().map(|s| s.as_ptr()).collect();
-            p.push(std::ptr::null());
-            p
-        };
-        let argv_ptrs = ptrs(&plan.argv);
-        let envp_ptrs = ptrs(&plan.envp);
         // The agent's own limit, which it never changes: looked up once, not per run.
         static MAX_FD: OnceLock<c_int> = OnceLock::new();
         let max_fd = *MAX_FD.get_or_init(|| {
@@ -180,26 +250,9 @@ impl Prepared {
                 .map_or(1024, |(soft, _)| soft.min(65_536) as c_int)
         });
         Self {
-            path: plan.path,
-            _argv: plan.argv,
-            argv_ptrs,
-            _envp: plan.envp,
-            envp_ptrs,
-            cwd: plan.cwd,
+            exec: plan.exec,
             credentials: plan.credentials,
-            rlimits: plan
-                .rlimits
-                .into_iter()
-                .map(|(r, v)| {
-                    (
-                        r,
-                        libc::rlimit64 {
-                            rlim_cur: v,
-                            rlim_max: v,
-                        },
-                    )
-                })
-                .collect(),
+            rlimits: plan.rlimits,
             no_new_privs: plan.no_new_privs,
             stdio: plan.stdio.map(|f| f.as_raw_fd()),
             cgroup: plan.cgroup.map(AsRawFd::as_raw_fd),
@@ -611,7 +664,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         {
             fail(Stage::NoNewPrivs);
         }
-        if libc::syscall(libc::SYS_chdir, p.cwd.as_ptr()) != 0 {
+        if libc::syscall(libc::SYS_chdir, p.exec.cwd.as_ptr()) != 0 {
             fail(Stage::Chdir);
         }
         // Close-on-exec, not closed: a descriptor the agent holds is not the child's to close.
@@ -655,17 +708,17 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
                     libc::SYS_execveat,
                     fd,
                     c"".as_ptr(),
-                    p.argv_ptrs.as_ptr(),
-                    p.envp_ptrs.as_ptr(),
+                    p.exec.argv_ptrs.as_ptr(),
+                    p.exec.envp_ptrs.as_ptr(),
                     libc::AT_EMPTY_PATH,
                 );
             }
             None => {
                 libc::syscall(
                     libc::SYS_execve,
-                    p.path.as_ptr(),
-                    p.argv_ptrs.as_ptr(),
-                    p.envp_ptrs.as_ptr(),
+                    p.exec.path.as_ptr(),
+                    p.exec.argv_ptrs.as_ptr(),
+                    p.exec.envp_ptrs.as_ptr(),
                 );
             }
         }
