@@ -314,10 +314,10 @@ pub fn argv_of(child: &ChildSpec) -> Arc<[String]> {
 
 impl ExecDetail {
     /// Before the child starts: what it will be run with, nothing it did yet.
-    pub fn new(argv: Arc<[String]>, env: &child::Env) -> Self {
+    pub fn new(argv: Arc<[String]>, user: Arc<str>, env: &child::Env) -> Self {
         Self {
             argv,
-            user: "".into(),
+            user,
             env: env.clone(),
             exit: None,
             ending: None,
@@ -362,12 +362,16 @@ pub async fn run(
         Err(e) => {
             let why = RunFailure::Refused(e.into());
             let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), Outcome::Failed, why);
-            run.exec = Some(ExecDetail::new(spec.command.as_slice().into(), env));
+            // Not known: the run was refused before its user was.
+            run.exec = Some(ExecDetail::new(
+                spec.command.as_slice().into(),
+                "".into(),
+                env,
+            ));
             return run;
         }
     };
-    let mut detail = ExecDetail::new(launch.argv.clone(), env);
-    detail.user = launch.user.clone();
+    let mut detail = ExecDetail::new(launch.argv.clone(), launch.user.clone(), env);
     let result = child::run(&child).await;
     let mut run = match result {
         Err(e) => {

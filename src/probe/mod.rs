@@ -315,15 +315,37 @@ pub fn readings_from_pairs(
 }
 
 /// The names a task feeds, and those of its `provides:` this host drops (another host reports
-/// them): none is a name outside `provides:`. A set, for look-ups per output name that cost
-/// no scan of the feeds.
-fn feed_names(task: &ProbeTask) -> HashSet<&str> {
-    let dropped = task.dropped.iter().map(String::as_str);
-    task.feeds
-        .iter()
-        .map(|f| f.name.as_str())
-        .chain(dropped)
-        .collect()
+/// them): none is a name outside `provides:`.
+fn feed_names(task: &ProbeTask) -> FedNames<'_> {
+    let names = || {
+        let dropped = task.dropped.iter().map(String::as_str);
+        task.feeds.iter().map(|f| f.name.as_str()).chain(dropped)
+    };
+    if task.feeds.len() + task.dropped.len() <= FEW_NAMES {
+        FedNames::Few(task)
+    } else {
+        FedNames::Many(names().collect())
+    }
+}
+
+/// Up to this many names are looked up by a scan (most probes feed one resource: no set to
+/// build at every run); more, in a set, so that a look-up per output name costs no scan.
+const FEW_NAMES: usize = 8;
+
+enum FedNames<'a> {
+    Few(&'a ProbeTask),
+    Many(HashSet<&'a str>),
+}
+
+impl FedNames<'_> {
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            FedNames::Few(task) => {
+                task.feeds.iter().any(|f| f.name == name) || task.dropped.iter().any(|d| d == name)
+            }
+            FedNames::Many(set) => set.contains(name),
+        }
+    }
 }
 
 /// Output up to this size is parsed where the run is, on the runtime's thread: it takes

@@ -24,9 +24,9 @@ const QUERY: libc::c_long = -1;
 /// Switch the calling thread (only) to `creds` for file access. Call it only on a thread
 /// that exits after its read.
 pub fn become_reader(creds: &Credentials) -> io::Result<()> {
-    let groups: Vec<libc::gid_t> = creds.groups.iter().map(|g| g.as_raw()).collect();
+    let groups = creds.raw_groups();
     // SAFETY: SYS_setgroups reads exactly `groups.len()` gid_t values from `groups.as_ptr()`,
-    // which points into a live Vec of that length for the whole call; it writes no memory
+    // which points into a live slice of that length for the whole call; it writes no memory
     // of ours. As a raw syscall it changes only this thread's credentials (see module docs).
     let rc = unsafe {
         libc::syscall(

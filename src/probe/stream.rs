@@ -416,7 +416,7 @@ pub async fn first_values(task: &ProbeTask, ctx: &ProbeContext) -> ProbeRun {
         );
     };
     let env = stream_env(task, spec, &ctx.host);
-    let mut detail = ExecDetail::new(spec.exec.command.as_slice().into(), &env);
+    let mut detail = ExecDetail::new(spec.exec.command.as_slice().into(), "".into(), &env);
     let failed = |detail: ExecDetail, outcome, why: RunFailure| {
         let mut run = ProbeRun::all_failed(task, started, t0.elapsed(), outcome, why);
         run.exec = Some(detail);

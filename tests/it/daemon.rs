@@ -532,6 +532,15 @@ async fn no_agent_thread_takes_sigchld_and_probes_block_no_signal() {
     daemon.terminate().await;
 }
 
+/// Whether the status shows `name` with the numeric value `want`.
+fn value_is(name: &str, want: f64) -> impl Fn(&xce_agent::status::StatusReport) -> bool + '_ {
+    move |r| {
+        r.resources
+            .iter()
+            .any(|v| v.name == name && v.value == Value::Numeric(want))
+    }
+}
+
 /// A probe's runs reuse the environment its first run made; a reload that changes its
 /// `env:` restarts it, and the new runs see the new value.
 #[tokio::test]
@@ -544,16 +553,40 @@ async fn a_reloaded_env_reaches_the_probes_next_runs() {
     let setup = Setup::with_agent(&with("7"), &format!("{AS_ME}status_socket: status.sock\n"));
     setup.script("level", "#!/bin/sh\necho \"$LEVEL\"\n");
     let mut daemon = setup.spawn_agent();
-    let value_is = |want: f64| {
-        move |r: &xce_agent::status::StatusReport| {
-            r.resources
-                .iter()
-                .any(|v| v.name == "level" && v.value == Value::Numeric(want))
-        }
-    };
+    let value_is = |want| value_is("level", want);
     common::wait_status(&setup, "the first value", value_is(7.0)).await;
     std::fs::write(setup.path().join("resources.yaml"), with("8")).expect("write v2");
     daemon.signal(Signal::SIGHUP);
     common::wait_status(&setup, "the value of the new env", value_is(8.0)).await;
+    daemon.terminate().await;
+}
+
+/// A probe's runs reuse the launch its first run made (the resolved command, its argv,
+/// the user's name); a reload that changes its command and its `run_as` restarts it, and
+/// the new runs run the new command as the new user.
+#[tokio::test]
+async fn a_reloaded_command_and_run_as_reach_the_probes_next_runs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: switching users needs a root agent (CI runs the tests as root)");
+        return;
+    }
+    let with = |script: &Path, user: &str| {
+        format!(
+            "resources:\n  - name: uid\n    valtype: numeric\n    interval: 1s\n    resourcemap:\n      - location: [default]\n    probe:\n      kind: exec\n      command: [{}]\n      run_as: {user}\n",
+            script.display()
+        )
+    };
+    let setup = Setup::with_agent("resources: []\n", "status_socket: status.sock\n");
+    let first = setup.script("uid.sh", "#!/bin/sh\nid -u\n");
+    let second = setup.script("uid_plus.sh", "#!/bin/sh\necho $(( $(id -u) + 1000 ))\n");
+    std::fs::write(setup.path().join("resources.yaml"), with(&first, "nobody")).unwrap();
+    let mut daemon = setup.spawn_agent();
+    let value_is = |want| value_is("uid", want);
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap().uid;
+    common::wait_status(&setup, "nobody's uid", value_is(f64::from(nobody.as_raw()))).await;
+    std::fs::write(setup.path().join("resources.yaml"), with(&second, "root")).unwrap();
+    daemon.signal(Signal::SIGHUP);
+    // 1000: the new script, as root (the old script, or the old user, gives another value).
+    common::wait_status(&setup, "the new command as root", value_is(1000.0)).await;
     daemon.terminate().await;
 }

@@ -212,6 +212,35 @@ async fn kv_feeds_provided_resources_and_types_each() {
     assert_eq!(r.unexpected, vec!["stray".to_string()]);
 }
 
+/// A probe that feeds many resources looks its names up in a set (a few, by a scan): the
+/// same names are unexpected either way.
+#[tokio::test]
+async fn kv_with_many_provided_resources_lists_only_the_strays() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..12).map(|i| format!("m{i}")).collect();
+    let lines: String = names.iter().map(|n| format!("echo '{n} = 1'\n")).collect();
+    script(
+        dir.path(),
+        "many.sh",
+        &format!("#!/bin/sh\n{lines}echo 'stray = 1'\n"),
+    );
+    let mut y = format!(
+        "resources:\n  - name: m0\n    interval: 30\n    probe: {{kind: exec, command: [many.sh], format: kv, provides: [{}]}}\n",
+        names[1..].join(", ")
+    );
+    for n in &names[1..] {
+        y.push_str(&format!("  - name: {n}\n    interval: 30\n"));
+    }
+    let (task, ctx) = task_from_yaml(&y, "m0", dir.path());
+    let r = run_once(&task, &ctx).await;
+    assert_eq!(r.readings.len(), 12);
+    assert!(r
+        .readings
+        .iter()
+        .all(|(_, v)| *v == Reading::Ok(Value::Numeric(1.0))));
+    assert_eq!(r.unexpected, vec!["stray".to_string()]);
+}
+
 #[tokio::test]
 async fn elim_line_with_wrong_count_fails() {
     let dir = tempfile::tempdir().unwrap();
@@ -280,4 +309,115 @@ async fn a_failed_reading_is_the_typed_failure() {
         f.downcast_ref::<RunFailure>().unwrap(),
         run_failure
     ));
+}
+
+/// Runs of one probe's loop share its launch (`probe::RunCache`): each run still sees the
+/// file system as it is, whatever the launch kept from the first run.
+mod reusing_the_launch {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use xce_agent::probe::{run_reusing, RunCache};
+
+    fn value(r: &xce_agent::probe::ProbeRun) -> Reading {
+        r.readings[0].1.clone()
+    }
+
+    /// A probe of a script by its absolute path (a launch made from the config alone),
+    /// that prints 1, and the cache its loop would keep.
+    struct Probe {
+        dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        task: xce_agent::plan::ProbeTask,
+        ctx: xce_agent::probe::ProbeContext,
+        cache: RunCache,
+    }
+
+    fn probe() -> Probe {
+        let dir = tempfile::tempdir().unwrap();
+        let path = script(dir.path(), "probe.sh", "#!/bin/sh\necho 1\n");
+        let command = format!("[{}]", path.display());
+        let (task, ctx) = task_from_yaml(&yaml(&command, ""), "p", dir.path());
+        Probe {
+            dir,
+            path,
+            task,
+            ctx,
+            cache: RunCache::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_script_replaced_between_runs_runs_as_the_new_file() {
+        let p = probe();
+        let first = run_reusing(&p.task, &p.ctx, &p.cache).await;
+        assert_eq!(value(&first), Reading::Ok(Value::Numeric(1.0)));
+        // A new file renamed over the old one: another inode at the same path.
+        script(p.dir.path(), "new.sh", "#!/bin/sh\necho 2\n");
+        std::fs::rename(p.dir.path().join("new.sh"), &p.path).unwrap();
+        let second = run_reusing(&p.task, &p.ctx, &p.cache).await;
+        assert_eq!(value(&second), Reading::Ok(Value::Numeric(2.0)));
+        assert_eq!(
+            first.exec.unwrap().argv,
+            second.exec.unwrap().argv,
+            "the same command"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_script_removed_between_runs_fails_the_next_run() {
+        let p = probe();
+        assert_eq!(
+            run_reusing(&p.task, &p.ctx, &p.cache).await.outcome,
+            Outcome::Ok
+        );
+        std::fs::remove_file(&p.path).unwrap();
+        let r = run_reusing(&p.task, &p.ctx, &p.cache).await;
+        assert_eq!(r.outcome, Outcome::Failed);
+        assert!(failed_with(&r).contains("not found"), "{}", failed_with(&r));
+        // And back: the next run finds it again.
+        script(p.dir.path(), "probe.sh", "#!/bin/sh\necho 3\n");
+        let r = run_reusing(&p.task, &p.ctx, &p.cache).await;
+        assert_eq!(value(&r), Reading::Ok(Value::Numeric(3.0)));
+    }
+
+    #[tokio::test]
+    async fn a_script_others_can_write_is_refused_at_the_next_run() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: the script rule is enforced only for a root agent");
+            return;
+        }
+        let p = probe();
+        assert_eq!(
+            run_reusing(&p.task, &p.ctx, &p.cache).await.outcome,
+            Outcome::Ok
+        );
+        std::fs::set_permissions(&p.path, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let r = run_reusing(&p.task, &p.ctx, &p.cache).await;
+        assert_eq!(r.outcome, Outcome::Failed);
+        assert!(
+            failed_with(&r).contains("writable by group or other"),
+            "{}",
+            failed_with(&r)
+        );
+    }
+
+    /// A bare name is looked up at every run: plugin_dir first, then the probes' PATH.
+    #[tokio::test]
+    async fn a_bare_name_is_looked_up_again_at_each_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = script(dir.path(), "true", "#!/bin/sh\necho 4\n");
+        let (task, ctx) = task_from_yaml(&yaml("[\"true\"]", ""), "p", dir.path());
+        let cache = RunCache::default();
+        let first = run_reusing(&task, &ctx, &cache).await;
+        assert_eq!(value(&first), Reading::Ok(Value::Numeric(4.0)));
+        assert_eq!(first.exec.unwrap().argv[0], mine.display().to_string());
+        std::fs::remove_file(&mine).unwrap();
+        // Now the system's `true`: it prints nothing (no value), but it is what ran.
+        let second = run_reusing(&task, &ctx, &cache).await;
+        let argv0 = second.exec.unwrap().argv[0].clone();
+        assert!(
+            argv0 != mine.display().to_string() && argv0.ends_with("/true"),
+            "{argv0}"
+        );
+    }
 }

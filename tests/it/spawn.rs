@@ -157,12 +157,12 @@ async fn a_failed_credential_switch_names_its_stage() {
         return;
     }
     let mut spec = sh("true");
-    spec.credentials = Some(std::sync::Arc::new(child::Credentials {
-        user: "root".into(),
-        uid: nix::unistd::Uid::from_raw(0),
-        gid: nix::unistd::Gid::from_raw(0),
-        groups: vec![],
-    }));
+    spec.credentials = Some(std::sync::Arc::new(child::Credentials::new(
+        "root".into(),
+        nix::unistd::Uid::from_raw(0),
+        nix::unistd::Gid::from_raw(0),
+        vec![],
+    )));
     let e = child::run(&spec).await.unwrap_err().to_string();
     assert!(
         e.contains("setgroups failed: Operation not permitted"),

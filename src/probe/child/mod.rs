@@ -56,6 +56,9 @@ pub struct Credentials {
     pub uid: Uid,
     pub gid: Gid,
     pub groups: Vec<Gid>,
+    /// `groups` as setgroups(2) takes them, made with them ([`Credentials::new`]): a run
+    /// shares them, it does not convert them again.
+    setgroups: Arc<[libc::gid_t]>,
 }
 
 impl Credentials {
@@ -67,19 +70,24 @@ impl Credentials {
         let cname = CString::new(user).map_err(|_| UserError::BadName(user.to_owned()))?;
         let groups = nix::unistd::getgrouplist(&cname, pw.gid)
             .map_err(|e| UserError::Groups(user.to_owned(), e))?;
-        Ok(Self {
-            user: user.to_owned(),
-            uid: pw.uid,
-            gid: pw.gid,
+        Ok(Self::new(user.to_owned(), pw.uid, pw.gid, groups))
+    }
+
+    pub fn new(user: String, uid: Uid, gid: Gid, groups: Vec<Gid>) -> Self {
+        Self {
+            setgroups: groups.iter().map(|g| g.as_raw()).collect(),
+            user,
+            uid,
+            gid,
             groups,
-        })
+        }
     }
 }
 
 impl Credentials {
     /// The supplementary groups as setgroups(2) takes them.
-    fn raw_groups(&self) -> Arc<[libc::gid_t]> {
-        self.groups.iter().map(|g| g.as_raw()).collect()
+    pub fn raw_groups(&self) -> Arc<[libc::gid_t]> {
+        self.setgroups.clone()
     }
 }
 

@@ -77,6 +77,8 @@ pub struct Reader {
     /// More than `stdout_cap` bytes arrived.
     pub overflow: bool,
     pub stderr: Tail,
+    /// Each pipe's read buffer, made at its first read that brings bytes (a pipe that
+    /// only reports its end, as most runs' stderr, never gets one).
     out_chunk: Vec<u8>,
     err_chunk: Vec<u8>,
 }
@@ -99,8 +101,8 @@ impl Reader {
             stdout_cap,
             overflow: false,
             stderr: Tail::new(stderr_tail),
-            out_chunk: vec![0u8; FIRST_CHUNK],
-            err_chunk: vec![0u8; FIRST_CHUNK],
+            out_chunk: Vec::new(),
+            err_chunk: Vec::new(),
         }
     }
 
@@ -119,8 +121,11 @@ impl Reader {
                 (&mut self.err, &mut self.err_chunk)
             };
             let Pipe::Raw(fd) = pipe else { continue };
+            // A pipe without its buffer yet reads onto the stack first.
+            let mut first = [0u8; FIRST_CHUNK];
             let read = loop {
-                match nix::unistd::read(&*fd, buf) {
+                let into: &mut [u8] = if buf.is_empty() { &mut first } else { buf };
+                match nix::unistd::read(&*fd, into) {
                     Err(nix::errno::Errno::EINTR) => continue,
                     other => break other,
                 }
@@ -131,7 +136,12 @@ impl Reader {
                     *pipe = Pipe::Closed;
                     Got::Closed
                 }
-                Ok(n) => self.took(n, from_stdout),
+                Ok(n) => {
+                    if buf.is_empty() {
+                        buf.extend_from_slice(&first);
+                    }
+                    self.took(n, from_stdout)
+                }
             });
         }
         None
@@ -147,6 +157,11 @@ impl Reader {
             err_chunk,
             ..
         } = self;
+        for (pipe, chunk) in [(&*out, &mut *out_chunk), (&*err, &mut *err_chunk)] {
+            if chunk.is_empty() && !matches!(pipe, Pipe::Closed) {
+                chunk.resize(FIRST_CHUNK, 0);
+            }
+        }
         let (n, from_stdout) = tokio::select! {
             r = read_pipe(out, out_chunk) => (r, true),
             r = read_pipe(err, err_chunk) => (r, false),
