@@ -137,7 +137,7 @@ pub fn child_spec(
     let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
     log_path_fallback(task, &resolved, &spec.command, ctx);
     let launch = Launch::new(task, spec, ctx, env, resolved, creds.as_deref());
-    let child = launch.for_run(task, spec, ctx, creds)?;
+    let child = launch.for_run(task, spec, ctx, creds, None)?;
     Ok((child, launch.user))
 }
 
@@ -216,13 +216,15 @@ impl Launch {
     }
 
     /// The child spec of one run: the script rule's checks (at every run: they see the file
-    /// system as it is now), the program's state directory, the probe's cgroup.
+    /// system as it is now), the program's state directory, the probe's cgroup. `seen`: the
+    /// program's stat, taken by this run a moment before (by `check_runnable`).
     fn for_run(
         &self,
         task: &ProbeTask,
         spec: &ExecSpec,
         ctx: &ProbeContext,
         creds: Option<Arc<Credentials>>,
+        seen: Option<&std::fs::Metadata>,
     ) -> Result<ChildSpec, SpawnRefused> {
         let supervisor = &ctx.supervisor;
         let program = &self.resolved.program;
@@ -231,7 +233,13 @@ impl Launch {
         if super::security::enforced() {
             checked = supervisor
                 .verdicts
-                .check_and_open(program, args, &spec.env, creds.as_ref().map(|c| c.uid))
+                .check_and_open_seen(
+                    program,
+                    seen,
+                    args,
+                    &spec.env,
+                    creds.as_ref().map(|c| c.uid),
+                )
                 // The rule cannot check an interpreter that is not there: say that plainly
                 // (read only on this failure path, never per good run).
                 .map(Some)
@@ -278,18 +286,20 @@ fn child_spec_reusing(
         .users
         .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
     let kept = cache.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let launch = match kept {
+    let (launch, seen) = match kept {
         // Resolved from the config alone: only whether the program is there and runnable
-        // is asked again (`resolve::command` asks the same).
+        // is asked again (`resolve::command` asks the same); the script rule takes the
+        // program's identity from that answer.
         Some(launch) if launch.fixed => {
             let name = spec.command.first().map_or("", String::as_str);
-            super::security::check_runnable(&launch.resolved.program, name, &ctx.plugin_dir)?;
-            launch
+            let program = &launch.resolved.program;
+            let seen = super::security::check_runnable(program, name, &ctx.plugin_dir)?;
+            (launch, Some(seen))
         }
         kept => {
             let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
             log_path_fallback(task, &resolved, &spec.command, ctx);
-            match kept {
+            let launch = match kept {
                 Some(launch) if launch.resolved == resolved => launch,
                 _ => {
                     let made =
@@ -298,10 +308,11 @@ fn child_spec_reusing(
                     *cache.lock().unwrap_or_else(|p| p.into_inner()) = Some(made.clone());
                     made
                 }
-            }
+            };
+            (launch, None)
         }
     };
-    let child = launch.for_run(task, spec, ctx, creds)?;
+    let child = launch.for_run(task, spec, ctx, creds, seen.as_ref())?;
     Ok((child, launch))
 }
 

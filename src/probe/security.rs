@@ -456,8 +456,12 @@ pub fn why_exec_failed(program: &Path, error: &std::io::Error) -> Option<NotRunn
 
 /// The part of [`super::resolve::verdict`] every run checks, whoever the agent runs as: the
 /// program exists and is an executable regular file, or the error says where it was looked up
-/// and the fix.
-pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Result<(), NotRunnable> {
+/// and the fix. Returns what it found there (for [`Verdicts::check_and_open_seen`]).
+pub fn check_runnable(
+    program: &Path,
+    command: &str,
+    plugin_dir: &Path,
+) -> Result<std::fs::Metadata, NotRunnable> {
     let meta = match std::fs::metadata(program) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -497,7 +501,7 @@ pub fn check_runnable(program: &Path, command: &str, plugin_dir: &Path) -> Resul
             mode: mode & 0o7777,
         });
     }
-    Ok(())
+    Ok(meta)
 }
 
 /// Interpreters whose first non-option argument is the script they run: that script gets the
@@ -1194,10 +1198,26 @@ impl Verdicts {
         env: &BTreeMap<String, String>,
         run_as_uid: Option<Uid>,
     ) -> Result<CheckedProgram, InsecureProgram> {
+        self.check_and_open_seen(program, None, args, env, run_as_uid)
+    }
+
+    /// [`Self::check_and_open`], where the caller has just stat'ed `program` (`seen`: a run
+    /// that asked [`check_runnable`] a moment before): its answer is the file's identity
+    /// now, as a stat of its own would be, one system call fewer. The directory is still
+    /// stat'ed here, after it, as always.
+    pub fn check_and_open_seen(
+        &self,
+        program: &Path,
+        seen: Option<&std::fs::Metadata>,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        run_as_uid: Option<Uid>,
+    ) -> Result<CheckedProgram, InsecureProgram> {
         use std::os::unix::fs::OpenOptionsExt;
         let user = run_as_uid.map(|u| u.as_raw());
         let dir = program.parent().unwrap_or(Path::new("/"));
-        let now = Identity::of(program).zip(Identity::of(dir));
+        let file = seen.map_or_else(|| Identity::of(program), Identity::from_meta);
+        let now = file.zip(Identity::of(dir));
         let cached = now.and_then(|(file, dir_id)| {
             let passed = self.passed();
             let v = passed.get(&user)?.get(program)?;

@@ -401,6 +401,29 @@ mod reusing_the_launch {
         );
     }
 
+    /// The program's identity the rule compares with its passed verdict is the one the
+    /// run's runnable check just read: an unchanged script is not walked again, a replaced
+    /// one is.
+    #[tokio::test]
+    async fn the_rule_walks_a_script_again_only_once_it_changed() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: the script rule is enforced only for a root agent");
+            return;
+        }
+        let p = probe();
+        let walks = || p.ctx.supervisor.verdicts.full_walks(&p.path);
+        for _ in 0..3 {
+            let r = run_reusing(&p.task, &p.ctx, &p.cache).await;
+            assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
+        }
+        assert_eq!(walks(), 1);
+        script(p.dir.path(), "new.sh", "#!/bin/sh\necho 2\n");
+        std::fs::rename(p.dir.path().join("new.sh"), &p.path).unwrap();
+        let r = run_reusing(&p.task, &p.ctx, &p.cache).await;
+        assert_eq!(value(&r), Reading::Ok(Value::Numeric(2.0)));
+        assert_eq!(walks(), 2);
+    }
+
     /// A bare name is looked up at every run: plugin_dir first, then the probes' PATH.
     #[tokio::test]
     async fn a_bare_name_is_looked_up_again_at_each_run() {
