@@ -83,8 +83,14 @@ fn parse_numeric(text: &str) -> Result<Value, ParseError> {
         return Err(ParseError::new(text, Valtype::Numeric, "empty output"));
     }
     // `f64::from_str` accepts "inf" and "NaN"; a probe printing those is broken, not infinite.
-    let lower = text.to_ascii_lowercase();
-    if lower.contains("inf") || lower.contains("nan") {
+    // (Compared in place: every numeric reading passes here, and a lowercased copy of each
+    // was an allocation.)
+    let holds = |word: &[u8]| {
+        text.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    };
+    if holds(b"inf") || holds(b"nan") {
         return Err(ParseError::new(
             text,
             Valtype::Numeric,
@@ -353,7 +359,18 @@ mod tests {
     #[test]
     fn numeric_rejects_garbage_and_non_finite() {
         assert_eq!(Valtype::Numeric.parse(" 42.5\n"), Ok(Value::Numeric(42.5)));
-        for bad in ["", "abc", "12abc", "inf", "NaN", "-infinity", "1e999"] {
+        for bad in [
+            "",
+            "abc",
+            "12abc",
+            "inf",
+            "NaN",
+            "-infinity",
+            "1e999",
+            "INF",
+            "+Inf",
+            "nAn",
+        ] {
             assert!(Valtype::Numeric.parse(bad).is_err(), "{bad:?} accepted");
         }
     }

@@ -20,8 +20,10 @@ pub const DEF: FormatDef = FormatDef {
 };
 
 fn parse(input: &Input) -> Result<Parsed, OutputError> {
-    let v = parse_value(input.text)?;
-    Ok(Parsed::of(vec![Sample::plain(input.own, &v)]))
+    // The value line is moved into its sample, not copied (a run of every exec probe).
+    let mut sample = Sample::plain(input.own, "");
+    sample.value = parse_value(input.text)?;
+    Ok(Parsed::of(vec![sample]))
 }
 
 /// A stream's line: the probe's own value.
