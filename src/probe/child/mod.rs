@@ -33,7 +33,7 @@ use tokio::time::{sleep_until, Instant};
 pub use capture::{CaptureReader, Captured, CAPTURE_CAP};
 pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
-pub use spawn::{quarantined_loans, CloneCall, Stage, CAPTURE_FD, STACKS_KEPT};
+pub use spawn::{CloneCall, Stage, CAPTURE_FD, STACKS_KEPT};
 pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::{ProbeCgroup, RunCgroup};
