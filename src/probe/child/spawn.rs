@@ -783,14 +783,27 @@ unsafe fn sys(n: libc::c_long, a: [usize; 6]) -> isize {
     }
 }
 
-/// A system call's arguments, as machine words (the unused ones 0).
+/// A system call's arguments, as machine words (the unused ones 0), written out arm by arm:
+/// no slice copy (a call to `memcpy` in a debug build) in the child.
 macro_rules! sys {
-    ($n:expr $(, $a:expr)* $(,)?) => {{
-        let given = [$($a as usize),*];
-        let mut all = [0usize; 6];
-        all[..given.len()].copy_from_slice(&given);
-        sys($n, all)
-    }};
+    ($n:expr $(,)?) => {
+        sys($n, [0; 6])
+    };
+    ($n:expr, $a:expr $(,)?) => {
+        sys($n, [$a as usize, 0, 0, 0, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, 0, 0, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr, $c:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, $c as usize, 0, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr, $c:expr, $d:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, $c as usize, $d as usize, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, $c as usize, $d as usize, $e as usize, 0])
+    };
 }
 
 /// The child side. Runs on the child stack, sharing the agent's memory, with every signal
