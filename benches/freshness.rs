@@ -4,12 +4,15 @@
 //!
 //! The agent: the real `xce-agent` daemon as root, `run_as: nobody`, containment on, PROBES
 //! (5) exec probes at interval 1 s, each printing the wall clock in milliseconds
-//! (`date +%s%3N`), so every run is a change. The receiver: `xce-agent listen --insecure
-//! --format json`, a process of its own, on loopback; the bench reads its lines as they come
-//! and takes each resval's latency as the wall clock at that moment minus the value (the
-//! moment of the print). The daemon's CPU is its utime + stime over the window.
+//! (`date +%s%3N`), so every run is a change. The receiver: `xce-agent listen --format json`,
+//! a process of its own, on loopback, over mutual TLS as shipped (a cluster CA and the
+//! certificates made here with `xce-agent tls init/issue`; LINK=plain for `--insecure`);
+//! the bench reads its lines as they come and takes each resval's latency as the wall clock
+//! at that moment minus the value (the moment of the print). The daemon's CPU is its utime +
+//! stime over the window.
 //!
-//! Run (as root): `cargo bench --bench freshness` (env PROBES=5 SECS=20 WINDOWS="0 200ms").
+//! Run (as root): `cargo bench --bench freshness` (env PROBES=5 SECS=20 WINDOWS="0 200ms"
+//! LINK=tls).
 
 mod support {
     pub mod daemon;
@@ -55,8 +58,10 @@ fn main() {
     let probes: usize = env_or("PROBES", 5);
     let secs: u64 = env_or("SECS", 20);
     let windows: String = env_or("WINDOWS", "0 200ms".to_string());
+    let tls = env_or("LINK", "tls".to_string()) != "plain";
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let pki = tls.then(|| Pki::make(dir.path()));
     let script = dir.path().join("now.sh");
     std::fs::write(&script, "#!/bin/sh\ndate +%s%3N\n").expect("write script");
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -72,22 +77,26 @@ fn main() {
     println!("## freshness: a probe's print to the receiver's event");
     println!(
         "agent: `{}` as root, run_as: nobody, {probes} exec probes at 1s printing the time; \
-         receiver: `xce-agent listen --insecure` on loopback; window {secs} s each",
-        agent_bin()
+         receiver: `xce-agent listen` on loopback, {}; window {secs} s each",
+        agent_bin(),
+        if tls {
+            "mutual TLS"
+        } else {
+            "plaintext (`--insecure`)"
+        },
     );
     println!();
     println!("| coalesce | values | latency p50 (ms) | p90 | p99 | max | daemon CPU (ms/s) | daemon CPU per value (µs) | daemon VmRSS (MiB) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for window in windows.split_whitespace() {
         let port = free_port();
-        let mut listen = Command::new(agent_bin())
-            .args([
-                "listen",
-                &format!("127.0.0.1:{port}"),
-                "--insecure",
-                "--format",
-                "json",
-            ])
+        let mut listen = Command::new(agent_bin());
+        listen.args(["listen", &format!("127.0.0.1:{port}"), "--format", "json"]);
+        match &pki {
+            Some(p) => listen.args(p.listen_args()),
+            None => listen.arg("--insecure"),
+        };
+        let mut listen = listen
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -119,9 +128,11 @@ fn main() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        let extra = format!(
-            "controllers: [\"127.0.0.1:{port}\"]\ninsecure_plaintext: true\ncoalesce: {window}\n"
-        );
+        let link = match &pki {
+            Some(p) => p.agent_yaml(),
+            None => "insecure_plaintext: true\n".to_owned(),
+        };
+        let extra = format!("controllers: [\"localhost:{port}\"]\n{link}coalesce: {window}\n");
         let daemon = Daemon::start(dir.path(), &resources, &extra);
         // Past the startup spread and the first snapshot.
         std::thread::sleep(Duration::from_secs(3));
@@ -155,5 +166,58 @@ fn main() {
             cpu * 1e3 / wall,
             cpu * 1e6 / l.len() as f64,
         );
+    }
+}
+
+/// The site PKI of the shipped configuration, made with the agent's own `tls init/issue`:
+/// node001 (the daemon's host) and localhost (the receiver it dials).
+struct Pki {
+    hosts: std::path::PathBuf,
+    ca: std::path::PathBuf,
+}
+
+impl Pki {
+    fn make(dir: &std::path::Path) -> Self {
+        let ca = dir.join("ca");
+        let hosts = dir.join("hosts");
+        let run = |args: &[&std::ffi::OsStr]| {
+            let o = Command::new(agent_bin())
+                .args(args)
+                .output()
+                .expect("xce-agent tls");
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        run(&["tls".as_ref(), "init".as_ref(), ca.as_os_str()]);
+        run(&[
+            "tls".as_ref(),
+            "issue".as_ref(),
+            "--ca".as_ref(),
+            ca.as_os_str(),
+            "--out".as_ref(),
+            hosts.as_os_str(),
+            "node001".as_ref(),
+            "localhost".as_ref(),
+        ]);
+        Self { hosts, ca }
+    }
+
+    fn listen_args(&self) -> Vec<std::ffi::OsString> {
+        vec![
+            "--tls-ca".into(),
+            self.ca.join("ca.pem").into(),
+            "--tls-cert".into(),
+            self.hosts.join("localhost.pem").into(),
+            "--tls-key".into(),
+            self.hosts.join("localhost.key").into(),
+        ]
+    }
+
+    fn agent_yaml(&self) -> String {
+        format!(
+            "tls:\n  ca: {}\n  cert: {}\n  key: {}\n",
+            self.ca.join("ca.pem").display(),
+            self.hosts.join("node001.pem").display(),
+            self.hosts.join("node001.key").display(),
+        )
     }
 }

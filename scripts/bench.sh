@@ -3,6 +3,7 @@
 #   scripts/bench.sh                # everything (about 8 minutes on 2 cores)
 #   SECS=10 SETTLE=16 scripts/bench.sh   # shorter collectd comparison and idle waits
 #   ONLY="3 5" scripts/bench.sh          # only some sections (numbers as in BENCHMARKS.md)
+#   ONLY=23 scripts/bench.sh             # issue 40's floor figures in one run (as root)
 # Needs: a Rust toolchain; for the collectd comparison, Debian's collectd-core
 # (apt-get install -y collectd-core) and root (collectd's exec plugin refuses to run scripts
 # as root, so both sides run the probes as `nobody`). Sections print Markdown tables.
@@ -274,4 +275,21 @@ if want 7; then
 echo "## 7. TLS on the link"
 ulimit -n 20000 2>/dev/null || true
 cargo bench --quiet --bench tls
+fi
+
+# ---- 23. the floor (issue 40): one run of every figure it asks for, on the same host ----
+# Not in the default set (about 6 minutes): ONLY=23 scripts/bench.sh, as root, nothing else
+# running. Exec cost at 50/s and 500/s against the C loops (paced and back to back) in a
+# process of their own; idle wake-ups and RSS with the example config after the code release
+# (release_code_after: 30s, so SETTLE 40); the latency from print to receiver over TLS.
+if want 23; then
+echo "## 23. at the floor: exec cost, idle wake-ups, RSS, freshness"
+echo "### exec cost, 50/s"
+PROBES=50 SECS=${FLOOR_SECS:-60} IDLE_SECS=30 cargo bench --quiet --bench exec_cpu
+echo "### exec cost, 500/s"
+PROBES=500 SECS=$(( ${FLOOR_SECS:-60} / 2 )) IDLE_SECS=0 cargo bench --quiet --bench exec_cpu
+echo "### idle, the example config"
+SETTLE=40 benches/idle-example.sh 60
+echo "### freshness"
+PROBES=20 SECS=60 cargo bench --quiet --bench freshness
 fi

@@ -192,17 +192,20 @@ fn release_deadline(config: &crate::config::Config) -> Option<tokio::time::Insta
     (!after.is_zero()).then(|| tokio::time::Instant::now() + after)
 }
 
-/// Page out the agent's own binary (`own_pages`), saying what it gave back: an idle agent's
-/// RSS is mostly its code, and most of that ran once, at the start (BENCHMARKS.md 23c).
+/// Hand back the start-up's pages (`own_pages::release`: the binary paged out, every clean
+/// file mapping dropped, the libraries' included), saying what it gave back: an idle agent's
+/// RSS is mostly code, and most of that ran once, at the start (BENCHMARKS.md 23c).
 fn release_own_code() {
     let before = crate::own_pages::rss_file_kib();
-    match crate::own_pages::page_out() {
-        Ok(_) => tracing::info!(
+    match crate::own_pages::release() {
+        Ok(released) => tracing::info!(
             rss_file_kib_before = before,
             rss_file_kib_after = crate::own_pages::rss_file_kib(),
+            mappings_paged_out = released.paged_out,
+            mappings_dropped = released.dropped,
             "released the start-up code"
         ),
-        Err(e) => tracing::warn!("cannot page out the agent's own code: {e}"),
+        Err(e) => tracing::warn!("cannot release the start-up code: {e}"),
     }
 }
 

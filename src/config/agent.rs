@@ -105,7 +105,7 @@ pub const FIELD_DOCS: &[Field] = &[
     Field::new("trust_config_files_of_any_owner", "true: a root agent believes resources.yaml, the CA bundle and the CRL whoever owns them (shared storage); never agent.yaml."),
     Field::new("probe_pids_max", "pids.max of each exec and stream probe's cgroup unless its `limits:` say otherwise; 0: none (default 128).").bounded(Bound::Count(PROCESSES)),
     Field::new("coalesce", "After a value changes, how long the link waits for more changes before it sends them in one batch, a duration or milliseconds (`200ms`, the default); 0: each change is sent at once, at more CPU and more frames.").bounded(Bound::Duration(COALESCE)),
-    Field::new("release_code_after", "How long after the start, and after each reload, the agent hands the pages of its own binary back to the kernel, a duration or milliseconds (`30s`, the default): what the start-up ran (the command line, the YAML parser, the checks) stops counting in its RSS, and the code it keeps running comes back at its next use; 0: never.").bounded(Bound::Duration(RELEASE_CODE_AFTER)),
+    Field::new("release_code_after", "How long after the start, and after each reload, the agent hands back the pages of its own binary and of the never-written mappings of its shared libraries, a duration or milliseconds (`30s`, the default): what the start-up ran (the command line, the YAML parser, the checks) stops counting in its RSS, and the code it keeps running comes back at its next use; 0: never.").bounded(Bound::Duration(RELEASE_CODE_AFTER)),
 ];
 
 /// `tls:`'s fields, in [`RawTls`]'s order.

@@ -1,11 +1,13 @@
 //! `release_code_after`: once the start-up is done, and again after each reload, the daemon
-//! pages out its own binary (MADV_PAGEOUT), so that the code only the start-up ran (the
-//! command line, the YAML parser, the checks) stops counting in its RSS; 0 turns it off
-//! (BENCHMARKS.md section 23c).
+//! pages out its own binary (MADV_PAGEOUT) and drops its mappings of every never-written
+//! file page, the shared libraries' included (MADV_DONTNEED), so that the code only the
+//! start-up ran (the command line, the YAML parser, the checks) stops counting in its RSS; 0
+//! turns it off (BENCHMARKS.md section 23c).
 
 use nix::sys::signal::Signal;
 
-use crate::support::{wait_until, Site};
+use crate::support::{wait_status, wait_until, Site};
+use xce_agent::value::Value;
 
 const RELEASED: &str = "released the start-up code";
 
@@ -13,6 +15,11 @@ fn site(release_code_after: &str) -> Site {
     let resources = "resources:\n  - name: c\n    valtype: numeric\n    interval: 1s\n    resourcemap: [{location: [default]}]\n    probe: {kind: exec, command: [c.sh]}\n";
     let site = Site::new(&[], resources);
     site.counter_script("c");
+    let agent = std::fs::read_to_string(site.agent_yaml()).expect("read agent.yaml");
+    site.write_atomic(
+        "agent.yaml",
+        &format!("{agent}status_socket: status.sock\n"),
+    );
     set_release_code_after(&site, release_code_after);
     site
 }
@@ -43,9 +50,17 @@ async fn the_start_up_code_is_released_after_the_start_and_again_after_a_reload(
         daemon.log_text().matches(RELEASED).count() == 2
     })
     .await;
-    // Its own pages only: the agent goes on running its probes from the pages it faults in.
+    // Nothing it wrote was dropped: the agent goes on running its probes (the libraries'
+    // code and its own, faulted back in) and answers `status` with what they printed.
     let runs = site.runs("c");
     wait_until("a run after the release", || site.runs("c") > runs).await;
+    let (report, code) = wait_status(&site, "a status answer after the release", |r| {
+        r.resources
+            .iter()
+            .any(|res| res.name == "c" && matches!(res.value, Value::Numeric(_)))
+    })
+    .await;
+    assert_eq!(code, 0, "{report:?}");
     daemon.assert_alive();
     let (status, log) = (daemon.terminate().await, daemon.log_text());
     assert!(status.success(), "exit {status:?}\n{log}");

@@ -1,6 +1,8 @@
-//! The spawn itself (clone with CLONE_VM | CLONE_VFORK, raw system calls in the child): what
-//! a child starts with — its own session and process group, only descriptors 0-2, an empty signal mask,
+//! The spawn itself (clone with CLONE_VM, raw system calls in the child): what a child starts
+//! with — its own session and process group, only descriptors 0-2, an empty signal mask,
 //! default dispositions, no_new_privs — and exec failures reported with their errno and path.
+//! An exec run's child is cloned without the vfork wait: its failures before exec are
+//! reported at its exit, and its stack and plan outlive its handle.
 
 use crate::support as common;
 
@@ -307,4 +309,115 @@ async fn a_nul_byte_in_the_environment_is_refused_before_the_spawn() {
         e.contains("an environment variable contains a NUL byte"),
         "{e}"
     );
+}
+
+/// The same spec started with the vfork wait (failure known at the spawn) and as an exec run
+/// (without it: known at the child's exit): the same error.
+async fn both_ways(spec: &ChildSpec) -> String {
+    let at_spawn = match child::Child::start(spec) {
+        Ok(_) => panic!("started: {spec:?}"),
+        Err(e) => e.to_string(),
+    };
+    let at_exit = child::run(spec).await.unwrap_err().to_string();
+    assert_eq!(at_exit, at_spawn);
+    at_exit
+}
+
+#[tokio::test]
+async fn a_failure_before_exec_is_reported_at_the_exit_as_at_the_spawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = sh("true");
+    spec.cwd = dir.path().join("missing").into();
+    let e = both_ways(&spec).await;
+    assert!(e.contains("chdir failed: No such file or directory"), "{e}");
+
+    // Above the kernel's nr_open even root cannot raise RLIMIT_NOFILE.
+    let mut spec = sh("true");
+    spec.limits.open_files = Some(u64::MAX / 2);
+    let e = both_ways(&spec).await;
+    assert!(
+        e.contains("setting a resource limit failed: Operation not permitted"),
+        "{e}"
+    );
+
+    let e = both_ways(&ChildSpec::new(
+        dir.path().join("absent"),
+        Duration::from_secs(5),
+    ))
+    .await;
+    assert!(e.ends_with("No such file or directory (os error 2)"), "{e}");
+}
+
+/// `sh -c 'echo "$0"' WORD`, with a long word so that each run's plan differs in size.
+fn echo_word(word: &str) -> ChildSpec {
+    let mut spec = sh("echo \"$0\"");
+    spec.args = spec
+        .args
+        .iter()
+        .cloned()
+        .chain([OsString::from(word)])
+        .collect();
+    spec
+}
+
+/// `n` exec runs at once on this thread (cloned back to back); each says its own word.
+async fn runs_at_once(n: usize, tag: &str) {
+    let words: Vec<String> = (0..n)
+        .map(|i| format!("{tag}-{i}-{}", "x".repeat(i * 37)))
+        .collect();
+    let specs: Vec<ChildSpec> = words.iter().map(|w| echo_word(w)).collect();
+    let outcomes = futures::future::join_all(specs.iter().map(child::run)).await;
+    for (word, outcome) in words.iter().zip(outcomes) {
+        let o = outcome.expect("spawn");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{word}\n"));
+        assert_eq!(o.exit, Exit::Code(0));
+    }
+}
+
+#[tokio::test]
+async fn more_runs_at_once_than_the_stack_pool_keeps_each_run_on_their_own() {
+    runs_at_once(3 * child::STACKS_KEPT, "many").await;
+    // And again, on the stacks given back.
+    runs_at_once(3 * child::STACKS_KEPT, "again").await;
+}
+
+/// Processes whose command line holds `arg`.
+fn with_arg(arg: &str) -> usize {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    procs
+        .flatten()
+        .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
+        .filter(|cmdline| cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+        .count()
+}
+
+#[tokio::test]
+async fn a_run_dropped_right_after_its_spawn_ends_its_child_and_the_next_runs_are_whole() {
+    for round in 0..20 {
+        // GNU sleep adds its arguments: the second one only marks the process.
+        let mark = format!("0.{}{round:02}", std::process::id());
+        let mut spec = ChildSpec::new("/bin/sleep", Duration::from_secs(300));
+        spec.args = vec![OsString::from("1000"), OsString::from(&mark)].into();
+        {
+            let run = child::run(&spec);
+            tokio::pin!(run);
+            // One poll: the child is cloned (possibly still before its exec), then the run
+            // goes, and its child with it.
+            tokio::select! {
+                biased;
+                _ = &mut run => panic!("a sleep of 1000 s ended"),
+                () = std::future::ready(()) => {}
+            }
+        }
+        // Runs cloned while the dropped one's child may still run on its stack and plan (in
+        // most rounds it has not reached its exec yet: its loan is quarantined, and the kill
+        // finds no group yet, so it goes to the pid).
+        runs_at_once(child::STACKS_KEPT + 1, &format!("after{round}")).await;
+        common::wait_until("the dropped run's child to be gone", || {
+            with_arg(&mark) == 0
+        })
+        .await;
+    }
 }

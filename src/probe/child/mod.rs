@@ -33,7 +33,7 @@ use tokio::time::{sleep_until, Instant};
 pub use capture::{CaptureReader, Captured, CAPTURE_CAP};
 pub use drive::{drive, AfterExit, Driven, Ended, Event, Flow, Ticks, Watch};
 pub use output::{Got, Reader, Tail};
-pub use spawn::{CloneCall, Stage, CAPTURE_FD};
+pub use spawn::{CloneCall, Stage, CAPTURE_FD, STACKS_KEPT};
 pub use stdin::{Tick, TickWriter};
 
 use super::cgroup::{ProbeCgroup, RunCgroup};
@@ -360,6 +360,18 @@ pub(crate) fn signal_group(pgid: Pid, sig: Signal) {
     }
 }
 
+/// Signal the group a child of ours leads, or the child alone before it has made its group.
+/// For an unreaped child only (its pid is ours until reaped, so never a stranger's). Its
+/// group exists from its `setsid` on and, its zombie included, as long as it is unreaped: a
+/// missing group (ESRCH) means a child started without the vfork wait that has not reached
+/// its `setsid` yet. Its signals are blocked until just before its exec, and by then its
+/// dispositions are the defaults: it gets the signal as a probe would.
+fn signal_run(pid: Pid, sig: Signal) {
+    if pid.as_raw() > 1 && killpg(pid, sig) == Err(nix::errno::Errno::ESRCH) {
+        let _ = nix::sys::signal::kill(pid, sig);
+    }
+}
+
 /// How the exit of a child is noticed: its pidfd turns readable, or (kernels before 5.3)
 /// SIGCHLD arrives.
 enum ExitWatch {
@@ -385,6 +397,9 @@ pub struct Child {
     stdin: Option<TickWriter>,
     /// The agent's end of the capture pipe, with [`ChildSpec::capture`], until taken.
     capture: Option<OwnedFd>,
+    /// What the child runs on until its exec, where it was started without the vfork wait
+    /// (an exec run, [`run`]); its failure before the exec is read from here at its exit.
+    launch: spawn::InFlight,
 }
 
 /// The stdin of a child without a stdin pipe. Process-wide: one read-only descriptor of a
@@ -450,17 +465,33 @@ fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Why `spec`'s child could not be started, at `stage` (`None`: before the clone).
+fn spawn_error(spec: &ChildSpec, stage: Option<Stage>, source: io::Error) -> SpawnError {
+    SpawnError {
+        program: spec.program.display().to_string(),
+        why: matches!(stage, Some(Stage::Exec))
+            .then(|| super::security::why_exec_failed(&spec.program, &source))
+            .flatten(),
+        stage,
+        source,
+    }
+}
+
 impl Child {
-    /// Start `spec`'s child; its output is read through the returned [`Reader`].
+    /// Start `spec`'s child; its output is read through the returned [`Reader`]. A failure
+    /// before the child's exec is returned here (the cloning thread waits for the exec).
     pub fn start(spec: &ChildSpec) -> Result<(Child, Reader), SpawnError> {
-        let fail = |stage: Option<Stage>, source: io::Error| SpawnError {
-            program: spec.program.display().to_string(),
-            why: matches!(stage, Some(Stage::Exec))
-                .then(|| super::security::why_exec_failed(&spec.program, &source))
-                .flatten(),
-            stage,
-            source,
-        };
+        Self::start_reporting(spec, spawn::Report::AtSpawn)
+    }
+
+    /// As [`Child::start`]; with [`spawn::Report::AtExit`] the cloning thread does not wait
+    /// for the exec, and a failure before it is known at the child's exit
+    /// ([`Child::failed_before_exec`]).
+    fn start_reporting(
+        spec: &ChildSpec,
+        report: spawn::Report,
+    ) -> Result<(Child, Reader), SpawnError> {
+        let fail = |stage: Option<Stage>, source: io::Error| spawn_error(spec, stage, source);
         let io_fail = |e: io::Error| fail(None, e);
         let exec = match &spec.exec_args {
             Some(made) => made.clone(),
@@ -509,7 +540,7 @@ impl Child {
             reaper::accept_child_signals();
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
         };
-        let mut prepared = spawn::Prepared::new(spawn::Plan {
+        let prepared = spawn::Prepared::new(spawn::Plan {
             exec,
             credentials: spec
                 .credentials
@@ -523,14 +554,16 @@ impl Child {
             capture: capture.as_ref().map(|(_, write)| write),
             clone_call: spec.clone_call,
         });
-        let (started, registered) = reaper::start_registered(|| {
-            spawn::spawn(&mut prepared).map(|s| {
-                let pid = s.pid;
+        let ((started, launch), registered) = reaper::start_registered(|| {
+            spawn::spawn(prepared, report).map(|s| {
+                let pid = s.0.pid;
                 (s, pid)
             })
         })
         .map_err(|e| fail(Some(e.stage), e.error))?;
-        // The child's ends: held here, a pipe (or the pty) would never report its end.
+        // The child's ends: held here, a pipe (or the pty) would never report its end. The
+        // child has its own copies (its descriptor table was copied at the clone), whether
+        // it has reached its dup3s yet or not.
         let stdin = stdin.map(|(read, writer)| {
             drop(read);
             writer
@@ -566,12 +599,13 @@ impl Child {
                     registered: Some(registered),
                     stdin,
                     capture,
+                    launch,
                 },
                 reader,
             )),
             (Err(e), _) | (_, Err(e)) => {
                 // Cannot supervise it: it must not run unsupervised.
-                signal_group(pid, Signal::SIGKILL);
+                signal_run(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
                 drop(registered);
                 Err(io_fail(e))
@@ -643,7 +677,17 @@ impl Child {
     }
 
     pub fn signal_group(&self, sig: Signal) {
-        signal_group(self.pgid, sig);
+        if self.reaped {
+            signal_group(self.pgid, sig);
+        } else {
+            signal_run(self.pgid, sig);
+        }
+    }
+
+    /// The child failed before its exec (and exited 127), where it was started without the
+    /// vfork wait; known once it has exited.
+    fn failed_before_exec(&self) -> Option<spawn::ChildFailed> {
+        self.launch.failure()
     }
 
     /// Whatever is left of the run goes: SIGKILL to the group, `cgroup.kill` to the cgroup
@@ -652,7 +696,7 @@ impl Child {
         if self.ended {
             return;
         }
-        signal_group(self.pgid, Signal::SIGKILL);
+        self.signal_group(Signal::SIGKILL);
         if let Some(cg) = &mut self.cgroup {
             cg.kill();
         }
@@ -741,7 +785,7 @@ fn peek_exit(pgid: Pid, reaped: &mut bool, exit: &mut Option<Exit>) -> Option<Ex
 /// deadline + grace + a short drain.
 pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
     let start = Instant::now();
-    let (mut child, mut reader) = Child::start(spec)?;
+    let (mut child, mut reader) = Child::start_reporting(spec, spawn::Report::AtExit)?;
     let watch = Watch::run_until(start + spec.timeout, spec.grace);
     let mut capture = child
         .take_capture()
@@ -762,6 +806,9 @@ pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
             }
         }
     };
+    if let Some(failed) = child.failed_before_exec() {
+        return Err(spawn_error(spec, Some(failed.stage), failed.error));
+    }
     let captured = capture.map(|mut c| {
         c.drain_now();
         c.finish()

@@ -1,39 +1,73 @@
 //! Starting a child without copying the agent's address space: the only `unsafe` of the child
 //! engine lives here.
 //!
-//! The child is created with `CLONE_VM | CLONE_VFORK` (clone3 where the kernel has it, with
-//! `CLONE_PIDFD`, and `CLONE_INTO_CGROUP` when the probe has a cgroup): it shares the agent's
-//! memory until it calls `execve`, and the cloning thread sleeps until then. No page is
-//! write-protected and no copy-on-write fault follows, however large the agent is — that is
-//! what std's `fork()` path (any `pre_exec`) costs a multi-threaded process.
+//! The child is created with `CLONE_VM` (clone3 where the kernel has it, with `CLONE_PIDFD`,
+//! and `CLONE_INTO_CGROUP` when the probe has a cgroup): it shares the agent's memory until
+//! it calls `execve`. No page is write-protected and no copy-on-write fault follows, however
+//! large the agent is — that is what std's `fork()` path (any `pre_exec`) costs a
+//! multi-threaded process.
+//!
+//! Two ways to wait, [`Report`]:
+//! - [`Report::AtSpawn`]: `CLONE_VFORK`, as glibc's and musl's `posix_spawn`: the cloning
+//!   thread sleeps until the child has exec'd or exited, so a failure before `execve` is known
+//!   when [`spawn`] returns. The clone(2) fallback and every architecture but x86_64 always
+//!   take this way (see "errno" below).
+//! - [`Report::AtExit`] (exec runs, on x86_64 with clone3): no `CLONE_VFORK`. The cloning
+//!   thread goes on at once — no sleep and wake-up of a runtime worker for each child's
+//!   pre-exec work, and runs that fall due together are cloned back to back. What the child
+//!   still runs on (its stack and its [`Prepared`]) is then lent to it in an [`InFlight`],
+//!   and a failure before `execve` is read once the child has exited ([`InFlight::failure`]).
+//!
+//! How long the loan lasts: `CLONE_CHILD_CLEARTID` on a word of the `Prepared`
+//! (`in_our_memory`, set to 1 before the clone). The kernel zeroes that word when the child
+//! lets go of the agent's memory, in `mm_release`: at its `execve`'s point of no return
+//! (after argv, envp and the path were copied in; an exec that fails later kills the child
+//! rather than return to our memory) or at its exit — the same mechanism `pthread_join`
+//! waits on. While the word is not zero the stack and the `Prepared` are never freed nor
+//! reused: an [`InFlight`] dropped early (the run future dropped on reload, shutdown or a
+//! timeout; a child handed to the blocking pool or the orphan reaper) goes to a quarantine,
+//! swept at the next spawn, whoever reaps the child and whenever. Stacks come from a small
+//! pool (no mmap, mprotect, munmap or fresh page fault per run), which keeps at most
+//! [`STACKS_KEPT`] free ones; a child that dumps core may leave its word set (the kernel keeps
+//! it for the debugger), and then its loan stays quarantined: a leak, never a reuse.
 //!
 //! Rules the child side keeps, as glibc's and musl's `posix_spawn` and Go's
 //! `forkAndExecInChild1` do:
-//! - It runs on its own small stack (mmap'd once per thread, with a guard page), never on the
-//!   parent's: the parent's frames stay intact for when it resumes.
+//! - It runs on its own small stack (from the pool, with a guard page), never on the parent's.
 //! - It makes only raw system calls on data prepared before the clone ([`Prepared`]): no
 //!   allocation, no lock, no libc wrapper that touches process-wide state. In particular the
 //!   credential calls are raw `setgroups` / `setresgid` / `setresuid`: glibc's wrappers
 //!   broadcast the change to every thread of the process, which here are the agent's.
+//! - errno: the child has the parent thread's TLS (its `fs` base), and `libc::syscall` stores
+//!   errno there on a failure. Under `CLONE_VFORK` that thread sleeps, so nobody reads it;
+//!   without it the thread runs on and would see its errno change under it. So on x86_64 the
+//!   child makes every system call with a `syscall` instruction of its own ([`sys`]), which
+//!   returns -errno in a register and touches no memory but its arguments; only there is
+//!   [`Report::AtExit`] taken.
 //! - Every signal is blocked in the parent around the clone, so no handler of the agent's can
-//!   run on the child's stack; the child resets every disposition to the default and then
-//!   unblocks everything (a probe starts with an empty mask).
+//!   run on the child's stack; the child (with its own copy of the dispositions: no
+//!   `CLONE_SIGHAND`) resets every disposition to the default and then unblocks everything (a
+//!   probe starts with an empty mask).
 //! - The child starts a session of its own (`setsid`): its own process group, and no
-//!   controlling terminal, whoever started the agent from which terminal.
+//!   controlling terminal, whoever started the agent from which terminal. Without the vfork
+//!   wait the parent may signal before that `setsid`: the group does not exist yet (ESRCH),
+//!   so the parent signals the pid itself then (`Child::signal_run`).
 //! - Everything the parent opened for the child is close-on-exec, and the child marks every
 //!   descriptor above 2 close-on-exec (`close_range`), so a probe sees only 0, 1 and 2 whatever
-//!   the agent inherited; and [`CAPTURE_FD`] for a probe with `capture:`.
+//!   the agent inherited; and [`CAPTURE_FD`] for a probe with `capture:`. The child has its own
+//!   copy of the descriptor table, made at the clone (no `CLONE_FILES`): the parent may close
+//!   its copies of the child's pipe ends, the checked program's descriptor (`exec_fd`) and the
+//!   capture pipe as soon as the clone returns, whether the child has used them yet or not.
 //! - A failure before `execve` succeeds is stored as (stage, errno) in [`Prepared`], the
-//!   memory the child shares with the agent, and the child exits 127; the parent reads it
-//!   after the clone returns (with `CLONE_VFORK` the child has then either exec'd or exited),
-//!   as glibc's `posix_spawn` does: no pipe to make, read and close for every run.
+//!   memory the child shares with the agent, and the child exits 127: no pipe to make, read
+//!   and close for every run.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::sync::OnceLock;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The descriptor a probe with `capture:` inherits: the write end of the pipe its stand-ins
 /// report on. A single digit, since dash redirects only those (`printf ... >&7`); not 3,
@@ -219,6 +253,9 @@ pub struct Prepared {
     /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
     /// errno`; 0 while nothing failed.
     failure: AtomicU64,
+    /// 1 from before a [`Report::AtExit`] clone until the kernel zeroes it
+    /// (`CLONE_CHILD_CLEARTID`): the child no longer runs in the agent's memory.
+    in_our_memory: AtomicU32,
 }
 
 /// What a [`Prepared`] is built from: nothing in it is allocated per run but what the caller
@@ -262,6 +299,7 @@ impl Prepared {
             clone_call: plan.clone_call,
             max_fd,
             failure: AtomicU64::new(0),
+            in_our_memory: AtomicU32::new(0),
         }
     }
 }
@@ -272,15 +310,31 @@ pub struct Started {
     pub pidfd: Option<OwnedFd>,
 }
 
+/// When a failure before `execve` is known (see the module's text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// [`spawn`] returns it (`CLONE_VFORK`: the cloning thread waits for the exec).
+    AtSpawn,
+    /// [`InFlight::failure`] says it once the child has exited (no wait, where it can be
+    /// done safely; elsewhere as `AtSpawn`, and the `InFlight` then holds nothing).
+    AtExit,
+}
+
 const CHILD_STACK: usize = 64 * 1024;
 const PAGE: usize = 4096;
+/// Free stacks the pool keeps for the next spawns; more (after a burst of concurrent
+/// children) are unmapped when given back.
+pub const STACKS_KEPT: usize = 16;
 
-/// One child stack per thread: a thread clones one child at a time (it sleeps until that child
-/// has exec'd), so a thread's stack is never in use twice at once.
+/// A child stack: an anonymous mapping with a guard page at its low end.
 struct Stack {
     base: *mut c_void,
     len: usize,
 }
+
+// SAFETY: a mapping's address and length; whoever holds the `Stack` is the only one to use
+// the memory (or to lend it to a child, see `Loan`).
+unsafe impl Send for Stack {}
 
 impl Stack {
     fn map() -> io::Result<Self> {
@@ -319,32 +373,140 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        // SAFETY: the mapping is this struct's own; no child runs on it once the thread that
-        // owns it is gone (clone returned before the thread could exit).
+        // SAFETY: the mapping is this struct's own, and a `Stack` is dropped only when no
+        // child runs on it: given back after a vfork clone returned, or by a `Loan` whose
+        // child the kernel says has left the agent's memory.
         unsafe { libc::munmap(self.base, self.len) };
     }
 }
 
-thread_local! {
-    static STACK_OWNER: std::cell::OnceCell<Stack> = const { std::cell::OnceCell::new() };
+/// The free stacks, process-wide like the children that run on them.
+fn free_stacks() -> MutexGuard<'static, Vec<Stack>> {
+    static FREE: Mutex<Vec<Stack>> = Mutex::new(Vec::new());
+    FREE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn with_stack<T>(f: impl FnOnce(&Stack) -> io::Result<T>) -> io::Result<T> {
-    STACK_OWNER.with(|cell| {
-        let stack = match cell.get() {
-            Some(s) => s,
-            None => {
-                let s = Stack::map()?;
-                cell.get_or_init(|| s)
-            }
-        };
-        f(stack)
+fn take_stack() -> io::Result<Stack> {
+    sweep_quarantine();
+    match free_stacks().pop() {
+        Some(stack) => Ok(stack),
+        None => Stack::map(),
+    }
+}
+
+fn give_back(stack: Stack) {
+    let mut free = free_stacks();
+    if free.len() < STACKS_KEPT {
+        free.push(stack);
+        return;
+    }
+    drop(free);
+    drop(stack);
+}
+
+/// A stack and a `Prepared` lent to a child started without the vfork wait.
+struct Loan {
+    stack: Stack,
+    /// From `Box::into_raw`: the child reads it through a shared reference, the parent only
+    /// its atomics, until the loan is freed.
+    prepared: NonNull<Prepared>,
+}
+
+// SAFETY: the stack as above; the `Prepared` is `Send` and owned by the loan alone.
+unsafe impl Send for Loan {}
+
+impl Loan {
+    fn prepared(&self) -> &Prepared {
+        // SAFETY: the box is freed only by `free`, which consumes the loan.
+        unsafe { self.prepared.as_ref() }
+    }
+
+    /// The kernel zeroed `in_our_memory`: the child has exec'd or exited, and never reads
+    /// or writes the agent's memory again. Acquire: its stores before (the failure) are
+    /// seen after.
+    fn child_left(&self) -> bool {
+        self.prepared().in_our_memory.load(Ordering::Acquire) == 0
+    }
+
+    /// Only once the child has left (or never was).
+    fn free(self) {
+        // SAFETY: from `Box::into_raw` in `spawn`, freed once, here; no child uses it.
+        drop(unsafe { Box::from_raw(self.prepared.as_ptr()) });
+        give_back(self.stack);
+    }
+}
+
+/// What a child started with [`Report::AtExit`] runs on before its `execve`: kept until the
+/// kernel says it has left the agent's memory, however the handle goes (see the module's
+/// text). Empty for a child started with the vfork wait.
+#[derive(Default)]
+pub struct InFlight(Option<Loan>);
+
+impl InFlight {
+    /// The child failed before `execve` (and exited 127): where, and the errno. `None` while
+    /// it may still run in the agent's memory, or when it exec'd.
+    pub fn failure(&self) -> Option<ChildFailed> {
+        let loan = self.0.as_ref().filter(|l| l.child_left())?;
+        decode_failure(loan.prepared().failure.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let Some(loan) = self.0.take() else { return };
+        if loan.child_left() {
+            loan.free();
+            return;
+        }
+        let mut q = quarantine();
+        q.push(loan);
+        QUARANTINED.store(q.len(), Ordering::Relaxed);
+    }
+}
+
+/// Loans whose handle went while their child was still in the agent's memory.
+fn quarantine() -> MutexGuard<'static, Vec<Loan>> {
+    static HELD: Mutex<Vec<Loan>> = Mutex::new(Vec::new());
+    HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How many loans the quarantine holds: a spawn looks at the lock only when there are some.
+static QUARANTINED: AtomicUsize = AtomicUsize::new(0);
+
+/// Free the quarantined loans whose children have left.
+fn sweep_quarantine() {
+    if QUARANTINED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let mut q = quarantine();
+    let mut left = Vec::new();
+    let mut i = 0;
+    while i < q.len() {
+        if q[i].child_left() {
+            left.push(q.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    QUARANTINED.store(q.len(), Ordering::Relaxed);
+    drop(q);
+    left.into_iter().for_each(Loan::free);
+}
+
+fn decode_failure(failure: u64) -> Option<ChildFailed> {
+    if failure == 0 {
+        return None;
+    }
+    let stage_index = (failure >> 32) as usize - 1;
+    let errno = failure as u32 as i32;
+    Some(ChildFailed {
+        stage: Stage::ALL.get(stage_index).copied().unwrap_or(Stage::Exec),
+        error: io::Error::from_raw_os_error(errno),
     })
 }
 
 // What the kernel lacks is a fact about the kernel (and the process's seccomp filter), the
-// same for every agent in the process: process-wide, learnt once. The clone stack above is
-// per thread by nature (a child runs on its spawning thread's stack until it execs).
+// same for every agent in the process: process-wide, learnt once.
 
 /// The kernel refused clone3 once (old kernel, or a seccomp filter): use clone from then on.
 static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
@@ -413,42 +575,66 @@ impl Drop for SignalsBlocked {
     }
 }
 
-/// Start the child described by `prepared` (in its cgroup, if it has one).
-pub fn spawn(prepared: &mut Prepared) -> Result<Started, ChildFailed> {
+/// Start the child described by `prepared` (in its cgroup, if it has one). With
+/// [`Report::AtExit`] a failure before `execve` comes from the returned [`InFlight`] once the
+/// child has exited; with [`Report::AtSpawn`] (and wherever the vfork wait is kept) it is
+/// returned here, and the failed child reaped.
+pub fn spawn(prepared: Prepared, report: Report) -> Result<(Started, InFlight), ChildFailed> {
     let setup = |error: io::Error| ChildFailed {
         stage: Stage::Exec,
         error,
     };
-    prepared.failure.store(0, Ordering::Relaxed);
-    let started = with_stack(|stack| {
+    let stack = take_stack().map_err(setup)?;
+    let loan = Loan {
+        stack,
+        prepared: NonNull::from(Box::leak(Box::new(prepared))),
+    };
+    let cloned = {
         let _blocked = SignalsBlocked::new();
-        clone_child(prepared, stack)
-    })
-    .map_err(setup)?;
+        clone_child(loan.prepared.as_ptr(), &loan.stack, report)
+    };
+    let (started, waited) = match cloned {
+        Ok(c) => c,
+        Err(e) => {
+            // No child was made: nothing runs on the loan.
+            loan.prepared().in_our_memory.store(0, Ordering::Relaxed);
+            loan.free();
+            return Err(setup(e));
+        }
+    };
+    if !waited {
+        return Ok((started, InFlight(Some(loan))));
+    }
     // The child has exec'd or failed: with CLONE_VFORK the clone returns only then, and what
     // the child stored before is visible here (the kernel's wake-up of this thread orders it).
-    let failure = prepared.failure.load(Ordering::Acquire);
-    if failure == 0 {
-        return Ok(started);
+    let failure = decode_failure(loan.prepared().failure.load(Ordering::Acquire));
+    loan.free();
+    match failure {
+        None => Ok((started, InFlight::default())),
+        Some(failed) => {
+            // Reap the failed child now: it has exited (status 127) or is about to.
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(started.pid), None);
+            Err(failed)
+        }
     }
-    let stage_index = (failure >> 32) as usize - 1;
-    let errno = failure as u32 as i32;
-    // Reap the failed child now: it has exited (status 127) or is about to.
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(started.pid), None);
-    Err(ChildFailed {
-        stage: Stage::ALL.get(stage_index).copied().unwrap_or(Stage::Exec),
-        error: io::Error::from_raw_os_error(errno),
-    })
 }
 
-fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
-    let cgroup_dir = prepared.cgroup;
+/// Clone the child; whether this thread waited for its exec (`CLONE_VFORK`).
+fn clone_child(
+    prepared: *mut Prepared,
+    stack: &Stack,
+    report: Report,
+) -> io::Result<(Started, bool)> {
+    // SAFETY: `prepared` is the loan's box, which no child uses yet: this is its only access.
+    let p = unsafe { &mut *prepared };
+    let cgroup_dir = p.cgroup;
     #[cfg(target_arch = "x86_64")]
-    if prepared.clone_call == CloneCall::Newest && !CLONE3_MISSING.load(Ordering::Relaxed) {
-        prepared.join_by_write = None;
-        let arg = prepared as *mut Prepared as *mut c_void;
-        match clone3_child(arg, stack, cgroup_dir) {
-            Ok(s) => return Ok(s),
+    if p.clone_call == CloneCall::Newest && !CLONE3_MISSING.load(Ordering::Relaxed) {
+        p.join_by_write = None;
+        let wait = report == Report::AtSpawn;
+        p.in_our_memory.store(u32::from(!wait), Ordering::Relaxed);
+        match clone3_child(prepared, stack, cgroup_dir, wait) {
+            Ok(s) => return Ok((s, wait)),
             // ENOSYS: no clone3; E2BIG / EINVAL: no CLONE_INTO_CGROUP (or a seccomp filter).
             Err(e)
                 if matches!(
@@ -462,12 +648,18 @@ fn clone_child(prepared: &mut Prepared, stack: &Stack) -> io::Result<Started> {
             Err(e) => return Err(e),
         }
     }
-    prepared.join_by_write = match cgroup_dir {
+    let _ = report;
+    // SAFETY: as above (the clone3 attempt, if any, made no child).
+    let p = unsafe { &mut *prepared };
+    // The fallback waits for the exec: the child writes `cgroup.procs` (it joins by itself,
+    // after the clone, which the leaf's emptiness and kill rely on having happened before
+    // the clone returns), and glibc's clone wrapper is not ours to reason about for errno.
+    p.in_our_memory.store(0, Ordering::Relaxed);
+    p.join_by_write = match cgroup_dir {
         Some(dir) => Some(open_procs(dir)?),
         None => None,
     };
-    let arg = prepared as *mut Prepared as *mut c_void;
-    legacy_clone_child(arg, stack)
+    legacy_clone_child(prepared.cast(), stack).map(|s| (s, true))
 }
 
 /// The `cgroup.procs` of the cgroup whose directory is `dir`, for writing, opened through
@@ -485,29 +677,47 @@ fn open_procs(dir: RawFd) -> io::Result<OwnedFd> {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn clone3_child(arg: *mut c_void, stack: &Stack, cgroup_dir: Option<RawFd>) -> io::Result<Started> {
+fn clone3_child(
+    prepared: *mut Prepared,
+    stack: &Stack,
+    cgroup_dir: Option<RawFd>,
+    wait: bool,
+) -> io::Result<Started> {
     let mut pidfd: c_int = -1;
     let mut args = CloneArgs {
-        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_PIDFD,
+        flags: libc::CLONE_VM as u64 | CLONE_PIDFD,
         pidfd: &mut pidfd as *mut c_int as u64,
         exit_signal: libc::SIGCHLD as u64,
         stack: stack.base as u64 + PAGE as u64,
         stack_size: (stack.len - PAGE) as u64,
         ..CloneArgs::default()
     };
+    if wait {
+        args.flags |= libc::CLONE_VFORK as u64;
+    } else {
+        // The kernel zeroes this word (and wakes a futex on it, unused here) when the child
+        // lets go of our memory: at its exec or its exit.
+        args.flags |= libc::CLONE_CHILD_CLEARTID as u64;
+        // SAFETY: a field of the loan's box, alive until the word is zero.
+        args.child_tid = unsafe { std::ptr::addr_of!((*prepared).in_our_memory) } as u64;
+    }
     if let Some(dir) = cgroup_dir {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = dir as u64;
     }
     let entry: extern "C" fn(*mut c_void) -> c_int = child_main;
+    let arg = prepared.cast::<c_void>();
     let ret: i64;
-    // SAFETY: clone3 with CLONE_VM | CLONE_VFORK and its own stack. In the parent the
-    // instruction returns like any system call (the child's pid or -errno) and only rax, rcx
-    // and r11 change. In the child it returns 0 with rsp at the top of `stack` (16-byte
-    // aligned, so `call` gives the ABI's entry alignment); the child calls `child_main(arg)`,
-    // which never returns (it execs or exits), and the exit below is only a backstop. The
-    // parent thread sleeps until the child has exec'd or exited, so `arg` (on the parent's
-    // side, borrowed mutably for this call) and `stack` outlive every use the child makes.
+    // SAFETY: clone3 with CLONE_VM and its own stack. In the parent the instruction returns
+    // like any system call (the child's pid or -errno) and only rax, rcx and r11 change. In
+    // the child it returns 0 with rsp at the top of `stack` (16-byte aligned, so `call` gives
+    // the ABI's entry alignment); the child calls `child_main(arg)`, which never returns (it
+    // execs or exits), and the exit below is only a backstop. `arg` and `stack` outlive every
+    // use the child makes of them: with CLONE_VFORK this thread sleeps until the child has
+    // exec'd or exited; without, they belong to the loan that `spawn` returns, which is freed
+    // only after the kernel has cleared `in_our_memory` (CLONE_CHILD_CLEARTID), i.e. after the
+    // child's exec or exit. The child touches no memory of this thread's (not its stack, not
+    // its TLS: `child_main` makes its system calls with `sys`), so this thread may run on.
     unsafe {
         std::arch::asm!(
             "syscall",
@@ -552,9 +762,9 @@ fn legacy_clone_child(arg: *mut c_void, stack: &Stack) -> io::Result<Started> {
         };
         let mut pidfd: c_int = -1;
         // SAFETY: glibc's clone switches to `stack` and calls `child_main(arg)` there; the
-        // same argument as for clone3 above holds (CLONE_VFORK keeps `arg` and `stack` alive
-        // for the child's whole life before exec). With CLONE_PIDFD the pidfd is written to
-        // the parent_tid argument, a local here.
+        // CLONE_VFORK argument of clone3 above holds (this thread sleeps until the child has
+        // exec'd or exited). With CLONE_PIDFD the pidfd is written to the parent_tid
+        // argument, a local here.
         let pid = unsafe {
             libc::clone(
                 child_main,
@@ -578,25 +788,94 @@ fn legacy_clone_child(arg: *mut c_void, stack: &Stack) -> io::Result<Started> {
     }
 }
 
+/// One system call of the child's: the result, or -errno. On x86_64 its own `syscall`
+/// instruction, which writes no memory (errno is not set: see the module's text).
+///
+/// # Safety
+/// As the system call `n` with these arguments.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sys(n: libc::c_long, a: [usize; 6]) -> isize {
+    let ret: isize;
+    // SAFETY: the kernel's x86_64 calling convention: number in rax, arguments in rdi, rsi,
+    // rdx, r10, r8, r9; the result in rax; rcx and r11 clobbered. No stack is used.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") n as isize => ret,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// Elsewhere libc's trampoline, whose errno goes to the parent thread's TLS: only ever
+/// called under CLONE_VFORK there, with that thread asleep.
+///
+/// # Safety
+/// As the system call `n` with these arguments.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+unsafe fn sys(n: libc::c_long, a: [usize; 6]) -> isize {
+    // SAFETY: as the caller's.
+    unsafe {
+        let r = libc::syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+        if r == -1 {
+            -(*libc::__errno_location() as isize)
+        } else {
+            r as isize
+        }
+    }
+}
+
+/// A system call's arguments, as machine words (the unused ones 0), written out arm by arm:
+/// no slice copy (a call to `memcpy` in a debug build) in the child.
+macro_rules! sys {
+    ($n:expr $(,)?) => {
+        sys($n, [0; 6])
+    };
+    ($n:expr, $a:expr $(,)?) => {
+        sys($n, [$a as usize, 0, 0, 0, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, 0, 0, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr, $c:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, $c as usize, 0, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr, $c:expr, $d:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, $c as usize, $d as usize, 0, 0])
+    };
+    ($n:expr, $a:expr, $b:expr, $c:expr, $d:expr, $e:expr $(,)?) => {
+        sys($n, [$a as usize, $b as usize, $c as usize, $d as usize, $e as usize, 0])
+    };
+}
+
 /// The child side. Runs on the child stack, sharing the agent's memory, with every signal
-/// blocked; only raw system calls on `Prepared`. Never returns.
+/// blocked; only raw system calls ([`sys`]) on `Prepared`. Never returns.
 extern "C" fn child_main(arg: *mut c_void) -> c_int {
-    // SAFETY: `arg` is the `Prepared` the parent passed; the parent does not touch it until
-    // this child has exec'd or exited.
+    // SAFETY: `arg` is the `Prepared` the parent passed; the parent does not touch it (but
+    // for its atomics) until this child has exec'd or exited.
     let p = unsafe { &*(arg as *const Prepared) };
     // SAFETY (for every `sys` call below): raw system calls with integer arguments or
-    // pointers into `p` or this stack; `libc::syscall` is a plain trampoline that takes no
-    // lock (on error it stores errno in the parent thread's TLS slot, which that thread, asleep
-    // under CLONE_VFORK, does not read until this child is gone).
+    // pointers into `p`, static data or this stack.
     unsafe {
-        let fail = |stage: Stage| -> ! {
-            let errno = *libc::__errno_location();
+        let fail = |stage: Stage, ret: isize| -> ! {
+            let errno = (-ret) as u32;
             // A plain store into the shared memory: no lock, no system call.
             p.failure.store(
-                ((stage as u64 + 1) << 32) | u64::from(errno as u32),
+                ((stage as u64 + 1) << 32) | u64::from(errno),
                 Ordering::Release,
             );
-            libc::syscall(libc::SYS_exit_group, 127);
+            sys!(libc::SYS_exit_group, 127);
             #[allow(clippy::empty_loop)]
             loop {}
         };
@@ -606,11 +885,11 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         let default_action = [0u64; 4];
         for sig in 1..=64 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::syscall(
+                sys!(
                     libc::SYS_rt_sigaction,
                     sig,
                     default_action.as_ptr(),
-                    std::ptr::null_mut::<u64>(),
+                    0,
                     KERNEL_SIGSET_SIZE,
                 );
             }
@@ -621,54 +900,56 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         // (open("/dev/tty"), TIOCSTI into a root shell), as su, runuser and bubblewrap
         // learnt (CVE-2005-4890, CVE-2016-2779, CVE-2017-5226). Cannot fail: the child is
         // new, so it leads no process group yet.
-        if libc::syscall(libc::SYS_setsid) < 0 {
-            fail(Stage::SetSid);
+        let r = sys!(libc::SYS_setsid);
+        if r < 0 {
+            fail(Stage::SetSid, r);
         }
         if let Some(procs) = &p.join_by_write {
-            if libc::syscall(libc::SYS_write, procs.as_raw_fd(), c"0".as_ptr(), 1) != 1 {
-                fail(Stage::JoinCgroup);
+            let r = sys!(libc::SYS_write, procs.as_raw_fd(), c"0".as_ptr(), 1);
+            if r != 1 {
+                fail(Stage::JoinCgroup, r.min(-libc::EIO as isize));
             }
         }
         for (target, &source) in p.stdio.iter().enumerate() {
-            if libc::syscall(libc::SYS_dup3, source, target as c_int, 0) < 0 {
-                fail(Stage::Redirect);
+            let r = sys!(libc::SYS_dup3, source, target, 0);
+            if r < 0 {
+                fail(Stage::Redirect, r);
             }
         }
         for (resource, limit) in &p.rlimits {
             let limit: *const libc::rlimit64 = limit;
-            if libc::syscall(
-                libc::SYS_prlimit64,
-                0,
-                *resource,
-                limit,
-                std::ptr::null_mut::<libc::rlimit64>(),
-            ) != 0
-            {
-                fail(Stage::Rlimit);
+            let r = sys!(libc::SYS_prlimit64, 0, *resource, limit, 0);
+            if r != 0 {
+                fail(Stage::Rlimit, r);
             }
         }
         if let Some((uid, gid, groups)) = &p.credentials {
             // Groups and gid while still privileged, uid last.
-            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
-                fail(Stage::SetGroups);
+            let r = sys!(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+            if r != 0 {
+                fail(Stage::SetGroups, r);
             }
-            if libc::syscall(libc::SYS_setresgid, *gid, *gid, *gid) != 0 {
-                fail(Stage::SetGid);
+            let r = sys!(libc::SYS_setresgid, *gid, *gid, *gid);
+            if r != 0 {
+                fail(Stage::SetGid, r);
             }
-            if libc::syscall(libc::SYS_setresuid, *uid, *uid, *uid) != 0 {
-                fail(Stage::SetUid);
+            let r = sys!(libc::SYS_setresuid, *uid, *uid, *uid);
+            if r != 0 {
+                fail(Stage::SetUid, r);
             }
         }
-        if p.no_new_privs
-            && libc::syscall(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-        {
-            fail(Stage::NoNewPrivs);
+        if p.no_new_privs {
+            let r = sys!(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1);
+            if r != 0 {
+                fail(Stage::NoNewPrivs, r);
+            }
         }
-        if libc::syscall(libc::SYS_chdir, p.exec.cwd.as_ptr()) != 0 {
-            fail(Stage::Chdir);
+        let r = sys!(libc::SYS_chdir, p.exec.cwd.as_ptr());
+        if r != 0 {
+            fail(Stage::Chdir, r);
         }
         // Close-on-exec, not closed: a descriptor the agent holds is not the child's to close.
-        if libc::syscall(
+        if sys!(
             libc::SYS_close_range,
             3u32,
             u32::MAX,
@@ -677,52 +958,48 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         {
             // Before Linux 5.11: one fcntl per possible descriptor.
             for fd in 3..p.max_fd {
-                libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                sys!(libc::SYS_fcntl, fd, libc::F_SETFD, libc::FD_CLOEXEC);
             }
         }
         // After close_range, which would mark it close-on-exec again. Already there, it only
         // loses its close-on-exec flag (dup3 onto itself is EINVAL).
         if let Some(source) = p.capture {
-            let done = if source == CAPTURE_FD {
-                libc::syscall(libc::SYS_fcntl, source, libc::F_SETFD, 0)
+            let r = if source == CAPTURE_FD {
+                sys!(libc::SYS_fcntl, source, libc::F_SETFD, 0)
             } else {
-                libc::syscall(libc::SYS_dup3, source, CAPTURE_FD, 0)
+                sys!(libc::SYS_dup3, source, CAPTURE_FD, 0)
             };
-            if done < 0 {
-                fail(Stage::Redirect);
+            if r < 0 {
+                fail(Stage::Redirect, r);
             }
         }
-        libc::syscall(
+        sys!(
             libc::SYS_rt_sigprocmask,
             libc::SIG_SETMASK,
             &NO_SIGNALS as *const u64,
-            std::ptr::null_mut::<u64>(),
+            0,
             KERNEL_SIGSET_SIZE,
         );
-        match p.exec_fd {
+        let r = match p.exec_fd {
             // What the script rule checked, by its descriptor: no path lookup between the
             // check and the exec for a rename or a swapped directory to win. The descriptor
             // is close-on-exec: the program does not inherit it.
-            Some(fd) => {
-                libc::syscall(
-                    libc::SYS_execveat,
-                    fd,
-                    c"".as_ptr(),
-                    p.exec.argv_ptrs.as_ptr(),
-                    p.exec.envp_ptrs.as_ptr(),
-                    libc::AT_EMPTY_PATH,
-                );
-            }
-            None => {
-                libc::syscall(
-                    libc::SYS_execve,
-                    p.exec.path.as_ptr(),
-                    p.exec.argv_ptrs.as_ptr(),
-                    p.exec.envp_ptrs.as_ptr(),
-                );
-            }
-        }
-        fail(Stage::Exec)
+            Some(fd) => sys!(
+                libc::SYS_execveat,
+                fd,
+                c"".as_ptr(),
+                p.exec.argv_ptrs.as_ptr(),
+                p.exec.envp_ptrs.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            ),
+            None => sys!(
+                libc::SYS_execve,
+                p.exec.path.as_ptr(),
+                p.exec.argv_ptrs.as_ptr(),
+                p.exec.envp_ptrs.as_ptr(),
+            ),
+        };
+        fail(Stage::Exec, r)
     }
 }
 
@@ -733,4 +1010,85 @@ pub fn watch_pidfd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>>
     // returns it.
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(null: &OwnedFd) -> Prepared {
+        prepared_in(null, c"/")
+    }
+
+    /// `/bin/true`, started in `cwd`.
+    fn prepared_in(null: &OwnedFd, cwd: &std::ffi::CStr) -> Prepared {
+        let exec = ExecArgs::new(
+            c"/bin/true".into(),
+            vec![c"/bin/true".into()],
+            Arc::from(Vec::new()),
+            cwd.into(),
+        );
+        Prepared::new(Plan {
+            exec: Arc::new(exec),
+            credentials: None,
+            rlimits: Rlimits::new(&[]),
+            no_new_privs: true,
+            stdio: [null, null, null],
+            cgroup: None,
+            exec_fd: None,
+            capture: None,
+            clone_call: CloneCall::Newest,
+        })
+    }
+
+    fn quarantined(prepared: NonNull<Prepared>) -> bool {
+        quarantine().iter().any(|l| l.prepared == prepared)
+    }
+
+    /// A loan whose child (here: none, its word set by hand) has not left our memory is
+    /// neither freed nor handed out again when its handle goes, until the word is zero.
+    #[test]
+    fn a_loan_outlives_its_handle_until_the_kernel_clears_its_word() {
+        let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let loan = Loan {
+            stack: take_stack().unwrap(),
+            prepared: NonNull::from(Box::leak(Box::new(prepared(&null)))),
+        };
+        let (ptr, base) = (loan.prepared, loan.stack.base);
+        loan.prepared().in_our_memory.store(1, Ordering::Relaxed);
+        drop(InFlight(Some(loan)));
+        assert!(quarantined(ptr));
+        let taken: Vec<Stack> = (0..=STACKS_KEPT).map(|_| take_stack().unwrap()).collect();
+        assert!(taken.iter().all(|s| s.base != base));
+        assert!(quarantined(ptr));
+        // What the kernel does at the child's exec or exit. SAFETY: the box is alive (held
+        // by the quarantine, which only this test's loan points at).
+        unsafe { ptr.as_ref() }
+            .in_our_memory
+            .store(0, Ordering::Release);
+        taken.into_iter().for_each(give_back);
+        sweep_quarantine();
+        assert!(!quarantined(ptr));
+    }
+
+    /// A child started without the wait: its failure before exec is read from its loan,
+    /// once it has exited.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_failure_before_exec_waits_in_the_loan_for_the_exit() {
+        let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let p = prepared_in(&null, c"/nonexistent-directory-of-the-test");
+        let failed = match spawn(p, Report::AtExit) {
+            Ok((started, in_flight)) => {
+                let pid = nix::unistd::Pid::from_raw(started.pid);
+                let status = nix::sys::wait::waitpid(pid, None).unwrap();
+                assert_eq!(status, nix::sys::wait::WaitStatus::Exited(pid, 127));
+                in_flight.failure().expect("a failure")
+            }
+            // A kernel without clone3: the clone(2) fallback waited for the exit.
+            Err(failed) => failed,
+        };
+        assert_eq!(failed.stage, Stage::Chdir);
+        assert_eq!(failed.error.raw_os_error(), Some(libc::ENOENT));
+    }
 }
