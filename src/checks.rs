@@ -131,6 +131,21 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     if let Some(text) = root_probes_text(config, plan) {
         notes.push(("-".to_owned(), text));
     }
+    let switches_user = root
+        && plan.tasks.iter().any(|t| {
+            t.kind.exec_spec().is_some_and(|spec| {
+                exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as)
+                    .is_ok_and(|c| c.is_some_and(|c| !c.uid.is_root()))
+            })
+        });
+    if switches_user {
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        let dumpable = read("/proc/sys/fs/suid_dumpable");
+        let scope = read("/proc/sys/kernel/yama/ptrace_scope");
+        if let Some(text) = ptrace_window_text(dumpable.as_deref(), scope.as_deref()) {
+            notes.push(("-".to_owned(), text));
+        }
+    }
     let runs_programs = plan.tasks.iter().any(|t| t.kind.exec_spec().is_some());
     if runs_programs {
         notes.push(("-".to_owned(), crate::probe::cgroup::check_text()));
@@ -196,6 +211,25 @@ pub fn root_probes(config: &Config, plan: &Plan) -> Vec<String> {
         })
         .map(|t| t.name.clone())
         .collect()
+}
+
+/// What `check` notes where a `run_as` probe's child can be traced by its user while it
+/// still shares the agent's memory. The child switches its uid before its `execve` (the
+/// spawn's `setresuid`); the kernel then sets the memory's dumpable flag from
+/// `fs.suid_dumpable`. At 0 (the kernel's default) or 2 (systemd's) only a process with
+/// CAP_SYS_PTRACE may attach; at 1 the probe's user may, unless Yama's `ptrace_scope` (1 or
+/// more) keeps a process from attaching to anything but its own descendants. Between the
+/// switch and the exec (microseconds) such a tracer could write the root agent's memory.
+/// `suid_dumpable` and `ptrace_scope` are the two files' texts; a missing Yama is scope 0.
+pub fn ptrace_window_text(
+    suid_dumpable: Option<&str>,
+    ptrace_scope: Option<&str>,
+) -> Option<String> {
+    let dumpable = suid_dumpable?.trim();
+    let scope = ptrace_scope.map_or("0", str::trim);
+    (dumpable == "1" && scope == "0").then(|| {
+        "WARNING fs.suid_dumpable is 1 and kernel.yama.ptrace_scope is 0 (or Yama is absent): between a run_as probe's uid switch and its exec (microseconds, in every run) its user may ptrace it while it shares the root agent's memory; set fs.suid_dumpable to 0 or 2 (systemd's default), or kernel.yama.ptrace_scope to 1".to_owned()
+    })
 }
 
 /// Names listed in [`root_probes_text`] before "and N more".
@@ -490,6 +524,26 @@ mod tests {
     }
 
     #[test]
+    fn a_dumpable_uid_switch_without_yama_is_a_warning_and_nothing_else_is() {
+        for (dumpable, scope, warned) in [
+            (Some("1\n"), Some("0\n"), true),
+            (Some("1\n"), None, true),
+            (Some("1\n"), Some("1\n"), false),
+            (Some("1\n"), Some("3\n"), false),
+            (Some("0\n"), Some("0\n"), false),
+            (Some("2\n"), None, false),
+            (None, None, false),
+            (Some("garbage"), Some("0"), false),
+        ] {
+            let text = ptrace_window_text(dumpable, scope);
+            assert_eq!(text.is_some(), warned, "{dumpable:?} {scope:?}: {text:?}");
+            if let Some(t) = text {
+                assert!(t.contains("fs.suid_dumpable to 0 or 2"), "{t}");
+            }
+        }
+    }
+
+    #[test]
     fn plan_checks_give_each_problem_and_note_of_the_table() {
         let root = security::enforced();
         eprintln!(
@@ -525,6 +579,8 @@ mod tests {
             // Whether the default pids limit is enforced depends on the host: the
             // containment tests check that note.
             notes.retain(|(r, t)| !(r == "-" && t.starts_with("limits NOT ENFORCED")));
+            // So does this one (the host's sysctls): ptrace_window_text's own test checks it.
+            notes.retain(|(r, t)| !(r == "-" && t.starts_with("WARNING fs.suid_dumpable")));
             let expect = if root { &case.as_root } else { &case.as_user };
             assert_findings(case.name, "problems", &problems, expect.problems);
             assert_findings(case.name, "notes", &notes, expect.notes);
