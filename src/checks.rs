@@ -56,6 +56,8 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     let mut notes = Vec::new();
     let root = security::enforced();
     let mut unenforced = 0;
+    // A probe runs as another user than root: its child switches uid before its exec.
+    let mut switches_user = false;
     for t in &plan.tasks {
         let Some(spec) = t.kind.exec_spec() else {
             continue;
@@ -67,6 +69,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
                 continue;
             }
         };
+        switches_user |= uid.is_some_and(|u| !u.is_root());
         let plugin_dir = &config.agent.plugin_dir;
         if let Some(note) = resolve::command(plugin_dir, &spec.command)
             .ok()
@@ -131,14 +134,7 @@ pub fn plan_checks(config: &Config, plan: &Plan) -> (Findings, Findings) {
     if let Some(text) = root_probes_text(config, plan) {
         notes.push(("-".to_owned(), text));
     }
-    let switches_user = root
-        && plan.tasks.iter().any(|t| {
-            t.kind.exec_spec().is_some_and(|spec| {
-                exec::credentials_for(spec.run_as.as_deref(), &config.agent.run_as)
-                    .is_ok_and(|c| c.is_some_and(|c| !c.uid.is_root()))
-            })
-        });
-    if switches_user {
+    if root && switches_user {
         let read = |p: &str| std::fs::read_to_string(p).ok();
         let dumpable = read("/proc/sys/fs/suid_dumpable");
         let scope = read("/proc/sys/kernel/yama/ptrace_scope");

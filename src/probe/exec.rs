@@ -130,15 +130,9 @@ pub fn child_spec(
     ctx: &ProbeContext,
     env: child::Env,
 ) -> Result<(ChildSpec, Arc<str>), SpawnRefused> {
-    let creds = ctx
-        .supervisor
-        .users
-        .credentials_for(spec.run_as.as_deref(), &ctx.run_as)?;
-    let resolved = super::resolve::command(&ctx.plugin_dir, &spec.command)?;
-    log_path_fallback(task, &resolved, &spec.command, ctx);
-    let launch = Launch::new(task, spec, ctx, env, resolved, creds.as_deref());
-    let child = launch.for_run(task, spec, ctx, creds, None)?;
-    Ok((child, launch.user))
+    // An exec run's path with nothing kept: the launch is made, used once and dropped.
+    let (child, launch) = child_spec_reusing(task, spec, ctx, &env, &Mutex::new(None))?;
+    Ok((child, launch.user.clone()))
 }
 
 /// What an exec probe's runs start from, made at its first run and kept by its loop

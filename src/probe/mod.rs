@@ -317,15 +317,16 @@ pub fn readings_from_pairs(
 /// The names a task feeds, and those of its `provides:` this host drops (another host reports
 /// them): none is a name outside `provides:`.
 fn feed_names(task: &ProbeTask) -> FedNames<'_> {
-    let names = || {
-        let dropped = task.dropped.iter().map(String::as_str);
-        task.feeds.iter().map(|f| f.name.as_str()).chain(dropped)
-    };
     if task.feeds.len() + task.dropped.len() <= FEW_NAMES {
         FedNames::Few(task)
     } else {
-        FedNames::Many(names().collect())
+        FedNames::Many(names_of(task).collect())
     }
+}
+
+fn names_of(task: &ProbeTask) -> impl Iterator<Item = &str> {
+    let dropped = task.dropped.iter().map(String::as_str);
+    task.feeds.iter().map(|f| f.name.as_str()).chain(dropped)
 }
 
 /// Up to this many names are looked up by a scan (most probes feed one resource: no set to
@@ -340,9 +341,7 @@ enum FedNames<'a> {
 impl FedNames<'_> {
     fn contains(&self, name: &str) -> bool {
         match self {
-            FedNames::Few(task) => {
-                task.feeds.iter().any(|f| f.name == name) || task.dropped.iter().any(|d| d == name)
-            }
+            FedNames::Few(task) => names_of(task).any(|n| n == name),
             FedNames::Many(set) => set.contains(name),
         }
     }

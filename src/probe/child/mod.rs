@@ -82,9 +82,7 @@ impl Credentials {
             groups,
         }
     }
-}
 
-impl Credentials {
     /// The supplementary groups as setgroups(2) takes them.
     pub fn raw_groups(&self) -> Arc<[libc::gid_t]> {
         self.setgroups.clone()
@@ -448,13 +446,7 @@ fn rlimits(limits: &Limits) -> spawn::Rlimits {
             .processes
             .map(|n| (libc::RLIMIT_NPROC as libc::c_int, n)),
     ];
-    let mut given = [(0, 0); spawn::Rlimits::MAX];
-    let mut len = 0;
-    for limit in set.into_iter().flatten() {
-        given[len] = limit;
-        len += 1;
-    }
-    spawn::Rlimits::new(&given[..len])
+    spawn::Rlimits::new(set.into_iter().flatten())
 }
 
 /// The agent's read end of a pipe, non-blocking (the reader registers it with the reactor

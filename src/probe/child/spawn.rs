@@ -200,14 +200,14 @@ impl Rlimits {
 
     /// `limits`: `(RLIMIT_*, value)`, soft and hard limit alike; those past [`Self::MAX`]
     /// are dropped (callers give one of each kind).
-    pub fn new(limits: &[(c_int, u64)]) -> Self {
+    pub fn new(limits: impl IntoIterator<Item = (c_int, u64)>) -> Self {
         let none = libc::rlimit64 {
             rlim_cur: 0,
             rlim_max: 0,
         };
         let mut set = [(0, none); Self::MAX];
-        let len = limits.len().min(Self::MAX);
-        for (slot, &(resource, v)) in set.iter_mut().zip(limits) {
+        let mut len = 0;
+        for (slot, (resource, v)) in set.iter_mut().zip(limits) {
             *slot = (
                 resource,
                 libc::rlimit64 {
@@ -215,6 +215,7 @@ impl Rlimits {
                     rlim_max: v,
                 },
             );
+            len += 1;
         }
         Self { set, len }
     }
@@ -1031,7 +1032,7 @@ mod tests {
         Prepared::new(Plan {
             exec: Arc::new(exec),
             credentials: None,
-            rlimits: Rlimits::new(&[]),
+            rlimits: Rlimits::new([]),
             no_new_privs: true,
             stdio: [null, null, null],
             cgroup: None,
