@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::env::env_or;
 use support::rusage::{self, UsageWho};
 use tokio_util::sync::CancellationToken;
+use xce_agent::plan::Spread;
 use xce_agent::probe::{BuiltinSource, ProbeContext};
 use xce_agent::schedule::Scheduler;
 use xce_agent::store::Store;
@@ -90,7 +91,7 @@ async fn one_rate(
     }
     let res = xce_agent::config::resources::parse(std::path::Path::new("resources.yaml"), &yaml)
         .expect("resources parse");
-    let plan = xce_agent::plan::make_plan(&res, "node001", &Default::default());
+    let plan = xce_agent::plan::make_plan(&res, "node001", &Default::default(), Spread::Host);
     let splay: HashMap<String, u128> = plan
         .tasks
         .iter()

@@ -555,7 +555,12 @@ mod tests {
         for case in CASES {
             let dir = plugin_dir_with(case.files);
             let config = config_in(dir.path(), case.probe);
-            let plan = make_plan(&config.resources, "node001", &BTreeSet::new());
+            let plan = make_plan(
+                &config.resources,
+                "node001",
+                &BTreeSet::new(),
+                config.agent.spread,
+            );
             assert_eq!(plan.tasks.len(), 1, "{}: the probe is planned", case.name);
             let (problems, mut notes) = plan_checks(&config, &plan);
             let containment = notes.iter().position(|(r, t)| {

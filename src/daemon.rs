@@ -200,7 +200,12 @@ impl Agent {
         let shutdown = CancellationToken::new();
         let store = Arc::new(Store::new());
         let boot_id = wire::boot_id();
-        let plan = make_plan(&config.resources, &host, &BTreeSet::new());
+        let plan = make_plan(
+            &config.resources,
+            &host,
+            &BTreeSet::new(),
+            config.agent.spread,
+        );
         let (hello_tx, _) = watch::channel(Arc::new(hello(&config, &plan, &boot_id)));
         store.declare(declared(&plan));
         let ctx = probe_context(&config, &host, builtin, supervisor);
@@ -350,7 +355,12 @@ impl Agent {
     fn apply_plan(&mut self, config: Config, was: &Was) -> Changes {
         let assigned = self.assignment.take();
         self.welcomes_applied = self.link_stats.welcomes.load(Ordering::Relaxed);
-        let plan = make_plan(&config.resources, &self.host, &assigned);
+        let plan = make_plan(
+            &config.resources,
+            &self.host,
+            &assigned,
+            config.agent.spread,
+        );
         let changes = reload::diff(
             &State {
                 agent: &was.agent,
@@ -427,7 +437,7 @@ impl Agent {
         // running one untouched (a panic here must not end the daemon).
         let assigned = self.assignment.applied().clone();
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            make_plan(&config.resources, host, &assigned)
+            make_plan(&config.resources, host, &assigned, config.agent.spread)
         }))
         .map_err(|_| ReloadError::Unplannable)?;
         let (problems, _) = crate::checks::plan_checks(&config, &checked);

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
+pub use crate::config::agent::Spread;
 use crate::config::hostlist::same_host;
 use crate::config::{fnv1a, Location, ProbeKind, ProbeSpec, Resource, Resources};
 use crate::value::Valtype;
@@ -31,7 +32,9 @@ pub struct ProbeTask {
     pub kind: ProbeKind,
     pub interval: Duration,
     pub timeout: Duration,
-    /// Offset within the interval, from hash(host, name): hosts of a cluster spread out.
+    /// Offset within the interval ([`splay`]): from a hash of the host (agent.yaml's
+    /// `spread: host`, the default) or of host and name (`spread: probes`); hosts of a
+    /// cluster spread out either way.
     pub splay: Duration,
     pub stale_after: Duration,
     /// Every resource this probe's output feeds on this host, the declaring one first when
@@ -277,26 +280,58 @@ fn membership(res: &Resource, host: &str, assigned: &BTreeSet<Assignment>) -> Me
 
 /// The step of a host's run grid: every probe of a host falls due at `phase + k * RUN_GRID`
 /// (`phase` from the host's name), so the runs that fall due together start in one wake-up
-/// of the agent, and a node's jobs are interrupted once for them, not once each. Across hosts
-/// the phases differ, and each probe's `k` still spreads its host's runs over the interval.
-/// A run grid cost a busy agent one timer wake-up per run less: 1.6 context switches a run
-/// instead of 2.6 (BENCHMARKS.md section 21d).
+/// of the agent. A run grid cost a busy agent one timer wake-up per run less: 1.6 context
+/// switches a run instead of 2.6 (BENCHMARKS.md section 21d). By default ([`Spread::Host`])
+/// a host's probes also share `k`, so that they fall due together, and a node's jobs are
+/// interrupted once per interval for them all, not once per probe: 50 exec probes at 1 s
+/// cost the agent 80 µs of CPU a run in one slot against 120 µs spread over the second's 10
+/// (benches/exec_cpu.rs). Across hosts the offsets differ, so a cluster still spreads.
 pub const RUN_GRID: Duration = Duration::from_millis(100);
 
-/// Where in its interval a probe runs on this host: on the host's run grid ([`RUN_GRID`]),
-/// in a slot of the interval chosen by a hash of host and probe.
-pub fn splay(host: &str, name: &str, interval: Duration) -> Duration {
+/// The span a host's offset is drawn from ([`host_offset`]): an hour, so the offset taken
+/// modulo an interval that divides an hour (1 s, 15 s, 1 min, 5 min, 1 h) is as uniform over
+/// that interval across a cluster's hosts as the hash is.
+const HOST_OFFSET_SPAN_MS: u64 = 3_600_000;
+
+/// This host's offset, on its run grid, in `[0, 1 h)`: from a hash of the host's key, so
+/// `node001` and `NODE001.cluster` get the same one. Under [`Spread::Host`] each probe runs
+/// at this offset modulo its interval.
+pub fn host_offset(host: &str) -> Duration {
+    let key = crate::config::hostlist::host_key(host);
+    Duration::from_millis(fnv1a(&[key.as_bytes()]) % HOST_OFFSET_SPAN_MS)
+}
+
+/// Where in its interval a probe runs on this host, as agent.yaml's `spread` says: always on
+/// the host's run grid ([`RUN_GRID`]). [`Spread::Host`]: the host's offset modulo the
+/// interval, so probes at 15 s, 30 s and 1 min share their instants (each minute all three
+/// run in one wake-up) and probes of one interval share every one. [`Spread::Probes`]: in a
+/// slot of the interval chosen by a hash of host and `name`, so they spread.
+pub fn splay(spread: Spread, host: &str, name: &str, interval: Duration) -> Duration {
     let ms = u64::try_from(interval.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
+    // An interval shorter than the grid is its own grid, of one slot.
     let grid = (RUN_GRID.as_millis() as u64).min(ms);
+    let slots = ms / grid;
     let key = crate::config::hostlist::host_key(host);
-    let phase = fnv1a(&[key.as_bytes()]) % grid;
-    let slot = fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % (ms / grid);
+    let host_hash = fnv1a(&[key.as_bytes()]);
+    let phase = host_hash % grid;
+    let slot = match spread {
+        // The host offset's slot of the grid, modulo the interval's: `host_offset % interval`
+        // where the interval is a whole number of slots (every interval the config allows).
+        Spread::Host => host_hash % HOST_OFFSET_SPAN_MS / grid % slots,
+        Spread::Probes => fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % slots,
+    };
     Duration::from_millis(phase + slot * grid)
 }
 
-pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignment>) -> Plan {
+/// The plan of `host`, its probes placed in their intervals as `spread` says.
+pub fn make_plan(
+    resources: &Resources,
+    host: &str,
+    assigned: &BTreeSet<Assignment>,
+    spread: Spread,
+) -> Plan {
     let mut plan = Plan {
         host: host.to_owned(),
         tasks: Vec::new(),
@@ -373,7 +408,7 @@ pub fn make_plan(resources: &Resources, host: &str, assigned: &BTreeSet<Assignme
         }
         let dropped = dropped.into_iter().map(|(name, _)| name).collect();
         plan.tasks
-            .push(task(res, probe, interval, (feeds, dropped), host));
+            .push(task(res, probe, interval, (feeds, dropped), (host, spread)));
     }
     plan
 }
@@ -391,10 +426,11 @@ fn reported_here(
     }
 }
 
-/// What places a probe in its interval: its name, except for builtin probes, which read
-/// the shared sampler's last snapshot (no process, nothing to spread): every builtin probe of
-/// an interval shares one slot, so six load indices at 15 s wake the agent once per 15 s, not
-/// six times (BENCHMARKS.md section 23).
+/// What places a probe in its interval under `spread: probes`: its name, except for builtin
+/// probes, which read the shared sampler's last snapshot (no process, nothing to spread):
+/// every builtin probe of an interval shares one slot, so six load indices at 15 s wake the
+/// agent once per 15 s, not six times (BENCHMARKS.md section 23). (`spread: host` places
+/// every probe of an interval in one slot.)
 fn slot_key<'a>(res: &'a Resource, probe: &ProbeSpec) -> &'a str {
     match probe.kind {
         ProbeKind::Builtin { .. } => "builtin",
@@ -407,7 +443,7 @@ fn task(
     probe: &ProbeSpec,
     interval: Duration,
     (feeds, dropped): (Vec<Feed>, Vec<String>),
-    host: &str,
+    (host, spread): (&str, Spread),
 ) -> ProbeTask {
     let timeout = probe.timeout_at(interval);
     let stale_after = probe.stale_after_at(interval, timeout);
@@ -419,9 +455,105 @@ fn task(
         kind: probe.kind.clone(),
         interval,
         timeout,
-        splay: splay(host, slot_key(res, probe), interval),
+        splay: splay(spread, host, slot_key(res, probe), interval),
         stale_after,
         feeds,
         dropped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn ms(d: Duration) -> u128 {
+        d.as_millis()
+    }
+
+    /// Under `spread: host` a probe's phase is the host's offset modulo its interval: the
+    /// name does not matter, and the 60 s probe's instants are instants of the 15 s and 30 s
+    /// probes too (every minute all three run in one wake-up).
+    #[test]
+    fn a_hosts_probes_share_their_instants_where_intervals_divide() {
+        let at = |name: &str, s: u64| splay(Spread::Host, "node001", name, secs(s));
+        let offset = ms(host_offset("node001"));
+        assert!(offset < 3_600_000);
+        for s in [1, 10, 15, 30, 60, 300, 3600] {
+            let interval = u128::from(s) * 1000;
+            assert_eq!(ms(at("temp", s)), offset % interval, "{s} s");
+            assert_eq!(
+                at("temp", s),
+                at("gpu_util", s),
+                "{s} s: names do not matter"
+            );
+            assert_eq!(at("temp", s), at("builtin", s), "{s} s");
+        }
+        let (s15, s30, s60) = (ms(at("a", 15)), ms(at("b", 30)), ms(at("c", 60)));
+        assert_eq!(s60 % 15_000, s15);
+        assert_eq!(s60 % 30_000, s30);
+        assert_eq!(s30 % 15_000, s15);
+        // On the host's run grid: one sub-grid phase for all its probes.
+        let phases: BTreeSet<u128> = [1, 15, 30, 60, 3600]
+            .iter()
+            .map(|&s| ms(at("x", s)) % ms(RUN_GRID))
+            .collect();
+        assert_eq!(phases.len(), 1, "{phases:?}");
+        assert_eq!(
+            at("x", 60),
+            splay(Spread::Host, "NODE001.cluster", "y", secs(60)),
+            "the host's key, not its spelling"
+        );
+    }
+
+    /// Across a cluster the hosts still spread: 1000 hosts' 1 s probes cover the second's 10
+    /// grid slots, none with more than 3x its share; at 1 min nearly every host has an
+    /// offset of its own. (The hash is fixed, so these counts are too.)
+    #[test]
+    fn hosts_spread_over_the_interval() {
+        let hosts: Vec<String> = (1..=1000).map(|n| format!("node{n:04}")).collect();
+        let mut per_slot: BTreeMap<u128, usize> = BTreeMap::new();
+        for h in &hosts {
+            let s = splay(Spread::Host, h, "load", secs(1));
+            assert!(s < secs(1));
+            *per_slot.entry(ms(s) / ms(RUN_GRID)).or_default() += 1;
+        }
+        assert_eq!(per_slot.len(), 10, "{per_slot:?}");
+        assert!(per_slot.values().all(|&n| n <= 300), "{per_slot:?}");
+        let minute: BTreeSet<Duration> = hosts
+            .iter()
+            .map(|h| splay(Spread::Host, h, "load", secs(60)))
+            .collect();
+        assert!(minute.len() > 950, "{} distinct offsets", minute.len());
+        assert!(minute.iter().all(|d| *d < secs(60)));
+    }
+
+    /// `spread: probes` is the placement before `spread:` existed, value for value (these
+    /// are what that code gave), and an interval shorter than the grid stays within it.
+    #[test]
+    fn spread_probes_gives_the_per_probe_slots_of_before() {
+        for (host, name, interval_ms, want_ms) in [
+            ("node001", "scratch", 60_000, 10_224),
+            ("node001", "temp", 30_000, 19_024),
+            ("node002", "scratch", 60_000, 21_957),
+            ("gpu17", "builtin", 15_000, 6_097),
+            ("login1", "ipmi", 1_000, 5),
+            ("node001", "fast", 40, 4),
+        ] {
+            let got = splay(
+                Spread::Probes,
+                host,
+                name,
+                Duration::from_millis(interval_ms),
+            );
+            assert_eq!(ms(got), want_ms, "{host} {name} {interval_ms} ms");
+        }
+        let fast = Duration::from_millis(40);
+        assert!(splay(Spread::Host, "node001", "fast", fast) < fast);
     }
 }

@@ -116,6 +116,8 @@ pub enum Setting {
     PluginDir,
     RunAs,
     MaxParallel,
+    /// Where the probes fall in their intervals: the plan is made with it.
+    Spread,
     Metrics,
     StatusSocket,
     StatusGroup,
@@ -153,6 +155,7 @@ impl Setting {
             Setting::PluginDir => "plugin_dir",
             Setting::RunAs => "run_as",
             Setting::MaxParallel => "max_parallel",
+            Setting::Spread => "spread",
             Setting::Metrics => "metrics",
             Setting::StatusSocket => "status_socket",
             Setting::StatusGroup => "status_group",
@@ -181,6 +184,9 @@ impl Setting {
             | Setting::ProbePidsMax
             | Setting::TrustConfigFiles
             | Setting::TlsExpiryWarning
+            // The new plan is made with it: each probe whose splay moves restarts (its
+            // task's `Splay` changed), the others keep running.
+            | Setting::Spread
             // The next page-out is timed from the reload that read it.
             | Setting::ReleaseCodeAfter => Effect::Loaded,
             // The listeners are bound, and the stuck-read budget sized, once at start.
@@ -205,6 +211,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         plugin_dir,
         run_as,
         max_parallel,
+        spread,
         metrics,
         status_socket,
         status_group,
@@ -225,6 +232,7 @@ pub fn changed_settings<Keys: PartialEq>(old: &State<Keys>, new: &State<Keys>) -
         (was.plugin_dir != *plugin_dir, Setting::PluginDir),
         (was.run_as != *run_as, Setting::RunAs),
         (was.max_parallel != *max_parallel, Setting::MaxParallel),
+        (was.spread != *spread, Setting::Spread),
         (was.metrics != *metrics, Setting::Metrics),
         (was.status_socket != *status_socket, Setting::StatusSocket),
         (was.status_group != *status_group, Setting::StatusGroup),
@@ -409,7 +417,8 @@ mod tests {
             .iter()
             .map(|(n, i)| ((*n).to_owned(), (*i).to_owned()))
             .collect();
-        (agent, make_plan(&res, "node001", &assigned))
+        let plan = make_plan(&res, "node001", &assigned, agent.spread);
+        (agent, plan)
     }
 
     fn names(keys: &[ProbeKey]) -> Vec<String> {
@@ -507,7 +516,7 @@ mod tests {
                 new: Side {
                     resources: "resources:
   - {name: load, interval: 15s, probe: {kind: builtin, index: r1m}}
-  - {name: temp, interval: 50s, probe: {kind: exec, command: [temp.sh]}}
+  - {name: temp, interval: 40s, probe: {kind: exec, command: [temp.sh]}}
   - {name: ver, interval: 1m, probe: {kind: file, path: /etc/ver, regex: 'v(\\d+)'}}
 ",
                     ..BASE
@@ -764,6 +773,20 @@ mod tests {
                 stop: &[],
                 restart: &[],
                 settings: &[Resources, MaxInterval, TrustConfigFiles],
+            },
+            Row {
+                what: "spread: the plan is made with it, and each probe whose slot moves restarts",
+                old: BASE,
+                new: agent("host: node001\nrun_as: nobody\nspread: probes\n"),
+                keep: &[],
+                start: &[],
+                stop: &[],
+                restart: &[
+                    ("load", &[TaskField::Splay]),
+                    ("temp", &[TaskField::Splay]),
+                    ("ver", &[TaskField::Splay]),
+                ],
+                settings: &[Spread],
             },
             Row {
                 what: "the host override (refused before a diff when it resolves elsewhere)",

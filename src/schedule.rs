@@ -1,6 +1,7 @@
 //! When probes run. One timer per probe, at a deterministic offset within its interval
-//! (hash of host and name) aligned to the wall clock, so a cluster's nodes spread out and keep
-//! their slots across restarts. A probe still running at its next tick is skipped and counted,
+//! (`plan::splay`: by default the host's one offset, so a host's probes fall due together and
+//! share a wake-up; with `spread: probes`, a hash of host and name) aligned to the wall clock,
+//! so a cluster's nodes spread out and keep their slots across restarts. A probe still running at its next tick is skipped and counted,
 //! never overlapped; a global budget caps how many run at once.
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,17 @@ use crate::store::Store;
 /// After a (re)start the first runs spread over at most this long, not a whole interval:
 /// an hourly probe must not leave its value pending for an hour.
 pub const STARTUP_SPREAD: Duration = Duration::from_secs(15);
+
+/// How long after `now` a probe's first run is: at its offset within `min(interval,
+/// STARTUP_SPREAD)`, aligned to the wall clock as its later runs are. So the first runs of a
+/// host's probes whose offsets agree modulo that span (under `spread: host` all those at 15 s
+/// and its multiples, and each interval's probes among themselves) fall due at one instant and
+/// share a wake-up, and a cluster restarted at once still spreads over the span.
+pub fn first_run_after(now: SystemTime, interval: Duration, splay: Duration) -> Duration {
+    let span = interval.min(STARTUP_SPREAD);
+    let offset = Duration::from_millis((splay.as_millis() % span.as_millis().max(1)) as u64);
+    next_slot(now, span, offset)
+}
 
 /// The next wall-clock slot of a probe: the first t > now with (t - splay) % interval == 0.
 pub fn next_slot(now: SystemTime, interval: Duration, splay: Duration) -> Duration {
@@ -237,8 +249,7 @@ async fn probe_loop(
         return;
     }
     let probe_stats = stats.probe(&task.name);
-    let spread = task.interval.min(STARTUP_SPREAD);
-    let first = Duration::from_millis((task.splay.as_millis() % spread.as_millis().max(1)) as u64);
+    let first = first_run_after(SystemTime::now(), task.interval, task.splay);
     let mut next = later(first);
     let due = |after: Duration| {
         let at = SystemTime::now()
@@ -427,5 +438,26 @@ mod tests {
             next_slot(t, i, Duration::from_secs(45)),
             Duration::from_secs(5)
         );
+    }
+
+    /// After a (re)start a host's probes at 15 s, 30 s, 1 min and 1 h (`spread: host`) run
+    /// first at one instant within [`STARTUP_SPREAD`], on the wall clock as their later runs;
+    /// a 1 s probe's first run is one of its own slots.
+    #[test]
+    fn a_hosts_first_runs_fall_due_together_within_the_startup_spread() {
+        use crate::plan::{splay, Spread};
+        let now = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let first = |secs: u64| {
+            let i = Duration::from_secs(secs);
+            first_run_after(now, i, splay(Spread::Host, "node001", "x", i))
+        };
+        for secs in [30, 60, 3600] {
+            assert_eq!(first(secs), first(15), "{secs} s");
+        }
+        assert!(first(3600) <= STARTUP_SPREAD);
+        let one = Duration::from_secs(1);
+        assert!(first(1) <= one);
+        let splay_1s = splay(Spread::Host, "node001", "x", one);
+        assert_eq!(first(1), next_slot(now, one, splay_1s));
     }
 }

@@ -18,7 +18,12 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
-    let plan = make_plan(&config.resources, &host, &BTreeSet::new());
+    let plan = make_plan(
+        &config.resources,
+        &host,
+        &BTreeSet::new(),
+        config.agent.spread,
+    );
     let (mut problems, mut notes) = plan_checks(&config, &plan);
     let (file_problems, file_notes) =
         crate::probe::file::check_notes(&plan, &config.agent.run_as, config.agent.max_stuck_reads);

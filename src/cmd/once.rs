@@ -19,7 +19,12 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
-    let mut plan = make_plan(&config.resources, &host, &BTreeSet::new());
+    let mut plan = make_plan(
+        &config.resources,
+        &host,
+        &BTreeSet::new(),
+        config.agent.spread,
+    );
     if !only.is_empty() {
         if let Some(name) = only.iter().find(|name| !is_probed(&plan, name)) {
             return Ok(refuse_unprobed(&config, &plan, name));

@@ -19,7 +19,12 @@ pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
-    let plan = make_plan(&config.resources, &host, &BTreeSet::new());
+    let plan = make_plan(
+        &config.resources,
+        &host,
+        &BTreeSet::new(),
+        config.agent.spread,
+    );
     let task = plan
         .tasks
         .iter()

@@ -95,6 +95,7 @@ pub const FIELD_DOCS: &[Field] = &[
     Field::new("plugin_dir", "Where a probe's relative `command` is looked up (default /usr/libexec/xce-agent/plugins)."),
     Field::new("run_as", "The user probes run as when the agent is root (default nobody); a probe's own `run_as` wins."),
     Field::new("max_parallel", "How many probes may run at once (default 8).").bounded(Bound::Count(MAX_PARALLEL)),
+    Field::new("spread", "Where a host's probes fall in their intervals: `host` (the default), all at one offset of the host's, so probes whose intervals divide one another's run together, in one wake-up, and a node is interrupted once per interval for all its probes (runs beyond max_parallel wait their turn); `probes`, each probe at an offset of its own, so heavy probes (ipmitool, nvidia-smi) do not run at once."),
     Field::new("metrics", "ADDR:PORT to serve Prometheus metrics on (`/metrics`); off when absent."),
     Field::new("status_socket", "The unix socket `xce-agent status` reads (default /run/xce-agent/status.sock as root, $XDG_RUNTIME_DIR/xce-agent/status.sock as another user, $RUNTIME_DIRECTORY/status.sock under systemd)."),
     Field::new("status_group", "A group whose members may read the status socket (else root only)."),
@@ -145,6 +146,7 @@ struct RawAgent {
     plugin_dir: Option<Spanned<String>>,
     run_as: Option<Spanned<String>>,
     max_parallel: Option<Spanned<i64>>,
+    spread: Option<Spanned<String>>,
     metrics: Option<Spanned<String>>,
     status_socket: Option<Spanned<String>>,
     status_group: Option<Spanned<String>>,
@@ -194,6 +196,8 @@ pub struct AgentConfig {
     pub plugin_dir: PathBuf,
     pub run_as: String,
     pub max_parallel: usize,
+    /// `spread`: how this host's probes are placed in their intervals (`plan::splay`).
+    pub spread: Spread,
     /// Prometheus endpoint, e.g. `127.0.0.1:9477`.
     pub metrics: Option<String>,
     /// The `xce-agent status` socket; `None` = [`DEFAULT_STATUS_SOCKET`] (not written).
@@ -310,6 +314,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         MAX_PARALLEL,
     )
     .unwrap_or(DEFAULT_MAX_PARALLEL);
+    let spread = spread(&mut errs, raw.spread.as_ref());
     let (max_stuck_reads, max_interval) = stuck_and_interval(&mut errs, &raw);
     let probe_pids_max = probe_pids_max(&mut errs, raw.probe_pids_max.as_ref());
     let coalesce = coalesce(&mut errs, raw.coalesce.as_ref());
@@ -396,6 +401,7 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
             .run_as
             .map_or_else(|| DEFAULT_RUN_AS.to_owned(), |u| u.value),
         max_parallel,
+        spread,
         metrics: raw.metrics.map(|m| m.value),
         status_socket: raw.status_socket.map(|p| resolve(&p.value)),
         status_group: raw.status_group.map(|g| g.value),
@@ -416,6 +422,44 @@ pub fn parse(path: &Path, text: &str) -> Result<AgentConfig, ConfigErrors> {
         coalesce,
         release_code_after,
     })
+}
+
+/// `spread`: where a host's probes fall in their intervals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Spread {
+    /// Every probe at the host's one offset (taken modulo its interval): the probes whose
+    /// intervals divide one another's fall due at the same instants and share a wake-up.
+    #[default]
+    Host,
+    /// Each probe at an offset of its own, a slot of the host's run grid chosen by its name.
+    Probes,
+}
+
+impl Spread {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Spread::Host => "host",
+            Spread::Probes => "probes",
+        }
+    }
+}
+
+/// `spread`: `host` or `probes`; absent or refused, the default.
+fn spread(errs: &mut Errors, raw: Option<&Spanned<String>>) -> Spread {
+    let Some(s) = raw else {
+        return Spread::default();
+    };
+    match s.value.as_str() {
+        "host" => Spread::Host,
+        "probes" => Spread::Probes,
+        other => {
+            errs.at(
+                Pos::of(s),
+                format!("spread must be `host` (the default) or `probes`, got {other:?}"),
+            );
+            Spread::default()
+        }
+    }
 }
 
 /// Default of `tls.expiry_warning`.
@@ -596,7 +640,9 @@ pub fn normalize_controller(s: &str) -> Result<String, BadController> {
 
 #[cfg(test)]
 mod tests {
-    use super::normalize_controller;
+    use std::path::Path;
+
+    use super::{normalize_controller, parse, Spread};
     use super::{parsed_fields, FIELD_DOCS, TLS_FIELD_DOCS};
     use crate::config::names::names_of;
 
@@ -605,6 +651,28 @@ mod tests {
         let (agent, tls) = parsed_fields();
         assert_eq!(names_of(FIELD_DOCS), agent);
         assert_eq!(names_of(TLS_FIELD_DOCS), tls);
+    }
+
+    /// `spread`: `host` unless written, `probes` when asked; any other value is refused at
+    /// its line and column, with the two it may be.
+    #[test]
+    fn spread_is_host_or_probes_and_anything_else_is_refused_where_written() {
+        let spread = |text: &str| parse(Path::new("agent.yaml"), text).map(|a| a.spread);
+        assert_eq!(spread("").unwrap(), Spread::Host);
+        assert_eq!(spread("spread: host\n").unwrap(), Spread::Host);
+        assert_eq!(spread("spread: probes\n").unwrap(), Spread::Probes);
+        for (text, says) in [
+            (
+                "max_parallel: 4\nspread: probe\n",
+                "agent.yaml:2:9: spread must be `host` (the default) or `probes`, got \"probe\"",
+            ),
+            ("spread: Host\n", "agent.yaml:1:9: spread must be"),
+            ("spread: ''\n", "agent.yaml:1:9: spread must be"),
+            ("spread: [host]\n", "agent.yaml:1:"),
+        ] {
+            let e = spread(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
     }
 
     #[test]

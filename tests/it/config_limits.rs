@@ -190,7 +190,12 @@ fn parse_to_plan(agent_yaml: &str, resources_yaml: &str) {
     let Ok(config): Result<Config, _> = config::load(&site.agent_yaml(), None) else {
         return;
     };
-    let plan = make_plan(&config.resources, "node001", &Default::default());
+    let plan = make_plan(
+        &config.resources,
+        "node001",
+        &Default::default(),
+        config.agent.spread,
+    );
     let store = xce_agent::store::Store::new();
     store.declare(xce_agent::daemon::declared(&plan));
     let _ = xce_agent::daemon::hello(&config, &plan, "boot");

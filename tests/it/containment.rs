@@ -858,7 +858,12 @@ fn write_no_probes(s: &Setup) {
 
 fn plan_of(s: &Setup) -> xce_agent::plan::Plan {
     let config = xce_agent::config::load(&s.agent_yaml(), None).unwrap();
-    xce_agent::plan::make_plan(&config.resources, "node001", &Default::default())
+    xce_agent::plan::make_plan(
+        &config.resources,
+        "node001",
+        &Default::default(),
+        config.agent.spread,
+    )
 }
 
 struct Reloading {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use xce_agent::config::resources;
-use xce_agent::plan::{make_plan, splay, Assignment, Plan, SkipReason};
+use xce_agent::plan::{make_plan, splay, Assignment, Plan, SkipReason, Spread};
 
 const RESOURCES: &str = r#"
 resources:
@@ -57,7 +57,7 @@ fn plan_of(yaml: &str, host: &str, assigned: &[(&str, &str)]) -> Plan {
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
-    make_plan(&r, host, &assigned)
+    make_plan(&r, host, &assigned, Spread::Host)
 }
 
 fn task<'a>(p: &'a Plan, name: &str) -> Option<&'a xce_agent::plan::ProbeTask> {
@@ -283,59 +283,71 @@ fn defaults_for_timeout_and_staleness() {
 #[test]
 fn splay_is_deterministic_within_the_interval_and_spreads_hosts() {
     let i = Duration::from_secs(60);
-    assert_eq!(
-        splay("node001", "scratch", i),
-        splay("NODE001.cluster", "scratch", i)
-    );
-    let offsets: BTreeSet<Duration> = (1..=100)
-        .map(|n| splay(&format!("node{n:03}"), "scratch", i))
-        .collect();
-    assert!(offsets.iter().all(|d| *d < i));
-    // 100 hosts over 60 000 possible offsets: nearly all distinct, none piled on one second.
-    assert!(offsets.len() > 90, "{} distinct offsets", offsets.len());
-    let seconds: BTreeSet<u64> = offsets.iter().map(|d| d.as_secs()).collect();
-    assert!(seconds.len() > 40, "{} distinct seconds", seconds.len());
+    for spread in [Spread::Host, Spread::Probes] {
+        assert_eq!(
+            splay(spread, "node001", "scratch", i),
+            splay(spread, "NODE001.cluster", "scratch", i)
+        );
+        let offsets: BTreeSet<Duration> = (1..=100)
+            .map(|n| splay(spread, &format!("node{n:03}"), "scratch", i))
+            .collect();
+        assert!(offsets.iter().all(|d| *d < i));
+        // 100 hosts over 60 000 possible offsets: nearly all distinct, none piled on one second.
+        assert!(offsets.len() > 90, "{} distinct offsets", offsets.len());
+        let seconds: BTreeSet<u64> = offsets.iter().map(|d| d.as_secs()).collect();
+        assert!(seconds.len() > 40, "{} distinct seconds", seconds.len());
+    }
 }
 
-/// One host's probes fall due on its run grid (one phase, 100 ms apart), spread over the
-/// interval's slots; another host's grid has another phase.
+/// One host's probes fall due on its run grid (one phase, 100 ms apart): with `spread:
+/// probes` spread over the interval's slots, with `spread: host` (the default) all in one;
+/// another host's grid has another phase.
 #[test]
-fn a_hosts_probes_share_its_run_grid_and_spread_over_the_interval() {
+fn a_hosts_probes_share_its_run_grid_and_spread_over_the_interval_only_if_asked() {
     let i = Duration::from_secs(10);
     let grid = xce_agent::plan::RUN_GRID;
-    let of = |host: &str| -> Vec<Duration> {
+    let of = |spread: Spread, host: &str| -> Vec<Duration> {
         (0..200)
-            .map(|n| splay(host, &format!("r{n:03}"), i))
+            .map(|n| splay(spread, host, &format!("r{n:03}"), i))
             .collect()
     };
     let phase = |d: &Duration| d.as_millis() % grid.as_millis();
-    let mine = of("node001");
+    let slots = |splays: &[Duration]| -> BTreeSet<u128> {
+        splays
+            .iter()
+            .map(|d| d.as_millis() / grid.as_millis())
+            .collect()
+    };
+    let mine = of(Spread::Probes, "node001");
     assert!(mine.iter().all(|d| *d < i));
     let phases: BTreeSet<u128> = mine.iter().map(phase).collect();
     assert_eq!(phases.len(), 1, "one phase per host: {phases:?}");
     // 200 probes over the 100 slots of a 10 s interval: most slots taken.
-    let slots: BTreeSet<u128> = mine
-        .iter()
-        .map(|d| d.as_millis() / grid.as_millis())
-        .collect();
-    assert!(slots.len() > 70, "{} slots used", slots.len());
-    let hosts: BTreeSet<u128> = (1..=50)
-        .map(|n| phase(&splay(&format!("node{n:03}"), "r000", i)))
-        .collect();
-    assert!(
-        hosts.len() > 30,
-        "{} distinct phases for 50 hosts",
-        hosts.len()
-    );
-    // An interval shorter than the grid: still within it.
-    assert!(splay("node001", "fast", Duration::from_millis(40)) < Duration::from_millis(40));
+    assert!(slots(&mine).len() > 70, "{} slots used", slots(&mine).len());
+    let together = of(Spread::Host, "node001");
+    assert_eq!(slots(&together).len(), 1, "spread: host: one slot");
+    assert_eq!(phase(&together[0]), phase(&mine[0]), "the same run grid");
+    for spread in [Spread::Host, Spread::Probes] {
+        let hosts: BTreeSet<u128> = (1..=50)
+            .map(|n| phase(&splay(spread, &format!("node{n:03}"), "r000", i)))
+            .collect();
+        assert!(
+            hosts.len() > 30,
+            "{} distinct phases for 50 hosts",
+            hosts.len()
+        );
+        // An interval shorter than the grid: still within it.
+        let fast = Duration::from_millis(40);
+        assert!(splay(spread, "node001", "fast", fast) < fast);
+    }
 }
 
-/// Builtin probes read the sampler's snapshot: nothing to spread, so every builtin probe of
-/// an interval shares one slot of the host's run grid (one wake-up, issue 40); exec probes
-/// of the same interval still spread.
+/// Builtin probes read the sampler's snapshot: nothing to spread, so even with `spread:
+/// probes` every builtin probe of an interval shares one slot of the host's run grid (one
+/// wake-up, issue 40); exec probes of the same interval spread. With `spread: host` (the
+/// default) all twelve share one.
 #[test]
-fn builtin_probes_of_one_interval_share_a_slot_and_exec_probes_spread() {
+fn builtin_probes_of_one_interval_share_a_slot_and_exec_probes_spread_if_asked() {
     let mut text = String::from("resources:\n");
     for name in ["r1m", "r15m", "ut", "mem", "swp", "tmp"] {
         text.push_str(&format!(
@@ -348,14 +360,19 @@ fn builtin_probes_of_one_interval_share_a_slot_and_exec_probes_spread() {
         ));
     }
     let r = resources::parse(Path::new("resources.yaml"), &text).unwrap();
-    let plan = make_plan(&r, "node001", &BTreeSet::new());
-    let splays = |prefix: bool| {
-        plan.tasks
+    let splays = |spread: Spread, exec: bool| {
+        make_plan(&r, "node001", &BTreeSet::new(), spread)
+            .tasks
             .iter()
-            .filter(|t| t.name.starts_with('e') == prefix)
+            .filter(|t| t.name.starts_with('e') == exec)
             .map(|t| t.splay)
             .collect::<BTreeSet<_>>()
     };
-    assert_eq!(splays(false).len(), 1, "builtins: {:?}", splays(false));
-    assert!(splays(true).len() > 1, "exec probes: {:?}", splays(true));
+    let builtins = splays(Spread::Probes, false);
+    assert_eq!(builtins.len(), 1, "builtins: {builtins:?}");
+    let execs = splays(Spread::Probes, true);
+    assert!(execs.len() > 1, "exec probes: {execs:?}");
+    let together = splays(Spread::Host, true);
+    assert_eq!(together.len(), 1, "spread: host: {together:?}");
+    assert_eq!(splays(Spread::Host, false), together);
 }

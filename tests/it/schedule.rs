@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::support::{script, Setup};
 use tokio_util::sync::CancellationToken;
 use xce_agent::config::resources;
-use xce_agent::plan::make_plan;
+use xce_agent::plan::{make_plan, Spread};
 use xce_agent::schedule::Scheduler;
 use xce_agent::store::Store;
 use xce_agent::value::{Status, Value};
@@ -64,7 +64,7 @@ fn blocking_setup(probes: &[&str]) -> (Setup, std::path::PathBuf, std::path::Pat
 fn start(s: &Setup, max_parallel: usize) -> (Scheduler, Arc<Store>) {
     let text = std::fs::read_to_string(s.path().join("resources.yaml")).unwrap();
     let r = resources::parse(&s.path().join("resources.yaml"), &text).unwrap();
-    let plan = make_plan(&r, "node001", &Default::default());
+    let plan = make_plan(&r, "node001", &Default::default(), Spread::Host);
     let store = Arc::new(Store::new());
     store.declare(xce_agent::daemon::declared(&plan));
     let (_, ctx) = common::task_from_yaml(&text, &plan.tasks[0].name, s.path());
@@ -134,7 +134,7 @@ async fn a_first_sample_that_is_pending_is_no_error() {
     }
     let yaml = "resources:\n  - {name: ut, interval: 15s, probe: {kind: builtin}}\n";
     let r = resources::parse(std::path::Path::new("r.yaml"), yaml).unwrap();
-    let plan = make_plan(&r, "node001", &Default::default());
+    let plan = make_plan(&r, "node001", &Default::default(), Spread::Host);
     let (_, mut ctx) = common::task_from_yaml(yaml, "ut", std::path::Path::new("/"));
     ctx.builtin = Arc::new(FirstSample);
     let store = Store::new();
@@ -198,7 +198,7 @@ async fn a_run_that_panics_is_run_again_at_the_next_tick() {
     }
     let yaml = "resources:\n  - {name: ut, interval: 1s, probe: {kind: builtin}}\n";
     let r = resources::parse(std::path::Path::new("r.yaml"), yaml).unwrap();
-    let plan = make_plan(&r, "node001", &Default::default());
+    let plan = make_plan(&r, "node001", &Default::default(), Spread::Host);
     let (_, mut ctx) = common::task_from_yaml(yaml, "ut", std::path::Path::new("/"));
     ctx.builtin = Arc::new(PanicsOnce(AtomicBool::new(false)));
     let store = Arc::new(Store::new());

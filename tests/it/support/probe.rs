@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use xce_agent::plan::{make_plan, ProbeTask};
+use xce_agent::plan::{make_plan, ProbeTask, Spread};
 use xce_agent::probe::file_reader::FileReads;
 use xce_agent::probe::supervisor::Supervisor;
 use xce_agent::probe::{BuiltinSource, ProbeContext};
@@ -41,7 +41,7 @@ pub fn task_from_yaml(
 ) -> (ProbeTask, ProbeContext) {
     let r = xce_agent::config::resources::parse(Path::new("resources.yaml"), resources_yaml)
         .expect("resources.yaml valid");
-    let plan = make_plan(&r, "node001", &Default::default());
+    let plan = make_plan(&r, "node001", &Default::default(), Spread::Host);
     let task = plan
         .tasks
         .into_iter()
@@ -55,7 +55,12 @@ pub fn task_from_yaml(
 pub fn load_task(site: &Site, name: &str) -> (ProbeTask, ProbeContext) {
     let config = xce_agent::config::load(&site.agent_yaml(), None)
         .unwrap_or_else(|e| panic!("config invalid: {e}"));
-    let plan = make_plan(&config.resources, "node001", &Default::default());
+    let plan = make_plan(
+        &config.resources,
+        "node001",
+        &Default::default(),
+        config.agent.spread,
+    );
     let task = plan
         .tasks
         .iter()
