@@ -23,8 +23,10 @@
 //!
 //! No controller link: the figure is the cost of a run, not of sending its value.
 //!
-//! Run (as root): `cargo bench --bench exec_cpu` (env PROBES=50 SECS=60 IDLE_SECS=60; the
-//! measured binary is this build's `xce-agent`, or `XCE_AGENT_BIN`).
+//! Run (as root): `cargo bench --bench exec_cpu` (env PROBES=50 SECS=60 IDLE_SECS=60, and
+//! SPREAD=probes for agent.yaml's `spread: probes`, the probes spread over the second's grid
+//! slots instead of all in one; the measured binary is this build's `xce-agent`, or
+//! `XCE_AGENT_BIN`).
 
 mod support {
     pub mod daemon;
@@ -43,19 +45,7 @@ use support::proc_stats::{proc_cpu, proc_rss_kib};
 
 fn resources(probes: usize, interval: &str, script: &Path) -> String {
     let mut y = String::from("resources:\n");
-    // ONE_SLOT=1: names whose hash (`plan::splay`, host node001, interval 1 s) puts every
-    // probe in the same grid slot, so a slot's runs share the daemon's wake-ups.
-    let one_slot = std::env::var_os("ONE_SLOT").is_some();
-    let fnv = |s: &[u8]| {
-        s.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        })
-    };
-    let names: Vec<String> = (0..)
-        .map(|i| format!("r{i:03}"))
-        .filter(|n| !one_slot || fnv(format!("node001\0{n}").as_bytes()) % 10 == 0)
-        .take(probes)
-        .collect();
+    let names = (0..probes).map(|i| format!("r{i:03}"));
     for name in names {
         y.push_str(&format!(
             "  - name: {name}\n    valtype: numeric\n    interval: {interval}\n    \
@@ -207,7 +197,15 @@ fn main() {
          script `#!/bin/sh\\necho 1`, window {secs} s",
         agent_bin()
     );
-    let daemon = Daemon::start(dir.path(), &resources(probes, "1s", &script), "");
+    // SPREAD=probes: each probe at a slot of its own (agent.yaml's `spread: probes`), spread
+    // over the second's 10 grid slots; by default (`spread: host`) all run in one.
+    let spread: String = env_or("SPREAD", "host".to_owned());
+    println!("agent.yaml: spread: {spread}");
+    let daemon = Daemon::start(
+        dir.path(),
+        &resources(probes, "1s", &script),
+        &format!("spread: {spread}\n"),
+    );
     // Past the startup spread, every probe on its slot.
     std::thread::sleep(Duration::from_secs(3));
     let floor_runs = rate * secs;
