@@ -100,6 +100,8 @@ async fn a_probe_still_running_is_skipped_not_overlapped() {
     sched.stop().await;
 }
 
+/// The three probes (1 s, `spread: host`) fall due at the same instants: a burst, of which
+/// `max_parallel` run and the rest wait their turn.
 #[tokio::test(start_paused = true)]
 async fn max_parallel_bounds_running_probes() {
     let (s, fifo, runs) = blocking_setup(&["a", "b", "c"]);
