@@ -1,8 +1,9 @@
 //! When probes run. One timer per probe, at a deterministic offset within its interval
 //! (`plan::splay`: by default the host's one offset, so a host's probes fall due together and
 //! share a wake-up; with `spread: probes`, a hash of host and name) aligned to the wall clock,
-//! so a cluster's nodes spread out and keep their slots across restarts. A probe still running at its next tick is skipped and counted,
-//! never overlapped; a global budget caps how many run at once.
+//! so a cluster's nodes spread out and keep their slots across restarts. A probe still
+//! running at its next tick is skipped and counted, never overlapped; a global budget caps
+//! how many run at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
