@@ -31,31 +31,15 @@ pub struct Watch<'a> {
     /// Written to stdin before SIGTERM, and the child given the grace to exit by itself
     /// (a Grid Engine load sensor's `quit`).
     pub goodbye: Option<&'a [u8]>,
-    /// First wait this long, then look whether the child has exited: a short run's output
-    /// is then whole in its pipes, read without registering them or the child's pidfd with
-    /// the reactor (an exec run; it ends no sooner than this, even where it exited before).
+    /// First wait this long for the exit alone: a short run's output is then whole in its
+    /// pipes, read without registering them with the reactor (an exec run).
     pub quick_exit: Option<Duration>,
 }
 
-/// How long an exec run waits before it looks for its exit and watches its pipes: most
+/// How long an exec run's exit is waited for before its pipes are watched too: most
 /// scripts that print a line are done within it; one that writes more than a pipe holds
-/// waits at most this long (and up to [`LOOK_GRID`] more) for its first read. A run takes at
-/// least this long.
+/// waits at most this long for its first read.
 pub const QUICK_EXIT: Duration = Duration::from_millis(10);
-
-/// The quick-exit looks of all runs fall on this grid: runs started within a few ms of
-/// each other (a slot's, cloned back to back) share one timer wake-up, not one each.
-const LOOK_GRID: Duration = Duration::from_millis(10);
-
-/// The first instant on [`LOOK_GRID`] (process-wide) at or after `t`.
-fn on_the_grid(t: Instant) -> Instant {
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    let grid = LOOK_GRID.as_nanos();
-    let since = t.saturating_duration_since(origin).as_nanos();
-    let steps = since.div_ceil(grid);
-    origin + Duration::from_nanos(u64::try_from(steps * grid).unwrap_or(u64::MAX))
-}
 
 impl Watch<'_> {
     /// An exec run: read to the end or to `deadline`, ending at the stdout cap.
@@ -173,13 +157,13 @@ pub async fn drive(
     let mut drain_until: Option<Instant> = None;
     let mut exited_before_end = false;
     if let Some(quick) = watch.quick_exit {
-        // A timer, not the exit: the runs that started together (a slot of the run grid)
-        // end together, on one wake-up of the agent's, and a child that has exited by then
-        // (most) is never registered with the reactor.
-        sleep_until(on_the_grid(Instant::now() + quick).min(deadline)).await;
-        if child.exited_by_now() {
-            exited_before_end = true;
-            drain_until = after_exit(child, watch);
+        let until = (Instant::now() + quick).min(deadline);
+        tokio::select! {
+            _ = child.wait() => {
+                exited_before_end = true;
+                drain_until = after_exit(child, watch);
+            }
+            _ = sleep_until(until) => {}
         }
     }
     let ended = loop {

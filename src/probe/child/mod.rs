@@ -373,19 +373,9 @@ fn signal_run(pid: Pid, sig: Signal) {
 /// How the exit of a child is noticed: its pidfd turns readable, or (kernels before 5.3)
 /// SIGCHLD arrives.
 enum ExitWatch {
-    /// Not registered with the reactor yet: an exec run first looks whether its child has
-    /// exited by the end of its quick-exit wait ([`Child::exited_by_now`]), and most have;
-    /// registered by the first [`Child::wait`] (two `epoll_ctl` a run saved).
-    Pidfd(OwnedFd),
-    Registered(AsyncFd<OwnedFd>),
-    /// The registration failed (the reactor's epoll is full): the exit is looked for every
-    /// [`POLL_EXIT`].
-    Polled,
+    Pidfd(AsyncFd<OwnedFd>),
     Sigchld(tokio::signal::unix::Signal),
 }
-
-/// How often the exit of a child whose pidfd the reactor could not take is looked for.
-const POLL_EXIT: Duration = Duration::from_millis(10);
 
 /// A started child. Its zombie is reaped only when the run ends: until then its pid and
 /// process group cannot be reused, so signalling the group can never hit a stranger.
@@ -583,7 +573,7 @@ impl Child {
         });
         let pid = Pid::from_raw(started.pid);
         let watch = match started.pidfd {
-            Some(fd) => Ok(ExitWatch::Pidfd(fd)),
+            Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
             None => watch_sigchld().map(ExitWatch::Sigchld),
         };
         let reader = Reader::new(out_read, err_read, spec.stdout_cap, spec.stderr_tail);
@@ -643,18 +633,7 @@ impl Child {
                 ..
             } = self;
             match watch {
-                ExitWatch::Pidfd(_) => {
-                    let ExitWatch::Pidfd(fd) = std::mem::replace(watch, ExitWatch::Polled) else {
-                        unreachable!()
-                    };
-                    match spawn::watch_pidfd(fd) {
-                        Ok(registered) => *watch = ExitWatch::Registered(registered),
-                        Err(e) => tracing::warn!(
-                            "cannot watch the exit of pid {pgid} ({e}): looking every {POLL_EXIT:?}"
-                        ),
-                    }
-                }
-                ExitWatch::Registered(fd) => match fd.readable().await {
+                ExitWatch::Pidfd(fd) => match fd.readable().await {
                     Ok(mut ready) => {
                         if let Some(e) = peek_exit(*pgid, reaped, exit) {
                             return e;
@@ -665,15 +644,9 @@ impl Child {
                         if let Some(e) = peek_exit(*pgid, reaped, exit) {
                             return e;
                         }
-                        tokio::time::sleep(POLL_EXIT).await;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 },
-                ExitWatch::Polled => {
-                    if let Some(e) = peek_exit(*pgid, reaped, exit) {
-                        return e;
-                    }
-                    tokio::time::sleep(POLL_EXIT).await;
-                }
                 ExitWatch::Sigchld(s) => {
                     if let Some(e) = peek_exit(*pgid, reaped, exit) {
                         return e;
@@ -682,12 +655,6 @@ impl Child {
                 }
             }
         }
-    }
-
-    /// Whether the child has exited, looked at now, without waiting (and without
-    /// registering its pidfd with the reactor).
-    pub fn exited_by_now(&mut self) -> bool {
-        self.exit.is_some() || peek_exit(self.pgid, &mut self.reaped, &mut self.exit).is_some()
     }
 
     /// Send one `stdin: signal` tick; [`Tick::Closed`] where the child has no stdin pipe.
