@@ -15,6 +15,15 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((above_stdio(r)?, above_stdio(w)?))
 }
 
+/// [`pipe`], both ends non-blocking from the start: for a child's output, which the agent
+/// reads without blocking; the child makes its end blocking again before its exec
+/// ([`super::child::spawn::Plan::unblock`]). One `pipe2` instead of a `pipe2` and an
+/// `fcntl` in the agent for every run.
+pub fn pipe_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+    Ok((above_stdio(r)?, above_stdio(w)?))
+}
+
 /// The same open file on a descriptor >= 3, close-on-exec.
 pub fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() > 2 {

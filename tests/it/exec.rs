@@ -285,6 +285,27 @@ async fn stdout_pty_gives_an_exec_probe_a_terminal_and_plain_newlines() {
     assert_eq!(r.outcome, Outcome::Failed);
 }
 
+/// A probe's stdout, stderr and capture descriptor block as any pipe's do (the agent's ends
+/// are non-blocking from their `pipe2`; the child makes its ends blocking before its exec):
+/// a program that writes more than a pipe holds waits for room rather than failing with
+/// EAGAIN. The flags are read from the shell's own fdinfo, by the shell (a command would
+/// have its output on a pipe of its own).
+#[tokio::test]
+async fn a_probes_output_pipes_are_blocking() {
+    let body = |fds: &str| {
+        format!(
+            "#!/bin/sh\nbad=\nfor fd in {fds}; do\n  while read -r key value; do\n    \
+             if [ \"$key\" = flags: ] && [ $(( $value & 04000 )) -ne 0 ]; then bad=\"$bad $fd\"; fi\n  \
+             done < /proc/$$/fdinfo/$fd\ndone\n[ -z \"$bad\" ] || {{ echo \"non-blocking:$bad\" >&2; exit 3; }}\necho 1\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), &body("1 2"), "").await;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
+    let r = run(dir.path(), &body("1 2 7"), ", capture: [gmetric]").await;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
+}
+
 /// A failed run's reading is the run's typed failure, shared: the exit status and what the
 /// script said are data, and the text is the one shown.
 #[tokio::test]

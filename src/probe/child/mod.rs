@@ -449,8 +449,8 @@ fn rlimits(limits: &Limits) -> spawn::Rlimits {
     spawn::Rlimits::new(set.into_iter().flatten())
 }
 
-/// The agent's read end of a pipe, non-blocking (the reader registers it with the reactor
-/// only when a read would wait).
+/// The agent's end of a pty, non-blocking (the reader registers it with the reactor only
+/// when a read would wait; its pipes are made non-blocking by `pipe2`).
 fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     fcntl(&fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
@@ -489,12 +489,17 @@ impl Child {
             Some(made) => made.clone(),
             None => Arc::new(spec.exec_args().map_err(io_fail)?),
         };
+        // The agent's ends of the output pipes are non-blocking (it reads them, registering
+        // them with the reactor only when a read would wait); the child's are made blocking
+        // again in the child. The pty's master is made non-blocking here.
         let (out_read, out_write) = match spec.stdout {
-            StdoutMode::Pipe => fd::pipe(),
-            StdoutMode::Pty => pty::open(),
+            StdoutMode::Pipe => fd::pipe_nonblocking(),
+            StdoutMode::Pty => {
+                pty::open().and_then(|(master, slave)| Ok((nonblocking(master)?, slave)))
+            }
         }
         .map_err(io_fail)?;
-        let (err_read, err_write) = fd::pipe().map_err(io_fail)?;
+        let (err_read, err_write) = fd::pipe_nonblocking().map_err(io_fail)?;
         let stdin = if spec.stdin_pipe {
             let (read, write) = fd::pipe().map_err(io_fail)?;
             Some((read, TickWriter::new(write).map_err(io_fail)?))
@@ -523,7 +528,7 @@ impl Child {
             _ => None,
         };
         let capture = match spec.capture {
-            true => Some(fd::pipe().map_err(io_fail)?),
+            true => Some(fd::pipe_nonblocking().map_err(io_fail)?),
             false => None,
         };
         let exec_fd = checked.map(|c| moved_up.as_ref().unwrap_or(&c.fd));
@@ -541,6 +546,7 @@ impl Child {
             rlimits: rlimits(&spec.limits),
             no_new_privs: spec.no_new_privs,
             stdio: [child_stdin, &out_write, &err_write],
+            unblock: [false, spec.stdout == StdoutMode::Pipe, true],
             cgroup: cgroup.as_ref().and_then(RunCgroup::spawn_dir),
             exec_fd,
             capture: capture.as_ref().map(|(_, write)| write),
@@ -570,16 +576,9 @@ impl Child {
             Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
             None => watch_sigchld().map(ExitWatch::Sigchld),
         };
-        let reader = nonblocking(out_read).and_then(|out| {
-            let err = nonblocking(err_read)?;
-            Ok(Reader::new(out, err, spec.stdout_cap, spec.stderr_tail))
-        });
-        let (reader, capture) = match capture.map(nonblocking).transpose() {
-            Ok(capture) => (reader, capture),
-            Err(e) => (Err(e), None),
-        };
-        match (watch, reader) {
-            (Ok(watch), Ok(reader)) => Ok((
+        let reader = Reader::new(out_read, err_read, spec.stdout_cap, spec.stderr_tail);
+        match watch {
+            Ok(watch) => Ok((
                 Child {
                     pid: started.pid as u32,
                     pgid: pid,
@@ -595,7 +594,7 @@ impl Child {
                 },
                 reader,
             )),
-            (Err(e), _) | (_, Err(e)) => {
+            Err(e) => {
                 // Cannot supervise it: it must not run unsupervised.
                 signal_run(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);

@@ -239,6 +239,8 @@ pub struct Prepared {
     no_new_privs: bool,
     /// Descriptors that become 0, 1, 2 (all >= 3, all close-on-exec in the parent).
     stdio: [RawFd; 3],
+    /// See [`Plan::unblock`].
+    unblock: [bool; 3],
     /// The run's cgroup directory (for clone3's CLONE_INTO_CGROUP).
     cgroup: Option<RawFd>,
     /// For the clone(2) fallback only: the cgroup's `cgroup.procs`, opened through its
@@ -267,14 +269,19 @@ pub struct Plan<'a> {
     pub rlimits: Rlimits,
     pub no_new_privs: bool,
     pub stdio: [&'a OwnedFd; 3],
+    /// Which of `stdio` are the write ends of pipes made non-blocking for the agent's read
+    /// ends ([`crate::probe::fd::pipe_nonblocking`]): the child makes its 0, 1 or 2 blocking
+    /// again before its exec, so that a probe writes as it would to any pipe. The capture
+    /// pipe is always such a pipe.
+    pub unblock: [bool; 3],
     /// The run's cgroup directory, open (`O_PATH` will do).
     pub cgroup: Option<&'a OwnedFd>,
     /// The program the script rule checked, open (>= 3, close-on-exec): executed with
     /// `execveat(fd, "", AT_EMPTY_PATH)` instead of `path`. Binaries only, see
     /// [`super::super::security::CheckedProgram::script`].
     pub exec_fd: Option<&'a OwnedFd>,
-    /// The write end of a capture pipe (close-on-exec): the child gets it as [`CAPTURE_FD`].
-    /// `exec_fd` must not be [`CAPTURE_FD`] then.
+    /// The write end of a capture pipe (close-on-exec, non-blocking: see `unblock`): the
+    /// child gets it as [`CAPTURE_FD`], blocking. `exec_fd` must not be [`CAPTURE_FD`] then.
     pub capture: Option<&'a OwnedFd>,
     pub clone_call: CloneCall,
 }
@@ -293,6 +300,7 @@ impl Prepared {
             rlimits: plan.rlimits,
             no_new_privs: plan.no_new_privs,
             stdio: plan.stdio.map(|f| f.as_raw_fd()),
+            unblock: plan.unblock,
             cgroup: plan.cgroup.map(AsRawFd::as_raw_fd),
             join_by_write: None,
             exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
@@ -916,6 +924,15 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             if r < 0 {
                 fail(Stage::Redirect, r);
             }
+            // Blocking again (the file status flags are the open pipe's, shared with the
+            // agent's copy of this end, which the agent no longer writes through). A pipe
+            // the agent made has no other status flag: 0 clears O_NONBLOCK alone.
+            if p.unblock[target] {
+                let r = sys!(libc::SYS_fcntl, target, libc::F_SETFL, 0);
+                if r < 0 {
+                    fail(Stage::Redirect, r);
+                }
+            }
         }
         for (resource, limit) in &p.rlimits {
             let limit: *const libc::rlimit64 = limit;
@@ -970,6 +987,10 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             } else {
                 sys!(libc::SYS_dup3, source, CAPTURE_FD, 0)
             };
+            if r < 0 {
+                fail(Stage::Redirect, r);
+            }
+            let r = sys!(libc::SYS_fcntl, CAPTURE_FD, libc::F_SETFL, 0);
             if r < 0 {
                 fail(Stage::Redirect, r);
             }
@@ -1035,6 +1056,7 @@ mod tests {
             rlimits: Rlimits::new([]),
             no_new_privs: true,
             stdio: [null, null, null],
+            unblock: [false; 3],
             cgroup: None,
             exec_fd: None,
             capture: None,
