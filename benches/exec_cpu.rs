@@ -45,10 +45,9 @@ use support::proc_stats::{proc_cpu, proc_rss_kib};
 
 fn resources(probes: usize, interval: &str, script: &Path) -> String {
     let mut y = String::from("resources:\n");
-    let names = (0..probes).map(|i| format!("r{i:03}"));
-    for name in names {
+    for i in 0..probes {
         y.push_str(&format!(
-            "  - name: {name}\n    valtype: numeric\n    interval: {interval}\n    \
+            "  - name: r{i:03}\n    valtype: numeric\n    interval: {interval}\n    \
              resourcemap: [{{location: [default]}}]\n    \
              probe: {{kind: exec, command: [{}], format: value}}\n",
             script.display()

@@ -298,7 +298,12 @@ const HOST_OFFSET_SPAN_MS: u64 = 3_600_000;
 /// at this offset modulo its interval.
 pub fn host_offset(host: &str) -> Duration {
     let key = crate::config::hostlist::host_key(host);
-    Duration::from_millis(fnv1a(&[key.as_bytes()]) % HOST_OFFSET_SPAN_MS)
+    Duration::from_millis(offset_ms(fnv1a(&[key.as_bytes()])))
+}
+
+/// The host offset, in ms, from the hash of the host's key.
+fn offset_ms(host_hash: u64) -> u64 {
+    host_hash % HOST_OFFSET_SPAN_MS
 }
 
 /// Where in its interval a probe runs on this host, as agent.yaml's `spread` says: always on
@@ -319,7 +324,7 @@ pub fn splay(spread: Spread, host: &str, name: &str, interval: Duration) -> Dura
     let slot = match spread {
         // The host offset's slot of the grid, modulo the interval's: `host_offset % interval`
         // where the interval is a whole number of slots (every interval the config allows).
-        Spread::Host => host_hash % HOST_OFFSET_SPAN_MS / grid % slots,
+        Spread::Host => offset_ms(host_hash) / grid % slots,
         Spread::Probes => fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % slots,
     };
     Duration::from_millis(phase + slot * grid)

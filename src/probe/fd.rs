@@ -8,11 +8,12 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use nix::fcntl::OFlag;
+
 /// A pipe whose ends are both close-on-exec and not 0, 1 or 2 (so that `dup3` onto 0..2 in
 /// the child never meets its own source, even when the agent was started with 0..2 closed).
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    Ok((above_stdio(r)?, above_stdio(w)?))
+    pipe_with(OFlag::empty())
 }
 
 /// [`pipe`], both ends non-blocking from the start: for a child's output, which the agent
@@ -20,7 +21,11 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 /// ([`super::child::spawn::Plan::unblock`]). One `pipe2` instead of a `pipe2` and an
 /// `fcntl` in the agent for every run.
 pub fn pipe_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+    pipe_with(OFlag::O_NONBLOCK)
+}
+
+fn pipe_with(flags: OFlag) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | flags)?;
     Ok((above_stdio(r)?, above_stdio(w)?))
 }
 

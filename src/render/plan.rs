@@ -17,11 +17,12 @@ fn secs(d: Duration) -> String {
 /// `check`'s output: the files, the probes this host runs, and what it skips and why.
 /// What the SPLAY column means: nobody guessed it.
 /// What SPLAY means under the plan's `spread`.
-fn splay_legend(spread: Spread) -> &'static str {
-    match spread {
-        Spread::Host => "SPLAY: where in each interval the probe runs (a run falls due when the wall clock minus SPLAY is a multiple of INTERVAL). With `spread: host` (agent.yaml's default) it is this host's one offset, from a hash of its name, modulo INTERVAL: the probes whose intervals divide one another's run together, in one wake-up of the agent and one interruption of the node's jobs (runs beyond max_parallel wait their turn). The same after every restart, and different across hosts, so 5,000 nodes do not run a probe in the same second.\n",
-        Spread::Probes => "SPLAY: where in each interval the probe runs (a run falls due when the wall clock minus SPLAY is a multiple of INTERVAL). With `spread: probes` (agent.yaml) it comes from a hash of host and resource name (a host's builtin probes share one), so a host's probes run apart. The same after every restart, and different across hosts, so 5,000 nodes do not run a probe in the same second.\n",
-    }
+fn splay_legend(spread: Spread) -> String {
+    let how = match spread {
+        Spread::Host => "With `spread: host` (agent.yaml's default) it is this host's one offset, from a hash of its name, modulo INTERVAL: the probes whose intervals divide one another's run together, in one wake-up of the agent and one interruption of the node's jobs (runs beyond max_parallel wait their turn).",
+        Spread::Probes => "With `spread: probes` (agent.yaml) it comes from a hash of host and resource name (a host's builtin probes share one), so a host's probes run apart.",
+    };
+    format!("SPLAY: where in each interval the probe runs (a run falls due when the wall clock minus SPLAY is a multiple of INTERVAL). {how} The same after every restart, and different across hosts, so 5,000 nodes do not run a probe in the same second.\n")
 }
 
 pub fn plan_text(
@@ -112,7 +113,7 @@ pub fn plan_text(
     }
     out.push_str(&table.text());
     if !plan.tasks.is_empty() {
-        out.push_str(splay_legend(config.agent.spread));
+        out.push_str(&splay_legend(config.agent.spread));
     }
     let _ = writeln!(out, "\nSKIPPED ({skipped})");
     let mut rows = Vec::new();
