@@ -223,6 +223,12 @@ async fn six_hundred_hung_paths_leave_the_healthy_probes_producing_readings() {
     let mut ctl = Controller::bind(ListenOpts::default()).await;
     let mut resources = String::from("resources:\n");
     let site = Site::new(&[ctl.addr.to_string()], "");
+    // The probes spread over the second (`spread: probes`), as the scenario was written:
+    // under `spread: host` all 603 fall due at one instant, and a healthy read that ends
+    // while the first HEALTHY_READS hung reads wait out their timeout frees a place for a
+    // 17th hung path (one more line, one more stuck thread, still within max_stuck_reads).
+    let agent_yaml = std::fs::read_to_string(site.agent_yaml()).unwrap();
+    std::fs::write(site.agent_yaml(), format!("{agent_yaml}spread: probes\n")).unwrap();
     let hung = site.path().join("hung");
     std::fs::create_dir_all(&hung).unwrap();
     for i in 0..600 {
