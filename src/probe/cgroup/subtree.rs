@@ -453,12 +453,26 @@ pub(super) fn remove_tree(kernel: &Kernel, dir: &Path) {
     remove_dir_patiently(kernel, dir);
 }
 
-/// A cgroup whose last processes are still exiting is busy for a moment.
+/// How long a cgroup whose processes were killed may stay busy before it is left: their
+/// exits take microseconds, but on a loaded host a killed process waits its turn to run
+/// its exit (half a second was once too short on a 2-core host running the test suite).
+/// Only a process the kernel cannot end (stuck in uninterruptible sleep) takes all of it.
+const REMOVAL_PATIENCE: Duration = Duration::from_secs(5);
+
+/// A cgroup whose last processes are still exiting is busy for a moment: tried again,
+/// 1 ms then doubling up to 32 ms apart, for [`REMOVAL_PATIENCE`].
 pub(super) fn remove_dir_patiently(kernel: &Kernel, dir: &Path) {
-    for _ in 0..100 {
+    remove_dir_within(kernel, dir, REMOVAL_PATIENCE)
+}
+
+pub(super) fn remove_dir_within(kernel: &Kernel, dir: &Path, patience: Duration) {
+    let deadline = std::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(1);
+    while std::time::Instant::now() < deadline {
         match (kernel.rmdir)(dir) {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(32));
             }
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 tracing::warn!("cannot remove cgroup {}: {e}", dir.display());

@@ -574,3 +574,43 @@ fn a_lock_directory_another_user_could_enter_or_replace_is_refused() {
         }
     );
 }
+
+thread_local! {
+    /// How many more times [`busy_rmdir`] answers EBUSY on this thread.
+    static STILL_BUSY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A cgroup whose killed processes are still exiting: EBUSY while [`STILL_BUSY`] counts
+/// down, then the removal (a plain directory's).
+fn busy_rmdir(path: &Path) -> std::io::Result<()> {
+    if STILL_BUSY.get() > 0 {
+        STILL_BUSY.set(STILL_BUSY.get() - 1);
+        return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
+    }
+    fs::remove_dir(path)
+}
+
+/// A removal waits out a cgroup that stays busy for a while (a loaded host running the
+/// killed processes' exits late), and gives up, without hanging, on one that stays busy.
+#[test]
+fn a_busy_cgroup_is_removed_once_free_and_left_after_the_patience() {
+    let kernel = Kernel {
+        rmdir: busy_rmdir,
+        ..fake::KERNEL
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run-1");
+    fs::create_dir(&dir).unwrap();
+    STILL_BUSY.set(12);
+    subtree::remove_dir_patiently(&kernel, &dir);
+    assert!(!dir.exists(), "removed once free");
+    assert_eq!(STILL_BUSY.get(), 0);
+
+    fs::create_dir(&dir).unwrap();
+    STILL_BUSY.set(u32::MAX);
+    subtree::remove_dir_within(&kernel, &dir, std::time::Duration::from_millis(20));
+    assert!(
+        dir.is_dir(),
+        "left, with a warning, once the patience is spent"
+    );
+}
