@@ -14,8 +14,15 @@
 //! waitpid of the same script as root; fork + setuid(nobody) + exec; and, where a cgroup v2
 //! mount is writable, the same with the kernel work the agent's design asks for (clone3
 //! into a cgroup, a pidfd, setsid, a stderr pipe): what containment costs, without the
-//! agent. Each its own getrusage(RUSAGE_SELF). Then the same loops back to back (no sleeps:
-//! warm caches, the lowest figures there are), after the window.
+//! agent; and (d), the daemon's own system calls for a run (as strace shows them) replayed
+//! in the daemon's order by a C loop with the daemon's descriptor count, up to 8 runs in
+//! flight (`max_parallel`), the second's runs released together (`spread: host`): what is
+//! left between (d) and the daemon is its runtime. Each its own getrusage(RUSAGE_SELF).
+//! Then the same loops back to back (no sleeps: warm caches, the lowest figures there
+//! are), after the window.
+//!
+//! The window starts once every probe has run twice, and the daemon's one-off hand-back of
+//! its start-up pages (`release_code_after`, set to 1s here) is behind it.
 //!
 //! Beside it, idle wake-ups: context switches (voluntary + involuntary, summed over
 //! `/proc/PID/task/*/status`) per second of the daemon over IDLE_SECS (60), with PROBES
@@ -71,7 +78,12 @@ fn build_floor(dir: &Path) -> PathBuf {
 }
 
 /// The floor's loops: a label and spawn_floor's MODE [USER [CGROUP_DIR]].
-fn floor_variants(cgroup: Option<&FloorCgroup>) -> Vec<(&'static str, Vec<String>)> {
+/// `daemon_fds`: how many descriptors the daemon holds (the replay holds as many: each clone
+/// copies the table).
+fn floor_variants(
+    cgroup: Option<&FloorCgroup>,
+    daemon_fds: usize,
+) -> Vec<(&'static str, Vec<String>)> {
     let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mut v = vec![
         ("posix_spawn + pipe + read + waitpid", words(&["spawn"])),
@@ -87,6 +99,15 @@ fn floor_variants(cgroup: Option<&FloorCgroup>) -> Vec<(&'static str, Vec<String
                 "contained".into(),
                 "nobody".into(),
                 cg.0.display().to_string(),
+            ],
+        ));
+        v.push((
+            "(d) the daemon's own system calls for a run, replayed without its runtime",
+            vec![
+                "replay".into(),
+                "nobody".into(),
+                cg.0.display().to_string(),
+                daemon_fds.to_string(),
             ],
         ));
     }
@@ -200,16 +221,26 @@ fn main() {
     // over the second's 10 grid slots; by default (`spread: host`) all run in one.
     let spread: String = env_or("SPREAD", "host".to_owned());
     println!("agent.yaml: spread: {spread}");
+    // `release_code_after: 1s`: the daemon's one-off hand-back of its start-up pages (30 s
+    // after the start by default) falls before the window, not inside it.
     let daemon = Daemon::start(
         dir.path(),
         &resources(probes, "1s", &script),
-        &format!("spread: {spread}\n"),
+        &format!("spread: {spread}\nrelease_code_after: 1s\n"),
     );
-    // Past the startup spread, every probe on its slot.
-    std::thread::sleep(Duration::from_secs(3));
+    // Past the startup spread and the first runs (each probe's cgroup made, its launch
+    // resolved, the released code faulted back): every probe has run twice.
+    let t0 = Instant::now();
+    while daemon.runs().0 < 2 * probes as u64 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "first runs missing");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let daemon_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .map(|d| d.count())
+        .unwrap_or(0);
     let floor_runs = rate * secs;
     let cgroup = FloorCgroup::make();
-    let variants = floor_variants(cgroup.as_ref());
+    let variants = floor_variants(cgroup.as_ref(), daemon_fds);
     let paced: Vec<Child> = variants
         .iter()
         .map(|(_, args)| floor_start(&floor, args, &script, floor_runs, rate))
