@@ -11,7 +11,18 @@ pub fn thread_cpu(pid: u32, tid: u32) -> f64 {
     stat_cpu(&format!("/proc/{pid}/task/{tid}/stat"))
 }
 
+/// utime of `pid` alone (user space), in seconds.
+#[allow(dead_code)] // benches/exec_cpu.rs; not every includer
+pub fn proc_user_cpu(pid: u32) -> f64 {
+    stat_fields(&format!("/proc/{pid}/stat"), false)
+}
+
 fn stat_cpu(path: &str) -> f64 {
+    stat_fields(path, true)
+}
+
+/// utime (+ stime with `system`) from a stat file, in seconds.
+fn stat_fields(path: &str, system: bool) -> f64 {
     let stat = std::fs::read_to_string(path).unwrap_or_default();
     let rest = stat.rsplit(')').next().unwrap_or("");
     let f: Vec<u64> = rest
@@ -19,7 +30,12 @@ fn stat_cpu(path: &str) -> f64 {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     // Fields 14 and 15 of stat; `rest` starts at field 3.
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let stime = if system {
+        f.get(12).copied().unwrap_or(0)
+    } else {
+        0
+    };
+    let ticks = f.get(11).copied().unwrap_or(0) + stime;
     ticks as f64 / procfs::ticks_per_second() as f64
 }
 
