@@ -60,6 +60,12 @@ pub struct HostState {
     pub stale: bool,
     /// What its hello and values hold.
     charge: Charge,
+    /// [`Self::cost`] of the hello and the tables, made at each hello.
+    declared_cost: usize,
+    /// [`slot_cost`] summed over the values held, kept as each one changes: a batch costs
+    /// its own values' accounting, not the host's (a one-value delta from a host of 4000
+    /// resources formats one error, not every one it holds).
+    values_cost: usize,
 }
 
 /// One value without its names (they are the hello's).
@@ -120,11 +126,34 @@ impl HostState {
         self.index = index;
         self.slots = vec![None; resources.len()];
         self.accepted = accepted;
+        self.values_cost = 0;
         for (name, instance, slot) in old {
             if let Some(i) = self.position(&name, &instance) {
+                self.values_cost += slot_cost(&slot);
                 self.slots[i] = Some(slot);
             }
         }
+        self.declared_cost = self.count_declared();
+    }
+
+    /// What its name, its hello's names and its tables hold (they change only at a hello).
+    fn count_declared(&self) -> usize {
+        let hello: usize = self
+            .accepted
+            .hello
+            .resources
+            .iter()
+            .map(|d| text_cost(&d.name) + d.instance.len())
+            .sum();
+        let tables =
+            self.slots.capacity() * std::mem::size_of::<Option<Slot>>() + self.index.capacity() * 4;
+        ENTRY_OVERHEAD + self.host.len() + hello + tables
+    }
+
+    /// Every value dropped (a full batch, or a host over its share).
+    fn clear_values(&mut self) {
+        self.slots.iter_mut().for_each(|s| *s = None);
+        self.values_cost = 0;
     }
 
     /// Record `r` (a value the session checked against the hello); false if undeclared.
@@ -132,12 +161,16 @@ impl HostState {
         let Some(i) = self.position(&r.name, &r.instance) else {
             return false;
         };
-        self.slots[i] = Some(Slot {
+        let slot = Slot {
             value: r.value.clone(),
             status: r.status,
             last_report_ms: r.last_report_ms,
             error: r.error.clone(),
-        });
+        };
+        self.values_cost += slot_cost(&slot);
+        if let Some(old) = self.slots[i].replace(slot) {
+            self.values_cost -= slot_cost(&old);
+        }
         true
     }
 
@@ -146,34 +179,30 @@ impl HostState {
         self.session.is_some()
     }
 
+    /// What it holds, in the budget's bytes: kept up to date as values change (see
+    /// `values_cost`), so reading it is O(1).
     fn cost(&self) -> usize {
-        let hello: usize = self
-            .accepted
-            .hello
-            .resources
-            .iter()
-            .map(|d| text_cost(&d.name) + d.instance.len())
-            .sum();
-        let values: usize = self
-            .slots
-            .iter()
-            .flatten()
-            .map(|s| {
-                let text = match &s.value {
-                    Value::String(v) => v.len(),
-                    _ => 0,
-                };
-                SLOT_COST + text + s.error.as_ref().map_or(0, |e| e.to_string().len())
-            })
-            .sum();
-        let slots =
-            self.slots.capacity() * std::mem::size_of::<Option<Slot>>() + self.index.capacity() * 4;
-        ENTRY_OVERHEAD + self.host.len() + hello + slots + values
+        self.declared_cost + self.values_cost
+    }
+
+    /// [`Self::cost`] counted again from nothing: what the kept figure must equal.
+    #[cfg(test)]
+    fn cost_from_scratch(&self) -> usize {
+        self.count_declared() + self.slots.iter().flatten().map(slot_cost).sum::<usize>()
     }
 }
 
 /// A value's own allocations beyond its slot (a string's header and the allocator's).
 const SLOT_COST: usize = 16;
+
+/// What one value holds beyond its names (they are the hello's).
+fn slot_cost(s: &Slot) -> usize {
+    let text = match &s.value {
+        Value::String(v) => v.len(),
+        _ => 0,
+    };
+    SLOT_COST + text + s.error.as_ref().map_or(0, |e| e.to_string().len())
+}
 
 /// Every host heard from.
 pub struct HostTable {
@@ -287,6 +316,8 @@ impl HostTable {
                         deadline: now,
                         stale: false,
                         charge: Charge::zero(budget, payer),
+                        declared_cost: 0,
+                        values_cost: 0,
                     }
                 });
                 st.peer = Some(ev.peer);
@@ -306,7 +337,7 @@ impl HostTable {
                 };
                 let mut out = revive(st);
                 if batch.full {
-                    st.slots.iter_mut().for_each(|s| *s = None);
+                    st.clear_values();
                 }
                 for r in batch.resvals {
                     if st.record(&r) {
@@ -400,7 +431,7 @@ fn settle(st: &mut HostState) -> bool {
     if st.charge.resize(st.cost()).is_ok() {
         return true;
     }
-    st.slots.iter_mut().for_each(|s| *s = None);
+    st.clear_values();
     let cost = st.cost().min(st.charge.bytes());
     let _ = st.charge.resize(cost);
     false
@@ -593,5 +624,70 @@ mod tests {
         assert!(evs.is_empty(), "nothing passed on: {} events", evs.len());
         assert!(budget.account("n").cut_token().is_cancelled());
         assert!(budget.used() <= 2048, "{}", budget.used());
+    }
+
+    /// The cost a host is charged is kept as its values change, and always equals the cost
+    /// counted again from its state: after a hello, deltas that replace numbers with strings
+    /// and errors and back, a new hello that keeps some values, and a full batch.
+    #[test]
+    fn the_kept_cost_is_the_cost_counted_from_scratch() {
+        let (mut t, _budget) = table();
+        let now = Instant::now();
+        let check = |t: &HostTable, step: &str| {
+            let st = &t.by_key["n"];
+            assert_eq!(st.cost(), st.cost_from_scratch(), "after {step}");
+        };
+        t.apply(event(1, "n", hello(&["a", "b", "c"])), now);
+        check(&t, "the hello");
+        t.apply(event(1, "n", batch(true, &[("a", 1.0), ("b", 2.0)])), now);
+        check(&t, "a full batch");
+        let text = |name: &str, value: &str, error: Option<&str>| Resval {
+            name: name.to_owned(),
+            instance: String::new(),
+            value: Value::String(value.into()),
+            status: if error.is_some() {
+                Status::Failed
+            } else {
+                Status::Ok
+            },
+            last_report_ms: Some(2),
+            error: error.map(|e| crate::value::Failure::new(std::io::Error::other(e.to_owned()))),
+        };
+        let delta = |resvals: Vec<Resval>| EventKind::Batch {
+            batch: Batch {
+                seq: 2,
+                full: false,
+                sent_at_ms: 0,
+                resvals,
+            },
+            rejected: Vec::new(),
+        };
+        t.apply(
+            event(
+                1,
+                "n",
+                delta(vec![
+                    text(
+                        "a",
+                        "a longer text value",
+                        Some("the probe timed out after 10s"),
+                    ),
+                    text("c", "x", None),
+                ]),
+            ),
+            now,
+        );
+        check(&t, "a delta of texts and an error");
+        let before = t.by_key["n"].cost();
+        t.apply(event(1, "n", delta(vec![text("a", "y", None)])), now);
+        check(&t, "a delta replacing a value");
+        assert!(
+            t.by_key["n"].cost() < before,
+            "the replaced value's cost went"
+        );
+        t.apply(event(1, "n", hello(&["a", "d"])), now);
+        check(&t, "a new hello keeping one value");
+        t.apply(event(1, "n", batch(true, &[("d", 4.0)])), now);
+        check(&t, "a full batch after it");
     }
 }
