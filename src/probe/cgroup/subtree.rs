@@ -8,7 +8,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::error::{CgroupError, SetUpError};
 use super::host::Host;
@@ -100,8 +100,9 @@ impl Registry {
     /// The last run of a removed probe checked in: its leaves go, and the probe's directory
     /// too unless a probe of the same name was added since and uses it.
     pub(super) fn finish_removal(&self, name: &str, path: &Path, leaves: &[PathBuf]) {
+        let deadline = Instant::now() + REMOVAL_PATIENCE;
         for leaf in leaves {
-            remove_dir_patiently(&self.kernel, leaf);
+            remove_dir_by(&self.kernel, leaf, deadline);
         }
         // Under the lock: a probe of the same name added now waits for this, not the
         // reverse (its directory is made under the same lock).
@@ -259,12 +260,15 @@ impl Tree {
                 .collect();
             names.iter().filter_map(|n| probes.remove(n)).collect()
         };
+        // One patience for them all: a reload that drops many probes stuck on a hung
+        // filesystem waits it once.
+        let deadline = Instant::now() + REMOVAL_PATIENCE;
         for cg in gone {
             if cg.mark_removed_if_in_use() {
                 continue;
             }
             // The retired leaves, and any process that is somehow still there.
-            remove_tree(&self.registry.kernel, &cg.path);
+            remove_tree_by(&self.registry.kernel, &cg.path, deadline);
         }
     }
 
@@ -275,10 +279,11 @@ impl Tree {
         self.registry.probes().clear();
         let kernel = &self.registry.kernel;
         // Deepest first: every probe's leaves, then the probe.
-        remove_tree(kernel, &self.base.join("probes"));
+        let probes_gone = remove_tree(kernel, &self.base.join("probes"));
         if !self.moved_in || fs::write(self.origin.join("cgroup.procs"), "0").is_ok() {
-            remove_dir_patiently(kernel, &self.base.join("agent"));
-            if self.own_base {
+            let agent_gone = remove_dir_patiently(kernel, &self.base.join("agent"));
+            // Not waited for where a child is left: it cannot go (and that was waited for).
+            if self.own_base && probes_gone && agent_gone {
                 remove_dir_patiently(kernel, &self.base);
             }
         }
@@ -378,6 +383,9 @@ fn remove_abandoned_siblings(kernel: &Kernel, locks: &Arc<LockDir>, own: &Path) 
     let Ok(entries) = fs::read_dir(own) else {
         return;
     };
+    // One patience for them all: a start beside many dead agents' subtrees, each with a
+    // probe stuck on a hung filesystem, waits it once.
+    let deadline = Instant::now() + REMOVAL_PATIENCE;
     for e in entries.flatten() {
         let name = e.file_name();
         if !name.to_str().is_some_and(is_subtree_name) {
@@ -406,7 +414,7 @@ fn remove_abandoned_siblings(kernel: &Kernel, locks: &Arc<LockDir>, own: &Path) 
                 "removing the cgroup subtree {} (and any process still in it): its agent has ended (nobody holds its lock and its agent/ cgroup is empty)",
                 dir.display()
             );
-            remove_tree(kernel, &dir);
+            remove_tree_by(kernel, &dir, deadline);
         } else {
             tracing::debug!("cgroup subtree {} left alone: {verdict:?}", dir.display());
         }
@@ -440,48 +448,60 @@ pub(super) fn start_time(pid: u32) -> Option<u64> {
         .map(|s| s.starttime)
 }
 
-/// Kill whatever is in a cgroup subtree and remove it, deepest first.
-pub(super) fn remove_tree(kernel: &Kernel, dir: &Path) {
+/// Kill whatever is in a cgroup subtree and remove it, deepest first, within one
+/// [`REMOVAL_PATIENCE`] for the whole subtree; whether it is gone.
+pub(super) fn remove_tree(kernel: &Kernel, dir: &Path) -> bool {
+    remove_tree_by(kernel, dir, Instant::now() + REMOVAL_PATIENCE)
+}
+
+pub(super) fn remove_tree_by(kernel: &Kernel, dir: &Path, deadline: Instant) -> bool {
+    let mut children_gone = true;
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_tree(kernel, &e.path());
+                children_gone &= remove_tree_by(kernel, &e.path(), deadline);
             }
         }
     }
     kill_path(dir);
-    remove_dir_patiently(kernel, dir);
+    if !children_gone {
+        // A cgroup with a child left cannot go: not waited for (the child was, and said so).
+        return false;
+    }
+    remove_dir_by(kernel, dir, deadline)
 }
 
-/// How long a cgroup whose processes were killed may stay busy before it is left: their
-/// exits take microseconds, but on a loaded host a killed process waits its turn to run
-/// its exit (half a second was once too short on a 2-core host running the test suite).
-/// Only a process the kernel cannot end (stuck in uninterruptible sleep) takes all of it.
+/// How long a cgroup (or a subtree) whose processes were killed may stay busy before it is
+/// left: their exits take microseconds, but on a loaded host a killed process waits its
+/// turn to run its exit (half a second was once too short on a 2-core host running the
+/// test suite). Only a process the kernel cannot end (in uninterruptible sleep on a hung
+/// filesystem) takes all of it, once per removal, not once per cgroup.
 const REMOVAL_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A cgroup whose last processes are still exiting is busy for a moment: tried again,
-/// 1 ms then doubling up to 32 ms apart, for [`REMOVAL_PATIENCE`].
-pub(super) fn remove_dir_patiently(kernel: &Kernel, dir: &Path) {
-    remove_dir_within(kernel, dir, REMOVAL_PATIENCE)
+/// 1 ms then doubling up to 32 ms apart, for [`REMOVAL_PATIENCE`]; whether it is gone.
+pub(super) fn remove_dir_patiently(kernel: &Kernel, dir: &Path) -> bool {
+    remove_dir_by(kernel, dir, Instant::now() + REMOVAL_PATIENCE)
 }
 
-pub(super) fn remove_dir_within(kernel: &Kernel, dir: &Path, patience: Duration) {
-    let deadline = std::time::Instant::now() + patience;
+pub(super) fn remove_dir_by(kernel: &Kernel, dir: &Path, deadline: Instant) -> bool {
     let mut pause = Duration::from_millis(1);
-    while std::time::Instant::now() < deadline {
+    loop {
         match (kernel.rmdir)(dir) {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(32));
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 tracing::warn!("cannot remove cgroup {}: {e}", dir.display());
-                return;
+                return false;
             }
-            _ => return,
+            _ => return true,
         }
+        if Instant::now() >= deadline {
+            tracing::warn!("cannot remove cgroup {}: still busy", dir.display());
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(32));
     }
-    tracing::warn!("cannot remove cgroup {}: still busy", dir.display());
 }
 
 /// `cgroup.kill` (Linux 5.14); before it, SIGKILL to each process listed until none is left.

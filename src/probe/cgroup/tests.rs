@@ -602,15 +602,62 @@ fn a_busy_cgroup_is_removed_once_free_and_left_after_the_patience() {
     let dir = tmp.path().join("run-1");
     fs::create_dir(&dir).unwrap();
     STILL_BUSY.set(12);
-    subtree::remove_dir_patiently(&kernel, &dir);
+    assert!(subtree::remove_dir_patiently(&kernel, &dir));
     assert!(!dir.exists(), "removed once free");
     assert_eq!(STILL_BUSY.get(), 0);
 
     fs::create_dir(&dir).unwrap();
     STILL_BUSY.set(u32::MAX);
-    subtree::remove_dir_within(&kernel, &dir, std::time::Duration::from_millis(20));
+    let soon = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    assert!(!subtree::remove_dir_by(&kernel, &dir, soon));
     assert!(
         dir.is_dir(),
         "left, with a warning, once the patience is spent"
+    );
+}
+
+thread_local! {
+    /// The directories [`stuck_rmdir`] was asked to remove, in order.
+    static RMDIRS: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A cgroup named `stuck` never empties (its process is in uninterruptible sleep on a hung
+/// filesystem); every other one is removed. Each call is noted in [`RMDIRS`].
+fn stuck_rmdir(path: &Path) -> std::io::Result<()> {
+    RMDIRS.with_borrow_mut(|calls| calls.push(path.to_owned()));
+    if path.ends_with("stuck") {
+        return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
+    }
+    fake::rmdir(path)
+}
+
+/// A subtree with a cgroup that never empties: its siblings go, the cgroups above it are
+/// not waited for (they cannot go while it stays: one patience for the whole removal, not
+/// one per level), and the removal says it left something.
+#[test]
+fn a_subtree_with_a_stuck_cgroup_is_waited_for_once_and_its_parents_not_at_all() {
+    let kernel = Kernel {
+        rmdir: stuck_rmdir,
+        ..fake::KERNEL
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let probes = tmp.path().join("probes");
+    for dir in ["", "hung", "hung/stuck", "fine", "fine/run-1"] {
+        fake::mkdir(&probes.join(dir)).unwrap();
+    }
+    RMDIRS.with_borrow_mut(Vec::clear);
+    let soon = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    assert!(!subtree::remove_tree_by(&kernel, &probes, soon));
+    assert!(
+        !probes.join("fine").exists(),
+        "the healthy probe's cgroups removed"
+    );
+    assert!(probes.join("hung/stuck").is_dir());
+    let calls = RMDIRS.with_borrow(Clone::clone);
+    assert!(
+        calls
+            .iter()
+            .all(|p| p.ends_with("stuck") || p.starts_with(probes.join("fine"))),
+        "a parent of the stuck cgroup was tried: {calls:?}"
     );
 }
