@@ -17,8 +17,10 @@
 //! agent; and (d), the daemon's own system calls for a run (as strace shows them) replayed
 //! in the daemon's order by a C loop with the daemon's descriptor count, up to 8 runs in
 //! flight (`max_parallel`), the second's runs released together (`spread: host`): what is
-//! left between (d) and the daemon is its runtime; (d) runs after the window only (batched,
-//! it costs the same paced). Each its own getrusage(RUSAGE_SELF), user time shown apart.
+//! left between (d) and the daemon is its runtime; and (e), (d) with the clone sharing the
+//! descriptor table (CLONE_FILES) and the child unsharing only its low descriptors: what a
+//! run would cost the daemon with that spawn. (d) and (e) run after the window only
+//! (batched, they cost the same paced). Each its own getrusage(RUSAGE_SELF), user time shown apart.
 //! Then the same loops back to back (no sleeps: warm caches, the lowest figures there
 //! are), after the window.
 //!
@@ -106,6 +108,15 @@ fn floor_variants(
             "(d) the daemon's own system calls for a run, replayed without its runtime",
             vec![
                 "replay".into(),
+                "nobody".into(),
+                cg.0.display().to_string(),
+                daemon_fds.to_string(),
+            ],
+        ));
+        v.push((
+            "(e) (d) with the descriptor table shared at the clone, the child unsharing its low descriptors only",
+            vec![
+                "replay-files".into(),
                 "nobody".into(),
                 cg.0.display().to_string(),
                 daemon_fds.to_string(),
@@ -245,10 +256,10 @@ fn main() {
     let floor_runs = rate * secs;
     let cgroup = FloorCgroup::make();
     let variants = floor_variants(cgroup.as_ref(), daemon_fds);
-    // (d) batches a second's runs as the daemon does, so paced it costs what it does back to
-    // back (50 and 50 µs in 23i); not run in the window, where a fourth loop of `sh` at
-    // 500/s would overload a 2-core host and make the daemon's runs late.
-    let in_window = |label: &str| !label.starts_with("(d)");
+    // (d) and (e) batch a second's runs as the daemon does, so paced they cost what they do
+    // back to back (50 and 50 µs in 23i); not run in the window, where a fourth loop of `sh`
+    // at 500/s would overload a 2-core host and make the daemon's runs late.
+    let in_window = |label: &str| !label.starts_with("(d)") && !label.starts_with("(e)");
     let paced: Vec<Child> = variants
         .iter()
         .filter(|(label, _)| in_window(label))

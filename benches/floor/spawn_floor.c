@@ -26,6 +26,12 @@
  *             What is left between this and the daemon is its runtime: tokio, the run's
  *             bookkeeping, the parse, the store.
  *             spawn_floor replay SCRIPT RUNS RATE USER CGROUP_DIR FDS [BATCH]
+ * MODE replay-files: replay, but the clone shares the descriptor table (CLONE_FILES) and the
+ *             child's first call unshares only the descriptors below its own highest one
+ *             (close_range(K, ~0, CLOSE_RANGE_UNSHARE)); the parent closes its copies of the
+ *             child's pipe ends once the child has exited, and the FDS descriptors standing
+ *             for the daemon's held ones sit at 4096 and above, out of the child's copy.
+ *             What the daemon's runs would cost with that spawn (not what it does today).
  * RATE runs a second, paced on absolute deadlines (CLOCK_MONOTONIC) as the daemon's timers
  * are, so the loop sleeps between runs as the daemon does; 0: back to back.
  *
@@ -43,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/sched.h>
+#include <linux/close_range.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -194,6 +201,8 @@ struct replay_run {
 };
 
 static struct replay_run slots[MAX_BATCH];
+/* replay-files: CLONE_FILES, the child unsharing the low descriptors only. */
+static int shared_files;
 static int epfd = -1;
 static char *replay_script, *replay_dir;
 
@@ -201,6 +210,13 @@ static char *replay_script, *replay_dir;
  * only (syscall() stores errno on failure only, and then the child exits). */
 static int replay_child(void *arg) {
     struct replay_run *r = arg;
+    if (shared_files) {
+        /* Before anything else touches the table it shares with the parent: a copy of its
+         * own, of the descriptors up to its highest pipe end only. */
+        unsigned int k = (unsigned int)(r->out_w > r->err_w ? r->out_w : r->err_w) + 1;
+        if (syscall(SYS_close_range, k, ~0U, CLOSE_RANGE_UNSHARE) != 0)
+            syscall(SYS_exit_group, 125);
+    }
     int null = (int)syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDONLY | O_CLOEXEC);
     if (null < 0 || syscall(SYS_setsid) < 0 || syscall(SYS_dup2, null, 0) < 0 ||
         syscall(SYS_dup2, r->out_w, 1) < 0 || syscall(SYS_dup2, r->err_w, 2) < 0 ||
@@ -254,7 +270,8 @@ static void replay_start(struct replay_run *r) {
     int pidfd = -1;
     struct clone_args args;
     memset(&args, 0, sizeof args);
-    args.flags = CLONE_VM | CLONE_PIDFD | CLONE_CHILD_CLEARTID | CLONE_INTO_CGROUP;
+    args.flags = CLONE_VM | CLONE_PIDFD | CLONE_CHILD_CLEARTID | CLONE_INTO_CGROUP |
+                 (shared_files ? CLONE_FILES : 0);
     args.pidfd = (unsigned long)&pidfd;
     args.child_tid = (unsigned long)&r->in_our_memory;
     args.exit_signal = SIGCHLD;
@@ -272,8 +289,10 @@ static void replay_start(struct replay_run *r) {
     }
     r->pid = (pid_t)pid;
     r->pidfd = pidfd;
-    close(r->out_w);
-    close(r->err_w);
+    if (!shared_files) { /* else the child may not have its copy yet */
+        close(r->out_w);
+        close(r->err_w);
+    }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data.ptr = r};
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, pidfd, &ev) != 0)
         die("epoll_ctl");
@@ -306,6 +325,10 @@ static void replay_finish(struct replay_run *r) {
     memset(&si, 0, sizeof si);
     if (waitid(P_PID, r->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0)
         die("waitid");
+    if (shared_files) {
+        close(r->out_w);
+        close(r->err_w);
+    }
     ssize_t got = drain(r->out);
     drain(r->err);
     kill(-r->pid, SIGKILL);
@@ -369,6 +392,15 @@ static void replay_setup(char *script, const char *cgroup_dir, int fds, int batc
         int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             die("/dev/null");
+        if (shared_files) { /* held high, out of the child's copy */
+            int high = fcntl(fd, F_DUPFD_CLOEXEC, 4096);
+            if (high < 0)
+                die("F_DUPFD_CLOEXEC 4096");
+            close(fd);
+            if (high - 4096 + 1 >= fds - 20) /* about 20 below 4096, as in the daemon */
+                break;
+            continue;
+        }
         if (fd >= fds - 1)
             break;
     }
@@ -406,7 +438,8 @@ int main(int argc, char **argv) {
     }
     int fork_mode = strcmp(argv[1], "fork") == 0;
     int contained = strcmp(argv[1], "contained") == 0;
-    int replay = strcmp(argv[1], "replay") == 0;
+    shared_files = strcmp(argv[1], "replay-files") == 0;
+    int replay = strcmp(argv[1], "replay") == 0 || shared_files;
     char *script = argv[2];
     long runs = atol(argv[3]);
     double rate = atof(argv[4]);
