@@ -58,12 +58,7 @@ fn main() {
     .expect("write");
     let config =
         xce_agent::daemon::load_config(&dir.path().join("agent.yaml"), None).expect("valid config");
-    let plan = xce_agent::plan::make_plan(
-        &config.resources,
-        "node001",
-        &BTreeSet::new(),
-        config.agent.spread,
-    );
+    let plan = xce_agent::plan::plan_for(&config, "node001", &BTreeSet::new());
     let store = Arc::new(Store::new());
     store.declare(xce_agent::daemon::declared(&plan));
     let now = SystemTime::now();

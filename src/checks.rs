@@ -269,7 +269,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::plan::make_plan;
+    use crate::plan::plan_for;
 
     /// A finding `resource: text`, given as parts that all appear in it.
     type Finding = &'static [&'static str];
@@ -555,12 +555,7 @@ mod tests {
         for case in CASES {
             let dir = plugin_dir_with(case.files);
             let config = config_in(dir.path(), case.probe);
-            let plan = make_plan(
-                &config.resources,
-                "node001",
-                &BTreeSet::new(),
-                config.agent.spread,
-            );
+            let plan = plan_for(&config, "node001", &BTreeSet::new());
             assert_eq!(plan.tasks.len(), 1, "{}: the probe is planned", case.name);
             let (problems, mut notes) = plan_checks(&config, &plan);
             let containment = notes.iter().position(|(r, t)| {

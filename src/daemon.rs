@@ -18,7 +18,7 @@ use crate::link::assignment::{Assigned, AssignmentGate};
 use crate::link::client::{self, LinkConfig, LinkState, LinkStats};
 use crate::link::tls::Material;
 use crate::link::wire;
-use crate::plan::{make_plan, Plan};
+use crate::plan::{plan_for, Plan};
 use crate::probe::supervisor::Supervisor;
 use crate::probe::{BuiltinSource, ProbeContext};
 use crate::reload::{self, Changes, Effect, State};
@@ -200,12 +200,7 @@ impl Agent {
         let shutdown = CancellationToken::new();
         let store = Arc::new(Store::new());
         let boot_id = wire::boot_id();
-        let plan = make_plan(
-            &config.resources,
-            &host,
-            &BTreeSet::new(),
-            config.agent.spread,
-        );
+        let plan = plan_for(&config, &host, &BTreeSet::new());
         let (hello_tx, _) = watch::channel(Arc::new(hello(&config, &plan, &boot_id)));
         store.declare(declared(&plan));
         let ctx = probe_context(&config, &host, builtin, supervisor);
@@ -355,12 +350,7 @@ impl Agent {
     fn apply_plan(&mut self, config: Config, was: &Was) -> Changes {
         let assigned = self.assignment.take();
         self.welcomes_applied = self.link_stats.welcomes.load(Ordering::Relaxed);
-        let plan = make_plan(
-            &config.resources,
-            &self.host,
-            &assigned,
-            config.agent.spread,
-        );
+        let plan = plan_for(&config, &self.host, &assigned);
         let changes = reload::diff(
             &State {
                 agent: &was.agent,
@@ -437,7 +427,7 @@ impl Agent {
         // running one untouched (a panic here must not end the daemon).
         let assigned = self.assignment.applied().clone();
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            make_plan(&config.resources, host, &assigned, config.agent.spread)
+            plan_for(&config, host, &assigned)
         }))
         .map_err(|_| ReloadError::Unplannable)?;
         let (problems, _) = crate::checks::plan_checks(&config, &checked);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 pub use crate::config::agent::Spread;
 use crate::config::hostlist::same_host;
-use crate::config::{fnv1a, Location, ProbeKind, ProbeSpec, Resource, Resources};
+use crate::config::{fnv1a, Config, Location, ProbeKind, ProbeSpec, Resource, Resources};
 use crate::value::Valtype;
 
 /// (resource, instance label): a shared instance the controller asked this host to report.
@@ -328,6 +328,12 @@ pub fn splay(spread: Spread, host: &str, name: &str, interval: Duration) -> Dura
         Spread::Probes => fnv1a(&[key.as_bytes(), b"\0", name.as_bytes()]) % slots,
     };
     Duration::from_millis(phase + slot * grid)
+}
+
+/// The plan of `host` from a loaded config: its resources, placed as its agent.yaml's
+/// `spread` says.
+pub fn plan_for(config: &Config, host: &str, assigned: &BTreeSet<Assignment>) -> Plan {
+    make_plan(&config.resources, host, assigned, config.agent.spread)
 }
 
 /// The plan of `host`, its probes placed in their intervals as `spread` says.

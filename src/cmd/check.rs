@@ -9,7 +9,7 @@ use crate::checks::plan_checks;
 use crate::cli::Common;
 use crate::config::ProbeKind;
 use crate::daemon::uses_builtins;
-use crate::plan::make_plan;
+use crate::plan::plan_for;
 use crate::probe::builtin;
 use crate::render::plan::{plan_text, tls_text};
 
@@ -18,12 +18,7 @@ pub async fn run(common: &Common) -> Result<u8, CmdError> {
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
-    let plan = make_plan(
-        &config.resources,
-        &host,
-        &BTreeSet::new(),
-        config.agent.spread,
-    );
+    let plan = plan_for(&config, &host, &BTreeSet::new());
     let (mut problems, mut notes) = plan_checks(&config, &plan);
     let (file_problems, file_notes) =
         crate::probe::file::check_notes(&plan, &config.agent.run_as, config.agent.max_stuck_reads);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{exit, host_name, load, one_shot_builtins, refuse_unprobed, CmdError};
 use crate::cli::{Common, OnceFormat};
 use crate::daemon::{declared, probe_context, uses_builtins};
-use crate::plan::{is_probed, make_plan};
+use crate::plan::{is_probed, plan_for};
 use crate::probe::supervisor::Supervisor;
 use crate::render::once::OnceReport;
 use crate::schedule::{record_run, run_all_once, InFlight};
@@ -19,12 +19,7 @@ pub async fn run(common: &Common, format: OnceFormat, only: &[String]) -> Result
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
-    let mut plan = make_plan(
-        &config.resources,
-        &host,
-        &BTreeSet::new(),
-        config.agent.spread,
-    );
+    let mut plan = plan_for(&config, &host, &BTreeSet::new());
     if !only.is_empty() {
         if let Some(name) = only.iter().find(|name| !is_probed(&plan, name)) {
             return Ok(refuse_unprobed(&config, &plan, name));

@@ -8,7 +8,7 @@ use crate::cli::Common;
 use crate::config::ProbeKind;
 use crate::daemon::probe_context;
 use crate::output;
-use crate::plan::{make_plan, ProbeTask};
+use crate::plan::{plan_for, ProbeTask};
 use crate::probe::child::Exit;
 use crate::probe::supervisor::Supervisor;
 use crate::probe::{exec, resolve, ProbeContext};
@@ -19,12 +19,7 @@ pub async fn run(common: &Common, name: &str) -> Result<u8, CmdError> {
         return Ok(exit::CONFIG);
     };
     let host = host_name(common, &config)?;
-    let plan = make_plan(
-        &config.resources,
-        &host,
-        &BTreeSet::new(),
-        config.agent.spread,
-    );
+    let plan = plan_for(&config, &host, &BTreeSet::new());
     let task = plan
         .tasks
         .iter()

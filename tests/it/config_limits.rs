@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use xce_agent::config::limits::Bound;
 use xce_agent::config::scalar::{format_duration, format_size};
 use xce_agent::config::{self, agent, resources, Config};
-use xce_agent::plan::make_plan;
+use xce_agent::plan::plan_for;
 
 fn errors(yaml: &str) -> String {
     match resources::parse(Path::new("resources.yaml"), yaml) {
@@ -190,12 +190,7 @@ fn parse_to_plan(agent_yaml: &str, resources_yaml: &str) {
     let Ok(config): Result<Config, _> = config::load(&site.agent_yaml(), None) else {
         return;
     };
-    let plan = make_plan(
-        &config.resources,
-        "node001",
-        &Default::default(),
-        config.agent.spread,
-    );
+    let plan = plan_for(&config, "node001", &Default::default());
     let store = xce_agent::store::Store::new();
     store.declare(xce_agent::daemon::declared(&plan));
     let _ = xce_agent::daemon::hello(&config, &plan, "boot");

@@ -858,12 +858,7 @@ fn write_no_probes(s: &Setup) {
 
 fn plan_of(s: &Setup) -> xce_agent::plan::Plan {
     let config = xce_agent::config::load(&s.agent_yaml(), None).unwrap();
-    xce_agent::plan::make_plan(
-        &config.resources,
-        "node001",
-        &Default::default(),
-        config.agent.spread,
-    )
+    xce_agent::plan::plan_for(&config, "node001", &Default::default())
 }
 
 struct Reloading {
