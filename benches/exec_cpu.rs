@@ -80,48 +80,57 @@ fn build_floor(dir: &Path) -> PathBuf {
     bin
 }
 
-/// The floor's loops: a label and spawn_floor's MODE [USER [CGROUP_DIR]].
-/// `daemon_fds`: how many descriptors the daemon holds (the replay holds as many: each clone
-/// copies the table).
-fn floor_variants(
-    cgroup: Option<&FloorCgroup>,
-    daemon_fds: usize,
-) -> Vec<(&'static str, Vec<String>)> {
+/// One of the floor's loops.
+struct Variant {
+    label: &'static str,
+    /// spawn_floor's MODE [USER [CGROUP_DIR [FDS]]].
+    args: Vec<String>,
+    /// Also run paced, in the daemon's window. Not the replays: they batch a second's runs
+    /// as the daemon does, so paced they cost what they do back to back (50 and 50 µs in
+    /// 23i), and a fourth loop of `sh` at 500/s in the window overloaded a 2-core host and
+    /// made the daemon's runs late.
+    in_window: bool,
+}
+
+/// The floor's loops. `daemon_fds`: how many descriptors the daemon holds (the replays hold
+/// as many: each clone copies the table).
+fn floor_variants(cgroup: Option<&FloorCgroup>, daemon_fds: usize) -> Vec<Variant> {
     let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mut v = vec![
-        ("posix_spawn + pipe + read + waitpid", words(&["spawn"])),
-        (
-            "fork + setuid(nobody) + exec + pipe + read + waitpid",
-            words(&["fork"]),
-        ),
+        Variant {
+            label: "posix_spawn + pipe + read + waitpid",
+            args: words(&["spawn"]),
+            in_window: true,
+        },
+        Variant {
+            label: "fork + setuid(nobody) + exec + pipe + read + waitpid",
+            args: words(&["fork"]),
+            in_window: true,
+        },
     ];
     if let Some(cg) = cgroup {
-        v.push((
-            "the same + clone3 CLONE_INTO_CGROUP + pidfd + setsid + stderr pipe",
-            vec![
-                "contained".into(),
-                "nobody".into(),
-                cg.0.display().to_string(),
-            ],
-        ));
-        v.push((
-            "(d) the daemon's own system calls for a run, replayed without its runtime",
-            vec![
-                "replay".into(),
-                "nobody".into(),
-                cg.0.display().to_string(),
-                daemon_fds.to_string(),
-            ],
-        ));
-        v.push((
-            "(e) (d) with the descriptor table shared at the clone, the child unsharing its low descriptors only",
-            vec![
-                "replay-files".into(),
-                "nobody".into(),
-                cg.0.display().to_string(),
-                daemon_fds.to_string(),
-            ],
-        ));
+        let dir = cg.0.display().to_string();
+        v.push(Variant {
+            label: "the same + clone3 CLONE_INTO_CGROUP + pidfd + setsid + stderr pipe",
+            args: words(&["contained", "nobody", &dir]),
+            in_window: true,
+        });
+        for (label, mode) in [
+            (
+                "(d) the daemon's own system calls for a run, replayed without its runtime",
+                "replay",
+            ),
+            (
+                "(e) (d) with the descriptor table shared at the clone, the child unsharing its low descriptors only",
+                "replay-files",
+            ),
+        ] {
+            v.push(Variant {
+                label,
+                args: words(&[mode, "nobody", &dir, &daemon_fds.to_string()]),
+                in_window: false,
+            });
+        }
     }
     v
 }
@@ -256,14 +265,10 @@ fn main() {
     let floor_runs = rate * secs;
     let cgroup = FloorCgroup::make();
     let variants = floor_variants(cgroup.as_ref(), daemon_fds);
-    // (d) and (e) batch a second's runs as the daemon does, so paced they cost what they do
-    // back to back (50 and 50 µs in 23i); not run in the window, where a fourth loop of `sh`
-    // at 500/s would overload a 2-core host and make the daemon's runs late.
-    let in_window = |label: &str| !label.starts_with("(d)") && !label.starts_with("(e)");
-    let paced: Vec<Child> = variants
+    let in_window: Vec<&Variant> = variants.iter().filter(|v| v.in_window).collect();
+    let paced: Vec<Child> = in_window
         .iter()
-        .filter(|(label, _)| in_window(label))
-        .map(|(_, args)| floor_start(&floor, args, &script, floor_runs, rate))
+        .map(|v| floor_start(&floor, &v.args, &script, floor_runs, rate))
         .collect();
     let (r0, bad0) = daemon.runs();
     let (sw0, _) = daemon.switches();
@@ -301,19 +306,21 @@ fn main() {
     );
     println!("|---|---|---|---|---|");
     println!("| **daemon** (utime+stime of the process, children excluded) | **{agent_us:.0}** | {agent_user_us:.0} | | {agent_sw:.1} |");
-    for ((label, _), f) in variants.iter().filter(|(l, _)| in_window(l)).zip(&paced) {
+    for (v, f) in in_window.iter().zip(&paced) {
         println!(
-            "| floor: {label}, {rate}/s in the same window | {:.0} | {:.0} | **{:.2}x** | {:.1} |",
+            "| floor: {}, {rate}/s in the same window | {:.0} | {:.0} | **{:.2}x** | {:.1} |",
+            v.label,
             f.cpu_us,
             f.user_us,
             agent_us / f.cpu_us,
             f.switches
         );
     }
-    for (label, args) in &variants {
-        let f = floor_finish(floor_start(&floor, args, &script, floor_runs, 0));
+    for v in &variants {
+        let f = floor_finish(floor_start(&floor, &v.args, &script, floor_runs, 0));
         println!(
-            "| floor: {label}, back to back (after the window) | {:.0} | {:.0} | {:.2}x | {:.1} |",
+            "| floor: {}, back to back (after the window) | {:.0} | {:.0} | {:.2}x | {:.1} |",
+            v.label,
             f.cpu_us,
             f.user_us,
             agent_us / f.cpu_us,

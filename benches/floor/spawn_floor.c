@@ -68,20 +68,31 @@ static void die(const char *what) {
     exit(2);
 }
 
-/* Read the child's stdout to EOF, then reap it; the run must have printed something and
- * exited 0. */
-static void finish(int out, pid_t pid) {
-    char buf[64];
+/* Read a pipe to EOF (its write ends gone with the child) and close it; the bytes read. */
+static ssize_t drain(int fd) {
+    char buf[512];
     ssize_t n, got = 0;
-    while ((n = read(out, buf, sizeof buf)) != 0) {
+    while ((n = read(fd, buf, sizeof buf)) != 0) {
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EAGAIN) { /* a grandchild holds it: not in this floor */
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                poll(&p, 1, -1);
+                continue;
+            }
             die("read");
         }
         got += n;
     }
-    close(out);
+    close(fd);
+    return got;
+}
+
+/* Read the child's stdout to EOF, then reap it; the run must have printed something and
+ * exited 0. */
+static void finish(int out, pid_t pid) {
+    ssize_t got = drain(out);
     int status;
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR)
@@ -174,10 +185,7 @@ static void run_contained(char *script) {
     }
     close(out[1]);
     close(err[1]);
-    char buf[64];
-    while (read(err[0], buf, sizeof buf) > 0)
-        ;
-    close(err[0]);
+    drain(err[0]);
     struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
     while (poll(&pfd, 1, -1) < 0)
         if (errno != EINTR)
@@ -297,27 +305,6 @@ static void replay_start(struct replay_run *r) {
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, pidfd, &ev) != 0)
         die("epoll_ctl");
     r->busy = 1;
-}
-
-/* Read a pipe to EOF once the child has exited (its write ends are gone with it). */
-static ssize_t drain(int fd) {
-    char buf[512];
-    ssize_t n, got = 0;
-    while ((n = read(fd, buf, sizeof buf)) != 0) {
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN) { /* a grandchild holds it: not in this floor */
-                struct pollfd p = {.fd = fd, .events = POLLIN};
-                poll(&p, 1, -1);
-                continue;
-            }
-            die("read");
-        }
-        got += n;
-    }
-    close(fd);
-    return got;
 }
 
 static void replay_finish(struct replay_run *r) {
