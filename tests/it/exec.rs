@@ -285,6 +285,16 @@ async fn stdout_pty_gives_an_exec_probe_a_terminal_and_plain_newlines() {
     assert_eq!(r.outcome, Outcome::Failed);
 }
 
+/// A probe still running when its quick-exit wait ends (its pipes are watched from then on,
+/// beside its exit) still gives its exit and its value.
+#[tokio::test]
+async fn a_probe_that_outlives_the_quick_exit_wait_is_watched_to_its_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(dir.path(), "#!/bin/sh\nsleep 0.3\necho 9\n", "").await;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error());
+    assert_eq!(r.readings[0].1, Reading::Ok(Value::Numeric(9.0)));
+}
+
 /// A probe's stdout, stderr and capture descriptor block as any pipe's do (the agent's ends
 /// are non-blocking from their `pipe2`; the child makes its ends blocking before its exec):
 /// a program that writes more than a pipe holds waits for room rather than failing with
