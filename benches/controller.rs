@@ -457,7 +457,7 @@ fn main() {
     // too, as the library and listen do). As root the hard limit is raised too (the
     // receivers are children: they inherit it).
     raise_hard_fd_limit(max as u64 + 4096);
-    let limit = xce_agent::receiver::session::raise_fd_limit().unwrap_or(0);
+    let limit = xce_agent::receiver::session::raise_fd_limit();
     assert!(
         limit as usize > max + 256,
         "open-file limit {limit} is too low for {max} agents: raise the hard limit (ulimit -Hn {})",

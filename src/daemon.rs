@@ -97,6 +97,28 @@ pub fn uses_builtins(plan: &Plan) -> bool {
         .any(|t| matches!(t.kind, ProbeKind::Builtin { .. }))
 }
 
+/// Probes that run in a cgroup of their own, holding its descriptors while configured.
+fn contained_probes(plan: &Plan, supervisor: &Supervisor) -> usize {
+    if supervisor.containment.tree().is_none() {
+        return 0;
+    }
+    plan.tasks
+        .iter()
+        .filter(|t| matches!(t.kind, ProbeKind::Exec(_) | ProbeKind::Stream(_)))
+        .count()
+}
+
+/// Warn where the plan's contained probes will not fit the open-file limit (at start, and at
+/// a replan that outgrows it: once, not at every replan while it stays short).
+fn warn_if_short_of_descriptors(was: Option<usize>, now: usize, max_parallel: usize) {
+    use crate::probe::open_files::{raise, shortfall};
+    let limit = raise();
+    let was_short = was.is_some_and(|n| shortfall(limit, n, max_parallel).is_some());
+    if let Some(words) = shortfall(limit, now, max_parallel).filter(|_| !was_short) {
+        tracing::warn!("{words}");
+    }
+}
+
 /// A running agent: everything a reload or a welcome needs to change.
 pub struct Agent {
     pub config: Config,
@@ -203,6 +225,11 @@ impl Agent {
         let plan = plan_for(&config, &host, &BTreeSet::new());
         let (hello_tx, _) = watch::channel(Arc::new(hello(&config, &plan, &boot_id)));
         store.declare(declared(&plan));
+        warn_if_short_of_descriptors(
+            None,
+            contained_probes(&plan, &supervisor),
+            config.agent.max_parallel,
+        );
         let ctx = probe_context(&config, &host, builtin, supervisor);
         // A child token: stopping the scheduler must not stop the link before its last flush.
         let mut scheduler = Scheduler::new(
@@ -369,6 +396,12 @@ impl Agent {
             self.store.declare(declared(&plan));
         }
         self.scheduler.apply(&changes, &plan);
+        let supervisor = &self.scheduler.context().supervisor;
+        warn_if_short_of_descriptors(
+            Some(contained_probes(&self.plan, supervisor)),
+            contained_probes(&plan, supervisor),
+            config.agent.max_parallel,
+        );
         let names: Vec<&str> = plan.tasks.iter().map(|t| t.name.as_str()).collect();
         self.scheduler
             .context()

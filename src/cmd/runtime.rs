@@ -11,6 +11,9 @@ use tokio::runtime::Runtime;
 pub fn build() -> io::Result<Runtime> {
     // Before any thread exists, so that every thread inherits it.
     crate::probe::reaper::hold_child_signals();
+    // Before any probe runs: two descriptors a contained probe, past systemd's soft 1024 at
+    // about 500 probes; probes get the limit the agent was started with.
+    crate::probe::open_files::raise();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -12,6 +12,7 @@ pub mod failure;
 pub mod fd;
 pub mod file;
 pub mod file_reader;
+pub mod open_files;
 pub mod output_log;
 pub mod path;
 pub mod plugin_state;

@@ -46,6 +46,7 @@ mod link_failures;
 mod link_receiver;
 mod metrics;
 mod monitoring;
+mod open_files;
 mod packaging;
 mod peer_formats;
 mod plan;

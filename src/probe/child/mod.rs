@@ -429,22 +429,29 @@ fn holds_nul(what: &str) -> io::Error {
 }
 
 fn rlimits(limits: &Limits) -> spawn::Rlimits {
+    // Soft and hard alike: what `limits:` sets, the probe may not raise again.
+    let both = |resource: libc::c_int, v: u64| (resource, v, v);
     // A crashing probe must not fill the disk with cores.
-    let core = Some((libc::RLIMIT_CORE as libc::c_int, 0));
+    let core = Some(both(libc::RLIMIT_CORE as libc::c_int, 0));
+    // Without `open_files:`, the soft limit the agent was started with, not the one it
+    // raised itself to (super::open_files); the hard limit stays.
+    let open_files = match limits.open_files {
+        Some(n) => Some(both(libc::RLIMIT_NOFILE as libc::c_int, n)),
+        None => super::open_files::for_children()
+            .map(|(soft, hard)| (libc::RLIMIT_NOFILE as libc::c_int, soft, hard)),
+    };
     let set = [
         core,
         limits
             .cpu
-            .map(|cpu| (libc::RLIMIT_CPU as libc::c_int, cpu.as_secs().max(1))),
+            .map(|cpu| both(libc::RLIMIT_CPU as libc::c_int, cpu.as_secs().max(1))),
         limits
             .address_space
-            .map(|bytes| (libc::RLIMIT_AS as libc::c_int, bytes)),
-        limits
-            .open_files
-            .map(|n| (libc::RLIMIT_NOFILE as libc::c_int, n)),
+            .map(|bytes| both(libc::RLIMIT_AS as libc::c_int, bytes)),
+        open_files,
         limits
             .processes
-            .map(|n| (libc::RLIMIT_NPROC as libc::c_int, n)),
+            .map(|n| both(libc::RLIMIT_NPROC as libc::c_int, n)),
     ];
     spawn::Rlimits::new(set.into_iter().flatten())
 }

@@ -198,21 +198,21 @@ pub struct Rlimits {
 impl Rlimits {
     pub const MAX: usize = 5;
 
-    /// `limits`: `(RLIMIT_*, value)`, soft and hard limit alike; those past [`Self::MAX`]
-    /// are dropped (callers give one of each kind).
-    pub fn new(limits: impl IntoIterator<Item = (c_int, u64)>) -> Self {
+    /// `limits`: `(RLIMIT_*, soft, hard)`; those past [`Self::MAX`] are dropped (callers
+    /// give one of each kind).
+    pub fn new(limits: impl IntoIterator<Item = (c_int, u64, u64)>) -> Self {
         let none = libc::rlimit64 {
             rlim_cur: 0,
             rlim_max: 0,
         };
         let mut set = [(0, none); Self::MAX];
         let mut len = 0;
-        for (slot, (resource, v)) in set.iter_mut().zip(limits) {
+        for (slot, (resource, soft, hard)) in set.iter_mut().zip(limits) {
             *slot = (
                 resource,
                 libc::rlimit64 {
-                    rlim_cur: v,
-                    rlim_max: v,
+                    rlim_cur: soft,
+                    rlim_max: hard,
                 },
             );
             len += 1;
@@ -288,12 +288,11 @@ pub struct Plan<'a> {
 
 impl Prepared {
     pub fn new(plan: Plan<'_>) -> Self {
-        // The agent's own limit, which it never changes: looked up once, not per run.
+        // The soft limit the agent was started with (not the one it raised itself to: the
+        // loop it bounds makes a call per descriptor number): looked up once, not per run.
         static MAX_FD: OnceLock<c_int> = OnceLock::new();
-        let max_fd = *MAX_FD.get_or_init(|| {
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-                .map_or(1024, |(soft, _)| soft.min(65_536) as c_int)
-        });
+        let max_fd =
+            *MAX_FD.get_or_init(|| crate::probe::open_files::started_soft().min(65_536) as c_int);
         Self {
             exec: plan.exec,
             credentials: plan.credentials,

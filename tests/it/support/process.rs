@@ -48,8 +48,23 @@ impl AgentProc {
     /// With `env` set: a test's own systemd variables. Those of the shell that runs the tests
     /// are removed, so the agent logs to `log`, not to a journal, and notifies no one.
     pub fn spawn_with_env(config: &Path, log: &Path, env: &[(&str, &str)]) -> Self {
+        Self::spawn_from(Command::new(agent_bin()), config, log, env)
+    }
+
+    /// Started with the open-file limit `soft` / `hard` (RLIMIT_NOFILE), as a unit's
+    /// LimitNOFILE= would start it: `sh` sets the limit and execs the agent (same PID).
+    pub fn spawn_with_open_files(config: &Path, log: &Path, soft: u64, hard: u64) -> Self {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!(
+                "ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\""
+            ))
+            .arg(agent_bin());
+        Self::spawn_from(sh, config, log, &[])
+    }
+
+    fn spawn_from(mut cmd: Command, config: &Path, log: &Path, env: &[(&str, &str)]) -> Self {
         let err = File::create(log).expect("create log");
-        let mut cmd = Command::new(agent_bin());
         cmd.arg("--config")
             .arg(config)
             .env("XCE_LOG", "info")
