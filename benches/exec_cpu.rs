@@ -44,27 +44,13 @@ mod support {
     pub mod proc_stats;
 }
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::daemon::{agent_bin, Daemon};
+use support::daemon::{agent_bin, exec_resources, tiny_script, Daemon};
 use support::env::env_or;
 use support::proc_stats::{proc_cpu, proc_rss_kib, proc_user_cpu};
-
-fn resources(probes: usize, interval: &str, script: &Path) -> String {
-    let mut y = String::from("resources:\n");
-    for i in 0..probes {
-        y.push_str(&format!(
-            "  - name: r{i:03}\n    valtype: numeric\n    interval: {interval}\n    \
-             resourcemap: [{{location: [default]}}]\n    \
-             probe: {{kind: exec, command: [{}], format: value}}\n",
-            script.display()
-        ));
-    }
-    y
-}
 
 /// The floor program, compiled for this run.
 fn build_floor(dir: &Path) -> PathBuf {
@@ -198,15 +184,6 @@ fn floor_finish(child: Child) -> FloorRun {
     }
 }
 
-fn setup_script(dir: &Path) -> PathBuf {
-    // World-readable, not writable: the probes run as nobody.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let script = dir.join("tiny.sh");
-    std::fs::write(&script, "#!/bin/sh\necho 1\n").expect("write script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    script
-}
-
 /// The daemon's context switches per second and CPU (ms per second) over `secs`, and its
 /// thread count at the end.
 fn idle_wakeups(daemon: &Daemon, secs: u64) -> (f64, f64, usize) {
@@ -231,7 +208,7 @@ fn main() {
     let secs: u64 = env_or("SECS", 60);
     let idle_secs: u64 = env_or("IDLE_SECS", 60);
     let dir = tempfile::tempdir().expect("tempdir");
-    let script = setup_script(dir.path());
+    let script = tiny_script(dir.path());
     let floor = build_floor(dir.path());
     let rate = probes as u64;
 
@@ -249,16 +226,12 @@ fn main() {
     // after the start by default) falls before the window, not inside it.
     let daemon = Daemon::start(
         dir.path(),
-        &resources(probes, "1s", &script),
+        &exec_resources(probes, "1s", &script),
         &format!("spread: {spread}\nrelease_code_after: 1s\n"),
     );
     // Past the startup spread and the first runs (each probe's cgroup made, its launch
     // resolved, the released code faulted back): every probe has run twice.
-    let t0 = Instant::now();
-    while daemon.runs().0 < 2 * probes as u64 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "first runs missing");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    daemon.wait_for_runs(2 * probes as u64);
     let daemon_fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
         .map(|d| d.count())
         .unwrap_or(0);
@@ -336,13 +309,9 @@ fn main() {
     println!("## idle wake-ups of the daemon, over {idle_secs} s");
     println!("| configuration | context switches / s | CPU (ms/s) | threads |");
     println!("|---|---|---|---|");
-    let daemon = Daemon::start(dir.path(), &resources(probes, "1h", &script), "");
+    let daemon = Daemon::start(dir.path(), &exec_resources(probes, "1h", &script), "");
     // Every probe's first run falls in the startup spread (at most 15 s).
-    let t0 = Instant::now();
-    while daemon.runs().0 < probes as u64 {
-        assert!(t0.elapsed() < Duration::from_secs(60), "first runs missing");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    daemon.wait_for_runs(probes as u64);
     std::thread::sleep(Duration::from_secs(1));
     let (per_s, cpu_ms, threads) = idle_wakeups(&daemon, idle_secs);
     println!("| {probes} exec probes at interval 1h, between runs | {per_s:.2} | {cpu_ms:.3} | {threads} |");

@@ -19,6 +19,32 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
+/// `probes` numeric resources `r000`, `r001`, ... each probed by exec of `script` every
+/// `interval` (a resources.yaml body).
+pub fn exec_resources(probes: usize, interval: &str, script: &Path) -> String {
+    let mut y = String::from("resources:\n");
+    for i in 0..probes {
+        y.push_str(&format!(
+            "  - name: r{i:03}\n    valtype: numeric\n    interval: {interval}\n    \
+             resourcemap: [{{location: [default]}}]\n    \
+             probe: {{kind: exec, command: [{}], format: value}}\n",
+            script.display()
+        ));
+    }
+    y
+}
+
+/// `dir` made world-readable (not writable: probes run as nobody) with the trivial probe
+/// script `tiny.sh` (`#!/bin/sh\necho 1`) in it; its path.
+pub fn tiny_script(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let script = dir.join("tiny.sh");
+    std::fs::write(&script, "#!/bin/sh\necho 1\n").expect("write script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    script
+}
+
 /// A daemon on `resources` (a resources.yaml body) in `dir`, with /metrics on loopback.
 pub struct Daemon {
     pub child: Child,
@@ -28,6 +54,11 @@ pub struct Daemon {
 impl Daemon {
     /// `extra`: more agent.yaml lines (each ending in a newline).
     pub fn start(dir: &Path, resources: &str, extra: &str) -> Self {
+        Self::start_bin(&agent_bin(), dir, resources, extra)
+    }
+
+    /// As [`Self::start`], running the binary `bin`.
+    pub fn start_bin(bin: &str, dir: &Path, resources: &str, extra: &str) -> Self {
         let port = free_port();
         std::fs::write(
             dir.join("agent.yaml"),
@@ -41,7 +72,7 @@ impl Daemon {
         )
         .expect("write agent.yaml");
         std::fs::write(dir.join("resources.yaml"), resources).expect("write resources.yaml");
-        let child = Command::new(agent_bin())
+        let child = Command::new(bin)
             .arg("--config")
             .arg(dir.join("agent.yaml"))
             .env("RUST_LOG", "warn")
@@ -95,6 +126,15 @@ impl Daemon {
             }
         }
         (all, bad)
+    }
+
+    /// Wait (up to a minute) until the daemon has made `n` runs.
+    pub fn wait_for_runs(&self, n: u64) {
+        let t0 = Instant::now();
+        while self.runs().0 < n {
+            assert!(t0.elapsed() < Duration::from_secs(60), "first runs missing");
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Voluntary + involuntary context switches of every thread now, and the thread count.

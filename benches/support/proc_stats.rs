@@ -1,6 +1,7 @@
 //! Another process's CPU (utime + stime) and memory figures from /proc, for the benches.
 
 /// utime + stime of `pid`, in seconds.
+#[allow(dead_code)] // not benches/exec_ab.rs
 pub fn proc_cpu(pid: u32) -> f64 {
     stat_cpu(&format!("/proc/{pid}/stat"))
 }
@@ -39,7 +40,24 @@ fn stat_fields(path: &str, system: bool) -> f64 {
     ticks as f64 / procfs::ticks_per_second() as f64
 }
 
+/// Time on a CPU of every thread of `pid` now (user and system, the scheduler's own count
+/// in `/proc/PID/task/*/schedstat`), in seconds: nanoseconds, where `/proc/PID/stat` counts
+/// 10 ms ticks. Threads that have exited are not in it.
+#[allow(dead_code)] // benches/exec_ab.rs; not every includer
+pub fn proc_sched_cpu(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e9
+}
+
 /// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
+#[allow(dead_code)] // not benches/exec_ab.rs
 pub fn proc_rss_kib(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
