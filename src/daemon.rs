@@ -111,8 +111,8 @@ fn contained_probes(plan: &Plan, supervisor: &Supervisor) -> usize {
 /// Warn where the plan's contained probes will not fit the open-file limit (at start, and at
 /// a replan that outgrows it: once, not at every replan while it stays short).
 fn warn_if_short_of_descriptors(was: Option<usize>, now: usize, max_parallel: usize) {
-    use crate::probe::open_files::{raise, shortfall};
-    let limit = raise();
+    use crate::probe::open_files::{current, shortfall};
+    let limit = current();
     let was_short = was.is_some_and(|n| shortfall(limit, n, max_parallel).is_some());
     if let Some(words) = shortfall(limit, now, max_parallel).filter(|_| !was_short) {
         tracing::warn!("{words}");

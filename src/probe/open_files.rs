@@ -32,24 +32,32 @@ static LIMIT: OnceLock<OpenFiles> = OnceLock::new();
 /// what it recorded.
 pub fn raise() -> OpenFiles {
     *LIMIT.get_or_init(|| {
-        let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-            return OpenFiles {
-                started_soft: 1024,
-                soft: 1024,
-                hard: 1024,
-            };
-        };
-        let now = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
-            hard
+        let now = read();
+        if now.soft < now.hard && setrlimit(Resource::RLIMIT_NOFILE, now.hard, now.hard).is_ok() {
+            OpenFiles {
+                soft: now.hard,
+                ..now
+            }
         } else {
-            soft
-        };
-        OpenFiles {
-            started_soft: soft,
-            soft: now,
-            hard,
+            now
         }
     })
+}
+
+/// The limit in force: as [`raise`] left it, or as this process was started with where
+/// it has not run (nothing is changed here).
+pub fn current() -> OpenFiles {
+    LIMIT.get().copied().unwrap_or_else(read)
+}
+
+/// The limit as it is now, as if this process had just started with it.
+fn read() -> OpenFiles {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((1024, 1024));
+    OpenFiles {
+        started_soft: soft,
+        soft,
+        hard,
+    }
 }
 
 /// `(soft, hard)` for a probe's child: the soft limit the agent was started with, where
@@ -61,14 +69,11 @@ pub fn for_children() -> Option<(u64, u64)> {
         .map(|l| (l.started_soft, l.hard))
 }
 
-/// The soft limit this process was started with (its present one where [`raise`] has not
-/// run): the bound of a child's descriptor loop on kernels without `close_range`, which must
-/// not grow to a raised limit (524288 fcntl calls a run).
+/// The soft limit this process was started with: the bound of a child's descriptor loop on
+/// kernels without `close_range`, which must not grow to a raised limit (524288 fcntl calls
+/// a run).
 pub fn started_soft() -> u64 {
-    match LIMIT.get() {
-        Some(l) => l.started_soft,
-        None => getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft),
-    }
+    current().started_soft
 }
 
 /// Descriptors a contained probe holds while configured (its leaf's directory and
