@@ -11,7 +11,9 @@
 //! counts 10 ms ticks, 6.7 µs a run in a 30 s window at 50/s), over runs counted from each
 //! one's `/metrics`. ROUNDS windows of SECS seconds, the daemons started afresh for each,
 //! which one starts first alternating. Two runs of the same binary differ by about 5 %
-//! (23k), the method's own noise.
+//! (23k), the method's own noise. Beside each, its probes' own CPU per run (their `probes`
+//! cgroup's `cpu.stat`, where containment is on): the children's part, which the daemon's
+//! figure leaves out (what a spawn moves from the agent to its children shows there).
 //!
 //! Run (as root): `B=/path/to/other/xce-agent cargo bench --bench exec_ab` (env A: the first
 //! binary, this build's `xce-agent` by default; B: the second, A by default; EXTRA_A /
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use support::daemon::{agent_bin, exec_resources, tiny_script, Daemon};
 use support::env::env_or;
-use support::proc_stats::proc_sched_cpu;
+use support::proc_stats::{probes_cgroup_cpu, proc_sched_cpu};
 
 /// One side: a binary and its agent.yaml additions.
 struct Side {
@@ -90,8 +92,10 @@ fn main() {
         b.describe()
     );
     println!();
-    println!("| window | A µs/run (runs) | B µs/run (runs) | B / A |");
-    println!("|---|---|---|---|");
+    println!(
+        "| window | A µs/run (runs) | B µs/run (runs) | B / A | A's probes µs/run | B's probes µs/run |"
+    );
+    println!("|---|---|---|---|---|---|");
     let mut ratios = Vec::new();
     for round in 0..rounds {
         // Which one starts first alternates: neither always gets the quieter start.
@@ -106,19 +110,21 @@ fn main() {
         let read = |d: &Daemon| {
             let cpu = proc_sched_cpu(d.pid());
             let (runs, failed) = d.runs();
-            (runs, failed, cpu)
+            (runs, failed, cpu, probes_cgroup_cpu(d.pid()))
         };
         let before: Vec<_> = started.iter().map(|(d, _)| read(d)).collect();
         std::thread::sleep(Duration::from_secs(secs));
         let after: Vec<_> = started.iter().map(|(d, _)| read(d)).collect();
         drop(started);
-        let per_run: Vec<(f64, u64)> = before
+        let per_run: Vec<(f64, u64, Option<f64>)> = before
             .iter()
             .zip(&after)
-            .map(|((r0, f0, c0), (r1, f1, c1))| {
+            .map(|((r0, f0, c0, p0), (r1, f1, c1, p1))| {
                 assert!(r1 > r0, "a daemon made no run in the window");
                 assert_eq!(f1, f0, "runs failed in the window");
-                ((c1 - c0) * 1e6 / (r1 - r0) as f64, r1 - r0)
+                let runs = (r1 - r0) as f64;
+                let probes = p0.zip(*p1).map(|(p0, p1)| (p1 - p0) * 1e6 / runs);
+                ((c1 - c0) * 1e6 / runs, r1 - r0, probes)
             })
             .collect();
         // Back to A, B order.
@@ -129,13 +135,16 @@ fn main() {
         };
         let ratio = fb.0 / fa.0;
         ratios.push(ratio);
+        let child = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.0}"));
         println!(
-            "| {} | {:.0} ({}) | {:.0} ({}) | {ratio:.2} |",
+            "| {} | {:.0} ({}) | {:.0} ({}) | {ratio:.2} | {} | {} |",
             round + 1,
             fa.0,
             fa.1,
             fb.0,
-            fb.1
+            fb.1,
+            child(fa.2),
+            child(fb.2)
         );
     }
     ratios.sort_by(f64::total_cmp);

@@ -56,6 +56,31 @@ pub fn proc_sched_cpu(pid: u32) -> f64 {
     ns as f64 / 1e9
 }
 
+/// CPU of the probes a contained agent `pid` ran (their `probes` cgroup's `cpu.stat`
+/// `usage_usec`: every child, exited ones included), in seconds; `None` where the agent is
+/// not in a cgroup v2 subtree of its own (containment off).
+#[allow(dead_code)] // benches/exec_ab.rs; not every includer
+pub fn probes_cgroup_cpu(pid: u32) -> Option<f64> {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        right
+            .starts_with("cgroup2 ")
+            .then(|| left.split_whitespace().nth(4))
+            .flatten()
+    })?;
+    let agent = std::path::Path::new(mount).join(path.trim_start_matches('/'));
+    let stat = std::fs::read_to_string(agent.parent()?.join("probes/cpu.stat")).ok()?;
+    let usec: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))?
+        .parse()
+        .ok()?;
+    Some(usec as f64 / 1e6)
+}
+
 /// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
 #[allow(dead_code)] // not benches/exec_ab.rs
 pub fn proc_rss_kib(pid: u32, field: &str) -> u64 {
