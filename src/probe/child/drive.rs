@@ -167,6 +167,7 @@ pub async fn drive(
         }
     }
     let ended = loop {
+        child.let_go_if_exec();
         if child.exited() && !reader.open() {
             break Ended::Exited;
         }

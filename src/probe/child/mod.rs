@@ -559,25 +559,34 @@ impl Child {
             capture: capture.as_ref().map(|(_, write)| write),
             clone_call: spec.clone_call,
         });
-        let ((started, launch), registered) = reaper::start_registered(|| {
+        let ((started, mut launch), registered) = reaper::start_registered(|| {
             spawn::spawn(prepared, report).map(|s| {
                 let pid = s.0.pid;
                 (s, pid)
             })
         })
         .map_err(|e| fail(Some(e.stage), e.error))?;
-        // The child's ends: held here, a pipe (or the pty) would never report its end. The
-        // child has its own copies (its descriptor table was copied at the clone), whether
-        // it has reached its dup3s yet or not.
+        // The child's ends: held here, a pipe (or the pty) would never report its end. Where
+        // the child shares the agent's descriptor table until its first call unshares it,
+        // they are kept (with the checked program's descriptor) until it has exec'd or
+        // exited ([`spawn::InFlight::let_go`]); else the child has its own copies already
+        // and they are closed now.
+        use spawn::HeldFd;
         let stdin = stdin.map(|(read, writer)| {
-            drop(read);
+            launch.hold(HeldFd::Own(read));
             writer
         });
-        drop((out_write, err_write));
+        launch.hold(HeldFd::Own(out_write));
+        launch.hold(HeldFd::Own(err_write));
         let capture = capture.map(|(read, write)| {
-            drop(write);
+            launch.hold(HeldFd::Own(write));
             read
         });
+        match (moved_up, checked) {
+            (Some(fd), _) => launch.hold(HeldFd::Own(fd)),
+            (None, Some(c)) => launch.hold(HeldFd::Shared(c.fd.clone())),
+            (None, None) => {}
+        }
         let pid = Pid::from_raw(started.pid);
         let watch = match started.pidfd {
             Some(fd) => spawn::watch_pidfd(fd).map(ExitWatch::Pidfd),
@@ -628,6 +637,19 @@ impl Child {
     /// once the pidfd says the child has exited, not also before: a run's first look would
     /// almost always find it still running (one `waitid` a run saved).
     pub async fn wait(&mut self) -> Exit {
+        let exit = self.wait_exit().await;
+        self.launch.let_go(true);
+        exit
+    }
+
+    /// What [`Child::wait`] held for a child that shares the agent's descriptor table goes
+    /// once it has exec'd: called at each turn of the driver, so a long run's pipes report
+    /// their end when the child's copies close, not only after its exit.
+    pub fn let_go_if_exec(&mut self) {
+        self.launch.let_go(self.exit.is_some());
+    }
+
+    async fn wait_exit(&mut self) -> Exit {
         loop {
             if let Some(e) = self.exit {
                 return e;
@@ -740,6 +762,7 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         self.end_rest();
+        self.launch.let_go(self.exit.is_some());
         if self.reaped {
             return;
         }

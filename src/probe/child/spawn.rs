@@ -253,6 +253,10 @@ pub struct Prepared {
     clone_call: CloneCall,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
+    /// Above 0 when the clone shares the agent's descriptor table (`CLONE_FILES`, with
+    /// [`Report::AtExit`]): the child's first call unshares it, copying the descriptors
+    /// below this one only (its own highest, plus one). 0: the kernel copies it all.
+    unshare_below: c_int,
     /// Written by the child when it fails before `execve` succeeds: `(stage + 1) << 32 |
     /// errno`; 0 while nothing failed.
     failure: AtomicU64,
@@ -306,6 +310,7 @@ impl Prepared {
             capture: plan.capture.map(AsRawFd::as_raw_fd),
             clone_call: plan.clone_call,
             max_fd,
+            unshare_below: 0,
             failure: AtomicU64::new(0),
             in_our_memory: AtomicU32::new(0),
         }
@@ -418,6 +423,17 @@ struct Loan {
     /// From `Box::into_raw`: the child reads it through a shared reference, the parent only
     /// its atomics, until the loan is freed.
     prepared: NonNull<Prepared>,
+    /// The agent's copies of the descriptors the child uses, while the child may still be
+    /// using them in the table it shares with the agent (see [`InFlight::hold`]).
+    held: Vec<HeldFd>,
+}
+
+/// A descriptor kept open for a child that shares the agent's descriptor table: held for
+/// its drop (the close), never read.
+#[allow(dead_code)]
+pub enum HeldFd {
+    Own(OwnedFd),
+    Shared(Arc<OwnedFd>),
 }
 
 // SAFETY: the stack as above; the `Prepared` is `Send` and owned by the loan alone.
@@ -456,6 +472,31 @@ impl InFlight {
     pub fn failure(&self) -> Option<ChildFailed> {
         let loan = self.0.as_ref().filter(|l| l.child_left())?;
         decode_failure(loan.prepared().failure.load(Ordering::Acquire))
+    }
+
+    /// Keep `fd` (one the child uses: a pipe end, the checked program) open until the child
+    /// has a descriptor table of its own, where it shares the agent's; else close it now.
+    /// While they share it, closing it here would close it for the child too, and another
+    /// of the agent's opens could take its number before the child's `dup3` or exec.
+    pub fn hold(&mut self, fd: HeldFd) {
+        match &mut self.0 {
+            Some(loan) if loan.prepared().unshare_below > 0 && !loan.child_left() => {
+                loan.held.push(fd)
+            }
+            _ => drop(fd),
+        }
+    }
+
+    /// Close what [`InFlight::hold`] kept once the child no longer needs the agent's table:
+    /// it has exec'd (the loan's word is zero: its table was unshared before) or `exited`
+    /// (an exited process has no table; a child that dumped core may leave the word set).
+    /// Until then a pipe the agent holds a write end of reports no end.
+    pub fn let_go(&mut self, exited: bool) {
+        if let Some(loan) = &mut self.0 {
+            if !loan.held.is_empty() && (exited || loan.child_left()) {
+                loan.held.clear();
+            }
+        }
     }
 }
 
@@ -596,6 +637,7 @@ pub fn spawn(prepared: Prepared, report: Report) -> Result<(Started, InFlight), 
     let loan = Loan {
         stack,
         prepared: NonNull::from(Box::leak(Box::new(prepared))),
+        held: Vec::new(),
     };
     let cloned = {
         let _blocked = SignalsBlocked::new();
@@ -641,6 +683,16 @@ fn clone_child(
         p.join_by_write = None;
         let wait = report == Report::AtSpawn;
         p.in_our_memory.store(u32::from(!wait), Ordering::Relaxed);
+        // Without the vfork wait the clone shares the table (no copy of every descriptor
+        // the agent holds, and none for the child's exec to close): the child unshares the
+        // part below its own highest descriptor first thing.
+        p.unshare_below = match wait {
+            true => 0,
+            false => {
+                let own = p.stdio.iter().chain(&p.exec_fd).chain(&p.capture);
+                own.copied().max().unwrap_or(2) + 1
+            }
+        };
         match clone3_child(prepared, stack, cgroup_dir, wait) {
             Ok(s) => return Ok((s, wait)),
             // ENOSYS: no clone3; E2BIG / EINVAL: no CLONE_INTO_CGROUP (or a seccomp filter).
@@ -659,6 +711,7 @@ fn clone_child(
     let _ = report;
     // SAFETY: as above (the clone3 attempt, if any, made no child).
     let p = unsafe { &mut *prepared };
+    p.unshare_below = 0;
     // The fallback waits for the exec: the child writes `cgroup.procs` (it joins by itself,
     // after the clone, which the leaf's emptiness and kill rely on having happened before
     // the clone returns), and glibc's clone wrapper is not ours to reason about for errno.
@@ -703,6 +756,10 @@ fn clone3_child(
     if wait {
         args.flags |= libc::CLONE_VFORK as u64;
     } else {
+        // SAFETY: a plain field of the loan's box, set by `clone_child` before this.
+        if unsafe { (*prepared).unshare_below } > 0 {
+            args.flags |= libc::CLONE_FILES as u64;
+        }
         // The kernel zeroes this word (and wakes a futex on it, unused here) when the child
         // lets go of our memory: at its exec or its exit.
         args.flags |= libc::CLONE_CHILD_CLEARTID as u64;
@@ -887,6 +944,23 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             #[allow(clippy::empty_loop)]
             loop {}
         };
+        // A descriptor table of its own before anything else: until then it is the agent's
+        // (CLONE_FILES), and a dup3 would replace the agent's 0, 1 or 2. Only what is below
+        // `unshare_below` is copied (Linux 5.9's close_range); before it, all of it.
+        if p.unshare_below > 0 {
+            let r = sys!(
+                libc::SYS_close_range,
+                p.unshare_below as u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_UNSHARE,
+            );
+            if r < 0 {
+                let r = sys!(libc::SYS_unshare, libc::CLONE_FILES);
+                if r < 0 {
+                    fail(Stage::CloseFds, r);
+                }
+            }
+        }
         // Default dispositions before anything can be unblocked: the agent's handlers must
         // never run here, and an ignored SIGPIPE must not be inherited. An all-zero kernel
         // sigaction is SIG_DFL, no flags, empty mask.
@@ -1067,6 +1141,60 @@ mod tests {
         quarantine().iter().any(|l| l.prepared == prepared)
     }
 
+    fn is_open(fd: RawFd) -> bool {
+        // SAFETY: F_GETFD on a number: no memory, no change.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+    }
+
+    /// The descriptors a child that shares the agent's table uses stay open while it may
+    /// still use them (its word set: it has not exec'd), through a look that finds it
+    /// still there; they close once it has exec'd (the word cleared) or has exited. A child
+    /// with a table of its own (no sharing) needs none kept.
+    #[test]
+    fn a_sharing_childs_descriptors_are_held_until_it_execs_or_exits() {
+        let null = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let mut shared = prepared(&null);
+        shared.unshare_below = 10;
+        let loan = |p: Prepared| Loan {
+            stack: take_stack().unwrap(),
+            prepared: NonNull::from(Box::leak(Box::new(p))),
+            held: Vec::new(),
+        };
+        let mut run = InFlight(Some(loan(shared)));
+        fn word(run: &InFlight) -> &AtomicU32 {
+            &run.0.as_ref().unwrap().prepared().in_our_memory
+        }
+        word(&run).store(1, Ordering::Relaxed);
+        let (a, b) = (fd(), fd());
+        let (a_no, b_no) = (a.as_raw_fd(), b.as_raw_fd());
+        run.hold(HeldFd::Own(a));
+        run.hold(HeldFd::Shared(Arc::new(b)));
+        run.let_go(false);
+        assert!(
+            is_open(a_no) && is_open(b_no),
+            "held while the child may use them"
+        );
+        word(&run).store(0, Ordering::Relaxed);
+        run.let_go(false);
+        assert!(!is_open(a_no) && !is_open(b_no), "closed once it exec'd");
+
+        word(&run).store(1, Ordering::Relaxed);
+        let c = fd();
+        let c_no = c.as_raw_fd();
+        run.hold(HeldFd::Own(c));
+        run.let_go(true);
+        assert!(!is_open(c_no), "closed once it exited, word or not");
+        word(&run).store(0, Ordering::Relaxed);
+        drop(run);
+
+        let mut own_table = InFlight(Some(loan(prepared(&null))));
+        let d = fd();
+        let d_no = d.as_raw_fd();
+        own_table.hold(HeldFd::Own(d));
+        assert!(!is_open(d_no), "a child with its own table needs none held");
+    }
+
     /// A loan whose child (here: none, its word set by hand) has not left our memory is
     /// neither freed nor handed out again when its handle goes, until the word is zero.
     #[test]
@@ -1075,6 +1203,7 @@ mod tests {
         let loan = Loan {
             stack: take_stack().unwrap(),
             prepared: NonNull::from(Box::leak(Box::new(prepared(&null)))),
+            held: Vec::new(),
         };
         let (ptr, base) = (loan.prepared, loan.stack.base);
         loan.prepared().in_our_memory.store(1, Ordering::Relaxed);
