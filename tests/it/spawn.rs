@@ -421,3 +421,57 @@ async fn a_run_dropped_right_after_its_spawn_ends_its_child_and_the_next_runs_ar
         .await;
     }
 }
+
+/// Where a seccomp filter refuses `close_range` and `unshare` (a container runtime's, a
+/// site's), a child that shares the agent's descriptor table cannot get one of its own: that
+/// run fails with the stage's words, the agent says once that it stops sharing, and the next
+/// run's child copies the table at the clone and runs.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn where_a_filter_refuses_the_unshare_one_run_fails_and_the_next_ones_copy_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("refuse_unshare");
+    let source =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seccomp/refuse_unshare.c");
+    let built = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&wrapper)
+        .arg(&source)
+        .status()
+        .expect("a C compiler (cc) to build the seccomp wrapper");
+    assert!(built.success());
+    let probe = |name: &str| {
+        format!(
+            "  - name: {name}\n    interval: 30\n    probe: {{kind: exec, command: [one.sh]}}\n"
+        )
+    };
+    let resources = format!("resources:\n{}{}{}", probe("a"), probe("b"), probe("c"));
+    // One run at a time: the first run's failure is known before the second starts.
+    let s = common::Setup::with_agent(&resources, "max_parallel: 1\n");
+    s.script("one.sh", "#!/bin/sh\necho 1\n");
+    let out = std::process::Command::new(&wrapper)
+        .arg(env!("CARGO_BIN_EXE_xce-agent"))
+        .arg("--config")
+        .arg(s.agent_yaml())
+        .args(["--once", "--format", "json"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
+    let runs = v["resources"].as_array().unwrap();
+    let failed: Vec<_> = runs.iter().filter(|r| r["status"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{v:#}\n{stderr}");
+    let why = failed[0]["error"].as_str().unwrap();
+    assert!(why.contains("descriptor table of its own"), "{why}");
+    assert!(why.contains("Operation not permitted"), "{why}");
+    let ok = runs
+        .iter()
+        .filter(|r| r["status"] == "ok" && r["value"] == 1.0);
+    assert_eq!(ok.count(), 2, "{v:#}\n{stderr}");
+    let said = stderr
+        .matches("could not get a descriptor table of its own")
+        .count();
+    assert_eq!(said, 1, "{stderr}");
+}

@@ -248,10 +248,14 @@ impl Leaf {
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )?;
+        // Both held while the probe is configured: high, out of each child's copy of the
+        // agent's descriptor table (`fd::HELD_FROM`).
+        use crate::probe::fd::{above_stdio, held_high};
+        let events = fs::File::open(path.join("cgroup.events")).ok();
         Ok(Self {
             path: path.to_owned(),
-            dir: crate::probe::fd::above_stdio(dir)?,
-            events: fs::File::open(path.join("cgroup.events")).ok(),
+            dir: held_high(above_stdio(dir)?),
+            events: events.map(|f| held_high(f.into()).into()),
         })
     }
 

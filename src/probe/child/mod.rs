@@ -558,6 +558,7 @@ impl Child {
             exec_fd,
             capture: capture.as_ref().map(|(_, write)| write),
             clone_call: spec.clone_call,
+            share_table: spec.stdout == StdoutMode::Pipe,
         });
         let ((started, mut launch), registered) = reaper::start_registered(|| {
             spawn::spawn(prepared, report).map(|s| {

@@ -54,10 +54,21 @@
 //!   so the parent signals the pid itself then (`Child::signal_run`).
 //! - Everything the parent opened for the child is close-on-exec, and the child marks every
 //!   descriptor above 2 close-on-exec (`close_range`), so a probe sees only 0, 1 and 2 whatever
-//!   the agent inherited; and [`CAPTURE_FD`] for a probe with `capture:`. The child has its own
-//!   copy of the descriptor table, made at the clone (no `CLONE_FILES`): the parent may close
-//!   its copies of the child's pipe ends, the checked program's descriptor (`exec_fd`) and the
-//!   capture pipe as soon as the clone returns, whether the child has used them yet or not.
+//!   the agent inherited; and [`CAPTURE_FD`] for a probe with `capture:`.
+//! - The descriptor table. Under [`Report::AtExit`] the clone shares the agent's
+//!   (`CLONE_FILES`), and the child's first call makes it one of its own holding only the
+//!   descriptors below its own highest (`close_range(K, ~0, CLOSE_RANGE_UNSHARE)`;
+//!   `unshare(CLONE_FILES)`, a whole copy, before Linux 5.9). So the clone does not take a
+//!   reference on every file the agent holds (two per contained probe, placed high, out of the
+//!   child's part: `fd::HELD_FROM`), on the agent's time, nor does the child's exec close them
+//!   again (BENCHMARKS.md 23j, 23l). Until the child has a table of its own, a descriptor the
+//!   agent closes is closed for the child too, and its number can be taken by the agent's next
+//!   open before the child's `dup3`: the parent keeps its copies of the child's pipe ends, the
+//!   checked program's descriptor (`exec_fd`) and the capture pipe in the loan
+//!   ([`InFlight::hold`]) until the child has exec'd or exited. Under `CLONE_VFORK` the child
+//!   gets its copy at the clone, and the parent closes them as soon as the clone returns. Where
+//!   a seccomp filter refuses both calls, the child exits at [`Stage::Unshare`] and later
+//!   clones copy the table (learnt once per process, said once in the log).
 //! - A failure before `execve` succeeds is stored as (stage, errno) in [`Prepared`], the
 //!   memory the child shares with the agent, and the child exits 127: no pipe to make, read
 //!   and close for every run.
@@ -87,6 +98,8 @@ pub enum CloneCall {
 /// Where a child failed before its `execve` succeeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// A descriptor table of its own, when the clone shared the agent's (`CLONE_FILES`).
+    Unshare,
     SetSid,
     JoinCgroup,
     Redirect,
@@ -101,7 +114,8 @@ pub enum Stage {
 }
 
 impl Stage {
-    const ALL: [Stage; 11] = [
+    const ALL: [Stage; 12] = [
+        Stage::Unshare,
         Stage::SetSid,
         Stage::JoinCgroup,
         Stage::Redirect,
@@ -117,6 +131,7 @@ impl Stage {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Stage::Unshare => "getting a descriptor table of its own (close_range, unshare)",
             Stage::SetSid => "setsid",
             Stage::JoinCgroup => "joining the probe's cgroup",
             Stage::Redirect => "redirecting stdin/stdout/stderr (and the capture pipe)",
@@ -251,6 +266,7 @@ pub struct Prepared {
     /// See [`Plan::capture`].
     capture: Option<RawFd>,
     clone_call: CloneCall,
+    share_table: bool,
     /// Highest descriptor to mark close-on-exec one by one where `close_range` is missing.
     max_fd: c_int,
     /// Above 0 when the clone shares the agent's descriptor table (`CLONE_FILES`, with
@@ -288,6 +304,10 @@ pub struct Plan<'a> {
     /// child gets it as [`CAPTURE_FD`], blocking. `exec_fd` must not be [`CAPTURE_FD`] then.
     pub capture: Option<&'a OwnedFd>,
     pub clone_call: CloneCall,
+    /// Where the clone does not wait for the exec, share the agent's descriptor table until
+    /// the child's first call (see the module's text). `false` for a terminal's slave, which
+    /// the agent must not hold a moment past the child's exec.
+    pub share_table: bool,
 }
 
 impl Prepared {
@@ -309,6 +329,7 @@ impl Prepared {
             exec_fd: plan.exec_fd.map(AsRawFd::as_raw_fd),
             capture: plan.capture.map(AsRawFd::as_raw_fd),
             clone_call: plan.clone_call,
+            share_table: plan.share_table,
             max_fd,
             unshare_below: 0,
             failure: AtomicU64::new(0),
@@ -471,7 +492,9 @@ impl InFlight {
     /// it may still run in the agent's memory, or when it exec'd.
     pub fn failure(&self) -> Option<ChildFailed> {
         let loan = self.0.as_ref().filter(|l| l.child_left())?;
-        decode_failure(loan.prepared().failure.load(Ordering::Acquire))
+        let failed = decode_failure(loan.prepared().failure.load(Ordering::Acquire))?;
+        learn_from(&failed);
+        Some(failed)
     }
 
     /// Keep `fd` (one the child uses: a pipe end, the checked program) open until the child
@@ -559,6 +582,21 @@ fn decode_failure(failure: u64) -> Option<ChildFailed> {
 
 /// The kernel refused clone3 once (old kernel, or a seccomp filter): use clone from then on.
 static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
+/// A child could not unshare the descriptor table it shared with the agent (a seccomp
+/// filter refusing both `close_range` and `unshare`): later clones copy the table instead.
+static UNSHARE_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// What a child's failure says about the kernel: a refused unshare is the filter's, not the
+/// probe's, so the next runs do without it (this one has failed, with the stage's words).
+fn learn_from(failed: &ChildFailed) {
+    if failed.stage == Stage::Unshare && !UNSHARE_REFUSED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "a probe's child could not get a descriptor table of its own ({}): from now on each child copies the agent's at the clone",
+            failed.error
+        );
+    }
+}
+
 /// The kernel refused `CLONE_PIDFD` on clone: wait by SIGCHLD from then on.
 static PIDFD_MISSING: AtomicBool = AtomicBool::new(false);
 
@@ -686,7 +724,7 @@ fn clone_child(
         // Without the vfork wait the clone shares the table (no copy of every descriptor
         // the agent holds, and none for the child's exec to close): the child unshares the
         // part below its own highest descriptor first thing.
-        p.unshare_below = match wait {
+        p.unshare_below = match wait || !p.share_table || UNSHARE_REFUSED.load(Ordering::Relaxed) {
             true => 0,
             false => {
                 let own = p.stdio.iter().chain(&p.exec_fd).chain(&p.capture);
@@ -957,7 +995,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             if r < 0 {
                 let r = sys!(libc::SYS_unshare, libc::CLONE_FILES);
                 if r < 0 {
-                    fail(Stage::CloseFds, r);
+                    fail(Stage::Unshare, r);
                 }
             }
         }
@@ -1134,6 +1172,7 @@ mod tests {
             exec_fd: None,
             capture: None,
             clone_call: CloneCall::Newest,
+            share_table: true,
         })
     }
 
