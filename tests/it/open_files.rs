@@ -10,8 +10,10 @@ use xce_agent::value::Value;
 use crate::support::{self as common, wait_until, AgentProc, Setup};
 
 /// Contained, each of these holds two descriptors (its leaf cgroup's directory and
-/// `cgroup.events`): 400 and more, past a soft limit of 256.
-const PROBES: usize = 200;
+/// `cgroup.events`): 600 and more, past a soft limit of 256, and past the count from which
+/// a child shares the agent's table at the clone (`child/spawn.rs`), so these runs take
+/// that way once every probe has run.
+const PROBES: usize = 300;
 const SOFT: u64 = 256;
 
 /// `PROBES` exec probes, each printing its own open-file limit (`ulimit -n`), once a minute.
@@ -82,16 +84,16 @@ async fn probes_past_the_soft_limit_all_run_and_see_the_limit_the_agent_was_star
     agent.terminate().await;
 }
 
-/// The leaves' descriptors (two a contained probe) sit at `HELD_FROM` and above, where a
-/// child's copy of the agent's table (the part below its own highest descriptor) leaves them
-/// out; the agent's raised limit leaves room for them there.
+/// The leaves' descriptors (two a contained probe) past the first `MANY_HELD` sit at
+/// `HELD_FROM` and above, where a child's copy of the agent's table (the part below its own
+/// highest descriptor) leaves them out; the agent's raised limit leaves room for them there.
 fn held_descriptors_are_high(pid: u32, log: &str) {
-    if !log.contains("probes are contained") {
+    use xce_agent::probe::fd::{HELD_FROM, MANY_HELD};
+    if !log.contains("probes are contained: each in its own cgroup") {
         eprintln!("the held descriptors not checked: no containment here (no writable cgroup v2)");
         return;
     }
-    let mut low = Vec::new();
-    let mut high = 0;
+    let (mut low, mut high) = (0, 0);
     for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
         let entry = entry.unwrap();
         let Ok(target) = std::fs::read_link(entry.path()) else {
@@ -101,20 +103,15 @@ fn held_descriptors_are_high(pid: u32, log: &str) {
             continue;
         }
         let n: i32 = entry.file_name().to_string_lossy().parse().unwrap();
-        match n >= xce_agent::probe::fd::HELD_FROM {
+        match n >= HELD_FROM {
             true => high += 1,
-            false => low.push((n, target)),
+            false => low += 1,
         }
     }
-    assert!(
-        low.is_empty(),
-        "held below {}: {low:?}",
-        xce_agent::probe::fd::HELD_FROM
-    );
     assert_eq!(
-        high,
-        2 * PROBES,
-        "a leaf's directory and cgroup.events, each probe"
+        (low, high),
+        (MANY_HELD, 2 * PROBES - MANY_HELD),
+        "(below {HELD_FROM}, from it)"
     );
 }
 
@@ -129,7 +126,7 @@ async fn a_hard_limit_too_low_for_the_probes_is_said_at_start() {
     })
     .await;
     let log = agent.log_text();
-    if !log.contains("probes are contained") {
+    if !log.contains("probes are contained: each in its own cgroup") {
         eprintln!(
             "skipped: the agent cannot contain its probes here (no writable cgroup v2), so \
              they hold no descriptors; CI runs as root on a host with a cgroup v2 mount"

@@ -423,12 +423,15 @@ async fn a_run_dropped_right_after_its_spawn_ends_its_child_and_the_next_runs_ar
 }
 
 /// Where a seccomp filter refuses `close_range` and `unshare` (a container runtime's, a
-/// site's), a child that shares the agent's descriptor table cannot get one of its own: that
-/// run fails with the stage's words, the agent says once that it stops sharing, and the next
-/// run's child copies the table at the clone and runs.
+/// site's), a child that shares the agent's descriptor table cannot get one of its own: it
+/// exits at its first call, the agent says once that it stops sharing, and that run starts
+/// again with a child that copies the table, as every later one does: no run fails. The table
+/// is shared only where the agent holds many descriptors (two a contained probe's leaf, held
+/// from its first run): here from about the 256th of 300 probes run one at a time.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn where_a_filter_refuses_the_unshare_one_run_fails_and_the_next_ones_copy_the_table() {
+fn where_a_filter_refuses_the_unshare_the_run_starts_again_and_the_next_ones_copy_the_table() {
+    const PROBES: usize = 300;
     let dir = tempfile::tempdir().unwrap();
     let wrapper = dir.path().join("refuse_unshare");
     let source =
@@ -440,13 +443,13 @@ fn where_a_filter_refuses_the_unshare_one_run_fails_and_the_next_ones_copy_the_t
         .status()
         .expect("a C compiler (cc) to build the seccomp wrapper");
     assert!(built.success());
-    let probe = |name: &str| {
-        format!(
-            "  - name: {name}\n    interval: 30\n    probe: {{kind: exec, command: [one.sh]}}\n"
-        )
-    };
-    let resources = format!("resources:\n{}{}{}", probe("a"), probe("b"), probe("c"));
-    // One run at a time: the first run's failure is known before the second starts.
+    let mut resources = String::from("resources:\n");
+    for i in 0..PROBES {
+        resources.push_str(&format!(
+            "  - name: p{i:03}\n    interval: 30\n    probe: {{kind: exec, command: [one.sh]}}\n"
+        ));
+    }
+    // One run at a time: a run's failure is known before the next starts.
     let s = common::Setup::with_agent(&resources, "max_parallel: 1\n");
     s.script("one.sh", "#!/bin/sh\necho 1\n");
     let out = std::process::Command::new(&wrapper)
@@ -454,24 +457,32 @@ fn where_a_filter_refuses_the_unshare_one_run_fails_and_the_next_ones_copy_the_t
         .arg("--config")
         .arg(s.agent_yaml())
         .args(["--once", "--format", "json"])
-        .env_remove("RUST_LOG")
+        .env("RUST_LOG", "info")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    if !stderr.contains("probes are contained: each in its own cgroup") {
+        eprintln!(
+            "skipped: the agent cannot contain its probes here (no writable cgroup v2), so it \
+             holds no descriptors for them and never shares its table; CI runs as root on a \
+             host with a cgroup v2 mount"
+        );
+        return;
+    }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
     let runs = v["resources"].as_array().unwrap();
-    let failed: Vec<_> = runs.iter().filter(|r| r["status"] == "failed").collect();
-    assert_eq!(failed.len(), 1, "{v:#}\n{stderr}");
-    let why = failed[0]["error"].as_str().unwrap();
-    assert!(why.contains("descriptor table of its own"), "{why}");
-    assert!(why.contains("Operation not permitted"), "{why}");
+    let failed: Vec<_> = runs.iter().filter(|r| r["status"] != "ok").collect();
+    assert!(failed.is_empty(), "{failed:#?}\n{stderr}");
     let ok = runs
         .iter()
         .filter(|r| r["status"] == "ok" && r["value"] == 1.0);
-    assert_eq!(ok.count(), 2, "{v:#}\n{stderr}");
-    let said = stderr
-        .matches("could not get a descriptor table of its own")
-        .count();
-    assert_eq!(said, 1, "{stderr}");
+    assert_eq!(ok.count(), PROBES, "{stderr}");
+    // Said once, with the kernel's word: the one child that tried.
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("could not get a descriptor table of its own"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("Operation not permitted"), "{}", said[0]);
 }

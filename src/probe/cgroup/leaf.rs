@@ -4,6 +4,8 @@
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
+
+use crate::probe::fd::Held;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -53,12 +55,12 @@ struct Leaf {
     /// are opened through when needed (`cgroup.kill`, `cgroup.procs`): relative to the
     /// directory held, never by path, as a removed leaf's name may be taken again and a
     /// kill must never reach another run (a removed leaf's files are gone: ENOENT).
-    dir: OwnedFd,
+    dir: Held<OwnedFd>,
     /// `cgroup.events`, held open: ending a run costs one read. The only other descriptor a
     /// leaf holds: every descriptor the agent holds is copied into each child's table by
     /// the clone (`dup_fd`, on the agent's time) and closed again by its exec, so the
     /// files a run seldom needs are not held (BENCHMARKS.md section 23a).
-    events: Option<fs::File>,
+    events: Option<Held<fs::File>>,
 }
 
 /// The leaf one run is in, from [`ProbeCgroup::checkout`]; back to its probe when dropped
@@ -255,13 +257,13 @@ impl Leaf {
         Ok(Self {
             path: path.to_owned(),
             dir: held_high(above_stdio(dir)?),
-            events: events.map(|f| held_high(f.into()).into()),
+            events: events.map(|f| held_high(f.into())),
         })
     }
 
     /// One of the leaf's files, opened through the directory held (close-on-exec).
     fn open_file(&self, name: &std::ffi::CStr, how: OFlag) -> nix::Result<OwnedFd> {
-        nix::fcntl::openat(&self.dir, name, how | OFlag::O_CLOEXEC, Mode::empty())
+        nix::fcntl::openat(&*self.dir, name, how | OFlag::O_CLOEXEC, Mode::empty())
     }
 
     /// Whether any process is in the leaf (`cgroup.events`; unknown counts as yes).
@@ -318,7 +320,7 @@ impl RunCgroup {
     /// The leaf's directory, for the spawn (clone3 clones into it; the clone(2) fallback
     /// opens its `cgroup.procs` through it).
     pub fn spawn_dir(&self) -> Option<&OwnedFd> {
-        self.leaf.as_ref().map(|l| &l.dir)
+        self.leaf.as_ref().map(|l| &*l.dir)
     }
 
     /// End everything left in the run's leaf; the leaf is retired, never cloned into again.

@@ -806,6 +806,16 @@ fn peek_exit(pgid: Pid, reaped: &mut bool, exit: &mut Option<Exit>) -> Option<Ex
 /// Run the child to completion or to its deadline. Never waits on a pipe past
 /// deadline + grace + a short drain.
 pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
+    match run_once(spec).await {
+        // The child could not leave the descriptor table it shared with the agent (a seccomp
+        // filter refusing `close_range` and `unshare`: it exited at its first call). The
+        // spawn has learnt that; the run starts again, its child copying the table.
+        Err(e) if e.stage == Some(Stage::Unshare) => run_once(spec).await,
+        ended => ended,
+    }
+}
+
+async fn run_once(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
     let start = Instant::now();
     let (mut child, mut reader) = Child::start_reporting(spec, spawn::Report::AtExit)?;
     let watch = Watch::run_until(start + spec.timeout, spec.grace);

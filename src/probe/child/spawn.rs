@@ -55,20 +55,22 @@
 //! - Everything the parent opened for the child is close-on-exec, and the child marks every
 //!   descriptor above 2 close-on-exec (`close_range`), so a probe sees only 0, 1 and 2 whatever
 //!   the agent inherited; and [`CAPTURE_FD`] for a probe with `capture:`.
-//! - The descriptor table. Under [`Report::AtExit`] the clone shares the agent's
-//!   (`CLONE_FILES`), and the child's first call makes it one of its own holding only the
-//!   descriptors below its own highest (`close_range(K, ~0, CLOSE_RANGE_UNSHARE)`;
-//!   `unshare(CLONE_FILES)`, a whole copy, before Linux 5.9). So the clone does not take a
-//!   reference on every file the agent holds (two per contained probe, placed high, out of the
-//!   child's part: `fd::HELD_FROM`), on the agent's time, nor does the child's exec close them
-//!   again (BENCHMARKS.md 23j, 23l). Until the child has a table of its own, a descriptor the
-//!   agent closes is closed for the child too, and its number can be taken by the agent's next
-//!   open before the child's `dup3`: the parent keeps its copies of the child's pipe ends, the
-//!   checked program's descriptor (`exec_fd`) and the capture pipe in the loan
-//!   ([`InFlight::hold`]) until the child has exec'd or exited. Under `CLONE_VFORK` the child
-//!   gets its copy at the clone, and the parent closes them as soon as the clone returns. Where
-//!   a seccomp filter refuses both calls, the child exits at [`Stage::Unshare`] and later
-//!   clones copy the table (learnt once per process, said once in the log).
+//! - The descriptor table. Under [`Report::AtExit`], while the agent holds many descriptors
+//!   (`fd::MANY_HELD`), the clone shares the agent's table (`CLONE_FILES`) and the child's first
+//!   call makes it one of its own holding only the descriptors below its own highest
+//!   (`close_range(K, ~0, CLOSE_RANGE_UNSHARE)`; `unshare(CLONE_FILES)`, a whole copy, before
+//!   Linux 5.9). So the clone does not take a reference on every file the agent holds (two
+//!   per contained probe, past the first 512 placed high, out of the child's part) on the
+//!   agent's time, nor does the child's exec close them again (BENCHMARKS.md 23j, 23l).
+//!   Until the child has a table of its own, a descriptor the agent closes is closed for the
+//!   child too, and its number can be taken by the agent's next open before the child's
+//!   `dup3`: the parent keeps its copies of the child's pipe ends, the checked program's
+//!   descriptor (`exec_fd`) and the capture pipe in the loan ([`InFlight::hold`]) until the
+//!   child has exec'd or exited. Otherwise (`CLONE_VFORK`, fewer held descriptors, a
+//!   terminal's slave) the child gets its copy at the clone, and the parent closes them as
+//!   soon as the clone returns. Where a seccomp filter refuses both calls, the child exits at
+//!   [`Stage::Unshare`] and later clones copy the table (learnt once per process, said once
+//!   in the log).
 //! - A failure before `execve` succeeds is stored as (stage, errno) in [`Prepared`], the
 //!   memory the child shares with the agent, and the child exits 127: no pipe to make, read
 //!   and close for every run.
@@ -724,7 +726,10 @@ fn clone_child(
         // Without the vfork wait the clone shares the table (no copy of every descriptor
         // the agent holds, and none for the child's exec to close): the child unshares the
         // part below its own highest descriptor first thing.
-        p.unshare_below = match wait || !p.share_table || UNSHARE_REFUSED.load(Ordering::Relaxed) {
+        let share = p.share_table
+            && crate::probe::fd::many_held()
+            && !UNSHARE_REFUSED.load(Ordering::Relaxed);
+        p.unshare_below = match wait || !share {
             true => 0,
             false => {
                 let own = p.stdio.iter().chain(&p.exec_fd).chain(&p.capture);
