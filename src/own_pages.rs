@@ -102,7 +102,7 @@ impl SmapsEntry {
 }
 
 /// The file-backed mappings of /proc/PID/smaps text, in order; the anonymous ones and the
-/// kernel's ([vdso], [heap], ...) are left out. Read a line at a time: the whole text is
+/// kernel's (`[vdso]`, `[heap]`, ...) are left out. Read a line at a time: the whole text is
 /// some 100 KiB, which would grow the heap of the process it is trying to shrink.
 pub fn parse_smaps(smaps: impl io::BufRead) -> io::Result<Vec<SmapsEntry>> {
     let mut entries = Vec::new();

@@ -34,7 +34,7 @@ pub struct ProbeStats {
 /// recording a run never waits on a scrape.
 #[derive(Debug, Default)]
 pub struct DurationHistogram {
-    /// Non-cumulative: `buckets[i]` counts runs in (BOUNDS[i-1], BOUNDS[i]]; the last is +Inf.
+    /// Non-cumulative: `buckets[i]` counts runs in `(BOUNDS[i-1], BOUNDS[i]]`; the last is +Inf.
     pub buckets: [AtomicU64; DurationHistogram::BOUNDS.len() + 1],
     pub sum_us: AtomicU64,
     pub count: AtomicU64,

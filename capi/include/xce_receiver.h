@@ -312,7 +312,7 @@ enum xce_result xce_receiver_config_new(struct xce_receiver_config **out);
 // Free a configuration (a receiver started from it does not need it any more).
 enum xce_result xce_receiver_config_free(struct xce_receiver_config *cfg);
 
-// Listen on `addr` ("HOST:PORT", "[V6]:PORT"; port 0 picks a free one, see
+// Listen on `addr` (`HOST:PORT`, `[V6]:PORT`; port 0 picks a free one, see
 // `xce_receiver_local_addr`). Call once per address; at least once.
 enum xce_result xce_receiver_config_add_listen(struct xce_receiver_config *cfg, const char *addr);
 

@@ -190,7 +190,7 @@ unsafe fn config<'a>(cfg: *mut xce_receiver_config) -> &'a mut Config {
     unsafe { &mut (*cfg).cfg }
 }
 
-/// Listen on `addr` ("HOST:PORT", "[V6]:PORT"; port 0 picks a free one, see
+/// Listen on `addr` (`HOST:PORT`, `[V6]:PORT`; port 0 picks a free one, see
 /// `xce_receiver_local_addr`). Call once per address; at least once.
 #[no_mangle]
 pub unsafe extern "C" fn xce_receiver_config_add_listen(

@@ -86,7 +86,7 @@ impl DefaultSocket {
     }
 }
 
-/// agent.yaml's fields, one line each, in [`RawAgent`]'s order: the man page
+/// agent.yaml's fields, one line each, in `RawAgent`'s order: the man page
 /// `xce-agent.yaml(5)` is written from it, and a test holds it to the struct serde reads.
 pub const FIELD_DOCS: &[Field] = &[
     Field::new("host", "This host's name as resources.yaml and the controller know it (default: the machine's host name)."),
@@ -109,7 +109,7 @@ pub const FIELD_DOCS: &[Field] = &[
     Field::new("release_code_after", "How long after the start, and after each reload, the agent hands back the pages of its own binary and of the never-written mappings of its shared libraries, a duration or milliseconds (`30s`, the default): what the start-up ran (the command line, the YAML parser, the checks) stops counting in its RSS, and the code it keeps running comes back at its next use; 0: never.").bounded(Bound::Duration(RELEASE_CODE_AFTER)),
 ];
 
-/// `tls:`'s fields, in [`RawTls`]'s order.
+/// `tls:`'s fields, in `RawTls`'s order.
 pub const TLS_FIELD_DOCS: &[Field] = &[
     Field::new(
         "ca",

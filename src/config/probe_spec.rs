@@ -1,5 +1,5 @@
-//! The probe kinds, declared once: [`probe_kinds!`] lists each kind (its variant, the name
-//! `kind:` says, the function that builds it) and [`probe_fields!`] lists each `probe:` field
+//! The probe kinds, declared once: `probe_kinds!` lists each kind (its variant, the name
+//! `kind:` says, the function that builds it) and `probe_fields!` lists each `probe:` field
 //! with the kinds that take it. `ProbeKind`, `ProbeKind::name`, `RawProbe` and every error
 //! text about kinds and fields (unknown kind, near misses, a field another kind owns) are
 //! derived from these two tables. The recipe for a new kind is in CONTRIBUTING.md.

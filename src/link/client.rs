@@ -36,7 +36,7 @@ use tokio::net::UnixStream;
 /// How the link behaves. `Default` gives production values; tests shrink the durations.
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
-    /// "host:port", "host" (port 6870), "[v6]:port"; tried in order each round.
+    /// "host:port", "host" (port 6870), "\[v6\]:port"; tried in order each round.
     pub controllers: Vec<String>,
     /// After a change, wait this long for more before sending the delta (agent.yaml's
     /// `coalesce`); zero sends at once.

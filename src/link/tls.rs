@@ -758,8 +758,8 @@ pub fn describe_accept(e: &std::io::Error) -> String {
     format!("the agent refused this controller's certificate (alert {alert:?}): {meaning}")
 }
 
-/// `text` without the URLs libraries append to their messages (rustls' "peer closed
-/// connection without sending TLS close_notify: https://docs.rs/..."): an admin reads the
+/// `text` without the URLs libraries append to their messages (rustls' `peer closed
+/// connection without sending TLS close_notify: https://docs.rs/...`): an admin reads the
 /// log for what happened, not for a library's manual.
 pub fn plain(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

@@ -1,4 +1,4 @@
-//! Parsers for what probes print, one file per format, listed once in [`formats!`] below: a
+//! Parsers for what probes print, one file per format, listed once in `formats!` below: a
 //! new format is its file plus one line there. A parser turns text into [`Sample`]s (a name,
 //! labels and a raw value); `select.rs` picks each fed resource's sample; typing against the
 //! resource's valtype happens in one place (`value::Valtype::parse`).

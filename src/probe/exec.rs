@@ -140,7 +140,7 @@ pub fn child_spec(
 /// command, the child's spec with its argv and environment prepared as the exec takes
 /// them, and what the run's record shows. Each run still resolves what the file system
 /// decides (a bare name's lookup, an interpreter's relative script), checks the program is
-/// there and runnable, and runs the script rule ([`Launch::for_run`]); only the strings and
+/// there and runnable, and runs the script rule (`Launch::for_run`); only the strings and
 /// arrays built from the same answer are not built again.
 #[derive(Debug)]
 pub struct Launch {

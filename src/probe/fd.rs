@@ -19,7 +19,7 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// [`pipe`], both ends non-blocking from the start: for a child's output, which the agent
 /// reads without blocking; the child makes its end blocking again before its exec
-/// ([`super::child::spawn::Plan::unblock`]). One `pipe2` instead of a `pipe2` and an
+/// (`child::spawn::Plan::unblock`). One `pipe2` instead of a `pipe2` and an
 /// `fcntl` in the agent for every run.
 pub fn pipe_nonblocking() -> io::Result<(OwnedFd, OwnedFd)> {
     pipe_with(OFlag::O_NONBLOCK)

@@ -350,7 +350,7 @@ impl FedNames<'_> {
 
 /// Output up to this size is parsed where the run is, on the runtime's thread: it takes
 /// microseconds, less than the hop to the blocking pool and back would cost every run.
-/// Longer output goes to the blocking pool ([`off_runtime`]).
+/// Longer output goes to the blocking pool (`off_runtime`).
 pub const INLINE_PARSE_BYTES: usize = 4 * 1024;
 
 /// Run `work` here, and the CPU this thread spent on it (a small output's parse).

@@ -76,7 +76,7 @@ impl PathNotes {
     }
 }
 
-/// argv[0]: absolute as written; else under plugin_dir; else, for a bare name (no `/`) not
+/// `argv[0]`: absolute as written; else under plugin_dir; else, for a bare name (no `/`) not
 /// in plugin_dir, the first regular file of that name on [`PROBE_PATH`]. A name found
 /// nowhere stays under plugin_dir, where [`security::check_runnable`] says where it looked.
 pub fn program(plugin_dir: &Path, name: &str) -> (PathBuf, Found) {

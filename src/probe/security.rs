@@ -743,7 +743,7 @@ const INLINE_LONG_OPTIONS: &[&str] = &["--eval", "--print", "--command", "--exec
 /// What program text a command runs, in words (`None`: only files, which the rule checks):
 /// an interpreter's inline code (`sh -c`, a `shell:` line, `python3 -c`, `perl -e`), `env -S`,
 /// any awk or sed program (awk's `system()`, sed's `e` command), `find -exec`, `xargs`, the
-/// `-c` of `flock`/`su`/`runuser`/`script`, and the same behind any launcher ([`LAUNCHERS`]).
+/// `-c` of `flock`/`su`/`runuser`/`script`, and the same behind any launcher (`LAUNCHERS`).
 /// Such text cannot be proven safe by reading it: `cd /x && ./s`, `x.s?`, `"/x"/s`, `PATH=/x:$PATH
 /// s`, a variable, a file made later all run code the words do not show.
 pub fn program_text(program: &Path, args: &[String], path_var: &str) -> Option<String> {
@@ -1270,7 +1270,7 @@ pub fn check_command(
 
 /// The rule for everything a probe will run: the program and the interpreters its `#!`
 /// names; every existing regular file an argument names; an interpreter's script or the files
-/// its inline code (`-c`, `-e`) names; the command a launcher runs ([`LAUNCHERS`]), followed
+/// its inline code (`-c`, `-e`) names; the command a launcher runs (`LAUNCHERS`), followed
 /// in turn; and the `env:` entries that load code: [`REFUSED_ENV`] refused, the files and
 /// directories of [`CODE_FILE_ENV`] and [`SEARCH_PATH_ENV`] checked. Every file checked has
 /// its `#!` interpreters checked too. Arguments are checked wherever they point, not only

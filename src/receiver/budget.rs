@@ -15,7 +15,7 @@
 //!    its share is served;
 //! 3. when the whole budget is spent, a host above its fair part (`total / hosts`) is
 //!    refused; a host under it is still served (it is not the cause), and the largest host
-//!    above its fair part is told to go ([`Budget::take_largest`]). Every host under its fair
+//!    above its fair part is told to go (`Budget::take_largest`). Every host under its fair
 //!    part together holds at most `total`, so the worst case is `2 x total` for as long as
 //!    the largest takes to close (a frame's read), and the budget is back under `total`
 //!    after.
