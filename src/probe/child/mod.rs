@@ -806,41 +806,41 @@ fn peek_exit(pgid: Pid, reaped: &mut bool, exit: &mut Option<Exit>) -> Option<Ex
 /// Run the child to completion or to its deadline. Never waits on a pipe past
 /// deadline + grace + a short drain.
 pub async fn run(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
-    match run_once(spec).await {
-        // The child could not leave the descriptor table it shared with the agent (a seccomp
-        // filter refusing `close_range` and `unshare`: it exited at its first call). The
-        // spawn has learnt that; the run starts again, its child copying the table.
-        Err(e) if e.stage == Some(Stage::Unshare) => run_once(spec).await,
-        ended => ended,
-    }
-}
-
-async fn run_once(spec: &ChildSpec) -> Result<ChildOutcome, SpawnError> {
+    let mut first = true;
     let start = Instant::now();
-    let (mut child, mut reader) = Child::start_reporting(spec, spawn::Report::AtExit)?;
-    let watch = Watch::run_until(start + spec.timeout, spec.grace);
-    let mut capture = child
-        .take_capture()
-        .and_then(|fd| CaptureReader::new(fd, CAPTURE_CAP).ok());
-    let driven = {
-        let driving = drive(&mut child, &mut reader, &watch, |_| Flow::Continue);
-        match &mut capture {
-            None => driving.await,
-            // Read beside the run, so that a stand-in never waits on a full pipe.
-            Some(c) => {
-                tokio::pin!(driving);
-                loop {
-                    tokio::select! {
-                        driven = &mut driving => break driven,
-                        () = c.next(), if c.open() => {}
+    // One body, not a retrying wrapper around it: the run path's code keeps its names, which
+    // link/steady-text.ld places together.
+    let (child, mut reader, driven, capture) = loop {
+        let (mut child, mut reader) = Child::start_reporting(spec, spawn::Report::AtExit)?;
+        let watch = Watch::run_until(start + spec.timeout, spec.grace);
+        let mut capture = child
+            .take_capture()
+            .and_then(|fd| CaptureReader::new(fd, CAPTURE_CAP).ok());
+        let driven = {
+            let driving = drive(&mut child, &mut reader, &watch, |_| Flow::Continue);
+            match &mut capture {
+                None => driving.await,
+                // Read beside the run, so that a stand-in never waits on a full pipe.
+                Some(c) => {
+                    tokio::pin!(driving);
+                    loop {
+                        tokio::select! {
+                            driven = &mut driving => break driven,
+                            () = c.next(), if c.open() => {}
+                        }
                     }
                 }
             }
+        };
+        match child.failed_before_exec() {
+            // The child could not leave the descriptor table it shared with the agent (a
+            // seccomp filter refusing `close_range` and `unshare`: it exited at its first
+            // call). The spawn has learnt that; the run starts again, its child copying it.
+            Some(failed) if failed.stage == Stage::Unshare && std::mem::take(&mut first) => {}
+            Some(failed) => return Err(spawn_error(spec, Some(failed.stage), failed.error)),
+            None => break (child, reader, driven, capture),
         }
     };
-    if let Some(failed) = child.failed_before_exec() {
-        return Err(spawn_error(spec, Some(failed.stage), failed.error));
-    }
     let captured = capture.map(|mut c| {
         c.drain_now();
         c.finish()
