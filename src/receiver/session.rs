@@ -459,9 +459,9 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Raise this process's open-file soft limit to its hard limit: a receiver holds a
 /// descriptor per agent (10,000 agents need more than the usual soft 1024) and one per
 /// connection waiting for its handshake (the agent's own, `probe::open_files`: the first
-/// caller raises it). Returns the limit now in force. A limit that stays below what the pending pool alone needs is said once,
-/// with how to raise it (accept failing on it later says so again, see
-/// [`admission::accept_error_words`]).
+/// caller raises it). Returns the limit now in force. A limit that stays below what the
+/// pending pool alone needs is said once, with how to raise it (accept failing on it later
+/// says so again, see [`admission::accept_error_words`]).
 pub fn raise_fd_limit() -> u64 {
     let limit = crate::probe::open_files::raise();
     let (now, hard) = (limit.soft, limit.hard);

@@ -4,8 +4,6 @@
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
-
-use crate::probe::fd::Held;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -18,6 +16,7 @@ use super::error::{CgroupError, LimitError};
 use super::host::ENABLE_CONTROLLER;
 use super::subtree::Registry;
 use crate::config::Limits;
+use crate::probe::fd::{above_stdio, held_high, Held};
 
 /// One probe's cgroup: the parent of its runs' leaves, where its limits are set and its
 /// usage is read.
@@ -250,9 +249,8 @@ impl Leaf {
             OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )?;
-        // Both held while the probe is configured: high, out of each child's copy of the
-        // agent's descriptor table (`fd::HELD_FROM`).
-        use crate::probe::fd::{above_stdio, held_high};
+        // Both held while the probe is configured, and counted: past `fd::MANY_HELD`, high,
+        // out of each child's copy of the agent's descriptor table.
         let events = fs::File::open(path.join("cgroup.events")).ok();
         Ok(Self {
             path: path.to_owned(),

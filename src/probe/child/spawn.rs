@@ -589,7 +589,7 @@ static CLONE3_MISSING: AtomicBool = AtomicBool::new(false);
 static UNSHARE_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// What a child's failure says about the kernel: a refused unshare is the filter's, not the
-/// probe's, so the next runs do without it (this one has failed, with the stage's words).
+/// probe's, so the next clones do without it (`child::run` starts that run again).
 fn learn_from(failed: &ChildFailed) {
     if failed.stage == Stage::Unshare && !UNSHARE_REFUSED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
@@ -723,9 +723,10 @@ fn clone_child(
         p.join_by_write = None;
         let wait = report == Report::AtSpawn;
         p.in_our_memory.store(u32::from(!wait), Ordering::Relaxed);
-        // Without the vfork wait the clone shares the table (no copy of every descriptor
-        // the agent holds, and none for the child's exec to close): the child unshares the
-        // part below its own highest descriptor first thing.
+        // Without the vfork wait, and where the agent holds many descriptors, the clone
+        // shares the table (no copy of every descriptor the agent holds, and none for the
+        // child's exec to close): the child unshares the part below its own highest
+        // descriptor first thing.
         let share = p.share_table
             && crate::probe::fd::many_held()
             && !UNSHARE_REFUSED.load(Ordering::Relaxed);
