@@ -127,14 +127,7 @@ struct FloorCgroup(PathBuf);
 
 impl FloorCgroup {
     fn make() -> Option<Self> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let mount = info.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right
-                .starts_with("cgroup2 ")
-                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
-                .flatten()
-        })?;
+        let mount = xce_agent::probe::cgroup::detect().ok()?.mount;
         let dir = mount.join(format!("xce-bench-floor-{}", std::process::id()));
         std::fs::create_dir(&dir).ok()?;
         Some(Self(dir))

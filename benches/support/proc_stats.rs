@@ -61,17 +61,7 @@ pub fn proc_sched_cpu(pid: u32) -> f64 {
 /// not in a cgroup v2 subtree of its own (containment off).
 #[allow(dead_code)] // benches/exec_ab.rs; not every includer
 pub fn probes_cgroup_cpu(pid: u32) -> Option<f64> {
-    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = info.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        right
-            .starts_with("cgroup2 ")
-            .then(|| left.split_whitespace().nth(4))
-            .flatten()
-    })?;
-    let agent = std::path::Path::new(mount).join(path.trim_start_matches('/'));
+    let agent = xce_agent::probe::cgroup::dir_of(pid)?;
     let stat = std::fs::read_to_string(agent.parent()?.join("probes/cpu.stat")).ok()?;
     let usec: u64 = stat
         .lines()

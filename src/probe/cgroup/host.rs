@@ -39,10 +39,7 @@ pub fn detect() -> Result<Host, DetectError> {
     let mountinfo = read("/proc/self/mountinfo")?;
     let (mount, root) = v2_mount(&mountinfo).ok_or(DetectError::NoHierarchy)?;
     let cgroup = read("/proc/self/cgroup")?;
-    let path = cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .ok_or(DetectError::NoPath)?;
+    let path = v2_path(&cgroup).ok_or(DetectError::NoPath)?;
     let own = cgroup_dir(&mount, &root, path);
     let controllers = read_words(&own.join("cgroup.controllers"));
     Ok(Host {
@@ -50,6 +47,19 @@ pub fn detect() -> Result<Host, DetectError> {
         own,
         controllers,
     })
+}
+
+/// The cgroup v2 directory of process `pid`, found as [`detect`] finds the agent's own
+/// (a bench reads a daemon's subtree through it); `None` where there is none.
+pub fn dir_of(pid: u32) -> Option<PathBuf> {
+    let (mount, root) = v2_mount(&fs::read_to_string("/proc/self/mountinfo").ok()?)?;
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    Some(cgroup_dir(&mount, &root, v2_path(&cgroup)?))
+}
+
+/// The v2 line's path of a `/proc/PID/cgroup` text (`0::/path`).
+fn v2_path(cgroup: &str) -> Option<&str> {
+    cgroup.lines().find_map(|l| l.strip_prefix("0::"))
 }
 
 /// The directory of the cgroup at `path` (from `/proc/self/cgroup`) under the v2 mount at

@@ -66,7 +66,7 @@ mod tests;
 use std::path::PathBuf;
 
 pub use error::{CgroupError, DetectError, LimitError, LockDirError, SetUpError};
-pub use host::{check_text, detect, fallback_text, unenforced_limits_text, Host};
+pub use host::{check_text, detect, dir_of, fallback_text, unenforced_limits_text, Host};
 pub use kernel::Kernel;
 pub use leaf::{ProbeCgroup, RunCgroup, Usage};
 pub use liveness::{LockDir, SubtreeLock, Unsafe, Wait, DEFAULT_LOCK_DIR};
