@@ -274,12 +274,17 @@ fn nobody_flocking(dir: &Path, mode: &str) -> common::KillOnDrop {
 /// is in place, any agent (a test's tree, a test's daemon) setting up beside it would find
 /// it abandoned and remove it under the test's hands.
 fn planting_lock(subtree: &Path) -> cgroup::SubtreeLock {
+    planting_lock_if_there(subtree)
+        .unwrap()
+        .expect("waited for")
+}
+
+/// The subtree's lock, waited for; an error where the subtree is gone.
+fn planting_lock_if_there(subtree: &Path) -> std::io::Result<Option<cgroup::SubtreeLock>> {
     let locks = cgroup::LockDir::default_path().unwrap();
     cgroup::LockDir::open(&locks)
         .unwrap()
         .lock(subtree, cgroup::Wait::Yes)
-        .unwrap()
-        .expect("waited for")
 }
 
 fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
@@ -295,6 +300,14 @@ fn assert_stale_probe_ended(mut sleep: common::KillOnDrop, subtree: &Path) {
         !sleep.0.wait().unwrap().success(),
         "the stale probe exited by itself: it was to be killed"
     );
+    // Another agent starting beside this test (a test's daemon) may have found the subtree
+    // abandoned first: it removes it under the subtree's lock, which this agent's start then
+    // could not take (it left the subtree to it). Its removal ends before it lets go.
+    if subtree.join("probes/old").exists() {
+        if let Ok(Some(lock)) = planting_lock_if_there(subtree) {
+            lock.remove_file();
+        }
+    }
     assert!(
         !subtree.join("probes/old").exists(),
         "{} left in place",

@@ -275,7 +275,7 @@ impl SubtreeLock {
     /// directory names the file held: a second call (a shutdown, then the drop) must not
     /// unlink the file a later agent of the same cgroup (a unit's) locked since. Nobody
     /// else can put a file there while ours is named: lockers only make one where none is.
-    pub(super) fn remove_file(&self) {
+    pub fn remove_file(&self) {
         let held = match self._lock.metadata() {
             Ok(held) => held,
             Err(_) => return,
